@@ -1,0 +1,167 @@
+"""Safe reading of single sysfs attribute files.
+
+Every read goes through `SysfsReader` so that one bad file costs exactly one value: errors never raise,
+they are recorded in a `ReadErrors` tally (by device and reason) that the exposition layer turns into
+the `rdma_exporter_file_read_errors_total` counter. No Prometheus imports here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+# Largest value a kernel counter file can hold (u64). Anything larger is garbage, not a counter.
+U64_MAX: Final = 2**64 - 1
+
+# Sysfs attribute files are at most one page; reading a little more detects a file that is not sysfs.
+_READ_LIMIT: Final = 8192
+
+# Reasons are a fixed, bounded set because they become a label value.
+REASON_MISSING: Final = "missing"  # listed or required, but gone (ENOENT/ENODEV race, removed device)
+REASON_PERMISSION: Final = "permission"  # EACCES/EPERM
+REASON_IO: Final = "io"  # EIO, EINVAL, EBUSY, EAGAIN and other kernel-side failures
+REASON_UNSUPPORTED: Final = "unsupported"  # EOPNOTSUPP, or the "N/A (no PMA)" placeholder
+REASON_MALFORMED: Final = "malformed"  # empty, garbage, or out of range for the attribute
+REASON_TIMEOUT: Final = "timeout"  # the read did not finish before the scrape deadline
+REASONS: Final = (
+    REASON_MISSING,
+    REASON_PERMISSION,
+    REASON_IO,
+    REASON_UNSUPPORTED,
+    REASON_MALFORMED,
+    REASON_TIMEOUT,
+)
+
+NO_PMA: Final = "N/A (no PMA)"
+
+
+def reason_for_errno(code: int | None) -> str:
+    if code in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
+        return REASON_MISSING
+    if code in (errno.EACCES, errno.EPERM):
+        return REASON_PERMISSION
+    if code in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return REASON_UNSUPPORTED
+    return REASON_IO
+
+
+@dataclass
+class ReadErrors:
+    """Tally of failed reads in one scrape, keyed by (device, reason).
+
+    `device` is the RDMA device or netdev the file belongs to; "" for files of no device.
+    `last` keeps one example message per key for debug logging.
+    """
+
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    last: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def add(self, device: str, reason: str, detail: str) -> None:
+        key = (device, reason)
+        self.counts[key] += 1
+        self.last[key] = detail
+
+    def merge(self, other: ReadErrors) -> None:
+        self.counts.update(other.counts)
+        self.last.update(other.last)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class SysfsReader:
+    """Reads attribute files, recording failures against a device.
+
+    One reader is used per device (or netdev) and per scrape, so the errors it records can be
+    attributed without passing the device name to every call.
+    """
+
+    __slots__ = ("device", "errors", "opened")
+
+    def __init__(self, device: str, errors: ReadErrors | None = None) -> None:
+        self.device = device
+        self.errors = errors if errors is not None else ReadErrors()
+        # Count of files opened, for the benchmark's "files opened per scrape" figures and tests.
+        self.opened = 0
+
+    def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
+        self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
+
+    def text(self, path: str | os.PathLike[str], *, optional: bool = False) -> str | None:
+        """Return the stripped content of `path`, or None when it cannot be read.
+
+        `optional` attributes that do not exist (an absent `lid` on a RoCE port, an old kernel without
+        `node_desc`) are not errors: absence is a fact about the device, not a failed read.
+        """
+        self.opened += 1
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            if optional and exc.errno == errno.ENOENT:
+                return None
+            self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+            return None
+        try:
+            raw = os.read(fd, _READ_LIMIT)
+        except OSError as exc:
+            self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+            return None
+        finally:
+            os.close(fd)
+        try:
+            value = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            self.fail(REASON_MALFORMED, path, "not UTF-8 text")
+            return None
+        if value == NO_PMA:
+            # Pre-4.20 kernels print this for every PMA counter of a device without a PMA agent.
+            self.fail(REASON_UNSUPPORTED, path, NO_PMA)
+            return None
+        return value
+
+    def uint(self, path: str | os.PathLike[str], *, optional: bool = False, base: int = 10) -> int | None:
+        """Read an unsigned integer attribute (decimal by default; base 0 accepts a 0x prefix)."""
+        value = self.text(path, optional=optional)
+        if value is None:
+            return None
+        parsed = parse_uint(value, base=base)
+        if parsed is None:
+            self.fail(REASON_MALFORMED, path, f"not an unsigned integer: {value[:40]!r}")
+        return parsed
+
+
+def parse_uint(value: str, *, base: int = 10) -> int | None:
+    """Parse a u64 as the kernel prints it; None for garbage, signs, blanks or values above 2^64-1."""
+    value = value.strip()
+    if not value or value[0] in "+-_" or "_" in value:
+        return None
+    try:
+        parsed = int(value, base)
+    except ValueError:
+        return None
+    if parsed < 0 or parsed > U64_MAX:
+        return None
+    return parsed
+
+
+def list_dir(path: Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
+    """Sorted entry names of a directory; a missing optional directory is an empty list, not an error."""
+    try:
+        return sorted(os.listdir(path))
+    except OSError as exc:
+        if optional and exc.errno == errno.ENOENT:
+            return []
+        reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+        return []
+
+
+def link_name(path: Path) -> str | None:
+    """Basename of a symlink's target (e.g. the driver of `device/driver`), None if not a link."""
+    try:
+        return os.path.basename(os.readlink(path).rstrip("/"))
+    except OSError:
+        return None
