@@ -1,0 +1,148 @@
+"""Command line: node_exporter-style flags, merged over the YAML config file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import (
+    COLLECTORS,
+    DEFAULT_LISTEN,
+    LOG_LEVELS,
+    Config,
+    ConfigError,
+    check_listen,
+    check_log_level,
+    check_regex,
+    check_seconds,
+    check_telemetry_path,
+    load_config_file,
+)
+
+log = logging.getLogger("rdma_exporter")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rdma-exporter",
+        description="Prometheus exporter for InfiniBand and RoCE devices (reads sysfs; needs no root).",
+    )
+    add = parser.add_argument
+    # Defaults are None so that only flags given explicitly override the config file.
+    add("--web.listen-address", dest="listen_address", help=f"[host]:port to listen on (default {DEFAULT_LISTEN})")
+    add("--web.telemetry-path", dest="telemetry_path", help="path of the metrics (default /metrics)")
+    add("--web.config.file", dest="web_config_file", help="TLS and basic-auth config (exporter-toolkit format)")
+    add(
+        "--web.scrape-timeout",
+        dest="scrape_timeout",
+        type=float,
+        help="deadline of one scrape in seconds (default 8, under Prometheus' 10 s)",
+    )
+    add("--path.sysfs", dest="sysfs", help="sysfs mount point (default /sys)")
+    add("--path.ethtool", dest="ethtool_dir", help="read `ethtool -S X` captures from DIR/X instead of the ioctl")
+    add("--config.file", dest="config_file", help="YAML config file with the same settings as the flags")
+    add("--check-config", action="store_true", help="validate the configuration and exit")
+    add("--devices.include", dest="device_include", help="regex: only RDMA devices whose full name matches")
+    add("--devices.exclude", dest="device_exclude", help="regex: skip RDMA devices whose full name matches")
+    add("--log.level", dest="log_level", choices=LOG_LEVELS, help="log level (default info)")
+    add("--sample", action="store_true", help="serve the bundled sample tree of an 8-HCA GPU node")
+    add("--version", action="version", version=f"rdma-exporter {__version__}")
+    for name in COLLECTORS:
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(
+            f"--collector.{name}", dest=f"collector_{name}", action="store_true", default=None,
+            help=f"enable the {name} collector (default on)",
+        )
+        group.add_argument(
+            f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
+            help=f"disable the {name} collector",
+        )
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    """Defaults < config file < explicit flags; every invalid value raises ConfigError."""
+    config = Config()
+    if args.config_file:
+        config = load_config_file(Path(args.config_file), config)
+    flag: dict[str, Any] = {}
+    if args.listen_address is not None:
+        flag["listen_address"] = check_listen("command line", "--web.listen-address", args.listen_address)
+    if args.telemetry_path is not None:
+        flag["telemetry_path"] = check_telemetry_path("command line", "--web.telemetry-path", args.telemetry_path)
+    if args.web_config_file is not None:
+        flag["web_config_file"] = Path(args.web_config_file)
+    if args.scrape_timeout is not None:
+        flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", args.scrape_timeout)
+    if args.sysfs is not None:
+        flag["sysfs"] = Path(args.sysfs)
+    if args.ethtool_dir is not None:
+        flag["ethtool_dir"] = Path(args.ethtool_dir)
+    if args.device_include is not None:
+        flag["device_include"] = check_regex("command line", "--devices.include", args.device_include)
+    if args.device_exclude is not None:
+        flag["device_exclude"] = check_regex("command line", "--devices.exclude", args.device_exclude)
+    if args.log_level is not None:
+        flag["log_level"] = check_log_level("command line", "--log.level", args.log_level)
+    collectors = dict(config.collectors)
+    for name in COLLECTORS:
+        value = getattr(args, f"collector_{name}")
+        if value is not None:
+            collectors[name] = value
+    flag["collectors"] = collectors
+    return replace(config, **flag)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level={"warn": logging.WARNING}.get(level, getattr(logging, level.upper(), logging.INFO)),
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
+    )
+
+
+def use_sample_tree(config: Config, forced: bool) -> Config:
+    """Without RDMA hardware, build the bundled sample tree so that a first run shows real output."""
+    if not forced and (config.sysfs / "class" / "infiniband").is_dir():
+        return config
+    if not forced and config.sysfs != Path("/sys"):
+        return config  # an explicit tree is served as it is, even without RDMA devices
+    from .sample_tree import SAMPLE_SPEC, build_tree
+
+    dest = Path(tempfile.mkdtemp(prefix="rdma-exporter-sample-"))
+    sys_root = build_tree(dest, SAMPLE_SPEC)
+    log.warning(
+        "no %s on this machine: serving the bundled sample tree of an 8-HCA GPU node from %s "
+        "(ethtool captures from %s); these are NOT this machine's devices",
+        config.sysfs / "class" / "infiniband",
+        sys_root,
+        dest / "ethtool",
+    )
+    return replace(config, sysfs=sys_root, ethtool_dir=config.ethtool_dir or dest / "ethtool")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = resolve_config(args)
+    except ConfigError as exc:
+        print(f"rdma-exporter: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        source = config.config_file or "defaults and flags"
+        print(f"rdma-exporter: configuration OK ({source})")
+        return 0
+    setup_logging(config.log_level)
+    config = use_sample_tree(config, args.sample)
+    if os.geteuid() == 0:
+        log.warning("running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user")
+    from .daemon import run
+
+    return run(config)

@@ -1,0 +1,389 @@
+"""Exposition of `/sys/class/infiniband`: device and port info, link state, PMA and hw counters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from ..parse.infiniband import (
+    PHYS_STATES,
+    PMA_COUNTERS,
+    PMA_COUNTERS_EXT,
+    PORT_STATES,
+    DeviceInfo,
+    DeviceSnapshot,
+    PortSnapshot,
+    hw_counter_is_gauge,
+    metric_fragment,
+    pma_counter,
+    read_device_snapshot,
+)
+from ..parse.reader import SysfsReader
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, label
+
+DEVICE: Final = ("device",)
+PORT: Final = ("device", "port")
+
+DEVICE_INFO: Final = MetricSpec(
+    "rdma_device_info",
+    "info",
+    "Descriptive attributes of an RDMA device (GUIDs, firmware, board, PCI address, driver).",
+    (
+        "device",
+        "node_type",
+        "node_guid",
+        "sys_image_guid",
+        "fw_ver",
+        "hca_type",
+        "board_id",
+        "hw_rev",
+        "node_desc",
+        "pci_address",
+        "driver",
+        "pf_pci_address",
+    ),
+)
+DEVICE_NUMA: Final = MetricSpec(
+    "rdma_device_numa_node", "gauge", "NUMA node of the device's PCI function.", DEVICE
+)
+DEVICE_VF: Final = MetricSpec(
+    "rdma_device_sriov_virtual_function",
+    "gauge",
+    "1 if the device is an SR-IOV virtual function (its PF is pf_pci_address in rdma_device_info), else 0.",
+    DEVICE,
+)
+DEVICE_NUMVFS: Final = MetricSpec(
+    "rdma_device_sriov_vfs", "gauge", "SR-IOV virtual functions enabled on this physical function.", DEVICE
+)
+DEVICE_LIFESPAN: Final = MetricSpec(
+    "rdma_device_hw_lifespan_seconds",
+    "gauge",
+    "How long the driver caches device-level hw_counters values between hardware queries.",
+    DEVICE,
+)
+PORT_INFO: Final = MetricSpec(
+    "rdma_port_info", "info", "An RDMA port and its link layer (InfiniBand or Ethernet).", (*PORT, "link_layer")
+)
+PORT_STATE_ID: Final = MetricSpec(
+    "rdma_port_state_id",
+    "gauge",
+    "Logical port state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER.",
+    PORT,
+)
+PORT_STATE: Final = MetricSpec(
+    "rdma_port_state", "gauge", "1 for the logical port state the port is in, 0 for the others.", (*PORT, "state")
+)
+PORT_PHYS_STATE_ID: Final = MetricSpec(
+    "rdma_port_physical_state_id",
+    "gauge",
+    "Physical port state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, 5 LinkUp, "
+    "6 LinkErrorRecovery, 7 Phy Test.",
+    PORT,
+)
+PORT_PHYS_STATE: Final = MetricSpec(
+    "rdma_port_physical_state",
+    "gauge",
+    "1 for the physical port state the port is in, 0 for the others.",
+    (*PORT, "state"),
+)
+PORT_RATE: Final = MetricSpec(
+    "rdma_port_rate_bytes_per_second",
+    "gauge",
+    "Link rate the port trained at (all lanes), in bytes per second.",
+    PORT,
+)
+PORT_WIDTH: Final = MetricSpec(
+    "rdma_port_link_width_lanes", "gauge", "Number of lanes the link trained with (the 4 of 4X).", PORT
+)
+PORT_SPEED: Final = MetricSpec(
+    "rdma_port_lane_speed_info",
+    "info",
+    "Per-lane signalling generation the link trained at (SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR).",
+    (*PORT, "speed"),
+)
+PORT_LID: Final = MetricSpec("rdma_port_lid", "gauge", "Local identifier assigned by the subnet manager.", PORT)
+PORT_SM_LID: Final = MetricSpec("rdma_port_sm_lid", "gauge", "LID of the port's subnet manager.", PORT)
+PORT_NETDEV: Final = MetricSpec(
+    "rdma_port_netdev_info",
+    "info",
+    "A network interface bound to the port (RoCE netdev or IPoIB interface).",
+    (*PORT, "netdev"),
+)
+PORT_GIDS: Final = MetricSpec(
+    "rdma_port_gids",
+    "gauge",
+    "Populated GID table entries by GID type (IB/RoCE v1, RoCE v2).",
+    (*PORT, "gid_type"),
+)
+PORT_SATURATED: Final = MetricSpec(
+    "rdma_port_pma_saturated",
+    "gauge",
+    "1 if a fixed-width PMA counter is stuck at its maximum and can no longer show new events until it "
+    "is reset (e.g. perfquery -R); 0 otherwise. counter is the sysfs file name.",
+    (*PORT, "counter"),
+)
+PORT_LIFESPAN: Final = MetricSpec(
+    "rdma_port_hw_lifespan_seconds",
+    "gauge",
+    "How long the driver caches port hw_counters values between hardware queries.",
+    PORT,
+)
+
+# HELP for the PMA counters, keyed by PmaCounter.key.
+_PMA_HELP: Final[dict[str, str]] = {
+    "symbol_errors": "Minor link errors detected on one or more physical lanes (PMA SymbolErrorCounter).",
+    "link_error_recovery": "Times the link error recovery process completed successfully.",
+    "link_downed": "Times the link error recovery process failed and the link went down.",
+    "receive_errors": "Received packets containing an error (bad CRC, malformed, buffer overrun...).",
+    "receive_remote_physical_errors": "Received packets marked with the EBP delimiter (error upstream).",
+    "receive_switch_relay_errors": "Received packets discarded because they could not be forwarded.",
+    "transmit_discards": "Outbound packets discarded because the port was down or congested.",
+    "transmit_constraint_errors": "Outbound packets not sent because of partition or rate constraints.",
+    "receive_constraint_errors": "Received packets discarded because of partition or rate constraints.",
+    "local_link_integrity_errors": "Times local physical errors exceeded the LocalPhyErrors threshold.",
+    "excessive_buffer_overrun_errors": "Times consecutive receive buffer overruns exceeded the threshold.",
+    "vl15_dropped": "Subnet management packets (VL15) dropped for lack of buffers.",
+    "transmit_data_bytes": "Data transmitted on all VLs, in bytes (the kernel counts 4-octet words).",
+    "receive_data_bytes": "Data received on all VLs, in bytes (the kernel counts 4-octet words).",
+    "transmit_packets": "Packets transmitted on all VLs.",
+    "receive_packets": "Packets received on all VLs.",
+    "transmit_wait": "Ticks during which the port had data to send but no flow-control credits.",
+    "transmit_unicast_packets": "Unicast packets transmitted.",
+    "receive_unicast_packets": "Unicast packets received.",
+    "transmit_multicast_packets": "Multicast packets transmitted.",
+    "receive_multicast_packets": "Multicast packets received.",
+}
+
+
+def _pma_spec(key: str, *, ext: bool) -> MetricSpec:
+    prefix = "rdma_port_ext_" if ext else "rdma_port_"
+    source = "counters_ext/ (legacy 64-bit PortCountersExtended)" if ext else "counters/"
+    return MetricSpec(f"{prefix}{key}_total", "counter", f"{_PMA_HELP[key]} From {source}.", PORT)
+
+
+_PMA_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c.key, ext=False) for c in PMA_COUNTERS.values()}
+_PMA_EXT_SPECS: Final[dict[str, MetricSpec]] = {
+    c.key: _pma_spec(c.key, ext=True) for c in PMA_COUNTERS_EXT.values()
+}
+
+# HELP for hw_counters files whose meaning is documented by the driver vendor. Files not listed are
+# exported all the same, with a generic HELP naming the file.
+HW_COUNTER_HELP: Final[dict[str, str]] = {
+    "duplicate_request": "Received duplicate requests (the responder saw a retransmission).",
+    "implied_nak_seq_err": "Read or atomic responses implying lost packets (implied NAK sequence errors).",
+    "local_ack_timeout_err": "Transport ACK timeouts on the requester side (retransmissions follow).",
+    "out_of_buffer": "Packets dropped because no receive WQE was posted (receive queue empty).",
+    "out_of_sequence": "Packets received out of sequence.",
+    "packet_seq_err": "NAKs for packet sequence errors received.",
+    "req_cqe_error": "Requester completions with error.",
+    "req_cqe_flush_error": "Requester completions flushed with error.",
+    "req_remote_access_errors": "Requester remote access errors (NAK received).",
+    "req_remote_invalid_request": "Requester remote invalid request errors (NAK received).",
+    "resp_cqe_error": "Responder completions with error.",
+    "resp_cqe_flush_error": "Responder completions flushed with error.",
+    "resp_local_length_error": "Responder local length errors.",
+    "resp_remote_access_errors": "Responder remote access errors.",
+    "rnr_nak_retry_err": "RNR NAK retries exceeded on the requester (peer had no receive buffer).",
+    "roce_adp_retrans": "RoCE adaptive retransmissions (retransmissions with adapted timeout).",
+    "roce_adp_retrans_to": "RoCE adaptive retransmission timeouts.",
+    "roce_slow_restart": "RoCE slow restarts after a transport timeout.",
+    "roce_slow_restart_cnps": "CNPs generated by slow restart.",
+    "roce_slow_restart_trans": "Transitions of QPs into slow restart.",
+    "rx_atomic_requests": "Atomic requests received.",
+    "rx_dct_connect": "DCT connect requests received.",
+    "rx_read_requests": "RDMA read requests received.",
+    "rx_write_requests": "RDMA write requests received.",
+    "rx_icrc_encapsulated": "RoCE packets with an invalid ICRC received.",
+    "np_cnp_sent": "Congestion notification packets (CNPs) sent by the notification point, i.e. this "
+    "port received ECN-marked RoCE packets and told the sender to slow down.",
+    "np_ecn_marked_roce_packets": "RoCE packets received with an ECN Congestion Experienced mark.",
+    "rp_cnp_handled": "CNPs received and handled by the reaction point: this port was told to slow down.",
+    "rp_cnp_ignored": "CNPs received but ignored by the reaction point (congestion control not enabled "
+    "for the priority, a misconfiguration).",
+    "resp_cqe_flush_error_qp": "Responder QP flushes.",
+    "req_transport_retries_exceeded": "Requester transport retries exceeded (the QP went to error).",
+    "req_rnr_retries_exceeded": "Requester RNR retries exceeded (the QP went to error).",
+}
+
+HW_COUNTER_DYNAMIC: Final = (
+    DynamicMetricSpec(
+        "rdma_port_hw_<counter>_total",
+        "counter",
+        "Every file of the port's hw_counters/ (driver-specific: mlx5, irdma, bnxt_re, efa, hfi1...), its "
+        "name converted to snake_case. Levels (bnxt_re active_*, *watermark*) are gauges without _total.",
+        PORT,
+    ),
+    DynamicMetricSpec(
+        "rdma_device_hw_<counter>_total",
+        "counter",
+        "Every file of the device-level hw_counters/, as for ports.",
+        DEVICE,
+    ),
+    DynamicMetricSpec(
+        "rdma_port_counters_<counter>_total",
+        "counter",
+        "A counters/ file unknown to the IB PMA tables (driver extension), exported generically.",
+        PORT,
+    ),
+)
+
+
+class HwCounterSpecs:
+    """MetricSpecs for driver-named counters, memoised so each name is converted once per process."""
+
+    def __init__(self, prefix: str, labels: tuple[str, ...], scope: str) -> None:
+        self._prefix = prefix
+        self._labels = labels
+        self._scope = scope
+        self._cache: dict[str, MetricSpec] = {}
+
+    def get(self, file: str) -> MetricSpec:
+        spec = self._cache.get(file)
+        if spec is None:
+            fragment = metric_fragment(file)
+            described = HW_COUNTER_HELP.get(file, f"Driver counter {self._scope}/{file}.")
+            if hw_counter_is_gauge(file):
+                spec = MetricSpec(f"{self._prefix}{fragment}", "gauge", described, self._labels)
+            else:
+                spec = MetricSpec(f"{self._prefix}{fragment}_total", "counter", described, self._labels)
+            self._cache[file] = spec
+        return spec
+
+
+_PORT_HW = HwCounterSpecs("rdma_port_hw_", PORT, "hw_counters")
+_DEVICE_HW = HwCounterSpecs("rdma_device_hw_", DEVICE, "hw_counters")
+_PORT_GENERIC = HwCounterSpecs("rdma_port_counters_", PORT, "counters")
+
+
+def _expose_hw(
+    values: Mapping[str, int], specs: HwCounterSpecs, lifespan: MetricSpec, labels: list[str], out: FamilySet
+) -> None:
+    seen: set[str] = set()
+    for file, value in values.items():
+        if file == "lifespan":
+            # Milliseconds in sysfs; a cache period, not an event count.
+            out.add(lifespan, labels, value / 1000)
+            continue
+        spec = specs.get(file)
+        if spec.name in seen:
+            # Two driver names that normalise alike (`Foo Bar`, `foo_bar`): keep the first, deterministically.
+            continue
+        seen.add(spec.name)
+        out.add(spec, labels, value)
+
+
+def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
+    info = port.info
+    labels = [device, str(info.number)]
+    out.add(PORT_INFO, [*labels, label(info.link_layer)], 1)
+    if port.state is not None:
+        out.add(PORT_STATE_ID, labels, port.state[0])
+        for number, name in PORT_STATES.items():
+            if number:  # NOP (0) is never a real state
+                out.add(PORT_STATE, [*labels, name], 1 if port.state[0] == number else 0)
+    if port.phys_state is not None:
+        out.add(PORT_PHYS_STATE_ID, labels, port.phys_state[0])
+        for number, name in PHYS_STATES.items():
+            if number:
+                out.add(PORT_PHYS_STATE, [*labels, name], 1 if port.phys_state[0] == number else 0)
+    if port.rate is not None:
+        out.add(PORT_RATE, labels, port.rate.bytes_per_second)
+        if port.rate.lanes is not None:
+            out.add(PORT_WIDTH, labels, port.rate.lanes)
+        if port.rate.speed is not None:
+            out.add(PORT_SPEED, [*labels, port.rate.speed], 1)
+    if port.lid is not None:
+        out.add(PORT_LID, labels, port.lid)
+    if port.sm_lid is not None:
+        out.add(PORT_SM_LID, labels, port.sm_lid)
+    for netdev in info.netdevs:
+        out.add(PORT_NETDEV, [*labels, netdev], 1)
+    for gid_type, count in info.gid_types:
+        out.add(PORT_GIDS, [*labels, gid_type], count)
+
+    legacy = bool(info.counter_ext_files)
+    for file, value in port.counters.items():
+        counter = pma_counter(file, legacy=legacy)
+        if counter is None:
+            out.add(_PORT_GENERIC.get(file), labels, value)
+            continue
+        out.add(_PMA_SPECS[counter.key], labels, value * counter.scale)
+        if counter.width < 64:
+            saturated = value >= (1 << counter.width) - 1
+            out.add(PORT_SATURATED, [*labels, file], 1 if saturated else 0)
+    for file, value in port.counters_ext.items():
+        ext = PMA_COUNTERS_EXT.get(file)
+        if ext is None:
+            out.add(_PORT_GENERIC.get(file), labels, value)
+        else:
+            out.add(_PMA_EXT_SPECS[ext.key], labels, value * ext.scale)
+    _expose_hw(port.hw_counters, _PORT_HW, PORT_LIFESPAN, labels, out)
+
+
+def expose_device(snapshot: DeviceSnapshot, out: FamilySet) -> None:
+    info = snapshot.info
+    device = info.name
+    out.add(
+        DEVICE_INFO,
+        [
+            device,
+            label(info.node_type),
+            label(info.node_guid),
+            label(info.sys_image_guid),
+            label(info.fw_ver),
+            label(info.hca_type),
+            label(info.board_id),
+            label(info.hw_rev),
+            label(info.node_desc),
+            label(info.pci_address),
+            label(info.driver),
+            label(info.pf_pci_address),
+        ],
+        1,
+    )
+    if info.numa_node is not None:
+        out.add(DEVICE_NUMA, [device], info.numa_node)
+    if info.pci_address is not None:
+        out.add(DEVICE_VF, [device], 1 if info.is_vf else 0)
+    if info.sriov_numvfs is not None:
+        out.add(DEVICE_NUMVFS, [device], info.sriov_numvfs)
+    _expose_hw(snapshot.hw_counters, _DEVICE_HW, DEVICE_LIFESPAN, [device], out)
+    for port in snapshot.ports:
+        _expose_port(device, port, out)
+
+
+class InfinibandSource:
+    """Devices, ports and counters of /sys/class/infiniband."""
+
+    name = "infiniband"
+    specs: tuple[MetricSpec, ...] = (
+        DEVICE_INFO,
+        DEVICE_NUMA,
+        DEVICE_VF,
+        DEVICE_NUMVFS,
+        DEVICE_LIFESPAN,
+        PORT_INFO,
+        PORT_STATE_ID,
+        PORT_STATE,
+        PORT_PHYS_STATE_ID,
+        PORT_PHYS_STATE,
+        PORT_RATE,
+        PORT_WIDTH,
+        PORT_SPEED,
+        PORT_LID,
+        PORT_SM_LID,
+        PORT_NETDEV,
+        PORT_GIDS,
+        *_PMA_SPECS.values(),
+        *_PMA_EXT_SPECS.values(),
+        PORT_SATURATED,
+        PORT_LIFESPAN,
+    )
+    dynamic_specs = HW_COUNTER_DYNAMIC
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> DeviceSnapshot:
+        return read_device_snapshot(ctx.sys_root, device, reader)
+
+    def expose(self, results: Mapping[str, DeviceSnapshot], out: FamilySet) -> None:
+        for name in sorted(results):
+            expose_device(results[name], out)

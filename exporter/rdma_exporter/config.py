@@ -1,0 +1,197 @@
+"""Settings: defaults, overridden by the YAML config file, overridden by explicit command-line flags.
+
+Every problem in the file stops start-up with the file, the dotted key and the reason, because an
+exporter that silently ignores a typo in `devices.exclude` reads the firmware-restricted device it
+was told to leave alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+DEFAULT_PORT: Final = 9883
+DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
+COLLECTORS: Final = ("infiniband",)
+LOG_LEVELS: Final = ("debug", "info", "warn", "error")
+
+
+class ConfigError(Exception):
+    """An invalid setting: `str()` names the source (file or flag), the key and the reason."""
+
+    def __init__(self, source: str, key: str, reason: str) -> None:
+        super().__init__(f"{source}: {key}: {reason}")
+        self.source = source
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Config:
+    listen_address: str = DEFAULT_LISTEN
+    telemetry_path: str = "/metrics"
+    web_config_file: Path | None = None
+    sysfs: Path = Path("/sys")
+    ethtool_dir: Path | None = None
+    collectors: Mapping[str, bool] = field(default_factory=lambda: dict.fromkeys(COLLECTORS, True))
+    device_include: re.Pattern[str] | None = None
+    device_exclude: re.Pattern[str] | None = None
+    log_level: str = "info"
+    scrape_timeout: float = 8.0
+    # Per-collector settings (e.g. the ethtool collector's extra stat patterns), validated by
+    # the collector that owns them.
+    collector_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Which settings came from where, for `--check-config` and logs.
+    config_file: Path | None = None
+
+
+def check_regex(source: str, key: str, value: Any) -> re.Pattern[str] | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(source, key, f"expected a regular expression string, got {type(value).__name__}")
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ConfigError(source, key, f"invalid regular expression {value!r}: {exc}") from None
+
+
+def check_string(source: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(source, key, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def check_path(source: str, key: str, value: Any) -> Path | None:
+    if value is None:
+        return None
+    return Path(check_string(source, key, value))
+
+
+def check_listen(source: str, key: str, value: Any) -> str:
+    text = check_string(source, key, value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(source, key, f"expected [host]:port with a port from 1 to 65535, got {text!r}")
+    if host.startswith("[") != host.endswith("]"):
+        raise ConfigError(source, key, f"unbalanced brackets in IPv6 host {host!r}")
+    return text
+
+
+def check_telemetry_path(source: str, key: str, value: Any) -> str:
+    text = check_string(source, key, value)
+    if not text.startswith("/") or text in ("/", "/healthz"):
+        raise ConfigError(source, key, f"expected a path starting with / other than / and /healthz, got {text!r}")
+    return text
+
+
+def check_log_level(source: str, key: str, value: Any) -> str:
+    if value not in LOG_LEVELS:
+        raise ConfigError(source, key, f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return str(value)
+
+
+def check_seconds(source: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 300:
+        raise ConfigError(source, key, f"expected a number of seconds in (0, 300], got {value!r}")
+    return float(value)
+
+
+def check_bool(source: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(source, key, f"expected true or false, got {value!r}")
+    return value
+
+
+# YAML key -> (Config field, validator). The YAML mirrors the flag names: `--web.listen-address`
+# is `web: {listen_address: ...}`.
+_FIELDS: Final[dict[str, tuple[str, Callable[[str, str, Any], Any]]]] = {
+    "web.listen_address": ("listen_address", check_listen),
+    "web.telemetry_path": ("telemetry_path", check_telemetry_path),
+    "web.config_file": ("web_config_file", check_path),
+    "web.scrape_timeout_seconds": ("scrape_timeout", check_seconds),
+    "path.sysfs": ("sysfs", check_path),
+    "path.ethtool": ("ethtool_dir", check_path),
+    "devices.include": ("device_include", check_regex),
+    "devices.exclude": ("device_exclude", check_regex),
+    "log.level": ("log_level", check_log_level),
+}
+_SECTIONS: Final = frozenset(key.split(".")[0] for key in _FIELDS) | {"collectors", "collector"}
+
+# Per-collector setting validators, registered by the collectors that own them: name -> key -> validator.
+COLLECTOR_SETTINGS: dict[str, dict[str, Callable[[str, str, Any], Any]]] = {}
+
+
+def check_mapping(source: str, key: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(source, key, f"expected a mapping, got {type(value).__name__}")
+    for sub in value:
+        if not isinstance(sub, str):
+            raise ConfigError(source, f"{key}.{sub}", "keys must be strings")
+    return value
+
+
+def parse_config(document: Any, source: str, base: Config | None = None) -> Config:
+    """Validate a parsed YAML document into a Config on top of `base` (the defaults)."""
+    config = base or Config()
+    top = check_mapping(source, "(top level)", document)
+    for section in top:
+        if section not in _SECTIONS:
+            raise ConfigError(source, section, f"unknown section (known: {', '.join(sorted(_SECTIONS))})")
+    updates: dict[str, Any] = {}
+    for section in sorted(_SECTIONS - {"collectors", "collector"}):
+        body = check_mapping(source, section, top.get(section))
+        for key, value in body.items():
+            dotted = f"{section}.{key}"
+            if dotted not in _FIELDS:
+                known = sorted(k for k in _FIELDS if k.startswith(section + "."))
+                raise ConfigError(source, dotted, f"unknown key (known: {', '.join(known)})")
+            name, validate = _FIELDS[dotted]
+            updates[name] = validate(source, dotted, value)
+
+    enabled = dict(config.collectors)
+    for name, value in check_mapping(source, "collectors", top.get("collectors")).items():
+        if name not in COLLECTORS:
+            raise ConfigError(source, f"collectors.{name}", f"unknown collector (known: {', '.join(COLLECTORS)})")
+        enabled[name] = check_bool(source, f"collectors.{name}", value)
+    updates["collectors"] = enabled
+
+    settings = {name: dict(values) for name, values in config.collector_settings.items()}
+    for name, body in check_mapping(source, "collector", top.get("collector")).items():
+        if name not in COLLECTOR_SETTINGS:
+            known = ", ".join(sorted(COLLECTOR_SETTINGS)) or "none"
+            reason = f"no settings for this collector (settings exist for: {known})"
+            raise ConfigError(source, f"collector.{name}", reason)
+        validators = COLLECTOR_SETTINGS[name]
+        for key, value in check_mapping(source, f"collector.{name}", body).items():
+            dotted = f"collector.{name}.{key}"
+            if key not in validators:
+                raise ConfigError(source, dotted, f"unknown key (known: {', '.join(sorted(validators))})")
+            settings.setdefault(name, {})[key] = validators[key](source, dotted, value)
+    updates["collector_settings"] = settings
+    return replace(config, **updates)
+
+
+def load_config_file(path: Path, base: Config | None = None) -> Config:
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(source, "(file)", "not UTF-8 text") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, where, f"invalid YAML: {problem}") from None
+    return replace(parse_config(document, source, base), config_file=path)

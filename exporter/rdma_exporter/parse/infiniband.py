@@ -1,0 +1,432 @@
+"""Parse `/sys/class/infiniband`: RDMA devices, their ports and counters.
+
+Pure functions over a sysfs root (the directory mounted at `/sys`) returning typed dataclasses; no
+Prometheus imports. Reads are split by how often they change, so the collector can cache the static
+half and re-read only what moves:
+
+- `read_device_info`: identity and layout (GUIDs, firmware, board, PCI address, driver, SR-IOV role,
+  link layer, GIDs, netdevs, and the *names* of counter files). Changes only on hotplug, driver reload
+  or firmware reset, all of which udev reports.
+- `read_device_snapshot`: the moving part (port state, rate, LIDs and every counter value), read once
+  per scrape using the file names cached in the info.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from .reader import (
+    REASON_MALFORMED,
+    SysfsReader,
+    link_name,
+    list_dir,
+    parse_uint,
+)
+
+CLASS_DIR: Final = Path("class") / "infiniband"
+
+# IB spec PortInfo:PortState and PortPhysicalState names, as the kernel prints them.
+PORT_STATES: Final[dict[int, str]] = {
+    0: "NOP",
+    1: "DOWN",
+    2: "INIT",
+    3: "ARMED",
+    4: "ACTIVE",
+    5: "ACTIVE_DEFER",
+}
+PHYS_STATES: Final[dict[int, str]] = {
+    0: "NOP",
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "Phy Test",
+}
+NODE_TYPES: Final[dict[int, str]] = {1: "CA", 2: "Switch", 3: "Router", 4: "RNIC", 5: "USNIC", 6: "USNIC_UDP"}
+
+# Per-lane signalling generations (the suffix of the `rate` file). Old kernels print no suffix for SDR.
+LANE_SPEEDS: Final = ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR")
+
+
+@dataclass(frozen=True, slots=True)
+class PmaCounter:
+    """Known semantics of a `counters/` (or legacy `counters_ext/`) file.
+
+    `width` is the PMA field width in bits: a narrow counter stops at 2^width - 1 and from then on hides
+    new errors until someone resets it, so the exposition reports saturation explicitly.
+    `scale` converts the raw unit (4-octet words for the data counters) into base units.
+    """
+
+    file: str
+    key: str
+    width: int
+    scale: int = 1
+
+
+# PortCounters / PortCountersExtended fields the kernel exposes under counters/.
+PMA_COUNTERS: Final[dict[str, PmaCounter]] = {
+    c.file: c
+    for c in (
+        PmaCounter("symbol_error", "symbol_errors", 16),
+        PmaCounter("link_error_recovery", "link_error_recovery", 8),
+        PmaCounter("link_downed", "link_downed", 8),
+        PmaCounter("port_rcv_errors", "receive_errors", 16),
+        PmaCounter("port_rcv_remote_physical_errors", "receive_remote_physical_errors", 16),
+        PmaCounter("port_rcv_switch_relay_errors", "receive_switch_relay_errors", 16),
+        PmaCounter("port_xmit_discards", "transmit_discards", 16),
+        PmaCounter("port_xmit_constraint_errors", "transmit_constraint_errors", 8),
+        PmaCounter("port_rcv_constraint_errors", "receive_constraint_errors", 8),
+        PmaCounter("local_link_integrity_errors", "local_link_integrity_errors", 4),
+        PmaCounter("excessive_buffer_overrun_errors", "excessive_buffer_overrun_errors", 4),
+        PmaCounter("VL15_dropped", "vl15_dropped", 16),
+        # The kernel serves these from PortCountersExtended (64 bit) when the HCA supports it, which
+        # every HCA of the last decade does; on legacy kernels with counters_ext/ they are 32 bit.
+        PmaCounter("port_xmit_data", "transmit_data_bytes", 64, 4),
+        PmaCounter("port_rcv_data", "receive_data_bytes", 64, 4),
+        PmaCounter("port_xmit_packets", "transmit_packets", 64),
+        PmaCounter("port_rcv_packets", "receive_packets", 64),
+        PmaCounter("port_xmit_wait", "transmit_wait", 32),
+        PmaCounter("unicast_xmit_packets", "transmit_unicast_packets", 64),
+        PmaCounter("unicast_rcv_packets", "receive_unicast_packets", 64),
+        PmaCounter("multicast_xmit_packets", "transmit_multicast_packets", 64),
+        PmaCounter("multicast_rcv_packets", "receive_multicast_packets", 64),
+    )
+}
+# Pre-4.5 kernels put the 64-bit PortCountersExtended values in counters_ext/ beside 32-bit counters/.
+PMA_COUNTERS_EXT: Final[dict[str, PmaCounter]] = {
+    c.file: c
+    for c in (
+        PmaCounter("port_xmit_data_64", "transmit_data_bytes", 64, 4),
+        PmaCounter("port_rcv_data_64", "receive_data_bytes", 64, 4),
+        PmaCounter("port_xmit_packets_64", "transmit_packets", 64),
+        PmaCounter("port_rcv_packets_64", "receive_packets", 64),
+        PmaCounter("port_unicast_xmit_packets", "transmit_unicast_packets", 64),
+        PmaCounter("port_unicast_rcv_packets", "receive_unicast_packets", 64),
+        PmaCounter("port_multicast_xmit_packets", "transmit_multicast_packets", 64),
+        PmaCounter("port_multicast_rcv_packets", "receive_multicast_packets", 64),
+    )
+}
+_LEGACY_32BIT: Final = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
+
+
+def pma_counter(file: str, *, legacy: bool) -> PmaCounter | None:
+    """Semantics of a counters/ file; `legacy` (counters_ext/ present) narrows the data counters to 32 bit."""
+    known = PMA_COUNTERS.get(file)
+    if known is not None and legacy and file in _LEGACY_32BIT:
+        return PmaCounter(known.file, known.key, 32, known.scale)
+    return known
+
+
+# hw_counters files that are levels, not event counts. Drivers name them differently; these patterns
+# cover bnxt_re's active_* resource counts and *watermark* high-water marks.
+_HW_GAUGE_PATTERN: Final = re.compile(r"^(active_.*|.*watermark.*|.*_wm)$")
+
+
+def hw_counter_is_gauge(name: str) -> bool:
+    return name == "lifespan" or bool(_HW_GAUGE_PATTERN.match(name.lower()))
+
+
+_CAMEL_BOUNDARY: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_NON_NAME: Final = re.compile(r"[^a-z0-9]+")
+
+
+def metric_fragment(name: str) -> str:
+    """Turn a driver's counter file name into a snake_case metric-name fragment.
+
+    irdma uses CamelCase (`ip4InOctets` -> `ip4_in_octets`, `RxECNMrkd` -> `rx_ecn_mrkd`), some drivers
+    put spaces or dots in names; everything outside [a-z0-9] collapses into one underscore.
+    """
+    snake = _CAMEL_BOUNDARY.sub("_", name).lower()
+    fragment = _NON_NAME.sub("_", snake).strip("_")
+    if not fragment:
+        return "unnamed"
+    return fragment if not fragment[0].isdigit() else f"n{fragment}"
+
+
+@dataclass(frozen=True, slots=True)
+class PortInfo:
+    """What rarely changes about a port: identity, link layer, GIDs and the counter file names."""
+
+    number: int
+    link_layer: str | None
+    counter_files: tuple[str, ...]
+    counter_ext_files: tuple[str, ...]
+    hw_counter_files: tuple[str, ...]
+    netdevs: tuple[str, ...]
+    gid_types: tuple[tuple[str, int], ...]  # (type, populated GID entries), sorted
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What rarely changes about an RDMA device."""
+
+    name: str
+    node_type: str | None
+    node_guid: str | None
+    sys_image_guid: str | None
+    fw_ver: str | None
+    hca_type: str | None
+    board_id: str | None
+    hw_rev: str | None
+    node_desc: str | None
+    pci_address: str | None
+    pci_dir: Path | None  # resolved PCI function directory, for the PCIe collector
+    numa_node: int | None
+    driver: str | None
+    is_vf: bool
+    pf_pci_address: str | None
+    sriov_numvfs: int | None
+    hw_counter_files: tuple[str, ...]
+    ports: tuple[PortInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """The port `rate` file: `400 Gb/sec (4X NDR)`, or the old `10 Gb/sec (4X)` without a speed name."""
+
+    bits_per_second: float
+    lanes: int | None
+    speed: str | None
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bits_per_second / 8
+
+
+_RATE_PATTERN: Final = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec(?:\s*\(\s*(\d+)X\s*([A-Za-z0-9]*)\s*\))?\s*$"
+)
+
+
+def parse_rate(text: str) -> Rate | None:
+    match = _RATE_PATTERN.match(text)
+    if match is None:
+        return None
+    gbits, lanes, speed = match.groups()
+    speed = speed.upper() if speed else None
+    if speed is not None and speed not in LANE_SPEEDS:
+        speed = None
+    return Rate(float(gbits) * 1e9, int(lanes) if lanes else None, speed)
+
+
+_STATE_PATTERN: Final = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)?\s*$")
+
+
+def parse_state(text: str) -> tuple[int, str] | None:
+    """`4: ACTIVE` -> (4, "ACTIVE"); the name falls back to the spec's when the kernel prints none."""
+    match = _STATE_PATTERN.match(text)
+    if match is None:
+        return None
+    number = int(match.group(1))
+    if number > 255:
+        return None
+    return number, match.group(2) or ""
+
+
+@dataclass(slots=True)
+class PortSnapshot:
+    """One scrape's view of a port. Values a file could not give are None / absent."""
+
+    info: PortInfo
+    state: tuple[int, str] | None = None
+    phys_state: tuple[int, str] | None = None
+    rate: Rate | None = None
+    lid: int | None = None
+    sm_lid: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    counters_ext: dict[str, int] = field(default_factory=dict)
+    hw_counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class DeviceSnapshot:
+    info: DeviceInfo
+    ports: list[PortSnapshot] = field(default_factory=list)
+    hw_counters: dict[str, int] = field(default_factory=dict)
+
+
+def list_devices(sys_root: Path, reader: SysfsReader) -> list[str]:
+    """Names under class/infiniband. Only the directory is listed: no file of any device is opened."""
+    return list_dir(sys_root / CLASS_DIR, reader)
+
+
+def _signed(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+_PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def _pci_function(device_dir: Path) -> Path | None:
+    """The PCI function behind `<dev>/device`, None for non-PCI devices (rxe, siw) or a dangling link."""
+    link = device_dir / "device"
+    try:
+        resolved = Path(os.path.realpath(link))
+    except OSError:
+        return None
+    if not resolved.is_dir() or not _PCI_ADDRESS.match(resolved.name):
+        return None
+    return resolved
+
+
+def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ...]:
+    """Count populated GID table entries by type (IB/RoCE v1, RoCE v2).
+
+    Unpopulated entries hold the all-zero GID and their gid_attrs files fail with EINVAL on a real
+    kernel, so they are skipped without reading the attribute and are not errors.
+    """
+    types: Counter[str] = Counter()
+    for index in list_dir(port_dir / "gids", reader):
+        gid = reader.text(port_dir / "gids" / index, optional=True)
+        if gid is None or not gid.replace(":", "").strip("0"):
+            continue
+        gid_type = reader.text(port_dir / "gid_attrs" / "types" / index, optional=True)
+        if gid_type:
+            types[gid_type] += 1
+    return tuple(sorted(types.items()))
+
+
+def _port_netdevs(device_dir: Path, port_dir: Path, port: int, reader: SysfsReader) -> tuple[str, ...]:
+    """Netdevs of a port: from the GID table (RoCE, and IPoIB on new kernels) and the PCI function."""
+    names: set[str] = set()
+    ndevs = port_dir / "gid_attrs" / "ndevs"
+    for index in list_dir(ndevs, reader):
+        gid = reader.text(port_dir / "gids" / index, optional=True)
+        if gid is None or not gid.replace(":", "").strip("0"):
+            continue
+        name = reader.text(ndevs / index, optional=True)
+        if name:
+            names.add(name)
+    net_dir = device_dir / "device" / "net"
+    candidates = list_dir(net_dir, reader)
+    for name in candidates:
+        # Dual-port functions list both netdevs; dev_port (0-based) tells which belongs to this port.
+        dev_port = reader.uint(net_dir / name / "dev_port", optional=True) if len(candidates) > 1 else None
+        if dev_port is None or dev_port == port - 1:
+            names.add(name)
+    return tuple(sorted(names))
+
+
+def read_port_info(device_dir: Path, port: int, reader: SysfsReader) -> PortInfo:
+    port_dir = device_dir / "ports" / str(port)
+    return PortInfo(
+        number=port,
+        link_layer=reader.text(port_dir / "link_layer", optional=True),
+        counter_files=tuple(list_dir(port_dir / "counters", reader)),
+        counter_ext_files=tuple(list_dir(port_dir / "counters_ext", reader)),
+        hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
+        netdevs=_port_netdevs(device_dir, port_dir, port, reader),
+        gid_types=_gid_types(port_dir, reader),
+    )
+
+
+def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
+    """Everything static about one device. Only files of this device are read."""
+    device_dir = sys_root / CLASS_DIR / name
+    node_type = reader.text(device_dir / "node_type", optional=True)
+    parsed_type = parse_state(node_type) if node_type else None
+    pci_dir = _pci_function(device_dir)
+    numa = sriov = None
+    pf_address = driver = None
+    is_vf = False
+    if pci_dir is not None:
+        numa = _signed(reader.text(pci_dir / "numa_node", optional=True))
+        if numa is not None and numa < 0:
+            numa = None  # -1: the platform did not report a NUMA node
+        driver = link_name(pci_dir / "driver")
+        physfn = pci_dir / "physfn"
+        if os.path.islink(physfn):
+            is_vf = True
+            pf_address = link_name(physfn)
+        else:
+            sriov = reader.uint(pci_dir / "sriov_numvfs", optional=True)
+    ports: list[PortInfo] = []
+    for entry in list_dir(device_dir / "ports", reader, optional=False):
+        number = parse_uint(entry)
+        if number is None or number > 255:
+            reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
+            continue
+        ports.append(read_port_info(device_dir, number, reader))
+    ports.sort(key=lambda p: p.number)
+    return DeviceInfo(
+        name=name,
+        node_type=(NODE_TYPES.get(parsed_type[0], parsed_type[1]) if parsed_type else None),
+        node_guid=reader.text(device_dir / "node_guid", optional=True),
+        sys_image_guid=reader.text(device_dir / "sys_image_guid", optional=True),
+        fw_ver=reader.text(device_dir / "fw_ver", optional=True),
+        hca_type=reader.text(device_dir / "hca_type", optional=True),
+        board_id=reader.text(device_dir / "board_id", optional=True),
+        hw_rev=reader.text(device_dir / "hw_rev", optional=True),
+        node_desc=reader.text(device_dir / "node_desc", optional=True),
+        pci_address=pci_dir.name if pci_dir else None,
+        pci_dir=pci_dir,
+        numa_node=numa,
+        driver=driver,
+        is_vf=is_vf,
+        pf_pci_address=pf_address,
+        sriov_numvfs=sriov,
+        hw_counter_files=tuple(list_dir(device_dir / "hw_counters", reader)),
+        ports=tuple(ports),
+    )
+
+
+def _read_values(directory: Path, files: tuple[str, ...], reader: SysfsReader) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for name in files:
+        value = reader.uint(directory / name)
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _read_state(path: Path, reader: SysfsReader, names: dict[int, str]) -> tuple[int, str] | None:
+    text = reader.text(path)
+    if text is None:
+        return None
+    parsed = parse_state(text)
+    if parsed is None:
+        reader.fail(REASON_MALFORMED, path, f"not a '<id>: <name>' state: {text[:40]!r}")
+        return None
+    number, name = parsed
+    return number, names.get(number, name)
+
+
+def read_port_snapshot(device_dir: Path, info: PortInfo, reader: SysfsReader) -> PortSnapshot:
+    port_dir = device_dir / "ports" / str(info.number)
+    snapshot = PortSnapshot(info=info)
+    snapshot.state = _read_state(port_dir / "state", reader, PORT_STATES)
+    snapshot.phys_state = _read_state(port_dir / "phys_state", reader, PHYS_STATES)
+    rate_text = reader.text(port_dir / "rate")
+    if rate_text is not None:
+        snapshot.rate = parse_rate(rate_text)
+        if snapshot.rate is None:
+            reader.fail(REASON_MALFORMED, port_dir / "rate", f"unrecognised rate: {rate_text[:40]!r}")
+    if info.link_layer != "Ethernet":
+        # RoCE ports have no subnet manager; their lid files read 0 and mean nothing.
+        snapshot.lid = reader.uint(port_dir / "lid", optional=True, base=0)
+        snapshot.sm_lid = reader.uint(port_dir / "sm_lid", optional=True, base=0)
+    snapshot.counters = _read_values(port_dir / "counters", info.counter_files, reader)
+    snapshot.counters_ext = _read_values(port_dir / "counters_ext", info.counter_ext_files, reader)
+    snapshot.hw_counters = _read_values(port_dir / "hw_counters", info.hw_counter_files, reader)
+    return snapshot
+
+
+def read_device_snapshot(sys_root: Path, info: DeviceInfo, reader: SysfsReader) -> DeviceSnapshot:
+    """The per-scrape values of a device whose static info is already known."""
+    device_dir = sys_root / CLASS_DIR / info.name
+    snapshot = DeviceSnapshot(info=info)
+    snapshot.hw_counters = _read_values(device_dir / "hw_counters", info.hw_counter_files, reader)
+    snapshot.ports = [read_port_snapshot(device_dir, port, reader) for port in info.ports]
+    return snapshot
