@@ -1,0 +1,532 @@
+"""`ethtool -S` statistics: read them (ioctl or a captured text file) and pick the ones worth exporting.
+
+Three layers, all free of Prometheus imports:
+
+- `read_stats_ioctl`: the driver's statistics straight from the kernel through SIOCETHTOOL, the same
+  calls `ethtool -S` makes (ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSTATS).
+- `parse_stats_text` / `read_stats_file`: the same dict from saved `ethtool -S` output (fixture mode).
+- `curate`: maps the few hundred to few thousand driver-specific names onto a small set of semantic keys
+  with labels (priority, lane, direction...) and units. Everything else is dropped unless an operator opts
+  in with extra patterns.
+
+A failure costs the interface's statistics for this scrape and raises `EthtoolError`, whose `reason` is
+one of reader.py's reason constants so the caller can tally it like a failed sysfs read.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import socket
+import struct
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Final, Literal
+
+from .infiniband import metric_fragment
+from .reader import (
+    REASON_IO,
+    REASON_MISSING,
+    REASON_UNSUPPORTED,
+    parse_uint,
+    reason_for_errno,
+)
+
+# --- include/uapi/linux/sockios.h, include/uapi/linux/ethtool.h ---------------------------------------
+SIOCETHTOOL: Final = 0x8946
+ETHTOOL_GDRVINFO: Final = 0x00000003
+ETHTOOL_GSTRINGS: Final = 0x0000001B
+ETHTOOL_GSTATS: Final = 0x0000001D
+ETHTOOL_GSSET_INFO: Final = 0x00000037
+ETH_SS_STATS: Final = 1
+ETH_GSTRING_LEN: Final = 32
+IFNAMSIZ: Final = 16
+
+# struct ethtool_drvinfo: cmd, driver[32], version[32], fw_version[32], bus_info[32], erom_version[32],
+# reserved2[12], n_priv_flags, n_stats, testinfo_len, eedump_len, regdump_len.
+_DRVINFO_SIZE: Final = 196
+_DRVINFO_N_STATS: Final = 180
+# Headers: ethtool_sset_info {cmd, reserved, u64 sset_mask, u32 data[]}, ethtool_gstrings {cmd, string_set,
+# len, u8 data[]}, ethtool_stats {cmd, n_stats, u64 data[]}.
+_SSET_INFO_SIZE: Final = 24
+_GSTRINGS_HEADER: Final = 12
+_GSTATS_HEADER: Final = 8
+# struct ifreq is 40 bytes on 64-bit (16-byte name + 24-byte union); the kernel copies all of it in.
+_IFREQ_SIZE: Final = 40
+
+# Far above any real NIC (mlx5 with 256 channels has ~20k); a larger count is a broken driver.
+MAX_STATS: Final = 1 << 20
+# We pass the count we expect in GSTRINGS/GSTATS. Kernels with the Dec 2025 fix ("ethtool: Avoid
+# overflowing userspace buffer on stats query") then answer 0 entries if the set changed since; older
+# kernels ignore it and write the count of that moment, past a buffer sized for the old count. Headroom
+# makes such growth land in memory we own; the count check then sends us round the retry loop.
+_MIN_HEADROOM: Final = 1024
+
+DEFAULT_ATTEMPTS: Final = 3
+
+
+class EthtoolError(Exception):
+    """Statistics of one interface could not be read. `reason` is a reader.REASON_* constant."""
+
+    def __init__(self, ifname: str, reason: str, detail: str) -> None:
+        super().__init__(f"{ifname}: {reason}: {detail}")
+        self.ifname = ifname
+        self.reason = reason
+        self.detail = detail
+
+
+# Performs one SIOCETHTOOL request for `ifname` whose ethtool command struct is `buffer` (first u32 = cmd),
+# filling `buffer` in place; raises OSError like the syscall. Injectable so tests can fake the kernel.
+EthtoolCall = Callable[[str, array], None]
+
+
+def _valid_ifname(ifname: str) -> bool:
+    raw = os.fsencode(ifname)
+    return 0 < len(raw) < IFNAMSIZ and b"\0" not in raw and b"/" not in raw and ifname not in (".", "..")
+
+
+def _open_socket() -> socket.socket:
+    # Any socket reaches dev_ioctl(); try the usual one first, then families a sandbox may leave open.
+    last: OSError | None = None
+    for family, proto in ((socket.AF_INET, 0), (socket.AF_NETLINK, 0), (socket.AF_UNIX, 0)):
+        try:
+            return socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, proto)
+        except OSError as exc:
+            last = exc
+    assert last is not None
+    raise last
+
+
+class SocketEthtool:
+    """The real `EthtoolCall`: SIOCETHTOOL on a datagram socket in the caller's network namespace."""
+
+    def __init__(self) -> None:
+        self._sock = _open_socket()
+
+    def __call__(self, ifname: str, buffer: array) -> None:
+        address, _ = buffer.buffer_info()
+        ifreq = bytearray(_IFREQ_SIZE)
+        # Native layout: 16-byte name, then the union whose first member is the ifr_data pointer.
+        struct.pack_into("16sP", ifreq, 0, os.fsencode(ifname), address)
+        fcntl.ioctl(self._sock.fileno(), SIOCETHTOOL, ifreq, True)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> SocketEthtool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _fail(ifname: str, exc: OSError, what: str) -> EthtoolError:
+    return EthtoolError(ifname, reason_for_errno(exc.errno), f"{what}: {exc.strerror or exc}")
+
+
+def _stat_count(call: EthtoolCall, ifname: str) -> int:
+    buffer = array("B", bytes(_SSET_INFO_SIZE))
+    struct.pack_into("=IIQ", buffer, 0, ETHTOOL_GSSET_INFO, 0, 1 << ETH_SS_STATS)
+    try:
+        call(ifname, buffer)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise _fail(ifname, exc, "ETHTOOL_GSSET_INFO") from exc
+        return _drvinfo_count(call, ifname)  # kernels before 2.6.30 know no GSSET_INFO
+    (mask,) = struct.unpack_from("=Q", buffer, 8)
+    if not mask & (1 << ETH_SS_STATS):
+        return 0  # the kernel clears the bit when the driver has no statistics set
+    (count,) = struct.unpack_from("=I", buffer, 16)
+    return count
+
+
+def _drvinfo_count(call: EthtoolCall, ifname: str) -> int:
+    buffer = array("B", bytes(_DRVINFO_SIZE))
+    struct.pack_into("=I", buffer, 0, ETHTOOL_GDRVINFO)
+    try:
+        call(ifname, buffer)
+    except OSError as exc:
+        raise _fail(ifname, exc, "ETHTOOL_GDRVINFO") from exc
+    (count,) = struct.unpack_from("=I", buffer, _DRVINFO_N_STATS)
+    return count
+
+
+def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> list[str]:
+    buffer = array("B", bytes(_GSTRINGS_HEADER + capacity * ETH_GSTRING_LEN))
+    struct.pack_into("=III", buffer, 0, ETHTOOL_GSTRINGS, ETH_SS_STATS, expected)
+    try:
+        call(ifname, buffer)
+    except OSError as exc:
+        raise _fail(ifname, exc, "ETHTOOL_GSTRINGS") from exc
+    (length,) = struct.unpack_from("=I", buffer, 8)
+    if length > capacity:
+        raise EthtoolError(ifname, REASON_IO, f"stat set grew from <={capacity} to {length} strings mid-read")
+    raw = buffer.tobytes()
+    names = []
+    for index in range(length):
+        start = _GSTRINGS_HEADER + index * ETH_GSTRING_LEN
+        name = raw[start : start + ETH_GSTRING_LEN].split(b"\0", 1)[0]
+        names.append(name.decode("utf-8", "replace").strip())
+    return names
+
+
+def _read_values(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> tuple[int, ...]:
+    buffer = array("B", bytes(_GSTATS_HEADER + capacity * 8))
+    struct.pack_into("=II", buffer, 0, ETHTOOL_GSTATS, expected)
+    try:
+        call(ifname, buffer)
+    except OSError as exc:
+        raise _fail(ifname, exc, "ETHTOOL_GSTATS") from exc
+    (count,) = struct.unpack_from("=I", buffer, 4)
+    if count > capacity:
+        raise EthtoolError(ifname, REASON_IO, f"stat set grew from <={capacity} to {count} values mid-read")
+    return struct.unpack_from(f"={count}Q", buffer, _GSTATS_HEADER)
+
+
+def _pair(names: Sequence[str], values: Sequence[int]) -> dict[str, int]:
+    stats: dict[str, int] = {}
+    for name, value in zip(names, values, strict=True):
+        # Same rules as parse_stats_text, so the ioctl and fixture paths give equal dicts.
+        if name and name not in stats:
+            stats[name] = value
+    return stats
+
+
+def read_stats_ioctl(
+    ifname: str, *, call: EthtoolCall | None = None, max_attempts: int = DEFAULT_ATTEMPTS
+) -> dict[str, int]:
+    """`ethtool -S ifname` as {name: value}, in the driver's order, through SIOCETHTOOL.
+
+    The stat set is dynamic (mlx5 adds per-priority pause counters when PFC is enabled and per-channel
+    ones when channels are added), so the count is read, then the names, then the values; if the three
+    disagree (old kernels return the new count, fixed ones return 0) the set changed underneath us and
+    the whole read is retried up to `max_attempts` times.
+    Names are stripped; empty names are dropped and a repeated name keeps its first value.
+
+    Raises EthtoolError: missing (no such interface), unsupported (no statistics set, e.g. `lo`),
+    permission, or io (anything else, including a set that never held still).
+    """
+    if not _valid_ifname(ifname):
+        raise EthtoolError(ifname, REASON_MISSING, "not a valid interface name")
+    owned: SocketEthtool | None = None
+    if call is None:
+        try:
+            owned = SocketEthtool()
+        except OSError as exc:
+            raise _fail(ifname, exc, "socket") from exc
+        call = owned
+    try:
+        seen: list[str] = []
+        for _ in range(max(1, max_attempts)):
+            count = _stat_count(call, ifname)
+            if count == 0:
+                raise EthtoolError(ifname, REASON_UNSUPPORTED, "driver has no statistics set")
+            if count > MAX_STATS:
+                raise EthtoolError(ifname, REASON_IO, f"implausible stat count {count}")
+            capacity = count + max(count, _MIN_HEADROOM)
+            names = _read_strings(call, ifname, count, capacity)
+            if len(names) != count:
+                seen.append(f"{count}->{len(names)} strings")
+                continue
+            values = _read_values(call, ifname, count, capacity)
+            if len(values) != count:
+                seen.append(f"{count}->{len(values)} values")
+                continue
+            return _pair(names, values)
+        raise EthtoolError(ifname, REASON_IO, f"stat set changed size on every attempt: {', '.join(seen)}")
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+# --- text form ------------------------------------------------------------------------------------------
+
+
+def parse_stats_text(text: str, malformed: list[str] | None = None) -> dict[str, int]:
+    """Parse what `ethtool -S X` prints: a `NIC statistics:` header and `     name: value` lines.
+
+    The LAST ": " splits name and value, since names may contain dots, spaces and even colons.
+    Blank lines, `#` comment lines and unindented `Header:` lines are skipped silently. Any other line
+    that is not `name: u64` is skipped and appended to `malformed` (when given), so the caller can count
+    it under the `malformed` reason. A repeated name keeps its first value.
+    """
+    stats: dict[str, int] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or raw.startswith("#"):
+            continue
+        name, sep, value = line.rpartition(": ")
+        if not sep:
+            if line.endswith(":") and raw[:1] not in (" ", "\t"):
+                continue  # section header such as "NIC statistics:"
+            if malformed is not None:
+                malformed.append(raw)
+            continue
+        name = name.strip()
+        parsed = parse_uint(value)
+        if not name or parsed is None:
+            if malformed is not None:
+                malformed.append(raw)
+            continue
+        stats.setdefault(name, parsed)
+    return stats
+
+
+def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = None) -> dict[str, int]:
+    """Fixture mode (`--path.ethtool=DIR`): parse the saved `ethtool -S ifname` output in DIR/ifname."""
+    if not _valid_ifname(ifname):
+        raise EthtoolError(ifname, REASON_MISSING, "not a valid interface name")
+    path = directory / ifname
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise _fail(ifname, exc, os.fspath(path)) from exc
+    return parse_stats_text(raw.decode("utf-8", "replace"), malformed)
+
+
+# --- curation -------------------------------------------------------------------------------------------
+
+Kind = Literal["counter", "gauge"]
+COUNTER: Final = "counter"
+GAUGE: Final = "gauge"
+
+
+@dataclass(frozen=True, slots=True)
+class CuratedStat:
+    """One ethtool statistic ready for exposition as `rdma_ethtool_<key>` (`_total` added for counters).
+
+    `value` is the raw driver value; multiply by `unit_scale` for base units (seconds, ratio).
+    `labels` have the same names in the same order for every stat of one key. `source` is the ethtool name.
+    """
+
+    key: str
+    value: int
+    labels: tuple[tuple[str, str], ...]
+    kind: Kind
+    unit_scale: float
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    pattern: re.Pattern[str]
+    key: str
+    kind: Kind
+    unit_scale: float
+
+
+def _rule(pattern: str, key: str, kind: Kind = COUNTER, unit_scale: float = 1.0) -> _Rule:
+    return _Rule(re.compile(pattern), key, kind, unit_scale)
+
+
+# Label values: named groups give label name and value; `operation` is spelled out.
+_DIR = r"(?P<direction>rx|tx)"
+_RX = r"(?P<direction>rx)"
+_TX = r"(?P<direction>tx)"
+_PRIO = r"prio(?P<priority>[0-7])"  # IEEE 802.1p priorities
+_LANE = r"(?P<lane>[0-9]|1[0-5])"
+_OPERATIONS: Final = {"rd": "read", "wr": "write"}
+# Names and units per Documentation/networking/device_drivers/ethernet/mellanox/mlx5/counters.rst;
+# durations are in microseconds, outbound_pci_stalled_{rd,wr} are percentages of the last second.
+_RULES: Final[tuple[_Rule, ...]] = (
+    _rule(rf"{_DIR}_{_PRIO}_pause", "pfc_pause_frames"),
+    _rule(rf"{_DIR}_{_PRIO}_pause_duration", "pfc_pause_duration_seconds", unit_scale=1e-6),
+    _rule(rf"{_DIR}_{_PRIO}_pause_transition", "pfc_pause_transitions"),
+    _rule(rf"{_DIR}_global_pause", "global_pause_frames"),
+    _rule(rf"{_DIR}_global_pause_duration", "global_pause_duration_seconds", unit_scale=1e-6),
+    _rule(rf"{_DIR}_global_pause_transition", "global_pause_transitions"),
+    _rule(rf"{_DIR}_pause_ctrl_phy", "pause_mac_control_frames"),
+    _rule(rf"{_TX}_pause_storm_warning_events", "pause_storm_warning_events"),
+    _rule(rf"{_TX}_pause_storm_error_events", "pause_storm_error_events"),
+    _rule(rf"{_DIR}_discards_phy", "port_discards"),
+    _rule(rf"{_RX}_out_of_buffer", "out_of_buffer"),
+    _rule(rf"{_RX}_{_PRIO}_discards", "priority_discards"),
+    _rule(rf"{_RX}_{_PRIO}_buf_discard", "priority_buffer_discards"),
+    _rule(rf"{_RX}_{_PRIO}_cong_discard", "priority_congestion_discards"),
+    _rule(rf"{_RX}_{_PRIO}_marked", "priority_ecn_marked_packets"),
+    _rule(rf"{_DIR}_{_PRIO}_bytes", "priority_bytes"),
+    _rule(rf"{_DIR}_{_PRIO}_packets", "priority_packets"),
+    _rule(r"link_down_events_phy", "link_down_events"),
+    _rule(rf"{_RX}_pcs_symbol_err_phy", "pcs_symbol_errors"),
+    _rule(rf"{_RX}_symbol_err_phy", "symbol_error_packets"),
+    _rule(rf"{_RX}_corrected_bits_phy", "corrected_bits"),
+    _rule(rf"{_RX}_crc_errors_phy", "crc_error_packets"),
+    _rule(rf"{_DIR}_bits_phy", "port_bits"),
+    _rule(rf"{_DIR}_bytes_phy", "port_bytes"),
+    _rule(rf"{_DIR}_packets_phy", "port_packets"),
+    _rule(rf"{_RX}_buffer_passed_thres_phy", "port_buffer_almost_full_events"),
+    _rule(rf"{_RX}_err_lane_{_LANE}_phy", "lane_raw_errors"),
+    _rule(rf"{_DIR}_pci_signal_integrity", "pci_signal_integrity_errors"),
+    _rule(r"outbound_pci_stalled_(?P<operation>rd|wr)", "pci_outbound_stalled_ratio", GAUGE, 0.01),
+    _rule(r"outbound_pci_stalled_(?P<operation>rd|wr)_events", "pci_outbound_stalled_seconds"),
+    _rule(r"outbound_pci_buffer_overflow", "pci_outbound_buffer_overflow_packets"),
+    _rule(r"dev_out_of_buffer", "device_out_of_buffer"),
+)
+
+CURATED_HELP: Final[dict[str, str]] = {
+    "pfc_pause_frames": "PFC (802.1Qbb) pause frames per priority; rx: the peer throttles us, tx: we throttle it.",
+    "pfc_pause_duration_seconds": "Time spent paused by PFC per priority (rx: we were paused, tx: we paused the peer).",
+    "pfc_pause_transitions": "PFC XOFF to XON transitions per priority.",
+    "global_pause_frames": "Global 802.3x pause frames (only counted while global pause is enabled).",
+    "global_pause_duration_seconds": "Time spent paused by global 802.3x pause (rx: we were paused, tx: we paused).",
+    "global_pause_transitions": "Global pause XOFF to XON transitions.",
+    "pause_mac_control_frames": "802.3 MAC control PAUSE frames on the physical port (IEEE aPAUSEMACCtrlFrames).",
+    "pause_storm_warning_events": "Times the NIC had been sending pause frames for a long time (pause storm warning).",
+    "pause_storm_error_events": "Times a pause storm timed out and pause sending was disabled; drops may follow.",
+    "port_discards": "Packets discarded by the physical port (rx: no receive buffer, tx: head-of-line/link down).",
+    "out_of_buffer": "Times a receive queue had no software buffer for incoming traffic (32-bit, may wrap).",
+    "priority_discards": "Packets of this priority discarded for lack of receive buffers.",
+    "priority_buffer_discards": "Packets of this priority discarded for lack of per-host receive buffers.",
+    "priority_congestion_discards": "Packets of this priority discarded because of per-host congestion.",
+    "priority_ecn_marked_packets": "Packets of this priority ECN-marked by the NIC because of per-host congestion.",
+    "priority_bytes": "Bytes on the physical port per priority.",
+    "priority_packets": "Packets on the physical port per priority.",
+    "link_down_events": "Times the physical link went down (flapping points at cable or transceiver).",
+    "pcs_symbol_errors": "Symbol errors not corrected by FEC (traffic lost); divide by port_bits for the BER.",
+    "symbol_error_packets": "Received packets dropped because of physical coding (symbol) errors.",
+    "corrected_bits": "Bits corrected by FEC; divide by port_bits for the corrected bit error rate.",
+    "crc_error_packets": "Received packets dropped for a bad FCS (CRC).",
+    "port_bits": "Bits received on the physical port; the denominator of the bit error rates.",
+    "port_bytes": "Bytes on the physical port, Ethernet header and FCS included.",
+    "port_packets": "Packets on the physical port.",
+    "port_buffer_almost_full_events": "Times the port receive buffer passed 85% full.",
+    "lane_raw_errors": "Raw physical errors per lane, before FEC correction.",
+    "pci_signal_integrity_errors": "PCIe physical-layer signal integrity errors (rx: ours, tx: initiated by the peer).",
+    "pci_outbound_stalled_ratio": "Share of the last second outbound PCIe reads/writes waited for credits.",
+    "pci_outbound_stalled_seconds": "Seconds in which outbound PCIe reads/writes were stalled over 30% of the time.",
+    "pci_outbound_buffer_overflow_packets": "Packets dropped because the PCIe buffer overflowed (host bus too slow).",
+    "device_out_of_buffer": "Times a device-owned queue had too few buffers.",
+}
+
+# Extra stats all share one HELP, keyed by the `stat_` prefix their keys get.
+EXTRA_PREFIX: Final = "stat_"
+EXTRA_HELP: Final = "ethtool statistic exported by an extra pattern; see the source name in the driver's docs."
+
+# Bounds keep label values a small fixed set; an index outside them stays part of the key instead.
+MAX_PRIORITY: Final = 7
+MAX_LANE: Final = 15
+MAX_QUEUE: Final = 1023
+
+# Generic index extraction for lanes and extras. Applied in this order to the raw ethtool name.
+# ASCII digits only: \d would also take other scripts' digits, which int() accepts.
+_QUEUE_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)(?:_queue_|_q|)(?P<queue>[0-9]+)_")
+_CHANNEL_PREFIX: Final = re.compile(r"^ch(?:annel)?_?(?P<channel>[0-9]+)_")
+_DIRECTION_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)_")
+_PRIORITY_PART: Final = re.compile(r"(?:^|_)prio_?(?P<priority>[0-9]+)(?=_|$)")
+_LANE_PART: Final = re.compile(r"(?:^|_)lane_?(?P<lane>[0-9]+)(?=_|$)")
+_LANE_ANYWHERE: Final = re.compile(r"(?:^|_)lane_?[0-9]+(?:_|$)")
+
+
+def help_for(key: str) -> str:
+    """HELP text for any key `curate` can return."""
+    return CURATED_HELP.get(key) or EXTRA_HELP
+
+
+def _index(value: str, bound: int) -> str | None:
+    if len(value) > 4:
+        return None
+    number = int(value)
+    # Leading zeros would make two spellings of one index; treat them like an out-of-range index.
+    return str(number) if number <= bound and str(number) == value else None
+
+
+@lru_cache(maxsize=8192)
+def _curated(name: str) -> tuple[str, tuple[tuple[str, str], ...], Kind, float] | None:
+    for rule in _RULES:
+        match = rule.pattern.fullmatch(name)
+        if match is None:
+            continue
+        labels = tuple(
+            (label, _OPERATIONS.get(value, value)) for label, value in match.groupdict().items() if value is not None
+        )
+        return rule.key, labels, rule.kind, rule.unit_scale
+    return None
+
+
+@lru_cache(maxsize=8192)
+def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The labelled form of a stat with no curated meaning (extras and unlisted per-lane stats).
+
+    Rule: a leading `rxN_`/`txN_`/`rx_queue_N_`/`tx_queue_N_` becomes direction + queue, a leading `chN_`
+    becomes channel, else a leading `rx_`/`tx_` becomes direction; then `prioN`/`prio_N` and `laneN`/`lane_N`
+    anywhere become priority and lane. The rest is snake_cased (see infiniband.metric_fragment) and the key
+    is `stat_` + the stripped dimensions in a fixed order (`priority_`, `lane_`, `queue_`, `channel_`) + rest.
+    Naming the dimensions in the key keeps per-queue series out of the family of the port-wide total, so
+    a key's label names never vary: direction (always present, "" when the name has none) then the
+    dimensions named in the key. Indices beyond the bounds stay in the name.
+    Examples: `rx0_xdp_drop` -> stat_queue_xdp_drop{direction=rx,queue=0};
+    `ch3_poll` -> stat_channel_poll{direction="",channel=3}; `rx_vport_unicast_bytes` ->
+    stat_vport_unicast_bytes{direction=rx}.
+    """
+    rest = name
+    direction = ""
+    dims: dict[str, str] = {}
+    match = _QUEUE_PREFIX.match(rest)
+    if match and (queue := _index(match["queue"], MAX_QUEUE)) is not None:
+        direction, dims["queue"] = match["direction"], queue
+        rest = rest[match.end() :]
+    elif (match := _CHANNEL_PREFIX.match(rest)) and (channel := _index(match["channel"], MAX_QUEUE)) is not None:
+        dims["channel"] = channel
+        rest = rest[match.end() :]
+    elif match := _DIRECTION_PREFIX.match(rest):
+        direction = match["direction"]
+        rest = rest[match.end() :]
+    for label, pattern, bound in (("priority", _PRIORITY_PART, MAX_PRIORITY), ("lane", _LANE_PART, MAX_LANE)):
+        match = pattern.search(rest)
+        if match and (value := _index(match[label], bound)) is not None:
+            dims[label] = value
+            rest = f"{rest[: match.start()]}_{rest[match.end() :]}"
+    order = [d for d in ("priority", "lane", "queue", "channel") if d in dims]
+    fragment = metric_fragment(rest) if rest.strip("_") else "value"
+    if fragment.endswith("_total"):
+        fragment = fragment[: -len("_total")] or "value"
+    elif fragment == "total":
+        fragment = "value"
+    key = EXTRA_PREFIX + "".join(f"{d}_" for d in order) + fragment
+    return key, (("direction", direction), *((d, dims[d]) for d in order))
+
+
+def curate(stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] = ()) -> list[CuratedStat]:
+    """The curated subset of one interface's stats, in the driver's order.
+
+    Known names map through the rule table above (help in CURATED_HELP). Any other name containing a
+    `lane_N` is curated through `generic_key`, as is any name an `extra_patterns` regex finds
+    (`re.search`, so anchor patterns to match whole names). Extras are counters with unit scale 1, and
+    their keys start with `stat_` so they never collide with a curated key. When two names land on the
+    same key and labels (e.g. `duplicate metric` and `duplicate_metric`), the first one wins.
+    Values outside u64 are dropped.
+    """
+    out: list[CuratedStat] = []
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for name, value in stats.items():
+        if not 0 <= value < 2**64:
+            continue
+        curated = _curated(name)
+        if curated is not None:
+            key, labels, kind, scale = curated
+        elif _LANE_ANYWHERE.search(name) or any(p.search(name) for p in extra_patterns):
+            key, labels = generic_key(name)
+            kind, scale = COUNTER, 1.0
+        else:
+            continue
+        if (key, labels) in seen:
+            continue
+        seen.add((key, labels))
+        out.append(CuratedStat(key, value, labels, kind, scale, name))
+    return out
+
+
+def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
+    """Compile configured extra-stat regexes; raises re.error naming the bad one (config validation)."""
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as exc:
+            raise re.error(f"bad ethtool extra pattern {pattern!r}: {exc}") from exc
+    return compiled
