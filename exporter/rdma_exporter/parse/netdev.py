@@ -1,0 +1,269 @@
+"""Parse `/sys/class/net/<name>`: link state, speed, statistics, bonding and MLNX_OFED ECN switches.
+
+Pure functions over a sysfs root (the directory mounted at `/sys`) returning typed dataclasses; no
+Prometheus imports. Also maps an RDMA port to the netdevs that carry it (RoCE), including RoCE LAG
+devices (`mlx5_bond_0`), which map to the bond master.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from .reader import (
+    REASON_MALFORMED,
+    SysfsReader,
+    link_name,
+    list_dir,
+    parse_uint,
+    reason_for_errno,
+)
+
+NET_DIR: Final = Path("class") / "net"
+IB_DIR: Final = Path("class") / "infiniband"
+
+# ecn/<dir>/enable/<priority> directories and the role each is reported as.
+ECN_ROLES: Final = {"roce_np": "np", "roce_rp": "rp"}  # notification point (receiver), reaction point (sender)
+MAX_PRIORITY: Final = 7
+
+# Some show() methods fail to mean "no value in this state", not "broken": carrier/speed/duplex of an
+# administratively down interface and the ndev of an unpopulated GID entry answer EINVAL,
+# phys_port_name of a netdev that is not a switchdev port answers EOPNOTSUPP.
+_NO_VALUE_ERRNOS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA})
+_READ_LIMIT: Final = 8192
+
+# SPEED_UNKNOWN is -1; kernels that printed it with %u show 4294967295.
+_SPEED_UNKNOWN_U32: Final = 2**32 - 1
+
+# switchdev representors share the PF's PCI function (and its dev_port) but are not the uplink.
+_REPRESENTOR: Final = re.compile(r"^(?:c\d+)?pf\d+(?:vf|sf)\d+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Netdev:
+    """One network interface. Values a file could not give are None; absent collections are empty."""
+
+    name: str
+    ifindex: int | None
+    type: int | None  # ARPHRD_*: 1 Ethernet, 32 InfiniBand (IPoIB)
+    address: str | None
+    operstate: str | None  # RFC 2863 as the kernel prints it: up, down, lowerlayerdown, dormant, unknown...
+    carrier: bool | None  # None while administratively down: the kernel has no answer then
+    carrier_changes: int | None
+    carrier_up_count: int | None  # kernels >= 4.16
+    carrier_down_count: int | None
+    speed_bps: int | None  # bits per second (sysfs Mb/s x 10^6); None when unknown or the link is down
+    duplex: str | None  # full / half; None when unknown
+    mtu: int | None
+    statistics: dict[str, int]  # statistics/<file> -> value (rx_bytes, tx_dropped, rx_crc_errors, ...)
+    is_bond_master: bool
+    bond_mode: str | None  # e.g. 802.3ad, active-backup
+    bond_slaves: tuple[str, ...]
+    master: str | None  # the upper device this one is enslaved to (bond, team, bridge)
+    ecn: dict[tuple[str, int], bool]  # (role "np"|"rp", priority) -> enabled, MLNX_OFED ecn/roce_*/enable/N
+
+
+def read_attr_or_none(path: Path, reader: SysfsReader) -> str | None:
+    """Read an attribute whose "no value in this state" answer is an errno (see _NO_VALUE_ERRNOS).
+
+    SysfsReader would count those as io errors; here they are None and not counted. A missing file is
+    None too. Any other failure is recorded on `reader` like SysfsReader.text does.
+    """
+    reader.opened += 1
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+        return None
+    try:
+        raw = os.read(fd, _READ_LIMIT)
+    except OSError as exc:
+        if exc.errno not in _NO_VALUE_ERRNOS:
+            reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        reader.fail(REASON_MALFORMED, path, "not UTF-8 text")
+        return None
+
+
+def parse_speed(text: str) -> int | None:
+    """sysfs `speed` (Mb/s) to bits/s; None for unknown (-1, 0, 4294967295) or garbage."""
+    try:
+        mbps = int(text.strip())
+    except ValueError:
+        return None
+    if mbps <= 0 or mbps >= _SPEED_UNKNOWN_U32:
+        return None
+    return mbps * 1_000_000
+
+
+def _speed(path: Path, reader: SysfsReader) -> int | None:
+    text = read_attr_or_none(path, reader)
+    if text is None:
+        return None
+    try:
+        int(text)
+    except ValueError:
+        reader.fail(REASON_MALFORMED, path, f"not a speed in Mb/s: {text[:40]!r}")
+        return None
+    return parse_speed(text)
+
+
+def _carrier(path: Path, reader: SysfsReader) -> bool | None:
+    text = read_attr_or_none(path, reader)
+    if text is None:
+        return None
+    if text not in ("0", "1"):
+        reader.fail(REASON_MALFORMED, path, f"carrier is not 0/1: {text[:40]!r}")
+        return None
+    return text == "1"
+
+
+def _ecn(ecn_dir: Path, reader: SysfsReader) -> dict[tuple[str, int], bool]:
+    states: dict[tuple[str, int], bool] = {}
+    for directory, role in ECN_ROLES.items():
+        enable_dir = ecn_dir / directory / "enable"
+        for entry in list_dir(enable_dir, reader):
+            priority = parse_uint(entry)
+            if priority is None or priority > MAX_PRIORITY:
+                reader.fail(REASON_MALFORMED, enable_dir / entry, "not a priority 0-7")
+                continue
+            value = reader.uint(enable_dir / entry)
+            if value is None:
+                continue
+            if value > 1:
+                reader.fail(REASON_MALFORMED, enable_dir / entry, f"enable is not 0/1: {value}")
+                continue
+            states[(role, priority)] = value == 1
+    return states
+
+
+def _statistics(stats_dir: Path, reader: SysfsReader) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for name in list_dir(stats_dir, reader):
+        value = reader.uint(stats_dir / name)
+        if value is not None:
+            values[name] = value
+    return values
+
+
+def _valid_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
+def read_netdev(sys_root: Path, name: str, reader: SysfsReader) -> Netdev | None:
+    """One netdev from `class/net/<name>`; None if it does not exist (absence is not a read error)."""
+    if not _valid_name(name):
+        return None
+    net_dir = sys_root / NET_DIR / name
+    if not net_dir.is_dir():
+        return None
+    is_bond_master = (net_dir / "bonding").is_dir()
+    slaves: tuple[str, ...] = ()
+    mode = None
+    if is_bond_master:
+        slaves = tuple((reader.text(net_dir / "bonding" / "slaves", optional=True) or "").split())
+        mode_text = reader.text(net_dir / "bonding" / "mode", optional=True)
+        mode = mode_text.split()[0] if mode_text else None  # "802.3ad 4": name, then the number
+    duplex = read_attr_or_none(net_dir / "duplex", reader)
+    return Netdev(
+        name=name,
+        ifindex=reader.uint(net_dir / "ifindex", optional=True),
+        type=reader.uint(net_dir / "type", optional=True),
+        address=reader.text(net_dir / "address", optional=True) or None,
+        operstate=reader.text(net_dir / "operstate", optional=True),
+        carrier=_carrier(net_dir / "carrier", reader),
+        carrier_changes=reader.uint(net_dir / "carrier_changes", optional=True),
+        carrier_up_count=reader.uint(net_dir / "carrier_up_count", optional=True),
+        carrier_down_count=reader.uint(net_dir / "carrier_down_count", optional=True),
+        speed_bps=_speed(net_dir / "speed", reader),
+        duplex=duplex if duplex and duplex != "unknown" else None,
+        mtu=reader.uint(net_dir / "mtu", optional=True),
+        statistics=_statistics(net_dir / "statistics", reader),
+        is_bond_master=is_bond_master,
+        bond_mode=mode,
+        bond_slaves=slaves,
+        master=link_name(net_dir / "master"),
+        ecn=_ecn(net_dir / "ecn", reader),
+    )
+
+
+def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:
+    """Netdevs of the port's populated GID entries, in GID index order (index 0 is the port's own)."""
+    ndevs_dir = port_dir / "gid_attrs" / "ndevs"
+    entries = [e for e in list_dir(ndevs_dir, reader) if e.isdigit()]
+    names: list[str] = []
+    for entry in sorted(entries, key=int):
+        name = read_attr_or_none(ndevs_dir / entry, reader)
+        if not name:
+            continue  # unpopulated entry (EINVAL) or an IB GID without a netdev
+        if not _valid_name(name):
+            reader.fail(REASON_MALFORMED, ndevs_dir / entry, f"not a netdev name: {name[:40]!r}")
+        elif name not in names:
+            names.append(name)
+    return names
+
+
+def _function_ndevs(net_dir: Path, port: int, reader: SysfsReader) -> list[str]:
+    """Netdevs of the RDMA device's PCI function that belong to `port` (dev_port, else dev_id, is port-1)."""
+    candidates = list_dir(net_dir, reader)
+    if len(candidates) <= 1:
+        return candidates
+    # switchdev representors sit on the PF too; only the uplink is the port's netdev.
+    candidates = [
+        c for c in candidates if not _REPRESENTOR.match(read_attr_or_none(net_dir / c / "phys_port_name", reader) or "")
+    ]
+    matched: list[str] = []
+    known = False
+    for name in candidates:
+        index = reader.uint(net_dir / name / "dev_port", optional=True)
+        if index is None:
+            index = reader.uint(net_dir / name / "dev_id", optional=True, base=16)  # before 3.15
+        if index is not None:
+            known = True
+            if index == port - 1:
+                matched.append(name)
+    return matched if known else candidates
+
+
+def _bond_master(sys_root: Path, name: str) -> str | None:
+    master = link_name(sys_root / NET_DIR / name / "master")
+    if master and (sys_root / NET_DIR / master / "bonding").is_dir():
+        return master
+    return None
+
+
+def rdma_port_netdevs(sys_root: Path, ib_device: str, port: int, reader: SysfsReader) -> list[str]:
+    """Netdevs carrying RDMA port `port` of `ib_device`, unique, most specific first.
+
+    First the netdevs of the populated GID entries (`gid_attrs/ndevs/N`, in index order, so the port's
+    own netdev, then uppers such as VLANs that have addresses), then the PCI function's netdevs
+    (`device/net/*`) that belong to this port. A RoCE LAG device (mlx5_bond_N) sits on the first slave's
+    PCI function; that slave is replaced by its bond master when the GID table names the master and not
+    the slave, or, with no GID table to ask (an old kernel, or every GID gone while the port is down),
+    when the device name says it is a bond. The slaves are in the master's `Netdev.bond_slaves`.
+
+    Reads up to one file per GID table entry (often 256): cache the result, it changes only on hotplug
+    or address changes.
+    """
+    device_dir = sys_root / IB_DIR / ib_device
+    gids = _gid_ndevs(device_dir / "ports" / str(port), reader)
+    names = list(gids)
+    for name in _function_ndevs(device_dir / "device" / "net", port, reader):
+        master = _bond_master(sys_root, name)
+        lag = master is not None and (
+            (master in gids and name not in gids) or (not gids and "bond" in ib_device.lower())
+        )
+        chosen = master if lag and master is not None else name
+        if chosen not in names:
+            names.append(chosen)
+    return names
