@@ -1,0 +1,185 @@
+"""Parse a PCI function's PCIe link (speed, width, generation) and AER error counters from sysfs.
+
+Pure functions over a PCI function directory (`/sys/bus/pci/devices/<address>`, or an RDMA device's
+`device` link) returning typed dataclasses; no Prometheus imports. A NIC that trained below its
+maximum speed or width (a bad slot, riser or bifurcation setting) silently caps RDMA bandwidth, and
+AER counters show the link errors that precede it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from .reader import REASON_MALFORMED, SysfsReader, link_name
+
+# Transfer rate per lane -> PCIe generation.
+GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
+# Widths the spec defines (x1..x32); the kernel prints 0 for a link that is down, 255 for no answer.
+VALID_WIDTHS: Final = frozenset({1, 2, 4, 8, 12, 16, 32})
+_UNKNOWN_WIDTHS: Final = frozenset({0, 255})
+
+AER_FILES: Final = {
+    "correctable": "aer_dev_correctable",
+    "nonfatal": "aer_dev_nonfatal",
+    "fatal": "aer_dev_fatal",
+}
+LINK_FILES: Final = ("current_link_speed", "max_link_speed", "current_link_width", "max_link_width")
+
+# New kernels print "32.0 GT/s PCIe", older ones "8 GT/s"; both "Unknown" and "Unknown speed" exist.
+_SPEED: Final = re.compile(r"^\s*([0-9]{1,4}(?:\.[0-9]{1,3})?)\s*GT/s(?:\s+PCIe)?\s*$")
+_NO_SPEED: Final = re.compile(r"^\s*(?:Unknown(?:\s+speed)?|.*\bMHz\b.*)\s*$", re.IGNORECASE)
+# AER stat names are C identifiers; a set bit without a name prints as e.g. "dev_cor_errs_bit[14]".
+_AER_NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(?:\[[0-9]{1,2}\])?$")
+_AER_TOTAL_PREFIX: Final = "TOTAL_ERR_"
+
+
+@dataclass(frozen=True, slots=True)
+class AerFile:
+    """One aer_dev_* file: per-type counts, the TOTAL_ERR_* line, and the lines that did not parse."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    total: int | None = None
+    malformed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLink:
+    """The PCIe link and AER counters of one PCI function. Values a file could not give are None.
+
+    A VF has no link of its own (its link registers read as zero), so for a VF the link values are read
+    from its PF: `via_physfn` is True and `link_address` is the PF's address. AER counters are always the
+    function's own.
+    """
+
+    address: str
+    link_address: str
+    via_physfn: bool
+    current_speed_gts: float | None
+    max_speed_gts: float | None
+    current_width: int | None
+    max_width: int | None
+    aer: dict[tuple[str, str], int]  # (severity correctable|nonfatal|fatal, error type) -> count
+    aer_totals: dict[str, int]  # severity -> the file's TOTAL_ERR_* value
+
+    @property
+    def current_generation(self) -> int | None:
+        return pcie_generation(self.current_speed_gts)
+
+    @property
+    def max_generation(self) -> int | None:
+        return pcie_generation(self.max_speed_gts)
+
+    @property
+    def degraded(self) -> bool | None:
+        """Trained below its maximum speed or width; None when either side is unknown."""
+        if None in (self.current_speed_gts, self.max_speed_gts, self.current_width, self.max_width):
+            return None
+        assert self.current_speed_gts is not None and self.max_speed_gts is not None
+        assert self.current_width is not None and self.max_width is not None
+        return self.current_speed_gts < self.max_speed_gts or self.current_width < self.max_width
+
+
+def parse_link_speed(text: str) -> float | None:
+    """`32.0 GT/s PCIe`, `16.0 GT/s`, `8 GT/s`, `2.5 GT/s` -> GT/s per lane; None for Unknown or garbage."""
+    match = _SPEED.match(text)
+    if match is None:
+        return None
+    speed = float(match.group(1))
+    return speed if speed > 0 else None
+
+
+def pcie_generation(speed_gts: float | None) -> int | None:
+    if speed_gts is None:
+        return None
+    return GENERATIONS.get(round(speed_gts, 1))
+
+
+def parse_aer(text: str) -> AerFile:
+    """Parse an aer_dev_* file: `Name value` lines; `TOTAL_ERR_*` is kept apart from the per-type ones.
+
+    Lines that are not `identifier u64` are returned in `malformed`; a repeated name keeps its first value.
+    """
+    counts: dict[str, int] = {}
+    total: int | None = None
+    malformed: list[str] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2 or not _AER_NAME.match(parts[0]) or not parts[1].isascii() or not parts[1].isdigit():
+            malformed.append(line)
+            continue
+        value = int(parts[1])
+        if value >= 2**64:
+            malformed.append(line)
+            continue
+        name = parts[0]
+        if name.startswith(_AER_TOTAL_PREFIX):
+            if total is None:
+                total = value
+        else:
+            counts.setdefault(name, value)
+    return AerFile(counts, total, tuple(malformed))
+
+
+def _speed(path: Path, reader: SysfsReader) -> float | None:
+    text = reader.text(path, optional=True)
+    if text is None:
+        return None
+    speed = parse_link_speed(text)
+    if speed is None and not _NO_SPEED.match(text):
+        reader.fail(REASON_MALFORMED, path, f"not a link speed: {text[:40]!r}")
+    return speed
+
+
+def _width(path: Path, reader: SysfsReader) -> int | None:
+    width = reader.uint(path, optional=True)
+    if width is None or width in _UNKNOWN_WIDTHS:
+        return None
+    if width not in VALID_WIDTHS:
+        reader.fail(REASON_MALFORMED, path, f"not a PCIe link width: {width}")
+        return None
+    return width
+
+
+def read_pcie_link(pci_dir: Path, reader: SysfsReader) -> PcieLink | None:
+    """Link and AER state of the PCI function at `pci_dir`; None if it is gone or is not PCIe at all."""
+    if not pci_dir.is_dir():
+        return None
+    address = os.path.basename(os.path.realpath(pci_dir))
+    physfn = pci_dir / "physfn"
+    via_physfn = os.path.islink(physfn)
+    link_dir = physfn if via_physfn else pci_dir
+    link_address = (link_name(physfn) if via_physfn else None) or address
+    has_link = any((link_dir / name).exists() for name in LINK_FILES)
+    has_aer = any((pci_dir / name).exists() for name in AER_FILES.values())
+    if not has_link and not has_aer:
+        return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
+    aer: dict[tuple[str, str], int] = {}
+    totals: dict[str, int] = {}
+    for severity, file in AER_FILES.items():
+        text = reader.text(pci_dir / file, optional=True)
+        if text is None:
+            continue
+        parsed = parse_aer(text)
+        for line in parsed.malformed:
+            reader.fail(REASON_MALFORMED, pci_dir / file, f"not 'Name count': {line[:40]!r}")
+        for name, value in parsed.counts.items():
+            aer[(severity, name)] = value
+        if parsed.total is not None:
+            totals[severity] = parsed.total
+    return PcieLink(
+        address=address,
+        link_address=link_address,
+        via_physfn=via_physfn,
+        current_speed_gts=_speed(link_dir / "current_link_speed", reader),
+        max_speed_gts=_speed(link_dir / "max_link_speed", reader),
+        current_width=_width(link_dir / "current_link_width", reader),
+        max_width=_width(link_dir / "max_link_width", reader),
+        aer=aer,
+        aer_totals=totals,
+    )
