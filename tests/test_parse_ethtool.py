@@ -1,0 +1,652 @@
+"""ethtool statistics: text parser on real captures, the SIOCETHTOOL reader against the real kernel and a
+scripted fake one, and curation into labelled keys."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rdma_exporter.parse import ethtool
+from rdma_exporter.parse.ethtool import (
+    CURATED_HELP,
+    ETH_GSTRING_LEN,
+    ETHTOOL_GDRVINFO,
+    ETHTOOL_GSSET_INFO,
+    ETHTOOL_GSTATS,
+    ETHTOOL_GSTRINGS,
+    EXTRA_HELP,
+    CuratedStat,
+    EthtoolError,
+    curate,
+    generic_key,
+    help_for,
+    parse_stats_text,
+    read_stats_file,
+    read_stats_ioctl,
+)
+from rdma_exporter.parse.reader import (
+    REASON_IO,
+    REASON_MISSING,
+    REASON_PERMISSION,
+    REASON_UNSUPPORTED,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ethtool"
+K515 = FIXTURES / "mlx5_cx6dx_100g_k5.15_nonzero_global_pause.txt"
+K65 = FIXTURES / "mlx5_cx6dx_100g_k6.5_nonzero_global_pause.txt"
+QUIRKS = FIXTURES / "node_exporter_eth0_generic_with_quirks.txt"
+EXPORTER_DIR = Path(__file__).resolve().parent.parent / "exporter"
+
+# What a key may look like once the exposition prefixes `rdma_ethtool_` (and maybe appends `_total`).
+KEY = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+LABEL_VALUES = {
+    "direction": {"rx", "tx"},
+    "priority": {str(p) for p in range(8)},
+    "lane": {str(lane) for lane in range(16)},
+    "operation": {"read", "write"},
+}
+EXTRA_LABEL_VALUES = {
+    "direction": {"rx", "tx", ""},
+    "priority": LABEL_VALUES["priority"],
+    "lane": LABEL_VALUES["lane"],
+    "queue": {str(q) for q in range(1024)},
+    "channel": {str(c) for c in range(1024)},
+}
+
+
+def by_source(stats: list[CuratedStat]) -> dict[str, CuratedStat]:
+    return {s.source: s for s in stats}
+
+
+# --- text parser on the real captures ------------------------------------------------------------------
+
+
+def test_parse_mlx5_k515_capture() -> None:
+    malformed: list[str] = []
+    stats = parse_stats_text(K515.read_text(), malformed)
+    assert malformed == []
+    assert len(stats) == 101
+    assert next(iter(stats)) == "rx_packets"
+    assert list(stats)[-1] == "rx0_xdp_tx_cqes"
+    assert stats["rx_packets"] == 333854100
+    assert stats["rx_out_of_buffer"] == 990473555
+    assert stats["rx_discards_phy"] == 58591428329
+    assert stats["tx_pause_ctrl_phy"] == 5745055
+    assert stats["tx_global_pause"] == 5745042
+    assert stats["tx_global_pause_duration"] == 771103810
+    assert stats["rx_prio0_discards"] == 58591314012
+    assert stats["rx_xdp_redirect"] == 0
+
+
+def test_parse_mlx5_k65_capture() -> None:
+    malformed: list[str] = []
+    stats = parse_stats_text(K65.read_text(), malformed)
+    assert malformed == []
+    assert len(stats) == 108
+    assert stats["rx_bytes_phy"] == 46609758231313
+    assert stats["rx_buffer_passed_thres_phy"] == 1192226
+    assert stats["tx_global_pause_duration"] == 5961284324
+    assert stats["rx0_pp_recycle_released_ref"] == 0
+
+
+def test_parse_generic_capture_quirks() -> None:
+    malformed: list[str] = []
+    text = QUIRKS.read_text()
+    assert text.startswith("# ethtool -S eth0\n")
+    stats = parse_stats_text(text, malformed)
+    assert malformed == []  # the comment and the header are not garbage
+    assert len(stats) == 16
+    assert "# ethtool -S eth0" not in stats and "NIC statistics" not in stats
+    assert stats["port.rx_dropped"] == 12028
+    assert stats["rx_missed"] == 401
+    # Near-duplicates stay apart in parsing; curation is what merges them (see below).
+    assert stats["duplicate metric"] == 1
+    assert stats["duplicate_metric"] == 2
+    assert list(stats)[:2] == ["tx_packets", "rx_packets"]
+
+
+def test_parse_garbage_lines_are_reported_not_fatal() -> None:
+    text = (
+        "NIC statistics:\n"
+        "     good: 1\n"
+        "this line has no separator\n"
+        "     negative: -1\n"
+        "     too_big: 18446744073709551616\n"
+        "     max: 18446744073709551615\n"
+        "     spaced value : 5  \n"
+        "     a: b: 7\n"
+        "     word: seven\n"
+        "     : 4\n"
+        "     empty_value:\n"
+        "\n"
+        "     good: 99\n"
+        "Standard stats for eth0:\n"
+    )
+    malformed: list[str] = []
+    stats = parse_stats_text(text, malformed)
+    assert stats == {"good": 1, "max": 2**64 - 1, "spaced value": 5, "a: b": 7}
+    assert malformed == [
+        "this line has no separator",
+        "     negative: -1",
+        "     too_big: 18446744073709551616",
+        "     word: seven",
+        "     : 4",
+        "     empty_value:",
+    ]
+    # Counting is the caller's choice: without a list the same text still parses.
+    assert parse_stats_text(text) == stats
+
+
+def test_read_stats_file(tmp_path: Path) -> None:
+    shutil.copy(K515, tmp_path / "ens1f0np0")
+    assert read_stats_file(tmp_path, "ens1f0np0")["rx_out_of_buffer"] == 990473555
+    with pytest.raises(EthtoolError) as missing:
+        read_stats_file(tmp_path, "ens9")
+    assert missing.value.reason == REASON_MISSING
+    assert missing.value.ifname == "ens9"
+    with pytest.raises(EthtoolError) as escape:
+        read_stats_file(tmp_path, "../etc")
+    assert escape.value.reason == REASON_MISSING
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(EthtoolError) as directory:
+        read_stats_file(tmp_path, "adir")
+    assert directory.value.reason == REASON_IO
+
+
+# --- curation ------------------------------------------------------------------------------------------
+
+
+def test_curate_real_mlx5_capture() -> None:
+    curated = curate(parse_stats_text(K515.read_text()))
+    got = [(c.key, dict(c.labels), c.value) for c in curated]
+    assert got == [
+        ("out_of_buffer", {"direction": "rx"}, 990473555),
+        ("port_packets", {"direction": "tx"}, 5588396729),
+        ("port_packets", {"direction": "rx"}, 97052087562),
+        ("port_bytes", {"direction": "tx"}, 357657403514),
+        ("port_bytes", {"direction": "rx"}, 6211329423080),
+        ("pause_mac_control_frames", {"direction": "tx"}, 5745055),
+        ("port_discards", {"direction": "rx"}, 58591428329),
+        ("port_discards", {"direction": "tx"}, 0),
+        ("priority_bytes", {"direction": "rx", "priority": "0"}, 6211318150440),
+        ("priority_packets", {"direction": "rx", "priority": "0"}, 38460533605),
+        ("priority_discards", {"direction": "rx", "priority": "0"}, 58591314012),
+        ("priority_bytes", {"direction": "tx", "priority": "0"}, 357288052986),
+        ("priority_packets", {"direction": "tx", "priority": "0"}, 5582625883),
+        ("global_pause_frames", {"direction": "tx"}, 5745042),
+        ("global_pause_duration_seconds", {"direction": "tx"}, 771103810),
+    ]
+    duration = by_source(curated)["tx_global_pause_duration"]
+    # mlx5 counts pause durations in microseconds (counters.rst).
+    assert duration.unit_scale == 1e-6
+    assert duration.value * duration.unit_scale == pytest.approx(771.10381)
+    assert all(c.kind == "counter" for c in curated)
+
+
+def test_curate_pfc_ecn_phy_pci_and_lanes() -> None:
+    stats = {
+        "rx_prio3_pause": 10,
+        "tx_prio3_pause": 11,
+        "rx_prio3_pause_duration": 2_500_000,
+        "tx_prio3_pause_duration": 7,
+        "rx_prio3_pause_transition": 5,
+        "rx_global_pause": 1,
+        "rx_global_pause_duration": 2,
+        "rx_global_pause_transition": 3,
+        "rx_pause_ctrl_phy": 4,
+        "tx_pause_storm_warning_events": 6,
+        "tx_pause_storm_error_events": 1,
+        "rx_prio3_buf_discard": 12,
+        "rx_prio3_cong_discard": 13,
+        "rx_prio3_marked": 14,
+        "link_down_events_phy": 2,
+        "rx_pcs_symbol_err_phy": 3,
+        "rx_symbol_err_phy": 4,
+        "rx_corrected_bits_phy": 5,
+        "rx_crc_errors_phy": 6,
+        "rx_bits_phy": 10**15,
+        "rx_err_lane_0_phy": 7,
+        "rx_err_lane_3_phy": 8,
+        "rx_pci_signal_integrity": 9,
+        "tx_pci_signal_integrity": 10,
+        "outbound_pci_stalled_rd": 42,
+        "outbound_pci_stalled_wr": 3,
+        "outbound_pci_stalled_rd_events": 100,
+        "outbound_pci_stalled_wr_events": 1,
+        "rx_fec_corrected_lane_2": 77,  # not listed, but every lane stat is kept
+        "rx_prio8_pause": 1,  # not an 802.1p priority
+        "rx_err_lane_16_phy": 1,  # beyond any real NIC's lanes: stays in the key
+        "rx_vport_unicast_packets": 99,  # not curated by default
+    }
+    out = by_source(curate(stats))
+    assert (out["rx_prio3_pause"].key, dict(out["rx_prio3_pause"].labels)) == (
+        "pfc_pause_frames",
+        {"direction": "rx", "priority": "3"},
+    )
+    assert out["tx_prio3_pause"].labels == (("direction", "tx"), ("priority", "3"))
+    pause = out["rx_prio3_pause_duration"]
+    assert (pause.key, pause.unit_scale, pause.value * pause.unit_scale) == ("pfc_pause_duration_seconds", 1e-6, 2.5)
+    assert out["rx_prio3_pause_transition"].key == "pfc_pause_transitions"
+    assert out["rx_global_pause"].key == "global_pause_frames"
+    assert out["rx_global_pause_duration"].key == "global_pause_duration_seconds"
+    assert out["rx_global_pause_transition"].key == "global_pause_transitions"
+    assert out["rx_pause_ctrl_phy"].labels == (("direction", "rx"),)
+    assert out["tx_pause_storm_error_events"].key == "pause_storm_error_events"
+    assert out["rx_prio3_marked"].key == "priority_ecn_marked_packets"
+    assert out["rx_prio3_cong_discard"].key == "priority_congestion_discards"
+    assert out["rx_prio3_buf_discard"].key == "priority_buffer_discards"
+    assert out["link_down_events_phy"].labels == ()
+    assert out["rx_bits_phy"].key == "port_bits"
+    assert out["rx_err_lane_3_phy"].key == "lane_raw_errors"
+    assert dict(out["rx_err_lane_3_phy"].labels) == {"direction": "rx", "lane": "3"}
+    assert out["tx_pci_signal_integrity"].key == "pci_signal_integrity_errors"
+    stalled = out["outbound_pci_stalled_rd"]
+    assert (stalled.key, stalled.kind, stalled.labels) == (
+        "pci_outbound_stalled_ratio",
+        "gauge",
+        (("operation", "read"),),
+    )
+    assert stalled.value * stalled.unit_scale == pytest.approx(0.42)
+    events = out["outbound_pci_stalled_wr_events"]
+    assert (events.key, events.kind, events.labels) == (
+        "pci_outbound_stalled_seconds",
+        "counter",
+        (("operation", "write"),),
+    )
+    lane = out["rx_fec_corrected_lane_2"]
+    assert (lane.key, lane.labels) == ("stat_lane_fec_corrected", (("direction", "rx"), ("lane", "2")))
+    assert "rx_prio8_pause" not in out
+    assert out["rx_err_lane_16_phy"].key == "stat_err_lane_16_phy"
+    assert "rx_vport_unicast_packets" not in out
+
+
+def test_every_curated_key_has_help() -> None:
+    keys = {rule.key for rule in ethtool._RULES}
+    assert keys == set(CURATED_HELP)
+    for key, text in CURATED_HELP.items():
+        assert KEY.match(key) and not key.endswith("_total") and not key.startswith("stat_")
+        assert text and text.endswith(".") and "\n" not in text
+        assert help_for(key) == text
+    assert help_for("stat_queue_packets") == EXTRA_HELP
+
+
+def test_extra_patterns_become_labelled_metrics() -> None:
+    stats = parse_stats_text(K65.read_text())
+    patterns = [re.compile(p) for p in (r"^rx\d+_xdp_drop$", r"^ch\d*_poll$", r"^rx_vport_unicast_bytes$")]
+    out = by_source(curate(stats, patterns))
+    assert (out["rx0_xdp_drop"].key, out["rx0_xdp_drop"].labels) == (
+        "stat_queue_xdp_drop",
+        (("direction", "rx"), ("queue", "0")),
+    )
+    assert out["rx0_xdp_drop"].value == 7783331724
+    # Per-channel and port-wide series get different keys, so sum() over one family never double counts.
+    assert (out["ch0_poll"].key, out["ch0_poll"].labels) == ("stat_channel_poll", (("direction", ""), ("channel", "0")))
+    assert (out["ch_poll"].key, out["ch_poll"].labels) == ("stat_ch_poll", (("direction", ""),))
+    assert out["rx_vport_unicast_bytes"].key == "stat_vport_unicast_bytes"
+    assert out["rx_vport_unicast_bytes"].value == 18381712744116
+    # Curated names keep their curated meaning even when a pattern matches them too.
+    everything = by_source(curate(stats, [re.compile(".")]))
+    assert everything["rx_prio0_discards"].key == "priority_discards"
+    assert len(everything) == len(stats)
+
+
+def test_extra_generic_naming_rule() -> None:
+    assert generic_key("rx_queue_0_xdp_packets") == ("stat_queue_xdp_packets", (("direction", "rx"), ("queue", "0")))
+    assert generic_key("tx12_cqe_err") == ("stat_queue_cqe_err", (("direction", "tx"), ("queue", "12")))
+    assert generic_key("rx_prio_5_foo") == ("stat_priority_foo", (("direction", "rx"), ("priority", "5")))
+    assert generic_key("port.rx_dropped") == ("stat_port_rx_dropped", (("direction", ""),))
+    assert generic_key("rxCamelCase_total") == ("stat_rx_camel_case", (("direction", ""),))
+    assert generic_key("rx_65_to_127_bytes_phy") == ("stat_n65_to_127_bytes_phy", (("direction", "rx"),))
+    assert generic_key("rx01_packets")[0] == "stat_rx01_packets"  # a zero-padded index is not an index
+
+
+def test_colliding_extras_keep_the_first() -> None:
+    stats = parse_stats_text(QUIRKS.read_text())
+    out = curate(stats, [re.compile("duplicate")])
+    assert [(c.key, c.value, c.source) for c in out] == [("stat_duplicate_metric", 1, "duplicate metric")]
+
+
+stat_names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=40)
+stat_values = st.integers(min_value=-(2**65), max_value=2**65)
+
+
+def check_curated(curated: list[CuratedStat]) -> None:
+    names_by_key: dict[str, tuple[str, ...]] = {}
+    seen = set()
+    for stat in curated:
+        assert KEY.match(stat.key), stat.key
+        assert not stat.key.endswith("_total")
+        assert stat.kind in ("counter", "gauge")
+        assert 0 <= stat.value < 2**64
+        bounds = EXTRA_LABEL_VALUES if stat.key.startswith("stat_") else LABEL_VALUES
+        for name, value in stat.labels:
+            assert value in bounds[name], (stat.source, name, value)
+        label_names = tuple(name for name, _ in stat.labels)
+        assert names_by_key.setdefault(stat.key, label_names) == label_names, stat.key
+        assert (stat.key, stat.labels) not in seen
+        seen.add((stat.key, stat.labels))
+        if not stat.key.startswith("stat_"):
+            assert stat.key in CURATED_HELP
+
+
+@given(st.dictionaries(stat_names, stat_values, max_size=30))
+@settings(deadline=None)
+def test_curate_never_raises_and_stays_bounded(stats: dict[str, int]) -> None:
+    check_curated(curate(stats))
+    check_curated(curate(stats, [re.compile(".*")]))
+
+
+# Names built from the pieces drivers use, so the property test reaches the labelled branches.
+name_parts = st.sampled_from(
+    ["rx", "tx", "rx0", "tx7", "ch3", "prio", "prio3", "prio9", "lane", "lane_1", "_", "pause", "duration", "phy",
+     "err", "lane_3", "rx_queue_2", "1", "99999", "total", "bits", "outbound_pci_stalled", "rd", "events", "X"]
+)  # fmt: skip
+
+
+@given(st.dictionaries(st.lists(name_parts, min_size=1, max_size=6).map("_".join), stat_values, max_size=30))
+@settings(deadline=None)
+def test_curate_driver_like_names(stats: dict[str, int]) -> None:
+    check_curated(curate(stats))
+    check_curated(curate(stats, [re.compile("")]))
+
+
+@given(st.text(max_size=2000))
+@settings(deadline=None)
+def test_parse_stats_text_never_raises(text: str) -> None:
+    malformed: list[str] = []
+    stats = parse_stats_text(text, malformed)
+    for name, value in stats.items():
+        assert name and name == name.strip()
+        assert 0 <= value < 2**64
+    assert len(stats) + len(malformed) <= len(text.splitlines())
+
+
+printable_name = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=ETH_GSTRING_LEN
+).filter(lambda n: n == n.strip() and not n.startswith("#"))
+
+
+@given(st.dictionaries(printable_name, st.integers(0, 2**64 - 1), max_size=40))
+@settings(deadline=None)
+def test_parse_stats_text_round_trips_ethtool_output(stats: dict[str, int]) -> None:
+    # The exact format ethtool prints: printf("     %.*s: %llu\n", ETH_GSTRING_LEN, name, value).
+    text = "NIC statistics:\n" + "".join(f"     {name}: {value}\n" for name, value in stats.items())
+    malformed: list[str] = []
+    assert parse_stats_text(text, malformed) == stats
+    assert malformed == []
+
+
+# --- SIOCETHTOOL against the real kernel ----------------------------------------------------------------
+
+
+def test_ioctl_loopback_has_no_stats() -> None:
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("lo")
+    assert err.value.reason == REASON_UNSUPPORTED
+
+
+def test_ioctl_missing_interface() -> None:
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("rdmaexp-none0")
+    assert err.value.reason == REASON_MISSING
+    for bad in ("", "x" * 16, "a/b", "nul\0"):
+        with pytest.raises(EthtoolError) as invalid:
+            read_stats_ioctl(bad)
+        assert invalid.value.reason == REASON_MISSING
+
+
+@pytest.mark.parametrize("blocked", [(socket.AF_INET,), (socket.AF_INET, socket.AF_NETLINK)])
+def test_ioctl_falls_back_to_other_socket_families(monkeypatch: pytest.MonkeyPatch, blocked: tuple[int, ...]) -> None:
+    real_socket = socket.socket
+    opened: list[int] = []
+
+    def sandboxed(family: int = socket.AF_INET, *args: object, **kwargs: object) -> socket.socket:
+        if family in blocked:
+            raise OSError(errno.EAFNOSUPPORT, os.strerror(errno.EAFNOSUPPORT))
+        opened.append(family)
+        return real_socket(family, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ethtool.socket, "socket", sandboxed)
+    # The kernel still answers through the fallback socket: lo has no stats set, a bogus name no device.
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("lo")
+    assert err.value.reason == REASON_UNSUPPORTED
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("rdmaexp-none0")
+    assert err.value.reason == REASON_MISSING
+    assert opened and opened[0] == (socket.AF_UNIX if socket.AF_NETLINK in blocked else socket.AF_NETLINK)
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=check, timeout=60)
+
+
+@pytest.fixture
+def veth_netns() -> Iterator[str]:
+    """A throwaway network namespace with veth pair va<->vb up (IPv6 off: no autoconf chatter) and vc<->vd down."""
+    for tool in ("ip", "ethtool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"`{tool}` is not installed (Debian packages iproute2, ethtool)")
+    name = f"rdmaexp-test-{os.getpid()}"
+    run("ip", "netns", "del", name, check=False)  # a leftover of a killed run with the same pid
+    created = run("ip", "netns", "add", name, check=False)
+    if created.returncode != 0:
+        pytest.skip(f"cannot create a network namespace (needs root or CAP_NET_ADMIN): {created.stderr.strip()}")
+    try:
+        for key in ("all", "default"):
+            run("ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
+        run("ip", "-n", name, "link", "add", "va", "type", "veth", "peer", "name", "vb")
+        run("ip", "-n", name, "link", "add", "vc", "type", "veth", "peer", "name", "vd")
+        for dev in ("lo", "va", "vb"):
+            run("ip", "-n", name, "link", "set", dev, "up")
+        yield name
+    finally:
+        run("ip", "netns", "del", name, check=False)
+
+
+SEND_FRAMES = """
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((sys.argv[1], 0))
+# Broadcast frame with the IEEE local-experimental EtherType 0x88B5.
+frame = b"\\xff" * 6 + b"\\x02\\x00\\x00\\x00\\x00\\x01" + b"\\x88\\xb5" + b"rdma-exporter test".ljust(46, b"\\0")
+for _ in range(int(sys.argv[2])):
+    s.send(frame)
+"""
+
+READ_IN_NETNS = """
+import json, sys
+from pathlib import Path
+from rdma_exporter.parse.ethtool import EthtoolError, read_stats_ioctl
+from rdma_exporter.parse.netdev import read_netdev
+from rdma_exporter.parse.reader import SysfsReader
+out = {"ethtool": {}, "netdev": {}}
+for name in sys.argv[1].split(","):
+    try:
+        out["ethtool"][name] = {"stats": list(read_stats_ioctl(name).items())}
+    except EthtoolError as exc:
+        out["ethtool"][name] = {"error": exc.reason}
+for name in sys.argv[2].split(","):
+    reader = SysfsReader(name)
+    dev = read_netdev(Path("/sys"), name, reader)  # ip netns exec mounts this namespace's /sys
+    out["netdev"][name] = {
+        "operstate": dev.operstate, "carrier": dev.carrier, "speed_bps": dev.speed_bps,
+        "rx_packets": dev.statistics.get("rx_packets"), "errors": reader.errors.total(),
+    }
+print(json.dumps(out))
+"""
+
+
+def in_netns(ns: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(EXPORTER_DIR), os.environ.get("PYTHONPATH")])))
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, check=True, env=env, timeout=60
+    )
+
+
+def test_ioctl_matches_ethtool_in_a_namespace(veth_netns: str) -> None:
+    in_netns(veth_netns, sys.executable, "-c", SEND_FRAMES, "va", "5")
+    for _ in range(5):
+        before = parse_stats_text(in_netns(veth_netns, "ethtool", "-S", "va").stdout)
+        result = json.loads(
+            in_netns(veth_netns, sys.executable, "-c", READ_IN_NETNS, "va,vb,lo,nosuch0", "vb,vc").stdout
+        )
+        after = parse_stats_text(in_netns(veth_netns, "ethtool", "-S", "va").stdout)
+        if before == after:
+            break
+    assert before == after, "veth stats kept moving without traffic"
+    ours = result["ethtool"]["va"]["stats"]
+    assert [name for name, _ in ours] == list(before)  # same names, same order
+    assert dict(ours) == before
+    assert "peer_ifindex" in before and before["peer_ifindex"] > 0
+    assert "stats" in result["ethtool"]["vb"]
+    assert result["ethtool"]["lo"] == {"error": REASON_UNSUPPORTED}
+    assert result["ethtool"]["nosuch0"] == {"error": REASON_MISSING}
+    # The frames really crossed the pair, and netdev parsing of a live tree agrees.
+    vb = result["netdev"]["vb"]
+    assert vb["operstate"] == "up" and vb["carrier"] is True and vb["rx_packets"] >= 5 and vb["errors"] == 0
+    assert vb["speed_bps"] == 10_000 * 1_000_000  # veth reports 10000 Mb/s
+    # vc is administratively down: the kernel answers EINVAL for carrier/speed, which is "no value", not an error.
+    vc = result["netdev"]["vc"]
+    assert vc == {"operstate": "down", "carrier": None, "speed_bps": None, "rx_packets": 0, "errors": 0}
+
+
+# --- SIOCETHTOOL against a scripted kernel -------------------------------------------------------------
+
+
+class FakeKernel:
+    """Answers the four ethtool commands from a script of stat sets, one set index per call.
+
+    `honours_len` mimics kernels with the Dec 2025 fix (mismatching count -> 0 entries); without it the
+    kernel writes the current set whatever we asked for, as older kernels do, so the fake checks that the
+    buffer has room for it (a real old kernel would overwrite memory instead).
+    """
+
+    def __init__(self, sets: list[list[tuple[str, int]]], script: list[int], *, honours_len: bool = True) -> None:
+        self.sets = sets
+        self.script = script
+        self.honours_len = honours_len
+        self.calls: list[int] = []
+        self.gsset_info_errno: int | None = None
+        self.errno_for: dict[int, int] = {}
+
+    def __call__(self, ifname: str, buffer: array) -> None:
+        (cmd,) = struct.unpack_from("=I", buffer, 0)
+        current = self.sets[self.script[min(len(self.calls), len(self.script) - 1)]]
+        self.calls.append(cmd)
+        if cmd in self.errno_for:
+            raise OSError(self.errno_for[cmd], os.strerror(self.errno_for[cmd]))
+        if cmd == ETHTOOL_GSSET_INFO:
+            if self.gsset_info_errno is not None:
+                raise OSError(self.gsset_info_errno, os.strerror(self.gsset_info_errno))
+            (mask,) = struct.unpack_from("=Q", buffer, 8)
+            assert mask == 1 << 1
+            struct.pack_into("=QI", buffer, 8, mask if current else 0, len(current))
+        elif cmd == ETHTOOL_GDRVINFO:
+            struct.pack_into("=I", buffer, 180, len(current))
+        elif cmd == ETHTOOL_GSTRINGS:
+            (asked,) = struct.unpack_from("=I", buffer, 8)
+            n = 0 if self.honours_len and asked != len(current) else len(current)
+            assert len(buffer) >= 12 + n * ETH_GSTRING_LEN, "would overrun the caller's buffer"
+            struct.pack_into("=I", buffer, 8, n)
+            for i, (name, _) in enumerate(current[:n]):
+                struct.pack_into(f"{ETH_GSTRING_LEN}s", buffer, 12 + i * ETH_GSTRING_LEN, name.encode())
+        elif cmd == ETHTOOL_GSTATS:
+            (asked,) = struct.unpack_from("=I", buffer, 4)
+            n = 0 if self.honours_len and asked != len(current) else len(current)
+            assert len(buffer) >= 8 + n * 8, "would overrun the caller's buffer"
+            struct.pack_into("=I", buffer, 4, n)
+            for i, (_, value) in enumerate(current[:n]):
+                struct.pack_into("=Q", buffer, 8 + i * 8, value)
+        else:
+            raise OSError(errno.EOPNOTSUPP, "unknown")
+
+
+BASE = [("rx_packets", 1), ("tx_packets", 2), ("rx_discards_phy", 3)]
+# PFC enabled on priority 3 between two calls: the driver adds its five pause counters.
+WITH_PFC = BASE + [(f"{d}_prio3_pause{s}", 10 + i) for i, (d, s) in enumerate(
+    [("rx", ""), ("rx", "_duration"), ("tx", ""), ("tx", "_duration"), ("rx", "_transition")]
+)]  # fmt: skip
+
+
+@pytest.mark.parametrize("honours_len", [True, False])
+def test_stat_set_growing_between_count_and_strings_is_retried(honours_len: bool) -> None:
+    # Call 0 (GSSET_INFO) sees 3 stats, every later call sees 8.
+    kernel = FakeKernel([BASE, WITH_PFC], [0, 1], honours_len=honours_len)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(WITH_PFC)
+    assert kernel.calls == [ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSTATS]
+
+
+@pytest.mark.parametrize("honours_len", [True, False])
+def test_stat_set_shrinking_between_strings_and_values_is_retried(honours_len: bool) -> None:
+    kernel = FakeKernel([WITH_PFC, BASE], [0, 0, 1], honours_len=honours_len)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(BASE)
+    assert kernel.calls.count(ETHTOOL_GSTATS) == 2
+
+
+def test_old_kernel_growth_lands_in_headroom() -> None:
+    big = [(f"ch{i}_poll", i) for i in range(900)]
+    kernel = FakeKernel([BASE, big], [0, 1], honours_len=False)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(big)
+
+
+def test_stat_set_that_never_settles_gives_up() -> None:
+    kernel = FakeKernel([BASE, WITH_PFC], [0, 1] * 50)
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=kernel, max_attempts=4)
+    assert err.value.reason == REASON_IO
+    assert "changed size" in err.value.detail
+    assert kernel.calls.count(ETHTOOL_GSSET_INFO) == 4  # bounded
+    assert ETHTOOL_GSTATS not in kernel.calls
+
+
+def test_kernel_without_gsset_info_uses_drvinfo() -> None:
+    kernel = FakeKernel([BASE], [0])
+    kernel.gsset_info_errno = errno.EOPNOTSUPP
+    assert read_stats_ioctl("eth0", call=kernel) == dict(BASE)
+    assert kernel.calls[:2] == [ETHTOOL_GSSET_INFO, ETHTOOL_GDRVINFO]
+
+
+def test_no_stats_set_is_unsupported() -> None:
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=FakeKernel([[]], [0]))
+    assert err.value.reason == REASON_UNSUPPORTED
+
+
+@pytest.mark.parametrize(
+    ("cmd", "code", "reason"),
+    [
+        (ETHTOOL_GSSET_INFO, errno.ENODEV, REASON_MISSING),
+        (ETHTOOL_GSSET_INFO, errno.EPERM, REASON_PERMISSION),
+        (ETHTOOL_GSTRINGS, errno.EACCES, REASON_PERMISSION),
+        (ETHTOOL_GSTRINGS, errno.EOPNOTSUPP, REASON_UNSUPPORTED),
+        (ETHTOOL_GSTATS, errno.EIO, REASON_IO),
+        (ETHTOOL_GSTATS, errno.ENODEV, REASON_MISSING),  # unplugged between calls
+    ],
+)
+def test_errno_to_reason(cmd: int, code: int, reason: str) -> None:
+    kernel = FakeKernel([BASE], [0])
+    kernel.errno_for[cmd] = code
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=kernel)
+    assert (err.value.ifname, err.value.reason) == ("eth0", reason)
+
+
+def test_duplicate_and_padded_names_follow_the_text_rules() -> None:
+    stats = [("a", 1), ("  b ", 2), ("a", 3), ("", 4)]
+    got = read_stats_ioctl("eth0", call=FakeKernel([stats], [0]))
+    text = "NIC statistics:\n" + "".join(f"     {n}: {v}\n" for n, v in stats)
+    assert got == parse_stats_text(text) == {"a": 1, "b": 2}
