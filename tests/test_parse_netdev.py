@@ -1,0 +1,291 @@
+"""netdev parsing on the copied procfs eth0 capture and on small trees in the real sysfs layout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rdma_exporter.parse.netdev import parse_speed, rdma_port_netdevs, read_netdev
+from rdma_exporter.parse.reader import REASON_MALFORMED, ReadErrors, SysfsReader
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+PROCFS_SYS = FIXTURES / "prometheus-procfs" / "sys"
+GPUD_SYS = FIXTURES / "leptonai-gpud-h100" / "sys"
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
+def link(root: Path, rel: str, target: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, path)
+
+
+def reasons(reader: SysfsReader) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (_, reason), count in reader.errors.counts.items():
+        out[reason] = out.get(reason, 0) + count
+    return out
+
+
+def test_procfs_eth0_capture() -> None:
+    reader = SysfsReader("eth0")
+    dev = read_netdev(PROCFS_SYS, "eth0", reader)
+    assert dev is not None
+    assert reader.errors.total() == 0
+    assert (dev.ifindex, dev.type, dev.mtu, dev.address) == (2, 1, 1500, "01:01:01:01:01:01")
+    assert (dev.operstate, dev.carrier, dev.duplex) == ("up", True, "full")
+    assert (dev.carrier_changes, dev.carrier_up_count, dev.carrier_down_count) == (2, 1, 1)
+    assert dev.speed_bps == 1_000_000_000
+    assert dev.statistics == {}  # the capture has no statistics/ directory
+    assert (dev.is_bond_master, dev.bond_slaves, dev.master) == (False, (), None)
+    # MLNX_OFED per-priority ECN switches, as captured: np has 2 and 5 off, rp has 2, 5 and 7 off.
+    assert len(dev.ecn) == 16
+    assert [p for p in range(8) if dev.ecn[("np", p)]] == [0, 1, 3, 4, 6, 7]
+    assert [p for p in range(8) if dev.ecn[("rp", p)]] == [0, 1, 3, 4, 6]
+
+
+def test_missing_netdev_is_none_not_an_error(tmp_path: Path) -> None:
+    reader = SysfsReader("x")
+    assert read_netdev(PROCFS_SYS, "eth1", reader) is None
+    assert read_netdev(PROCFS_SYS, "../net", reader) is None
+    assert read_netdev(tmp_path, "eth0", reader) is None
+    assert reader.errors.total() == 0
+
+
+def test_sparse_tree_gives_nones_without_errors(tmp_path: Path) -> None:
+    write(tmp_path, {"class/net/eth5/operstate": "unknown\n"})
+    reader = SysfsReader("eth5")
+    dev = read_netdev(tmp_path, "eth5", reader)
+    assert dev is not None
+    assert dev.operstate == "unknown"
+    assert None is dev.carrier is dev.speed_bps is dev.mtu is dev.carrier_up_count is dev.address is dev.duplex
+    assert (dev.statistics, dev.ecn, dev.bond_slaves) == ({}, {}, ())
+    assert reader.errors.total() == 0
+
+
+def test_link_down_and_garbage(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "class/net/ens1f0np0/operstate": "down\n",
+            "class/net/ens1f0np0/carrier": "0\n",
+            "class/net/ens1f0np0/speed": "-1\n",  # SPEED_UNKNOWN while the link is down
+            "class/net/ens1f0np0/duplex": "unknown\n",
+            "class/net/ens1f0np0/mtu": "9000\n",
+            "class/net/ens1f0np0/statistics/rx_bytes": "123\n",
+            "class/net/ens1f0np0/statistics/rx_crc_errors": "7\n",
+            "class/net/ens1f0np0/statistics/tx_dropped": "Invalid argument\n",
+            "class/net/ens1f1np1/carrier": "yes\n",
+            "class/net/ens1f1np1/speed": "fast\n",
+            "class/net/ens1f1np1/mtu": "-5\n",
+            "class/net/ens1f1np1/carrier_changes": "\n",
+            "class/net/old0/speed": "4294967295\n",  # SPEED_UNKNOWN printed with %u by old kernels
+            "class/net/old0/carrier": "1\n",
+        },
+    )
+    reader = SysfsReader("ens1f0np0")
+    down = read_netdev(tmp_path, "ens1f0np0", reader)
+    assert down is not None
+    assert (down.operstate, down.carrier, down.speed_bps, down.duplex, down.mtu) == ("down", False, None, None, 9000)
+    assert down.statistics == {"rx_bytes": 123, "rx_crc_errors": 7}
+    assert reasons(reader) == {REASON_MALFORMED: 1}  # only the garbage statistics file
+
+    reader = SysfsReader("ens1f1np1")
+    bad = read_netdev(tmp_path, "ens1f1np1", reader)
+    assert bad is not None
+    assert None is bad.carrier is bad.speed_bps is bad.mtu is bad.carrier_changes
+    assert reasons(reader) == {REASON_MALFORMED: 4}
+
+    reader = SysfsReader("old0")
+    old = read_netdev(tmp_path, "old0", reader)
+    assert old is not None and old.speed_bps is None and old.carrier is True
+    assert reader.errors.total() == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "bps"),
+    [("100000", 100_000_000_000), ("400000\n", 400_000_000_000), ("25000", 25 * 10**9), ("-1", None), ("0", None),
+     ("4294967295", None), ("", None), ("1e3", None), ("Unknown!", None)],
+)  # fmt: skip
+def test_parse_speed(text: str, bps: int | None) -> None:
+    assert parse_speed(text) == bps
+
+
+@given(st.text(max_size=30))
+def test_parse_speed_never_raises(text: str) -> None:
+    bps = parse_speed(text)
+    assert bps is None or (bps > 0 and bps % 1_000_000 == 0)
+
+
+def test_ecn_tree_priority_3(tmp_path: Path) -> None:
+    files = {f"class/net/eth2/ecn/roce_{role}/enable/{p}": ("1\n" if p == 3 else "0\n") for role in ("np", "rp")
+             for p in range(8)}  # fmt: skip
+    files["class/net/eth2/ecn/roce_np/cnp_dscp"] = "48\n"  # tuning knobs beside enable/ are not states
+    files["class/net/eth2/ecn/roce_rp/enable/9"] = "1\n"  # not an 802.1p priority
+    files["class/net/eth2/ecn/roce_rp/enable/x"] = "1\n"
+    files["class/net/eth2/ecn/roce_np/enable/7"] = "2\n"  # neither on nor off
+    write(tmp_path, files)
+    reader = SysfsReader("eth2")
+    dev = read_netdev(tmp_path, "eth2", reader)
+    assert dev is not None
+    assert {k for k, on in dev.ecn.items() if on} == {("np", 3), ("rp", 3)}
+    assert len(dev.ecn) == 15
+    assert ("np", 7) not in dev.ecn
+    assert reasons(reader) == {REASON_MALFORMED: 3}
+
+
+def bond_tree(root: Path) -> None:
+    write(
+        root,
+        {
+            "class/net/bond0/bonding/slaves": "ens1f0np0 ens1f1np1\n",
+            "class/net/bond0/bonding/mode": "802.3ad 4\n",
+            "class/net/bond0/operstate": "up\n",
+            "class/net/bond0/speed": "400000\n",
+            "class/net/ens1f0np0/operstate": "up\n",
+            "class/net/ens1f1np1/operstate": "up\n",
+        },
+    )
+    link(root, "class/net/ens1f0np0/master", "../bond0")
+    link(root, "class/net/ens1f1np1/master", "../bond0")
+
+
+def test_bond_with_two_slaves(tmp_path: Path) -> None:
+    bond_tree(tmp_path)
+    errors = ReadErrors()
+    bond = read_netdev(tmp_path, "bond0", SysfsReader("bond0", errors))
+    slave = read_netdev(tmp_path, "ens1f1np1", SysfsReader("ens1f1np1", errors))
+    assert bond is not None and slave is not None
+    assert (bond.is_bond_master, bond.bond_mode, bond.bond_slaves, bond.master) == (
+        True,
+        "802.3ad",
+        ("ens1f0np0", "ens1f1np1"),
+        None,
+    )
+    assert bond.speed_bps == 400 * 10**9
+    assert (slave.is_bond_master, slave.bond_slaves, slave.master) == (False, (), "bond0")
+    assert errors.total() == 0
+
+
+# --- RDMA port -> netdevs ------------------------------------------------------------------------------
+
+PF0 = "devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
+
+
+def rdma_device(root: Path, name: str, pci: str = PF0) -> None:
+    """class/infiniband/<name>/device -> the PCI function, as on a real kernel."""
+    (root / pci).mkdir(parents=True, exist_ok=True)
+    link(root, f"class/infiniband/{name}/device", os.path.relpath(root / pci, root / "class/infiniband" / name))
+
+
+def test_roce_lag_maps_to_bond_master_via_gid_table(tmp_path: Path) -> None:
+    bond_tree(tmp_path)
+    rdma_device(tmp_path, "mlx5_bond_0")
+    write(
+        tmp_path,
+        {
+            f"{PF0}/net/ens1f0np0/dev_port": "0\n",
+            # GID 0/1: default GIDs of the bond; 2: empty (an unpopulated entry that a test tree can hold).
+            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/0": "bond0\n",
+            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/1": "bond0\n",
+            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/2": "",
+        },
+    )
+    reader = SysfsReader("mlx5_bond_0")
+    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader) == ["bond0"]
+    assert reader.errors.total() == 0
+
+
+def test_roce_lag_without_gid_table_uses_the_slave_master_link(tmp_path: Path) -> None:
+    # The real mlx5_bond_0 capture (no gid_attrs, no device link) plus the PCI and bond parts it lacks.
+    shutil.copytree(GPUD_SYS / "class/infiniband/mlx5_bond_0", tmp_path / "class/infiniband/mlx5_bond_0")
+    bond_tree(tmp_path)
+    rdma_device(tmp_path, "mlx5_bond_0")
+    write(tmp_path, {f"{PF0}/net/ens1f0np0/dev_port": "0\n"})
+    reader = SysfsReader("mlx5_bond_0")
+    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader) == ["bond0"]
+    assert reader.errors.total() == 0
+
+
+def test_gpud_capture_has_nothing_to_map() -> None:
+    reader = SysfsReader("mlx5_bond_0")
+    assert rdma_port_netdevs(GPUD_SYS, "mlx5_bond_0", 1, reader) == []
+    assert reader.errors.total() == 0
+
+
+def test_bonded_slave_of_a_non_lag_device_stays_itself(tmp_path: Path) -> None:
+    # active-backup across two NICs: the active slave's GID table holds its own default GID and the
+    # bond's address GIDs; the RDMA port is the slave's, with the bond as an upper.
+    bond_tree(tmp_path)
+    rdma_device(tmp_path, "mlx5_0")
+    write(
+        tmp_path,
+        {
+            f"{PF0}/net/ens1f0np0/dev_port": "0\n",
+            "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0": "ens1f0np0\n",
+            "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/2": "bond0\n",
+        },
+    )
+    reader = SysfsReader("mlx5_0")
+    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader) == ["ens1f0np0", "bond0"]
+
+
+def test_dual_port_function_picks_the_port_by_dev_port(tmp_path: Path) -> None:
+    rdma_device(tmp_path, "mlx4_0")
+    write(tmp_path, {f"{PF0}/net/eth0/dev_port": "0\n", f"{PF0}/net/eth1/dev_port": "1\n"})
+    reader = SysfsReader("mlx4_0")
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader) == ["eth0"]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader) == ["eth1"]
+    assert reader.errors.total() == 0
+
+
+def test_dual_port_function_on_a_kernel_without_dev_port(tmp_path: Path) -> None:
+    rdma_device(tmp_path, "mlx4_0")
+    write(tmp_path, {f"{PF0}/net/eth0/dev_id": "0x0\n", f"{PF0}/net/eth1/dev_id": "0x1\n"})
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, SysfsReader("mlx4_0")) == ["eth1"]
+
+
+def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
+    rdma_device(tmp_path, "mlx5_0")
+    write(
+        tmp_path,
+        {
+            f"{PF0}/net/ens1f0np0/dev_port": "0\n",
+            f"{PF0}/net/ens1f0np0/phys_port_name": "p0\n",
+            f"{PF0}/net/ens1f0_0/dev_port": "0\n",
+            f"{PF0}/net/ens1f0_0/phys_port_name": "pf0vf0\n",
+            f"{PF0}/net/ens1f0_1/dev_port": "0\n",
+            f"{PF0}/net/ens1f0_1/phys_port_name": "c1pf0sf3\n",
+        },
+    )
+    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, SysfsReader("mlx5_0")) == ["ens1f0np0"]
+
+
+def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
+    rdma_device(tmp_path, "mlx5_2")
+    ndevs = "class/infiniband/mlx5_2/ports/1/gid_attrs/ndevs"
+    write(
+        tmp_path,
+        {
+            f"{PF0}/net/eth2/dev_port": "0\n",
+            f"{ndevs}/0": "eth2\n",
+            f"{ndevs}/10": "eth2.200\n",
+            f"{ndevs}/2": "eth2.100\n",
+            f"{ndevs}/3": "eth2.100\n",
+            f"{ndevs}/4": "../../etc\n",
+        },
+    )
+    reader = SysfsReader("mlx5_2")
+    # Numeric GID order (a plain sort would put 10 before 2): own netdev first, then the VLAN uppers.
+    assert rdma_port_netdevs(tmp_path, "mlx5_2", 1, reader) == ["eth2", "eth2.100", "eth2.200"]
+    assert reasons(reader) == {REASON_MALFORMED: 1}
