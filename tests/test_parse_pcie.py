@@ -1,0 +1,257 @@
+"""PCIe link and AER parsing on small trees in the real sysfs layout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rdma_exporter.parse.pcie import parse_aer, parse_link_speed, pcie_generation, read_pcie_link
+from rdma_exporter.parse.reader import REASON_MALFORMED, SysfsReader
+
+PF = "0000:3b:00.0"
+VF = "0000:3b:00.2"
+
+# The kernel's aer_dev_* layout ("%s %llu" per line, then TOTAL_ERR_*), with a few errors counted.
+AER_CORRECTABLE = """RxErr 0
+BadTLP 3
+BadDLLP 1
+Rollover 0
+Timeout 2
+NonFatalErr 0
+CorrIntErr 0
+HeaderOF 0
+dev_cor_errs_bit[14] 4
+TOTAL_ERR_COR 10
+"""
+AER_NONFATAL = """Undefined 0
+DLP 0
+SDES 0
+TLP 0
+FCP 0
+CmpltTO 1
+CmpltAbrt 0
+UnxCmplt 0
+RxOF 0
+MalfTLP 0
+ECRC 0
+UnsupReq 0
+ACSViol 0
+UncorrIntErr 0
+BlockedTLP 0
+AtomicOpBlocked 0
+TLPBlockedErr 0
+PoisonTLPBlocked 0
+TOTAL_ERR_NONFATAL 1
+"""
+AER_FATAL = AER_NONFATAL.replace("CmpltTO 1", "CmpltTO 0").replace("TOTAL_ERR_NONFATAL 1", "TOTAL_ERR_FATAL 0")
+
+
+def function(root: Path, address: str, files: dict[str, str]) -> Path:
+    path = root / "devices" / "pci0000:3a" / address
+    path.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (path / name).write_text(content)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "gts", "gen"),
+    [
+        ("32.0 GT/s PCIe", 32.0, 5),
+        ("16.0 GT/s PCIe\n", 16.0, 4),
+        ("64.0 GT/s PCIe", 64.0, 6),
+        ("16.0 GT/s", 16.0, 4),
+        ("8 GT/s", 8.0, 3),
+        ("8.0 GT/s PCIe", 8.0, 3),
+        ("5 GT/s", 5.0, 2),
+        ("5.0 GT/s PCIe", 5.0, 2),
+        ("2.5 GT/s", 2.5, 1),
+        ("2.5 GT/s PCIe", 2.5, 1),
+        ("Unknown", None, None),
+        ("Unknown speed", None, None),
+        ("33 MHz PCI", None, None),
+        ("", None, None),
+        ("fast", None, None),
+        ("0 GT/s", None, None),
+        ("-8 GT/s", None, None),
+    ],
+)
+def test_parse_link_speed(text: str, gts: float | None, gen: int | None) -> None:
+    assert parse_link_speed(text) == gts
+    assert pcie_generation(parse_link_speed(text)) == gen
+
+
+def test_parse_aer_real_layout() -> None:
+    parsed = parse_aer(AER_CORRECTABLE)
+    assert parsed.total == 10
+    assert parsed.malformed == ()
+    assert parsed.counts["BadTLP"] == 3 and parsed.counts["Timeout"] == 2
+    assert parsed.counts["dev_cor_errs_bit[14]"] == 4  # a set bit the kernel has no name for
+    assert "TOTAL_ERR_COR" not in parsed.counts
+    assert len(parsed.counts) == 9
+    assert list(parsed.counts)[:2] == ["RxErr", "BadTLP"]
+
+
+def test_parse_aer_garbage() -> None:
+    parsed = parse_aer(
+        "BadTLP 1\nBadTLP 5\nno-value\nBad TLP 2\nRxErr -1\nRxErr x\n\nTimeout 99999999999999999999999\n"
+    )
+    assert parsed.counts == {"BadTLP": 1}
+    assert parsed.total is None
+    assert parsed.malformed == ("no-value", "Bad TLP 2", "RxErr -1", "RxErr x", "Timeout 99999999999999999999999")
+
+
+def test_pf_link_degraded_with_aer(tmp_path: Path) -> None:
+    pf = function(
+        tmp_path,
+        PF,
+        {
+            "current_link_speed": "16.0 GT/s PCIe\n",
+            "max_link_speed": "32.0 GT/s PCIe\n",
+            "current_link_width": "8\n",
+            "max_link_width": "16\n",
+            "aer_dev_correctable": AER_CORRECTABLE,
+            "aer_dev_nonfatal": AER_NONFATAL,
+            "aer_dev_fatal": AER_FATAL,
+        },
+    )
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(pf, reader)
+    assert got is not None
+    assert reader.errors.total() == 0
+    assert (got.address, got.link_address, got.via_physfn) == (PF, PF, False)
+    assert (got.current_speed_gts, got.max_speed_gts) == (16.0, 32.0)
+    assert (got.current_width, got.max_width) == (8, 16)
+    assert (got.current_generation, got.max_generation) == (4, 5)
+    assert got.degraded is True
+    assert got.aer[("correctable", "BadTLP")] == 3
+    assert got.aer[("nonfatal", "CmpltTO")] == 1
+    assert got.aer[("fatal", "CmpltTO")] == 0
+    assert got.aer_totals == {"correctable": 10, "nonfatal": 1, "fatal": 0}
+    assert not any(name.startswith("TOTAL_") for _, name in got.aer)
+    assert len(got.aer) == 9 + 18 + 18
+
+
+def test_vf_link_comes_from_its_pf(tmp_path: Path) -> None:
+    function(
+        tmp_path,
+        PF,
+        {
+            "current_link_speed": "32.0 GT/s PCIe\n",
+            "max_link_speed": "32.0 GT/s PCIe\n",
+            "current_link_width": "16\n",
+            "max_link_width": "16\n",
+        },
+    )
+    # A VF's own link registers are reserved: the kernel shows Unknown / 0 for them.
+    vf = function(
+        tmp_path,
+        VF,
+        {
+            "current_link_speed": "Unknown\n",
+            "max_link_speed": "Unknown\n",
+            "current_link_width": "0\n",
+            "max_link_width": "0\n",
+            "aer_dev_correctable": "RxErr 2\nTOTAL_ERR_COR 2\n",
+        },
+    )
+    os.symlink(f"../{PF}", vf / "physfn")
+    # Reached the way collectors do: through an RDMA device's `device` link.
+    os.symlink(vf, tmp_path / "device")
+    reader = SysfsReader("mlx5_5")
+    got = read_pcie_link(tmp_path / "device", reader)
+    assert got is not None
+    assert reader.errors.total() == 0
+    assert (got.address, got.link_address, got.via_physfn) == (VF, PF, True)
+    assert (got.current_speed_gts, got.current_width, got.max_width, got.current_generation) == (32.0, 16, 16, 5)
+    assert got.degraded is False
+    assert got.aer == {("correctable", "RxErr"): 2}  # the VF's own counters, not the PF's
+    assert got.aer_totals == {"correctable": 2}
+
+
+def test_link_down_unknown_and_garbage(tmp_path: Path) -> None:
+    down = function(
+        tmp_path,
+        PF,
+        {
+            "current_link_speed": "Unknown speed\n",
+            "max_link_speed": "8 GT/s\n",
+            "current_link_width": "0\n",
+            "max_link_width": "255\n",
+        },
+    )
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(down, reader)
+    assert got is not None
+    assert (got.current_speed_gts, got.max_speed_gts, got.current_width, got.max_width) == (None, 8.0, None, None)
+    assert got.degraded is None
+    assert (got.aer, got.aer_totals) == ({}, {})
+    assert reader.errors.total() == 0  # unknown is a state, not a failed read
+
+    bad = function(
+        tmp_path,
+        "0000:3b:00.1",
+        {
+            "current_link_speed": "very fast\n",
+            "max_link_speed": "",
+            "current_link_width": "3\n",
+            "max_link_width": "x16\n",
+            "aer_dev_fatal": "Undefined 0\nthis is not aer\nTOTAL_ERR_FATAL 0\n",
+        },
+    )
+    reader = SysfsReader("mlx5_1")
+    got = read_pcie_link(bad, reader)
+    assert got is not None
+    assert None is got.current_speed_gts is got.max_speed_gts is got.current_width is got.max_width
+    assert got.aer == {("fatal", "Undefined"): 0}
+    assert reader.errors.counts == {("mlx5_1", REASON_MALFORMED): 5}
+
+
+def test_not_pcie_or_gone(tmp_path: Path) -> None:
+    reader = SysfsReader("rxe0")
+    assert read_pcie_link(tmp_path / "nope", reader) is None
+    conventional = function(tmp_path, "0000:00:01.0", {"vendor": "0x8086\n"})
+    assert read_pcie_link(conventional, reader) is None
+    assert reader.errors.total() == 0
+
+
+def test_only_some_files_present(tmp_path: Path) -> None:
+    # Old kernels (< 4.17) have link files but no AER statistics.
+    pf = function(tmp_path, PF, {"current_link_speed": "8.0 GT/s PCIe\n", "current_link_width": "4\n"})
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(pf, reader)
+    assert got is not None
+    assert (got.current_speed_gts, got.current_width, got.max_speed_gts, got.max_width) == (8.0, 4, None, None)
+    assert reader.errors.total() == 0
+
+
+@given(st.text(max_size=40))
+def test_parse_link_speed_never_raises(text: str) -> None:
+    gts = parse_link_speed(text)
+    assert gts is None or 0 < gts < 10_000
+    assert pcie_generation(gts) in (None, 1, 2, 3, 4, 5, 6, 7)
+
+
+@given(st.text(max_size=600))
+def test_parse_aer_never_raises(text: str) -> None:
+    parsed = parse_aer(text)
+    for name, value in parsed.counts.items():
+        assert name.isascii() and name.isprintable() and " " not in name and not name.startswith("TOTAL_ERR_")
+        assert 0 <= value < 2**64
+    assert parsed.total is None or 0 <= parsed.total < 2**64
+    assert len(parsed.counts) + len(parsed.malformed) <= len(text.splitlines())
+
+
+@given(st.lists(st.tuples(st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,20}", fullmatch=True), st.integers(0, 2**64 - 1))))
+def test_parse_aer_round_trips_kernel_format(lines: list[tuple[str, int]]) -> None:
+    text = "".join(f"{name} {value}\n" for name, value in lines)
+    parsed = parse_aer(text)
+    assert parsed.malformed == ()
+    expected: dict[str, int] = {}
+    for name, value in lines:
+        if not name.startswith("TOTAL_ERR_"):
+            expected.setdefault(name, value)
+    assert parsed.counts == expected
