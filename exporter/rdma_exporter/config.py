@@ -17,7 +17,7 @@ import yaml
 
 DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
-COLLECTORS: Final = ("infiniband",)
+COLLECTORS: Final = ("infiniband", "expected")
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 
 
@@ -195,3 +195,8 @@ def load_config_file(path: Path, base: Config | None = None) -> Config:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(source, where, f"invalid YAML: {problem}") from None
     return replace(parse_config(document, source, base), config_file=path)
+
+
+# Collectors register their `collector.<name>` validators on import; import them here so that a config
+# file can be checked (--check-config) without building the daemon.
+from .collect import expected as _expected  # noqa: E402, F401

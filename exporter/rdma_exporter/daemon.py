@@ -16,6 +16,7 @@ from prometheus_client.exposition import choose_encoder
 from . import __version__
 from .collect.base import Source
 from .collect.engine import DeviceFilter, RdmaCollector
+from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
 from .config import Config
 
@@ -25,6 +26,10 @@ log = logging.getLogger(__name__)
 def build_sources(config: Config) -> list[Source]:
     """The enabled sources, in exposition order."""
     available: dict[str, Source] = {"infiniband": InfinibandSource()}
+    expected = config.collector_settings.get("expected", {})
+    if expected.get("ports"):
+        # Without declared expectations there is nothing to export; skip it so that it adds no series.
+        available["expected"] = ExpectedSource.from_settings(expected)
     return [source for name, source in available.items() if config.collectors.get(name, True)]
 
 

@@ -1,0 +1,294 @@
+"""Expected topology: what the operator says each RDMA port should look like, exported as metrics.
+
+A port that trained at 200 Gb/s instead of 400 looks perfectly healthy on its own: the only way to
+tell is to know what it should be. The YAML config declares expectations per device pattern,
+
+    collector:
+      expected:
+        ports:
+          - devices: "mlx5_[0-7]"
+            port: 1
+            link_layer: InfiniBand
+            rate_gbps: 400
+            width: 4
+            pcie_gen: 5
+            pcie_width: 16
+
+and this source exports them next to the observed values so that alert rules compare the two with
+a plain `<`. It also reports expected devices and ports that are not there at all, which is why device
+patterns must enumerate concrete names (a list, or one numeric range `mlx5_[0-7]`): a regex can say
+what matches but not what is missing.
+
+Nothing is read from sysfs: presence comes from the inventory the engine already holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..config import COLLECTOR_SETTINGS, ConfigError
+from ..parse.infiniband import DeviceInfo
+from ..parse.reader import SysfsReader
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
+
+NAME: Final = "expected"
+
+LINK_LAYERS: Final = ("InfiniBand", "Ethernet")
+LINK_WIDTHS: Final = (1, 2, 4, 8, 12)  # IB 1X/2X/4X/8X/12X
+PCIE_WIDTHS: Final = (1, 2, 4, 8, 16, 32)
+# PCIe generation -> transfers per second per lane, the unit of the PCIe collector's link speed.
+PCIE_GEN_TRANSFERS: Final[dict[int, float]] = {1: 2.5e9, 2: 5e9, 3: 8e9, 4: 16e9, 5: 32e9, 6: 64e9}
+
+_ENTRY_KEYS: Final = (
+    "devices",
+    "port",
+    "link_layer",
+    "rate_gbps",
+    "width",
+    "pcie_gen",
+    "pcie_width",
+    "netdev_speed_gbps",
+)
+# One optional numeric range in brackets; everything else must be a literal device name.
+_RANGE: Final = re.compile(r"^([^\[\]]*)\[(\d+)-(\d+)\]([^\[\]]*)$")
+_LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a million names
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedPort:
+    """The expectation for one concrete port. None means "not specified": nothing is exported for it."""
+
+    device: str
+    port: int
+    link_layer: str | None = None
+    rate_bytes_per_second: float | None = None
+    width: int | None = None
+    pcie_transfers_per_second: float | None = None
+    pcie_width: int | None = None
+    netdev_speed_bytes_per_second: float | None = None
+
+
+def expand_devices(source: str, key: str, pattern: str) -> list[str]:
+    """`mlx5_[0-7]` -> mlx5_0..mlx5_7; a name without brackets is itself. Anything else is an error."""
+    match = _RANGE.match(pattern)
+    if match is None:
+        if _LITERAL.match(pattern):
+            return [pattern]
+        raise ConfigError(
+            source,
+            key,
+            f"{pattern!r} is not a device name or a name with one numeric range like mlx5_[0-7]: "
+            "expected devices must be enumerable so that missing ones can be reported",
+        )
+    prefix, low, high, suffix = match.groups()
+    if not (prefix + suffix == "" or _LITERAL.match(prefix + suffix)):
+        raise ConfigError(source, key, f"{pattern!r} has characters other than a device name around its range")
+    first, last = int(low), int(high)
+    if first > last:
+        raise ConfigError(source, key, f"range [{low}-{high}] in {pattern!r} is empty (start above end)")
+    if last - first + 1 > _MAX_EXPANSION:
+        raise ConfigError(source, key, f"range [{low}-{high}] in {pattern!r} expands to more than {_MAX_EXPANSION}")
+    # mlx5_[00-15] keeps the zero padding of the bounds; mlx5_[0-15] does not pad.
+    width = len(low) if len(low) == len(high) and low.startswith("0") and len(low) > 1 else 0
+    return [f"{prefix}{n:0{width}d}{suffix}" for n in range(first, last + 1)]
+
+
+def _positive_number(source: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(source, key, f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _choice(source: str, key: str, value: Any, choices: Sequence[Any]) -> Any:
+    if isinstance(value, bool) or value not in choices:
+        raise ConfigError(source, key, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+    return value
+
+
+def _devices(source: str, key: str, value: Any) -> list[str]:
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, list) or not patterns:
+        raise ConfigError(source, key, f"expected a device name, a pattern like mlx5_[0-7] or a list, got {value!r}")
+    names: list[str] = []
+    for index, pattern in enumerate(patterns):
+        where = key if isinstance(value, str) else f"{key}[{index}]"
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError(source, where, f"expected a non-empty string, got {pattern!r}")
+        names.extend(expand_devices(source, where, pattern))
+    return names
+
+
+def _entry(source: str, key: str, value: Any) -> list[ExpectedPort]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(source, key, f"expected a mapping with devices, port, ..., got {type(value).__name__}")
+    for name in value:
+        if name not in _ENTRY_KEYS:
+            raise ConfigError(source, f"{key}.{name}", f"unknown key (known: {', '.join(_ENTRY_KEYS)})")
+    if "devices" not in value:
+        raise ConfigError(source, f"{key}.devices", "required: the device names this expectation is for")
+    devices = _devices(source, f"{key}.devices", value["devices"])
+    port = value.get("port", 1)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 255:
+        raise ConfigError(source, f"{key}.port", f"expected a port number from 1 to 255, got {port!r}")
+
+    def opt(name: str, check: Any) -> Any:
+        return None if value.get(name) is None else check(source, f"{key}.{name}", value[name])
+
+    link_layer = opt("link_layer", lambda s, k, v: _choice(s, k, v, LINK_LAYERS))
+    rate = opt("rate_gbps", _positive_number)
+    width = opt("width", lambda s, k, v: _choice(s, k, v, LINK_WIDTHS))
+    gen = opt("pcie_gen", lambda s, k, v: _choice(s, k, v, tuple(PCIE_GEN_TRANSFERS)))
+    pcie_width = opt("pcie_width", lambda s, k, v: _choice(s, k, v, PCIE_WIDTHS))
+    netdev = opt("netdev_speed_gbps", _positive_number)
+    if netdev is None and link_layer == "Ethernet":
+        netdev = rate  # a RoCE netdev reports the speed the port trained at
+    return [
+        ExpectedPort(
+            device=device,
+            port=port,
+            link_layer=link_layer,
+            rate_bytes_per_second=None if rate is None else rate * 1e9 / 8,
+            width=width,
+            pcie_transfers_per_second=None if gen is None else PCIE_GEN_TRANSFERS[gen],
+            pcie_width=pcie_width,
+            netdev_speed_bytes_per_second=None if netdev is None else netdev * 1e9 / 8,
+        )
+        for device in devices
+    ]
+
+
+def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
+    """Validator of `collector.expected.ports`: a list of expectation entries, expanded per port."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(source, key, f"expected a list of port expectations, got {type(value).__name__}")
+    ports: dict[tuple[str, int], tuple[int, ExpectedPort]] = {}
+    pcie: dict[str, tuple[int, tuple[float | None, int | None]]] = {}
+    for index, item in enumerate(value):
+        for expected in _entry(source, f"{key}[{index}]", item):
+            ident = (expected.device, expected.port)
+            if ident in ports:
+                first = ports[ident][0]
+                reason = f"{expected.device} port {expected.port} is already expected by {key}[{first}]"
+                raise ConfigError(source, f"{key}[{index}].devices", reason)
+            ports[ident] = (index, expected)
+            # PCIe is per device: two ports of one device must not disagree about it.
+            link = (expected.pcie_transfers_per_second, expected.pcie_width)
+            if link != (None, None):
+                seen = pcie.setdefault(expected.device, (index, link))
+                if seen[1] != link:
+                    reason = f"PCIe expectation for {expected.device} differs from {key}[{seen[0]}]"
+                    raise ConfigError(source, f"{key}[{index}]", reason)
+    return tuple(expected for _, expected in ports.values())
+
+
+COLLECTOR_SETTINGS[NAME] = {"ports": check_ports}
+
+PORT: Final = ("device", "port")
+PORT_INFO: Final = MetricSpec(
+    "rdma_expected_port_info",
+    "info",
+    "A port the configuration expects, with its expected link layer (empty when not specified).",
+    (*PORT, "link_layer"),
+)
+PORT_RATE: Final = MetricSpec(
+    "rdma_expected_port_rate_bytes_per_second",
+    "gauge",
+    "Link rate the port is expected to train at, in bytes per second (compare rdma_port_rate_bytes_per_second).",
+    PORT,
+)
+PORT_WIDTH: Final = MetricSpec(
+    "rdma_expected_port_link_width_lanes",
+    "gauge",
+    "Number of lanes the port is expected to train with (compare rdma_port_link_width_lanes).",
+    PORT,
+)
+NETDEV_SPEED: Final = MetricSpec(
+    "rdma_expected_netdev_speed_bytes_per_second",
+    "gauge",
+    "Speed the port's netdev is expected to report, in bytes per second (compare "
+    "rdma_netdev_speed_bytes_per_second). Defaults to the expected rate on Ethernet ports.",
+    PORT,
+)
+PCIE_SPEED: Final = MetricSpec(
+    "rdma_expected_pcie_link_speed_transfers_per_second",
+    "gauge",
+    "PCIe link speed the device is expected to train at, in transfers per second per lane.",
+    ("device",),
+)
+PCIE_WIDTH: Final = MetricSpec(
+    "rdma_expected_pcie_link_width_lanes",
+    "gauge",
+    "PCIe link width the device is expected to train at, in lanes.",
+    ("device",),
+)
+DEVICE_PRESENT: Final = MetricSpec(
+    "rdma_expected_device_present",
+    "gauge",
+    "1 if an expected RDMA device is present (and not excluded by the device filters), 0 if missing.",
+    ("device",),
+)
+PORT_PRESENT: Final = MetricSpec(
+    "rdma_expected_port_present",
+    "gauge",
+    "1 if an expected port exists on its device, 0 if the port or its whole device is missing.",
+    PORT,
+)
+
+
+class ExpectedSource:
+    """Exposes the configured expectations and whether each expected device and port is present."""
+
+    name = NAME
+    specs: tuple[MetricSpec, ...] = (
+        PORT_INFO,
+        PORT_RATE,
+        PORT_WIDTH,
+        NETDEV_SPEED,
+        PCIE_SPEED,
+        PCIE_WIDTH,
+        DEVICE_PRESENT,
+        PORT_PRESENT,
+    )
+    dynamic_specs: tuple[DynamicMetricSpec, ...] = ()
+
+    def __init__(self, ports: Sequence[ExpectedPort] = ()) -> None:
+        self.ports = tuple(ports)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> ExpectedSource:
+        return cls(settings.get("ports", ()))
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> frozenset[int]:
+        # The inventory already knows the ports: no file is opened.
+        return frozenset(port.number for port in device.ports)
+
+    def expose(self, results: Mapping[str, frozenset[int]], out: FamilySet) -> None:
+        devices: dict[str, ExpectedPort] = {}
+        for expected in self.ports:
+            labels = [expected.device, str(expected.port)]
+            out.add(PORT_INFO, [*labels, expected.link_layer or ""], 1)
+            if expected.rate_bytes_per_second is not None:
+                out.add(PORT_RATE, labels, expected.rate_bytes_per_second)
+            if expected.width is not None:
+                out.add(PORT_WIDTH, labels, expected.width)
+            if expected.netdev_speed_bytes_per_second is not None:
+                out.add(NETDEV_SPEED, labels, expected.netdev_speed_bytes_per_second)
+            present = expected.port in results.get(expected.device, frozenset())
+            out.add(PORT_PRESENT, labels, 1 if present else 0)
+            # The first entry naming a device carries its PCIe expectation (validation made them agree).
+            known = devices.get(expected.device)
+            if known is None or (known.pcie_width is None and known.pcie_transfers_per_second is None):
+                devices[expected.device] = expected
+        for name in sorted(devices):
+            expected = devices[name]
+            if expected.pcie_transfers_per_second is not None:
+                out.add(PCIE_SPEED, [name], expected.pcie_transfers_per_second)
+            if expected.pcie_width is not None:
+                out.add(PCIE_WIDTH, [name], expected.pcie_width)
+            out.add(DEVICE_PRESENT, [name], 1 if name in results else 0)

@@ -1,0 +1,264 @@
+"""The expected-topology collector: config validation, pattern expansion and the metrics it exports."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from rdma_exporter.collect.expected import ExpectedPort, ExpectedSource, expand_devices
+from rdma_exporter.config import COLLECTORS, Config, ConfigError, load_config_file, parse_config
+from rdma_exporter.daemon import build_collector, build_registry, build_sources
+from rdma_exporter.sample_tree import HEALTHY_SPEC, build_tree
+
+DGX = """
+collector:
+  expected:
+    ports:
+      - devices: "mlx5_[0-7]"
+        port: 1
+        link_layer: InfiniBand
+        rate_gbps: 400
+        width: 4
+        pcie_gen: 5
+        pcie_width: 16
+      - devices: [mlx5_8, mlx5_9]
+        link_layer: Ethernet
+        rate_gbps: 200
+        width: 2
+"""
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(metrics: dict, name: str, **labels: str) -> float | None:
+    return metrics.get((name, tuple(sorted(labels.items()))))
+
+
+def scrape(sys_root: Path, config: Config) -> dict:
+    config = replace(config, sysfs=sys_root)
+    return samples(generate_latest(build_registry(build_collector(config))).decode())
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tree(tmp_path_factory.mktemp("expected"), HEALTHY_SPEC)
+
+
+def parse(text: str) -> Config:
+    return parse_config(yaml.safe_load(text), "test.yml")
+
+
+def test_registered_as_collector() -> None:
+    assert "expected" in COLLECTORS
+
+
+@pytest.mark.parametrize(
+    ("pattern", "names"),
+    [
+        ("mlx5_[0-3]", ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]),
+        ("mlx5_[8-11]", ["mlx5_8", "mlx5_9", "mlx5_10", "mlx5_11"]),
+        ("ib[00-02]x", ["ib00x", "ib01x", "ib02x"]),
+        ("mlx5_bond_0", ["mlx5_bond_0"]),
+        ("mlx5_[5-5]", ["mlx5_5"]),
+    ],
+)
+def test_expand_devices(pattern: str, names: list[str]) -> None:
+    assert expand_devices("f", "k", pattern) == names
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        ("mlx5_.*", "enumerable"),
+        ("mlx5_[0-3][0-1]", "enumerable"),
+        ("mlx5_[a-z]", "enumerable"),
+        ("mlx5_[7-0]", "empty"),
+        ("mlx5_[0-999999]", "expands to more than"),
+        ("mlx 5_[0-1]", "around its range"),
+    ],
+)
+def test_expand_devices_rejects(pattern: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        expand_devices("f", "k", pattern)
+    assert reason in err.value.reason
+
+
+def test_parse_expands_and_converts_units() -> None:
+    ports = parse(DGX).collector_settings["expected"]["ports"]
+    assert len(ports) == 10
+    first = ports[0]
+    assert first == ExpectedPort(
+        device="mlx5_0",
+        port=1,
+        link_layer="InfiniBand",
+        rate_bytes_per_second=400e9 / 8,
+        width=4,
+        pcie_transfers_per_second=32e9,
+        pcie_width=16,
+        netdev_speed_bytes_per_second=None,
+    )
+    roce = ports[8]
+    assert (roce.device, roce.port, roce.link_layer) == ("mlx5_8", 1, "Ethernet")
+    # An Ethernet port's netdev is expected at the port rate unless said otherwise.
+    assert roce.netdev_speed_bytes_per_second == 200e9 / 8
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "reason"),
+    [
+        ("ports: {devices: mlx5_0}", "collector.expected.ports", "expected a list"),
+        ("ports: [mlx5_0]", "collector.expected.ports[0]", "expected a mapping"),
+        ("ports: [{port: 1}]", "collector.expected.ports[0].devices", "required"),
+        ("ports: [{devices: mlx5_0, speed: 400}]", "collector.expected.ports[0].speed", "unknown key"),
+        ("ports: [{devices: 'mlx5_*'}]", "collector.expected.ports[0].devices", "enumerable"),
+        ("ports: [{devices: [mlx5_0, 'x[1-']}]", "collector.expected.ports[0].devices[1]", "enumerable"),
+        ("ports: [{devices: [], rate_gbps: 1}]", "collector.expected.ports[0].devices", "expected a device"),
+        ("ports: [{devices: mlx5_0, port: 0}]", "collector.expected.ports[0].port", "from 1 to 255"),
+        ("ports: [{devices: mlx5_0, port: true}]", "collector.expected.ports[0].port", "from 1 to 255"),
+        ("ports: [{devices: mlx5_0, rate_gbps: -400}]", "collector.expected.ports[0].rate_gbps", "positive"),
+        ("ports: [{devices: mlx5_0, rate_gbps: '400G'}]", "collector.expected.ports[0].rate_gbps", "positive"),
+        ("ports: [{devices: mlx5_0, width: 3}]", "collector.expected.ports[0].width", "one of 1, 2, 4, 8, 12"),
+        ("ports: [{devices: mlx5_0, link_layer: IB}]", "collector.expected.ports[0].link_layer", "InfiniBand"),
+        ("ports: [{devices: mlx5_0, pcie_gen: 7}]", "collector.expected.ports[0].pcie_gen", "one of 1, 2"),
+        ("ports: [{devices: mlx5_0, pcie_width: 12}]", "collector.expected.ports[0].pcie_width", "16"),
+        (
+            "ports: [{devices: 'mlx5_[0-3]'}, {devices: mlx5_2}]",
+            "collector.expected.ports[1].devices",
+            "already expected by collector.expected.ports[0]",
+        ),
+        (
+            "ports: [{devices: mlx5_0, pcie_gen: 5}, {devices: mlx5_0, port: 2, pcie_gen: 4}]",
+            "collector.expected.ports[1]",
+            "PCIe expectation for mlx5_0 differs",
+        ),
+        ("port: []", "collector.expected.port", "unknown key"),
+    ],
+)
+def test_invalid_settings_name_file_key_and_reason(body: str, key: str, reason: str) -> None:
+    document = {"collector": {"expected": yaml.safe_load(body)}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(document, "rdma.yml")
+    assert err.value.source == "rdma.yml"
+    assert err.value.key == key
+    assert reason in err.value.reason
+    assert str(err.value).startswith(f"rdma.yml: {key}: ")
+
+
+def test_check_config_cli_reports_file_and_key(tmp_path: Path) -> None:
+    """`--check-config` validates the section without building the daemon (the validators register early)."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text("collector:\n  expected:\n    ports: [{devices: 'mlx5_*'}]\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", "--config.file", str(bad), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert f"{bad}: collector.expected.ports[0].devices:" in run.stderr
+    good = tmp_path / "good.yml"
+    good.write_text(DGX)
+    run = subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", "--config.file", str(good), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_no_expectations_no_source_no_series(tree: Path) -> None:
+    assert [s.name for s in build_sources(Config())] == ["infiniband"]
+    metrics = scrape(tree, Config())
+    assert not [name for name, _ in metrics if name.startswith("rdma_expected_")]
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="expected") is None
+
+
+def test_exports_expectations_next_to_observations(tree: Path, tmp_path: Path) -> None:
+    path = tmp_path / "rdma.yml"
+    path.write_text(DGX)
+    config = load_config_file(path)
+    metrics = scrape(tree, config)
+    for n in range(8):
+        labels = {"device": f"mlx5_{n}", "port": "1"}
+        assert value(metrics, "rdma_expected_port_info", **labels, link_layer="InfiniBand") == 1
+        # Same unit as the observation, so that a rule compares them with a plain `<`.
+        observed = value(metrics, "rdma_port_rate_bytes_per_second", **labels)
+        assert value(metrics, "rdma_expected_port_rate_bytes_per_second", **labels) == observed == 5e10
+        assert value(metrics, "rdma_expected_port_link_width_lanes", **labels) == 4
+        assert value(metrics, "rdma_expected_port_present", **labels) == 1
+        assert value(metrics, "rdma_expected_device_present", device=f"mlx5_{n}") == 1
+        assert value(metrics, "rdma_expected_pcie_link_speed_transfers_per_second", device=f"mlx5_{n}") == 32e9
+        assert value(metrics, "rdma_expected_pcie_link_width_lanes", device=f"mlx5_{n}") == 16
+        assert value(metrics, "rdma_expected_netdev_speed_bytes_per_second", **labels) is None
+    roce = {"device": "mlx5_8", "port": "1"}
+    assert value(metrics, "rdma_expected_port_info", **roce, link_layer="Ethernet") == 1
+    assert value(metrics, "rdma_expected_port_rate_bytes_per_second", **roce) == 2.5e10
+    assert value(metrics, "rdma_port_rate_bytes_per_second", **roce) == 2.5e10
+    assert value(metrics, "rdma_expected_netdev_speed_bytes_per_second", **roce) == 2.5e10
+    assert value(metrics, "rdma_expected_pcie_link_speed_transfers_per_second", device="mlx5_8") is None
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="expected") == 1
+
+
+def test_reports_missing_devices_and_ports(tree: Path) -> None:
+    config = parse(
+        """
+collector:
+  expected:
+    ports:
+      - {devices: "mlx5_[0-1]", port: 1}
+      - {devices: mlx5_0, port: 2}
+      - {devices: "mlx5_[10-11]", rate_gbps: 400}
+"""
+    )
+    metrics = scrape(tree, config)
+    assert value(metrics, "rdma_expected_device_present", device="mlx5_0") == 1
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_0", port="1") == 1
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_0", port="2") == 0
+    assert value(metrics, "rdma_expected_port_info", device="mlx5_0", port="2", link_layer="") == 1
+    for name in ("mlx5_10", "mlx5_11"):
+        assert value(metrics, "rdma_expected_device_present", device=name) == 0
+        assert value(metrics, "rdma_expected_port_present", device=name, port="1") == 0
+        # Expectations are exported for missing devices too: dashboards show what should be there.
+        assert value(metrics, "rdma_expected_port_rate_bytes_per_second", device=name, port="1") == 5e10
+
+
+def test_device_filter_counts_as_missing(tree: Path) -> None:
+    """An expected device the exporter was told to skip is reported missing rather than silently dropped."""
+    config = parse("collector: {expected: {ports: [{devices: 'mlx5_[0-1]'}]}}")
+    config = replace(config, device_exclude=re.compile("mlx5_1"))
+    metrics = scrape(tree, config)
+    assert value(metrics, "rdma_expected_device_present", device="mlx5_0") == 1
+    assert value(metrics, "rdma_expected_device_present", device="mlx5_1") == 0
+
+
+def test_collector_can_be_disabled(tree: Path) -> None:
+    config = parse("collectors: {expected: false}\ncollector: {expected: {ports: [{devices: mlx5_0}]}}")
+    assert [s.name for s in build_sources(config)] == ["infiniband"]
+
+
+def test_source_is_pure() -> None:
+    """`expose` needs only the results dict: a device absent from it is missing."""
+    from rdma_exporter.collect.base import FamilySet
+
+    source = ExpectedSource([ExpectedPort("mlx5_0", 1, pcie_width=16), ExpectedPort("mlx5_0", 2)])
+    out = FamilySet()
+    source.expose({"mlx5_0": frozenset({1})}, out)
+    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
+    assert ("rdma_expected_port_present", ("mlx5_0", "1"), 1) in got
+    assert ("rdma_expected_port_present", ("mlx5_0", "2"), 0) in got
+    assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
+    assert ("rdma_expected_device_present", ("mlx5_0",), 1) in got
