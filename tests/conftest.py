@@ -1,0 +1,90 @@
+"""Shared test helpers: fixture trees, in-process scrapes and exposition parsing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector, build_registry
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SYSFS_FIXTURES = FIXTURES / "sysfs"
+GOLDEN = Path(__file__).parent / "golden"
+
+# Captured trees copied from shared/fixtures (see fixtures/SOURCES.md).
+CAPTURED_TREES = sorted(p.name for p in SYSFS_FIXTURES.iterdir() if (p / "sys").is_dir())
+
+# Lines that legitimately differ between runs: timings and the Python version.
+VOLATILE_PREFIXES = ("rdma_exporter_scrape_collector_duration_seconds{", "rdma_exporter_build_info{")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_binary(name: str) -> str:
+    """Path of a tool the suite needs; skipped locally when absent, a failure in CI (.ci/run installs it)."""
+    path = shutil.which(name)
+    if path is None:
+        if in_ci():
+            pytest.fail(f"{name} is not installed; .ci/run's setup should have installed it")
+        pytest.skip(f"{name} is not installed (run scripts/setup-test-deps.sh)")
+    return path
+
+
+def scrape(sys_root: Path, config: Config | None = None, **overrides: object) -> str:
+    """One in-process scrape of `sys_root`, as the HTTP endpoint would serve it."""
+    from dataclasses import replace
+
+    config = replace(config or Config(), sysfs=sys_root, **overrides)  # type: ignore[arg-type]
+    return generate_latest(build_registry(build_collector(config))).decode()
+
+
+def stable(exposition: str) -> str:
+    """Exposition text without the run-dependent sample lines (HELP/TYPE lines stay)."""
+    return "".join(
+        line + "\n" for line in exposition.splitlines() if not line.startswith(VOLATILE_PREFIXES)
+    )
+
+
+def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, sorted labels): value} of an exposition text."""
+    result: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            result[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return result
+
+
+def promtool_check_metrics(exposition: str) -> None:
+    promtool = require_binary("promtool")
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"promtool check metrics:\n{result.stdout}{result.stderr}"
+
+
+def copy_tree(source: Path, dest: Path) -> Path:
+    """A writable copy of a fixture tree, symlinks preserved."""
+    shutil.copytree(source, dest, symlinks=True)
+    for root, dirs, files in os.walk(dest):
+        for name in dirs + files:
+            path = Path(root) / name
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
+
+
+@pytest.fixture
+def captured_copy(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-type]
+    def make(tree: str) -> Path:
+        return copy_tree(SYSFS_FIXTURES / tree / "sys", tmp_path / tree / "sys")
+
+    yield make

@@ -1,0 +1,306 @@
+"""Parsing of /sys/class/infiniband: formats, semantics and every kind of bad input."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import types
+from pathlib import Path
+
+import pytest
+from conftest import SYSFS_FIXTURES, samples, scrape
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rdma_exporter.parse import reader as reader_module
+from rdma_exporter.parse.infiniband import (
+    PMA_COUNTERS,
+    metric_fragment,
+    parse_rate,
+    parse_state,
+    read_device_info,
+    read_device_snapshot,
+)
+from rdma_exporter.parse.reader import U64_MAX, ReadErrors, SysfsReader, parse_uint
+
+LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
+
+
+@pytest.mark.parametrize(
+    ("text", "bits", "lanes", "speed"),
+    [
+        ("400 Gb/sec (4X NDR)", 400e9, 4, "NDR"),
+        ("200 Gb/sec (2X NDR)", 200e9, 2, "NDR"),
+        ("25 Gb/sec (1X EDR)", 25e9, 1, "EDR"),
+        ("10 Gb/sec (4X)", 10e9, 4, None),  # pre-4.x kernels print no speed name for SDR
+        ("56 Gb/sec (4X FDR)", 56e9, 4, "FDR"),
+        ("2.5 Gb/sec (1X SDR)", 2.5e9, 1, "SDR"),
+        ("800 Gb/sec (4X XDR)", 800e9, 4, "XDR"),
+        ("40 Gb/sec (4X FDR10)", 40e9, 4, "FDR10"),
+        ("100 Gb/sec (4X EDR)\n", 100e9, 4, "EDR"),
+        ("100 Gb/sec", 100e9, None, None),
+    ],
+)
+def test_parse_rate_forms(text: str, bits: float, lanes: int | None, speed: str | None) -> None:
+    rate = parse_rate(text)
+    assert rate is not None
+    assert (rate.bits_per_second, rate.lanes, rate.speed) == (bits, lanes, speed)
+    assert rate.bytes_per_second == bits / 8
+
+
+@pytest.mark.parametrize("text", ["", "garbage", "Gb/sec", "-10 Gb/sec (4X)", "N/A (no PMA)", "400 Mb/sec (4X NDR)"])
+def test_parse_rate_rejects_garbage(text: str) -> None:
+    assert parse_rate(text) is None
+
+
+def test_parse_state_and_uint() -> None:
+    assert parse_state("4: ACTIVE") == (4, "ACTIVE")
+    assert parse_state("5: LinkUp\n") == (5, "LinkUp")
+    assert parse_state("ACTIVE") is None
+    assert parse_uint("18446744073709551615") == U64_MAX
+    assert parse_uint("18446744073709551616") is None  # above 2^64-1: garbage, not a counter
+    assert parse_uint("-1") is None
+    assert parse_uint("0x1a", base=0) == 26
+    assert parse_uint("") is None
+    assert parse_uint("1_000") is None
+
+
+@given(st.text(max_size=60))
+def test_parsers_never_raise(text: str) -> None:
+    rate = parse_rate(text)
+    assert rate is None or rate.bits_per_second >= 0
+    state = parse_state(text)
+    assert state is None or 0 <= state[0] <= 255
+    value = parse_uint(text)
+    assert value is None or 0 <= value <= U64_MAX
+
+
+@given(st.text(min_size=0, max_size=40))
+def test_metric_fragment_is_a_valid_name_part(name: str) -> None:
+    fragment = metric_fragment(name)
+    assert fragment
+    assert fragment[0].isalpha()
+    assert all(c.isascii() and (c.isalnum() or c == "_") for c in fragment)
+    assert fragment == fragment.lower()
+
+
+def test_metric_fragment_driver_names() -> None:
+    assert metric_fragment("ip4InOctets") == "ip4_in_octets"
+    assert metric_fragment("RxECNMrkd") == "rx_ecn_mrkd"
+    assert metric_fragment("tx bytes") == "tx_bytes"
+    assert metric_fragment("rx_write_requests") == "rx_write_requests"
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300))
+def test_reader_survives_any_file_content(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "attr"
+    path.write_bytes(content)
+    reader = SysfsReader("dev")
+    text = reader.text(path)
+    assert text is None or isinstance(text, str)
+    value = reader.uint(path)
+    assert value is None or 0 <= value <= U64_MAX
+    # Every failure is accounted for: a None from uint() on a non-empty file is a counted error.
+    if value is None:
+        assert reader.errors.total() >= 1
+
+
+def test_saturated_counters_are_reported(tmp_path: Path) -> None:
+    # mlx5_1 of the real H100 capture: link_downed 255 (8 bit) and excessive_buffer_overrun_errors 15 (4 bit).
+    values = samples(scrape(LEPTON))
+    port = (("device", "mlx5_1"), ("port", "1"))
+
+    def saturated(counter: str) -> float:
+        return values[("rdma_port_pma_saturated", tuple(sorted((*port, ("counter", counter)))))]
+
+    assert saturated("link_downed") == 1
+    assert saturated("excessive_buffer_overrun_errors") == 1
+    assert saturated("symbol_error") == 0
+    assert values[("rdma_port_link_downed_total", port)] == 255
+    # 64-bit data counters are in bytes (4-octet words * 4) and have no saturation series.
+    assert values[("rdma_port_receive_data_bytes_total", port)] == 205128687774249 * 4
+    assert not any(k[0] == "rdma_port_pma_saturated" and ("counter", "port_rcv_data") in k[1] for k in values)
+
+
+def test_pma_widths_are_the_spec_ones() -> None:
+    widths = {name: counter.width for name, counter in PMA_COUNTERS.items()}
+    assert widths["symbol_error"] == 16
+    assert widths["link_downed"] == 8
+    assert widths["local_link_integrity_errors"] == 4
+    assert widths["port_xmit_wait"] == 32
+
+
+def test_down_port_is_reported_not_dropped(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    root = captured_copy("leptonai-gpud-h100")
+    port = root / "class/infiniband/mlx5_4/ports/1"
+    (port / "state").write_text("1: DOWN\n")
+    (port / "phys_state").write_text("3: Disabled\n")
+    values = samples(scrape(root))
+    labels = (("device", "mlx5_4"), ("port", "1"))
+    assert values[("rdma_port_state_id", labels)] == 1
+    assert values[("rdma_port_state", (*labels, ("state", "DOWN")))] == 1
+    assert values[("rdma_port_state", (*labels, ("state", "ACTIVE")))] == 0
+    assert values[("rdma_port_physical_state_id", labels)] == 3
+    assert values[("rdma_port_symbol_errors_total", labels)] == 0  # counters of a down port are still read
+
+
+MLX5_0 = (("device", "mlx5_0"), ("port", "1"))
+
+# (what to do to counters/symbol_error, expected error reason or None when it is not an error)
+BAD_CONTENT = [
+    ("", "malformed"),
+    ("garbage\n", "malformed"),
+    ("N/A (no PMA)\n", "unsupported"),
+    ("18446744073709551616\n", "malformed"),
+    ("-5\n", "malformed"),
+    ("\xff\xfe\n", "malformed"),
+]
+
+
+@pytest.mark.parametrize(("content", "reason"), BAD_CONTENT)
+def test_bad_counter_file_costs_only_its_value(captured_copy, content: str, reason: str) -> None:  # type: ignore[no-untyped-def]
+    root = captured_copy("leptonai-gpud-h100")
+    target = root / "class/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    target.write_bytes(content.encode("latin-1"))
+    values = samples(scrape(root))
+    assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
+    # Everything else of the device and the port is still there.
+    assert values[("rdma_port_link_downed_total", MLX5_0)] == 0
+    assert values[("rdma_port_rate_bytes_per_second", MLX5_0)] == 50e9
+    assert values[("rdma_port_state_id", MLX5_0)] == 4
+    error_key = (
+        "rdma_exporter_file_read_errors_total",
+        (("collector", "infiniband"), ("device", "mlx5_0"), ("reason", reason)),
+    )
+    assert values[error_key] == 1
+    assert values[("rdma_exporter_scrape_collector_success", (("collector", "infiniband"),))] == 1
+
+
+def test_value_without_trailing_newline_is_read(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # Every file of the H100 capture lacks the newline; make one have it to compare both forms.
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_wait").write_text("2489603687\n")
+    values = samples(scrape(root))
+    assert values[("rdma_port_transmit_wait_total", MLX5_0)] == 2489603687
+    assert values[("rdma_port_transmit_wait_total", (("device", "mlx5_1"), ("port", "1")))] == 2489603687
+
+
+def test_counter_file_replaced_by_directory_is_an_io_error(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    root = captured_copy("leptonai-gpud-h100")
+    target = root / "class/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    target.unlink()
+    target.mkdir()
+    values = samples(scrape(root))
+    assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
+    assert values[("rdma_port_link_downed_total", MLX5_0)] == 0
+
+
+class _FailingOs(types.SimpleNamespace):
+    """Stands in for the reader's `os` module; reads of one file fail with a given errno."""
+
+
+def _failing_os(path_suffix: str, code: int) -> _FailingOs:
+    def read(fd: int, size: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(path_suffix):
+            raise OSError(code, os.strerror(code))
+        return os.read(fd, size)
+
+    fake = _FailingOs(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
+    fake.read = read
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (errno.EIO, "io"),
+        (errno.EINVAL, "io"),
+        (errno.ENODEV, "missing"),
+        (errno.EOPNOTSUPP, "unsupported"),
+        (errno.EACCES, "permission"),
+    ],
+)
+def test_kernel_read_errors_cost_only_the_value(
+    monkeypatch: pytest.MonkeyPatch, code: int, reason: str
+) -> None:
+    monkeypatch.setattr(reader_module, "os", _failing_os("mlx5_0/ports/1/rate", code))
+    values = samples(scrape(LEPTON))
+    assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
+    assert values[("rdma_port_state_id", MLX5_0)] == 4
+    assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
+    assert values[("rdma_port_rate_bytes_per_second", (("device", "mlx5_1"), ("port", "1")))] == 50e9
+    key = (
+        "rdma_exporter_file_read_errors_total",
+        (("collector", "infiniband"), ("device", "mlx5_0"), ("reason", reason)),
+    )
+    assert values[key] == 1
+
+
+def test_missing_optional_attributes_are_not_errors() -> None:
+    # The H100 capture has no node_guid, lid, gids...: absent facts, not failed reads.
+    values = samples(scrape(LEPTON))
+    assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
+
+
+def test_no_pma_device_keeps_its_other_values() -> None:
+    # i40iw0 answers every PMA counter with "N/A (no PMA)" (pre-4.20 kernels).
+    values = samples(scrape(SYSFS_FIXTURES / "prometheus-node_exporter" / "sys"))
+    port = (("device", "i40iw0"), ("port", "1"))
+    assert values[("rdma_port_state_id", port)] == 4
+    assert values[("rdma_port_rate_bytes_per_second", port)] == 1.25e9
+    assert values[("rdma_port_link_width_lanes", port)] == 4
+    key = (
+        "rdma_exporter_file_read_errors_total",
+        (("collector", "infiniband"), ("device", "i40iw0"), ("reason", "unsupported")),
+    )
+    assert values[key] == 17
+
+
+def test_removed_ports_dir_costs_only_that_device(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    root = captured_copy("leptonai-gpud-h100")
+    shutil.rmtree(root / "class/infiniband/mlx5_6/ports")
+    values = samples(scrape(root))
+    assert not any(dict(labels).get("device") == "mlx5_6" and name.startswith("rdma_port_") for name, labels in values)
+    assert values[("rdma_port_state_id", (("device", "mlx5_7"), ("port", "1")))] == 4
+    assert any(name == "rdma_device_info" and dict(labels)["device"] == "mlx5_6" for name, labels in values)
+
+
+def test_static_and_snapshot_split() -> None:
+    errors = ReadErrors()
+    info = read_device_info(LEPTON, "mlx5_bond_0", SysfsReader("mlx5_bond_0", errors))
+    assert info.fw_ver == "32.38.3056"
+    assert info.hca_type == "MT41692"
+    assert info.ports[0].link_layer == "Ethernet"
+    assert len(info.ports[0].counter_files) == 21
+    snapshot = read_device_snapshot(LEPTON, info, SysfsReader("mlx5_bond_0", errors))
+    port = snapshot.ports[0]
+    assert port.rate is not None and port.rate.lanes == 2 and port.rate.speed == "NDR"
+    assert port.lid is None  # RoCE ports have no subnet manager
+    assert port.hw_counters["lifespan"] == 12
+    assert errors.total() == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["rate", "state", "phys_state", "link_layer", "counters/symbol_error",
+                             "counters/port_rcv_data", "hw_counters/lifespan", "hw_counters/out_of_buffer"]),
+            st.binary(max_size=40),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_random_corruption_never_breaks_the_scrape(tmp_path_factory: pytest.TempPathFactory, edits: list) -> None:  # type: ignore[type-arg]
+    from conftest import copy_tree
+
+    root = copy_tree(LEPTON, tmp_path_factory.mktemp("fuzz") / "sys")
+    for name, content in edits:
+        (root / "class/infiniband/mlx5_0/ports/1" / name).write_bytes(content)
+    values = samples(scrape(root))
+    # The device is never lost and the other devices are untouched.
+    assert any(name == "rdma_port_info" and dict(labels)["device"] == "mlx5_0" for name, labels in values)
+    assert values[("rdma_port_symbol_errors_total", (("device", "mlx5_1"), ("port", "1")))] == 0
+    assert values[("rdma_exporter_scrape_collector_success", (("collector", "infiniband"),))] == 1
