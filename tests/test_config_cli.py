@@ -1,0 +1,162 @@
+"""Config file, flags and their precedence; invalid settings stop start-up with file, key and reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from rdma_exporter import __version__
+from rdma_exporter.cli import build_parser, resolve_config
+from rdma_exporter.config import DEFAULT_PORT, ConfigError, load_config_file
+from rdma_exporter.parse import reader as reader_module
+
+from conftest import SYSFS_FIXTURES, samples, scrape
+
+LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rdma-exporter.yml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "reason"),
+    [
+        ("web:\n  listen_address: 9883\n", "web.listen_address", "expected a non-empty string"),
+        ("web:\n  listen_address: 'host'\n", "web.listen_address", "[host]:port"),
+        ("web:\n  listen_adress: ':1'\n", "web.listen_adress", "unknown key"),
+        ("devices:\n  exclude: 'mlx5_[0-'\n", "devices.exclude", "invalid regular expression"),
+        ("collectors:\n  infiniband: 'yes'\n", "collectors.infiniband", "expected true or false"),
+        ("collectors:\n  nosuch: true\n", "collectors.nosuch", "unknown collector"),
+        ("log:\n  level: loud\n", "log.level", "expected one of"),
+        ("bogus: 1\n", "bogus", "unknown section"),
+        ("- a\n- b\n", "(top level)", "expected a mapping"),
+        ("web: [\n", "line 2, column 1", "invalid YAML"),
+        ("web:\n  telemetry_path: /healthz\n", "web.telemetry_path", "other than / and /healthz"),
+    ],
+)
+def test_invalid_config_names_file_key_and_reason(tmp_path: Path, text: str, key: str, reason: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert info.value.source == str(path)
+    assert info.value.key == key
+    assert reason in info.value.reason
+    # The daemon refuses to start with the same message.
+    result = run_cli("--config.file", str(path), "--check-config")
+    assert result.returncode == 2
+    assert f"{path}: {key}: " in result.stderr
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    result = run_cli("--config.file", str(tmp_path / "absent.yml"))
+    assert result.returncode == 2
+    assert "absent.yml: (file): cannot read" in result.stderr
+
+
+def test_valid_config_and_flag_precedence(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "web:\n  listen_address: '127.0.0.1:9999'\n  telemetry_path: /m\n"
+        "devices:\n  exclude: 'mlx5_bond_.*'\ncollectors:\n  infiniband: false\nlog:\n  level: debug\n",
+    )
+    args = build_parser().parse_args(["--config.file", str(path), "--web.listen-address", ":1234",
+                                      "--collector.infiniband"])
+    config = resolve_config(args)
+    assert config.listen_address == ":1234"  # flag beats file
+    assert config.telemetry_path == "/m"  # file beats default
+    assert config.collectors["infiniband"] is True
+    assert config.device_exclude is not None and config.device_exclude.pattern == "mlx5_bond_.*"
+    assert config.log_level == "debug"
+    result = run_cli("--config.file", str(path), "--check-config")
+    assert result.returncode == 0, result.stderr
+    assert "configuration OK" in result.stdout
+
+
+def test_invalid_flag_value() -> None:
+    result = run_cli("--web.listen-address", "nonsense", "--check-config")
+    assert result.returncode == 2
+    assert "command line: --web.listen-address:" in result.stderr
+
+
+def test_version_and_default_port() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert __version__ in result.stdout
+    # The default port is none of the anchors' (node_exporter 9100, infiniband_exporter 9315,
+    # rdma_exporter 9879).
+    assert DEFAULT_PORT not in (9100, 9315, 9879)
+    assert f":{DEFAULT_PORT}" in run_cli("--help").stdout
+
+
+def test_disabled_collector_exports_nothing() -> None:
+    config_args = build_parser().parse_args(["--no-collector.infiniband"])
+    config = resolve_config(config_args)
+    names = {name for name, _ in samples(scrape(LEPTON, config))}
+    assert not any(name.startswith("rdma_port_") for name in names)
+    assert "rdma_exporter_devices" in names
+
+
+def test_excluded_devices_are_never_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[str] = []
+
+    def recording_open(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        opened.append(os.fspath(path))
+        return os.open(path, flags, *args)
+
+    fake = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os) if not n.startswith("__")})
+    fake.open = recording_open
+    monkeypatch.setattr(reader_module, "os", fake)
+    args = build_parser().parse_args(["--devices.exclude", "mlx5_[0-4]", "--devices.include", "mlx5_.*"])
+    values = samples(scrape(LEPTON, resolve_config(args)))
+    devices = {dict(labels)["device"] for name, labels in values if name == "rdma_device_info"}
+    assert devices == {"mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_bond_0"}
+    assert opened, "the recording hook saw no reads"
+    for excluded in ("mlx5_0", "mlx5_1", "mlx5_4"):
+        assert not [p for p in opened if f"/{excluded}/" in p], f"a file of excluded {excluded} was opened"
+    assert values[("rdma_exporter_devices_excluded", ())] == 3
+
+
+def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
+    # --sample forces what a machine without /sys/class/infiniband does by default.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rdma_exporter", "--sample", "--web.listen-address", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + 30
+        body = ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    body = response.read().decode()
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert 'rdma_port_rate_bytes_per_second{device="mlx5_7",port="1"} 5e+10' in body
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=15)
+    assert "sample tree of an 8-HCA GPU node" in stderr
