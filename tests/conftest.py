@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry
 

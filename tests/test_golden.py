@@ -11,8 +11,10 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import CAPTURED_TREES, GOLDEN, SYSFS_FIXTURES, promtool_check_metrics, scrape, stable
+
 from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree
+
+from conftest import CAPTURED_TREES, GOLDEN, SYSFS_FIXTURES, promtool_check_metrics, scrape, stable
 
 GENERATED_TREES = {"sample-8hca": SAMPLE_SPEC, "healthy-8hca": HEALTHY_SPEC}
 

@@ -14,8 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import CAPTURED_TREES, SYSFS_FIXTURES, require_binary, samples, scrape
+
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
+
+from conftest import CAPTURED_TREES, SYSFS_FIXTURES, require_binary, samples, scrape
 
 # node_exporter name (without node_infiniband_) -> ours.
 PORT_METRICS = {

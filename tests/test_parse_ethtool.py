@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from rdma_exporter.parse import ethtool
 from rdma_exporter.parse.ethtool import (
     CURATED_HELP,

@@ -9,9 +9,9 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import SYSFS_FIXTURES, samples, scrape
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.infiniband import (
     PMA_COUNTERS,
@@ -22,6 +22,8 @@ from rdma_exporter.parse.infiniband import (
     read_device_snapshot,
 )
 from rdma_exporter.parse.reader import U64_MAX, ReadErrors, SysfsReader, parse_uint
+
+from conftest import SYSFS_FIXTURES, samples, scrape
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 

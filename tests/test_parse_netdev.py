@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rdma_exporter.parse.netdev import parse_speed, rdma_port_netdevs, read_netdev
 from rdma_exporter.parse.reader import REASON_MALFORMED, ReadErrors, SysfsReader
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from rdma_exporter.parse.pcie import parse_aer, parse_link_speed, pcie_generation, read_pcie_link
 from rdma_exporter.parse.reader import REASON_MALFORMED, SysfsReader
 

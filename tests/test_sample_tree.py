@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from rdma_exporter.sample_tree import (
     HEALTHY_SPEC,
     SAMPLE_SPEC,
