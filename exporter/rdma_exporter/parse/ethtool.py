@@ -483,10 +483,10 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
             rest = f"{rest[: match.start()]}_{rest[match.end() :]}"
     order = [d for d in ("priority", "lane", "queue", "channel") if d in dims]
     fragment = metric_fragment(rest) if rest.strip("_") else "value"
-    if fragment.endswith("_total"):
-        fragment = fragment[: -len("_total")] or "value"
-    elif fragment == "total":
-        fragment = "value"
+    # The exposition appends _total itself; strip every trailing one (`total_total` is a real-world shape).
+    while fragment == "total" or fragment.endswith("_total"):
+        fragment = fragment[: -len("_total")] if fragment != "total" else ""
+    fragment = fragment or "value"
     key = EXTRA_PREFIX + "".join(f"{d}_" for d in order) + fragment
     return key, (("direction", direction), *((d, dims[d]) for d in order))
 
