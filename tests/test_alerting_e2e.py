@@ -1,0 +1,391 @@
+"""End to end with the real binaries: exporter -> Prometheus (rules/) -> Alertmanager (deploy/) -> webhook.
+
+The exporter serves a temp copy of the healthy sample tree with the expected topology configured.
+Prometheus scrapes it every second and evaluates the shipped rule expressions (on a copy whose `for:`
+durations are divided by FOR_SCALE), Alertmanager runs the example config with its receivers pointed at
+a webhook server in this test. First the healthy tree must page nothing; then three faults are
+written into the tree and the right alerts must reach the right receivers with the right labels,
+while the alert a down port inhibits is held back.
+
+Everything listens on 127.0.0.1, every wait is bounded, and every process is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rdma_exporter.sample_tree import HEALTHY_SPEC, build_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = "e2e"
+FOR_SCALE = 30  # 2m -> 4s, 5m -> 10s
+HEALTHY_WINDOW = 15.0  # seconds of evaluation in which nothing may even be pending
+DEADLINE = 60.0  # longest wait for any one expectation
+
+EXPECTED_TOPOLOGY = """
+collector:
+  expected:
+    ports:
+      - devices: "mlx5_[0-7]"
+        link_layer: InfiniBand
+        rate_gbps: 400
+        width: 4
+      - devices: "mlx5_[8-9]"
+        link_layer: Ethernet
+        rate_gbps: 200
+        width: 2
+"""
+
+
+def find_binary(*names: str) -> str:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"none of {', '.join(names)} is installed; CI must install it")
+    pytest.skip(f"{' / '.join(names)} not installed (Debian packages prometheus, prometheus-alertmanager)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = DEADLINE, interval: float = 0.5) -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (OSError, ValueError) as exc:  # not listening yet, half-written response
+            last_error = exc
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})")
+
+
+@dataclass
+class Webhook:
+    """Alertmanager webhook receiver: records every notification by path (/pager, /ticket)."""
+
+    server: ThreadingHTTPServer
+    received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def alerts(self, path: str, status: str = "firing") -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                alert
+                for where, body in self.received
+                if where == path
+                for alert in body["alerts"]
+                if alert["status"] == status
+            ]
+
+    def all_alertnames(self) -> set[str]:
+        with self.lock:
+            return {alert["labels"]["alertname"] for _, body in self.received for alert in body["alerts"]}
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    hook: Webhook
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            with hook.lock:
+                hook.received.append((self.path, body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    hook = Webhook(server)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield hook
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Processes:
+    """Started processes, stopped (then killed if need be) in reverse order at teardown."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("wb")
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                pytest.fail(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def shorten_for(rules_dir: Path, dest: Path) -> list[Path]:
+    """Copies of the shipped rule files with every `for:` divided by FOR_SCALE; expressions untouched."""
+    out = []
+    for path in sorted(rules_dir.glob("*.rules.yml")):
+        document = yaml.safe_load(path.read_text())
+        for group in document["groups"]:
+            group["interval"] = "1s"
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = f"{max(1, parse_duration(rule['for']) // FOR_SCALE)}s"
+        copy = dest / path.name
+        copy.write_text(yaml.safe_dump(document, sort_keys=False))
+        out.append(copy)
+    return out
+
+
+def parse_duration(text: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return int(text[:-1]) * units[text[-1]]
+
+
+def alertmanager_config(webhook: Webhook, dest: Path) -> Path:
+    """The example config with its receivers pointed at the test webhook and its waits in seconds."""
+    config = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    config["route"].update(group_wait="1s", group_interval="1s")
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = webhook.url + "/" + receiver["name"]
+    path = dest / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def write_attr(path: Path, value: str) -> None:
+    """Replace a sysfs attribute the way the kernel presents it: whole, newline-terminated."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(value + "\n")
+    tmp.replace(path)
+
+
+def prometheus_alerts(url: str) -> list[dict[str, Any]]:
+    return list(get_json(f"{url}/api/v1/alerts")["data"]["alerts"])
+
+
+def find(alerts: list[dict[str, Any]], **labels: str) -> list[dict[str, Any]]:
+    return [a for a in alerts if all(a["labels"].get(k) == v for k, v in labels.items())]
+
+
+def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> None:
+    prometheus = find_binary("prometheus")
+    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
+
+    tree = tmp_path / "tree"
+    sys_root = build_tree(tree, HEALTHY_SPEC)
+    exporter_config = tmp_path / "rdma-exporter.yml"
+    exporter_config.write_text(EXPECTED_TOPOLOGY)
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    rule_files = shorten_for(ROOT / "rules", rules_dir)
+
+    exporter_port, prom_port, am_port = free_port(), free_port(), free_port()
+    am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"
+    prom_config = tmp_path / "prometheus.yml"
+    prom_config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {
+                    "scrape_interval": "1s",
+                    "scrape_timeout": "1s",
+                    "evaluation_interval": "1s",
+                    "external_labels": {"cluster": CLUSTER},
+                },
+                "rule_files": [str(p) for p in rule_files],
+                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+                "scrape_configs": [
+                    {"job_name": "rdma-exporter", "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}
+                ],
+            }
+        )
+    )
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = Processes(logs)
+    try:
+        procs.start(
+            "exporter",
+            [
+                sys.executable, "-m", "rdma_exporter",
+                "--path.sysfs", str(sys_root),
+                "--path.ethtool", str(tree / "ethtool"),
+                "--config.file", str(exporter_config),
+                "--web.listen-address", f"127.0.0.1:{exporter_port}",
+            ],
+        )  # fmt: skip
+        procs.start(
+            "alertmanager",
+            [
+                alertmanager,
+                f"--config.file={alertmanager_config(webhook, tmp_path)}",
+                f"--storage.path={tmp_path / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{am_port}",
+                "--cluster.listen-address=",
+            ],
+        )
+        procs.start(
+            "prometheus",
+            [
+                prometheus,
+                f"--config.file={prom_config}",
+                f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--rules.alert.resend-delay=1s",
+            ],
+        )
+
+        def target_up() -> bool:
+            procs.check_alive()
+            result = get_json(f"{prom_url}/api/v1/query?query=up")["data"]["result"]
+            return bool(result) and result[0]["value"][1] == "1"
+
+        wait_for("Prometheus to scrape the exporter", target_up)
+        wait_for("Alertmanager to be ready", lambda: get_json(f"{am_url}/api/v2/status"))
+        wait_for(
+            "the expected topology to be scraped",
+            lambda: get_json(f"{prom_url}/api/v1/query?query=rdma_expected_port_present")["data"]["result"],
+        )
+
+        # --- healthy: nothing fires, nothing is even pending, nothing is sent --------------------------
+        deadline = time.monotonic() + HEALTHY_WINDOW
+        while time.monotonic() < deadline:
+            procs.check_alive()
+            assert prometheus_alerts(prom_url) == []
+            time.sleep(1)
+        assert webhook.received == []
+
+        # --- faults -----------------------------------------------------------------------------------
+        ports = sys_root / "class" / "infiniband"
+        # mlx5_0: cable pulled. The port goes DOWN and link_downed counts the drop.
+        write_attr(ports / "mlx5_0/ports/1/state", "1: DOWN")
+        write_attr(ports / "mlx5_0/ports/1/phys_state", "2: Polling")
+        write_attr(ports / "mlx5_0/ports/1/rate", "40 Gb/sec (4X QDR)")
+        write_attr(ports / "mlx5_0/ports/1/counters/link_downed", "1")
+        # mlx5_1: the link dropped once and came back.
+        write_attr(ports / "mlx5_1/ports/1/counters/link_downed", "1")
+        # mlx5_3: retrained at 200 Gb/s on two lanes.
+        write_attr(ports / "mlx5_3/ports/1/rate", "200 Gb/sec (2X NDR)")
+
+        def delivered() -> bool:
+            procs.check_alive()
+            pager = {(a["labels"]["alertname"], a["labels"]["device"]) for a in webhook.alerts("/pager")}
+            ticket = {(a["labels"]["alertname"], a["labels"]["device"]) for a in webhook.alerts("/ticket")}
+            return {("RdmaPortDown", "mlx5_0"), ("RdmaPortRateBelowExpected", "mlx5_3")} <= pager and (
+                "RdmaPortLinkDowned",
+                "mlx5_1",
+            ) in ticket
+
+        wait_for("the fault notifications", delivered)
+
+        # Labels: the cluster from Prometheus' external labels, the port, the severity that routed it.
+        instance = f"127.0.0.1:{exporter_port}"
+        common = {"cluster": CLUSTER, "job": "rdma-exporter", "instance": instance, "port": "1"}
+        down = find(webhook.alerts("/pager"), alertname="RdmaPortDown", device="mlx5_0")[0]
+        assert down["labels"] == {
+            **common,
+            "alertname": "RdmaPortDown",
+            "severity": "critical",
+            "device": "mlx5_0",
+            "state": "DOWN",
+            "physical_state": "Polling",
+        }
+        assert down["annotations"]["runbook_url"].endswith("/docs/runbooks/RdmaPortDown.md")
+        assert f"{instance} mlx5_0 port 1 is DOWN (physical state Polling)" in down["annotations"]["description"]
+        slow = find(webhook.alerts("/pager"), alertname="RdmaPortRateBelowExpected")[0]
+        assert slow["labels"] == {
+            **common,
+            "alertname": "RdmaPortRateBelowExpected",
+            "severity": "critical",
+            "device": "mlx5_3",
+        }
+        assert "trained at 200Gb/s (2X), expected 400Gb/s (4X)" in slow["annotations"]["description"]
+        dropped = find(webhook.alerts("/ticket"), alertname="RdmaPortLinkDowned")
+        assert [a["labels"] for a in dropped] == [
+            {**common, "alertname": "RdmaPortLinkDowned", "severity": "warning", "device": "mlx5_1"}
+        ]
+
+        # mlx5_0 also counted a drop: Prometheus fires RdmaPortLinkDowned for it, and Alertmanager holds
+        # it back because RdmaPortDown on the same port inhibits it.
+        def inhibited() -> list[dict[str, Any]]:
+            alerts = get_json(f"{am_url}/api/v2/alerts?filter=alertname%3D%22RdmaPortLinkDowned%22")
+            return [
+                a
+                for a in alerts
+                if a["labels"].get("device") == "mlx5_0"
+                and a["status"]["state"] == "suppressed"
+                and a["status"]["inhibitedBy"]
+            ]
+
+        wait_for("RdmaPortLinkDowned on mlx5_0 to be inhibited", inhibited)
+        time.sleep(3)  # a few more notification rounds: the inhibited alert must still not be sent
+        assert find(webhook.alerts("/ticket"), alertname="RdmaPortLinkDowned", device="mlx5_0") == []
+        assert find(webhook.alerts("/pager"), device="mlx5_1") == []
+        # Only the injected faults were reported: no healthy port was dragged in.
+        reported = {
+            (a["labels"]["alertname"], a["labels"].get("device"))
+            for path in ("/pager", "/ticket")
+            for a in webhook.alerts(path)
+        }
+        assert reported == {
+            ("RdmaPortDown", "mlx5_0"),
+            ("RdmaPortRateBelowExpected", "mlx5_3"),
+            ("RdmaPortLinkDowned", "mlx5_1"),
+        }
+    finally:
+        procs.stop()
