@@ -12,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from rdma_exporter.collect.expected import ExpectedPort, ExpectedSource, expand_devices
 from rdma_exporter.config import COLLECTORS, Config, ConfigError, load_config_file, parse_config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
