@@ -1,0 +1,810 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of rdma-exporter and node_exporter 1.5 on the same generated sysfs trees.
+
+    python bench/bench.py [--scrapes N] [--devices sample,1,8,32,128] [--json OUT] [--quick]
+
+For every tree (`sample` is the 8-HCA + 2 RoCE sample node, a number N is `spec_for_devices(N)`,
+i.e. SR-IOV VFs beyond 8 devices) the script builds the tree once, starts both exporters on free
+loopback ports, warms them up and measures, scraping them alternately so both see the same machine:
+
+- scrape latency p50/p90/p99 over --scrapes HTTP scrapes (a new connection per scrape, no gzip);
+- series exported (all, and "fabric" series without the exporters' own go_/process_/self metrics);
+- CPU time per scrape (utime+stime deltas of /proc/PID/stat) and resident memory (VmRSS);
+- files opened per scrape: strace attached to the running exporter across a few steady-state
+  scrapes, each opened path classed as counter, state, static, directory or other (see `classify`);
+- on the largest tree, VmRSS after the 500th and the 1000th scrape (--memory-scrapes).
+
+It prints a Markdown report to stdout (progress goes to stderr) and writes the same numbers as JSON
+(--json, default bench-results.json). Every child process is bounded by timeouts and killed on exit.
+The exporter under test is the working tree's (exporter/ is put first on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "exporter"))
+
+from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices  # noqa: E402
+
+SCHEMA_VERSION: Final = 1
+OURS: Final = "rdma_exporter"
+NODE: Final = "node_exporter"
+DEFAULT_DEVICES: Final = "sample,1,8,32,128"
+
+# Series that describe the exporter itself rather than the fabric; left out of the "fabric" count so
+# that node_exporter's Go runtime metrics do not inflate its side of the comparison.
+SELF_PREFIXES: Final = ("go_", "process_", "promhttp_", "node_exporter_", "node_scrape_", "rdma_exporter_", "python_")
+
+# File classes. A counter file holds an event count that moves between scrapes (on mlx5 each read of
+# counters/ or hw_counters/ is a firmware query). A state file is a small attribute that legitimately
+# changes while the device runs (link state, trained rate, SM-assigned LID, PCIe retraining), so it is
+# read every scrape. Everything else under sysfs (GUIDs, firmware, board id, link layer, PCI identity,
+# GID tables, netdev names...) is static and should be read once, not per scrape.
+COUNTER_DIRS: Final = frozenset({"counters", "counters_ext", "hw_counters", "statistics"})
+COUNTER_FILES: Final = frozenset(
+    {
+        "aer_dev_correctable",
+        "aer_dev_fatal",
+        "aer_dev_nonfatal",
+        "aer_rootport_total_err_cor",
+        "aer_rootport_total_err_fatal",
+        "aer_rootport_total_err_nonfatal",
+        "carrier_changes",
+        "carrier_up_count",
+        "carrier_down_count",
+    }
+)
+STATE_FILES: Final = frozenset(
+    {
+        "state",
+        "phys_state",
+        "rate",
+        "lid",
+        "sm_lid",
+        "sm_sl",
+        "lid_mask_count",
+        "operstate",
+        "carrier",
+        "speed",
+        "duplex",
+        "current_link_speed",
+        "current_link_width",
+    }
+)
+CLASSES: Final = ("counter", "state", "static", "directory", "other")
+
+CHILDREN: list[subprocess.Popen[bytes]] = []
+
+
+def log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# --- processes ---------------------------------------------------------------------------------------
+
+
+def spawn(cmd: Sequence[str], *, env: dict[str, str] | None = None, stderr: Any = None) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL, env=env
+    )
+    CHILDREN.append(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if proc in CHILDREN:
+        CHILDREN.remove(proc)
+
+
+def stop_all() -> None:
+    for proc in list(CHILDREN):
+        stop(proc)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (every thread, live or exited)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def http_get(port: int, timeout: float) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        # The text format both exporters serve by default; no gzip, which only node_exporter offers.
+        conn.request("GET", "/metrics", headers={"Accept": "text/plain;version=0.0.4"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@dataclass
+class Exporter:
+    """One running exporter and everything measured on it."""
+
+    name: str
+    cmd_for_port: Any  # Callable[[int], list[str]]
+    env: dict[str, str] | None
+    timeout: float
+    memory_checkpoints: tuple[int, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    scrapes: int = 0
+    cold_ms: float | None = None
+    rss_at: dict[int, int] = field(default_factory=dict)
+    last_body: bytes = b""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, wrap: Sequence[str] = ()) -> None:
+        for _ in range(3):  # a free port can be taken between probing and binding; retry on a new one
+            self.port = free_port()
+            self.proc = spawn([*wrap, *self.cmd_for_port(self.port)], env=self.env, stderr=subprocess.PIPE)
+            if self._wait_ready():
+                return
+            err = self._stderr_tail()
+            stop(self.proc)
+            log(f"{self.name} did not come up on port {self.port}: {err}")
+        raise RuntimeError(f"{self.name} failed to start: {' '.join(self.cmd_for_port(self.port))}")
+
+    def _stderr_tail(self) -> str:
+        assert self.proc is not None and self.proc.stderr is not None
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stderr.read().decode(errors="replace")[-500:]
+
+    def _wait_ready(self) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            started = time.perf_counter()
+            try:
+                status, _ = http_get(self.port, self.timeout)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            if status == 200:
+                # The first scrape is the cold one: it also reads the static inventory.
+                self.cold_ms = (time.perf_counter() - started) * 1000
+                self.scrapes += 1
+                # stderr is only needed for start-up failures; drain it off so a chatty log cannot block.
+                assert self.proc.stderr is not None
+                self.proc.stderr.close()
+                self.proc.stderr = None
+                return True
+            time.sleep(0.05)
+        return False
+
+    def scrape(self) -> float:
+        """One scrape; returns its latency in seconds."""
+        started = time.perf_counter()
+        status, body = http_get(self.port, self.timeout)
+        elapsed = time.perf_counter() - started
+        if status != 200:
+            raise RuntimeError(f"{self.name} answered HTTP {status}")
+        self.last_body = body
+        self.scrapes += 1
+        if self.scrapes in self.memory_checkpoints:
+            self.rss_at[self.scrapes] = rss_bytes(self.pid)
+        return elapsed
+
+    def close(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+# --- measurements ------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low = int(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def count_series(body: bytes) -> tuple[int, int]:
+    """(all samples, fabric samples) of a text exposition."""
+    total = fabric = 0
+    for line in body.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        total += 1
+        if not line.startswith(SELF_PREFIXES):
+            fabric += 1
+    return total, fabric
+
+
+def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
+    """Class of one opened path (see COUNTER_DIRS/STATE_FILES above)."""
+    if ethtool_dir and (path == ethtool_dir or path.startswith(ethtool_dir + "/")):
+        return "directory" if path == ethtool_dir else "counter"  # an `ethtool -S` capture stands for the ioctl
+    if not (path == sys_root or path.startswith(sys_root + "/")):
+        return "other"  # the exporter's own /proc/self, Python imports...
+    parts = Path(path).relative_to(sys_root).parts
+    name = parts[-1] if parts else ""
+    if os.path.isdir(path) or name in COUNTER_DIRS:
+        return "directory"
+    if any(part in COUNTER_DIRS for part in parts[:-1]) or name in COUNTER_FILES:
+        return "counter"
+    if name in STATE_FILES:
+        return "state"
+    return "static"
+
+
+_OPEN_CALL: Final = re.compile(r'^(\d+)\s+(\d+\.\d+)\s+(?:openat|open)\((?:[^,"]*,\s*)?"((?:[^"\\]|\\.)*)"')
+_RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (?:openat|open) resumed>.*=\s*(-?\d+)")
+_RESULT: Final = re.compile(r"=\s*(-?\d+)")
+
+
+def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool]]:
+    """(path, succeeded) of every open(at) call made within `window` (wall-clock seconds)."""
+    calls: list[tuple[str, bool]] = []
+    pending: dict[str, tuple[str, float]] = {}
+    for line in text.splitlines():
+        resumed = _RESUMED.match(line)
+        if resumed:
+            pid, result = resumed.groups()
+            if pid in pending:
+                path, stamp = pending.pop(pid)
+                if window[0] <= stamp <= window[1]:
+                    calls.append((path, int(result) >= 0))
+            continue
+        call = _OPEN_CALL.match(line)
+        if call is None:
+            continue
+        pid, stamp, path = call.group(1), float(call.group(2)), call.group(3)
+        if line.rstrip().endswith("<unfinished ...>"):
+            pending[pid] = (path, stamp)
+            continue
+        result = _RESULT.search(line[call.end() :])
+        if window[0] <= stamp <= window[1]:
+            calls.append((path, result is None or int(result.group(1)) >= 0))
+    return calls
+
+
+STRACE_ARGS: Final = ("-f", "-qq", "-ttt", "-s", "4096", "-e", "trace=openat,?open", "-o")
+
+
+def _traced_threads_ready(pid: int, tracer: int) -> bool:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for task in tasks:
+            status = Path(f"/proc/{pid}/task/{task}/status").read_text()
+            tracer_line = next(line for line in status.splitlines() if line.startswith("TracerPid:"))
+            if int(tracer_line.split()[1]) != tracer:
+                return False
+    except (OSError, StopIteration):
+        return False
+    return True
+
+
+def trace_attached(exporter: Exporter, scrapes: int, out: Path) -> str | None:
+    """Trace `scrapes` scrapes of the running exporter; returns the trace, None if ptrace is refused."""
+    strace = spawn(["strace", *STRACE_ARGS, str(out), "-p", str(exporter.pid)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while not _traced_threads_ready(exporter.pid, strace.pid):
+        if strace.poll() is not None or time.monotonic() > deadline:
+            stop(strace)
+            return None
+        time.sleep(0.02)
+    window_start = time.time()
+    for _ in range(scrapes):
+        exporter.scrape()
+    window_end = time.time()
+    stop(strace, signal.SIGINT)  # SIGINT makes strace detach and flush
+    return f"{window_start} {window_end}\n" + out.read_text()
+
+
+def trace_launched(exporter: Exporter, warmup: int, scrapes: int, out: Path) -> str:
+    """Fallback where attaching is not allowed (Yama ptrace_scope): a second instance run under strace."""
+    traced = Exporter(exporter.name, exporter.cmd_for_port, exporter.env, exporter.timeout)
+    traced.start(wrap=["strace", *STRACE_ARGS, str(out), "--"])
+    try:
+        for _ in range(warmup):
+            traced.scrape()
+        window_start = time.time()
+        for _ in range(scrapes):
+            traced.scrape()
+        window_end = time.time()
+    finally:
+        traced.close()
+    return f"{window_start} {window_end}\n" + out.read_text()
+
+
+def files_per_scrape(
+    exporter: Exporter, scrapes: int, warmup: int, workdir: Path, sys_root: Path, ethtool_dir: Path | None
+) -> dict[str, Any]:
+    out = workdir / f"strace-{exporter.name}.txt"
+    mode = "attached"
+    trace = trace_attached(exporter, scrapes, out)
+    if trace is None:
+        mode = "launched"
+        log(f"strace cannot attach to {exporter.name}; tracing a second instance started under strace")
+        trace = trace_launched(exporter, warmup, scrapes, out)
+    header, _, body = trace.partition("\n")
+    start, end = (float(x) for x in header.split())
+    root = str(sys_root)
+    ethtool = str(ethtool_dir) if ethtool_dir else None
+    calls = parse_strace(body, (start, end))
+    classes: Counter[str] = Counter()
+    per_path: Counter[tuple[str, str]] = Counter()
+    static_examples: list[str] = []
+    failed = 0
+    for path, ok in calls:
+        # Both exporters open paths under the root exactly as given on their command line.
+        kind = classify(os.path.normpath(path), root, ethtool)
+        classes[kind] += 1
+        failed += not ok
+        per_path[(kind, path)] += 1
+        if kind == "static" and len(static_examples) < 8:
+            rel = os.path.relpath(path, root)
+            if rel not in static_examples:
+                static_examples.append(rel)
+    counter_max = max((n for (kind, _), n in per_path.items() if kind == "counter"), default=0)
+    result: dict[str, Any] = {k: classes[k] / scrapes for k in CLASSES}
+    result["sysfs_total"] = sum(classes[k] for k in ("counter", "state", "static", "directory")) / scrapes
+    result["failed"] = failed / scrapes
+    result["max_opens_of_one_counter_file"] = counter_max / scrapes
+    result["static_examples"] = static_examples
+    result["traced_scrapes"] = scrapes
+    result["mode"] = mode
+    return result
+
+
+# --- one tree ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tree:
+    name: str
+    spec: TreeSpec
+
+    @property
+    def devices(self) -> int:
+        return self.spec.ib_hcas + self.spec.roce_hcas + self.spec.ib_hcas * self.spec.vfs_per_pf
+
+
+def parse_trees(text: str) -> list[Tree]:
+    trees: list[Tree] = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        if item == "sample":
+            trees.append(Tree("sample", SAMPLE_SPEC))
+        elif item.isdigit() and int(item) > 0:
+            trees.append(Tree(item, spec_for_devices(int(item))))
+        else:
+            raise argparse.ArgumentTypeError(f"--devices: {item!r} is neither 'sample' nor a positive number")
+    return trees
+
+
+def summarise(latencies: Sequence[float]) -> dict[str, float]:
+    ms = [x * 1000 for x in latencies]
+    return {
+        "p50": percentile(ms, 0.5),
+        "p90": percentile(ms, 0.9),
+        "p99": percentile(ms, 0.99),
+        "mean": sum(ms) / len(ms),
+        "min": min(ms),
+        "max": max(ms),
+    }
+
+
+def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree: bool) -> dict[str, Any]:
+    dest = workdir / f"tree-{tree.name}"
+    sys_root = build_tree(dest, tree.spec)
+    ethtool_dir = dest / "ethtool" if (dest / "ethtool").is_dir() else None
+    checkpoints = (args.memory_scrapes // 2, args.memory_scrapes) if memory_tree else ()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "exporter"), env.get("PYTHONPATH")]))
+
+    def ours_cmd(port: int) -> list[str]:
+        cmd = [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(sys_root)]
+        cmd += ["--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn"]
+        return cmd + (["--path.ethtool", str(ethtool_dir)] if ethtool_dir else [])
+
+    def node_cmd(port: int) -> list[str]:
+        return [
+            args.node_exporter,
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            f"--path.sysfs={sys_root}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ]
+
+    exporters = [
+        Exporter(OURS, ours_cmd, env, args.timeout, checkpoints),
+        Exporter(NODE, node_cmd, None, args.timeout, checkpoints),
+    ]
+    try:
+        for exporter in exporters:
+            exporter.start()
+        log(f"tree {tree.name} ({tree.devices} devices): warm-up")
+        for _ in range(args.warmup):
+            for exporter in exporters:
+                exporter.scrape()
+
+        log(f"tree {tree.name}: {args.scrapes} timed scrapes each")
+        latencies: dict[str, list[float]] = {e.name: [] for e in exporters}
+        cpu_before = {e.name: cpu_seconds(e.pid) for e in exporters}
+        for i in range(args.scrapes):
+            # Alternate who goes first so that neither always scrapes right after the other.
+            for exporter in exporters if i % 2 == 0 else exporters[::-1]:
+                latencies[exporter.name].append(exporter.scrape())
+        cpu_after = {e.name: cpu_seconds(e.pid) for e in exporters}
+
+        results: dict[str, dict[str, Any]] = {}
+        for exporter in exporters:
+            total, fabric = count_series(exporter.last_body)
+            lat = summarise(latencies[exporter.name])
+            results[exporter.name] = {
+                "latency_ms": lat,
+                "cold_scrape_ms": exporter.cold_ms,
+                "series": total,
+                "fabric_series": fabric,
+                "body_bytes": len(exporter.last_body),
+                "p50_us_per_series": lat["p50"] * 1000 / max(total, 1),
+                "cpu_ms_per_scrape": (cpu_after[exporter.name] - cpu_before[exporter.name]) * 1000 / args.scrapes,
+            }
+
+        if args.strace:
+            for exporter in exporters:
+                log(f"tree {tree.name}: counting files opened by {exporter.name} over {args.strace_scrapes} scrapes")
+                results[exporter.name]["files_per_scrape"] = files_per_scrape(
+                    exporter, args.strace_scrapes, args.warmup, workdir, sys_root, ethtool_dir
+                )
+
+        if checkpoints:
+            log(f"tree {tree.name}: memory run up to scrape {args.memory_scrapes}")
+            for exporter in exporters:
+                while exporter.scrapes < args.memory_scrapes:
+                    exporter.scrape()
+        for exporter in exporters:
+            memory: dict[str, Any] = {"rss_mb_end": rss_bytes(exporter.pid) / 2**20, "scrapes": exporter.scrapes}
+            if checkpoints:
+                memory["rss_mb_at"] = {str(k): v / 2**20 for k, v in sorted(exporter.rss_at.items())}
+                mid, end = (exporter.rss_at.get(c) for c in checkpoints)
+                memory["growth_mb_mid_to_end"] = (end - mid) / 2**20 if mid is not None and end is not None else None
+            results[exporter.name]["memory"] = memory
+    finally:
+        for exporter in exporters:
+            exporter.close()
+        if not args.keep:
+            shutil.rmtree(dest, ignore_errors=True)
+
+    ours, node = results[OURS], results[NODE]
+    ratio = {
+        "p50": ours["latency_ms"]["p50"] / node["latency_ms"]["p50"],
+        "p99": ours["latency_ms"]["p99"] / node["latency_ms"]["p99"],
+        "fabric_series": ours["fabric_series"] / max(node["fabric_series"], 1),
+        "cpu_per_scrape": ours["cpu_ms_per_scrape"] / node["cpu_ms_per_scrape"] if node["cpu_ms_per_scrape"] else None,
+    }
+    return {"tree": tree.name, "devices": tree.devices, "exporters": results, "ours_over_node_exporter": ratio}
+
+
+# --- report ------------------------------------------------------------------------------------------
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | None:
+    if len(set(xs)) < 2:
+        return None
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    intercept = my - slope * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return {"slope": slope, "intercept": intercept, "r2": 1 - ss_res / ss_tot if ss_tot else 1.0}
+
+
+def scaling(trees: list[dict[str, Any]]) -> dict[str, Any]:
+    """How cost grows with devices, fitted over the generated trees (not `sample`)."""
+    numeric = [t for t in trees if t["tree"].isdigit()]
+    out: dict[str, Any] = {}
+    for name in (OURS, NODE):
+        xs = [float(t["devices"]) for t in numeric]
+        fits = {
+            "p50_ms": linear_fit(xs, [t["exporters"][name]["latency_ms"]["p50"] for t in numeric]),
+            "cpu_ms_per_scrape": linear_fit(xs, [t["exporters"][name]["cpu_ms_per_scrape"] for t in numeric]),
+            "fabric_series": linear_fit(xs, [float(t["exporters"][name]["fabric_series"]) for t in numeric]),
+        }
+        if all("files_per_scrape" in t["exporters"][name] for t in numeric):
+            ys = [t["exporters"][name]["files_per_scrape"]["sysfs_total"] for t in numeric]
+            fits["sysfs_files_per_scrape"] = linear_fit(xs, ys)
+        out[name] = fits
+    return out
+
+
+def evaluate_targets(
+    trees: list[dict[str, Any]], memory_limit_mb: float, growth_tolerance_mb: float
+) -> list[dict[str, Any]]:
+    by_name = {t["tree"]: t for t in trees}
+    targets: list[dict[str, Any]] = []
+
+    def add(target: str, met: bool | None, measured: str) -> None:
+        targets.append({"target": target, "met": met, "measured": measured})
+
+    sample = by_name.get("sample")
+    if sample:
+        ours, node = sample["exporters"][OURS], sample["exporters"][NODE]
+        add(
+            "sample tree: our p50 <= node_exporter's p50",
+            ours["latency_ms"]["p50"] <= node["latency_ms"]["p50"],
+            f"{ours['latency_ms']['p50']:.2f} ms vs {node['latency_ms']['p50']:.2f} ms "
+            f"(x{sample['ours_over_node_exporter']['p50']:.2f})",
+        )
+        add(
+            "sample tree: at least 2x node_exporter's series",
+            ours["fabric_series"] >= 2 * node["fabric_series"],
+            f"{ours['fabric_series']} vs {node['fabric_series']} fabric series "
+            f"(x{sample['ours_over_node_exporter']['fabric_series']:.2f})",
+        )
+    else:
+        add("sample tree targets", None, "sample tree not in --devices")
+
+    traced = [t for t in trees if "files_per_scrape" in t["exporters"][OURS]]
+    if traced:
+        static = max(t["exporters"][OURS]["files_per_scrape"]["static"] for t in traced)
+        add("no static file re-read in steady state", static == 0, f"max {static:g} static opens per scrape over trees")
+        worst = max(t["exporters"][OURS]["files_per_scrape"]["max_opens_of_one_counter_file"] for t in traced)
+        add(
+            "each counter file read at most once per scrape",
+            worst <= 1,
+            f"max {worst:g} opens of one counter file per scrape",
+        )
+    else:
+        add("files opened per scrape", None, "not traced (--no-strace)")
+
+    memory_trees = [t for t in trees if "rss_mb_at" in t["exporters"][OURS]["memory"]]
+    if memory_trees:
+        mem_tree = memory_trees[0]
+        memory = mem_tree["exporters"][OURS]["memory"]
+        at = memory["rss_mb_at"]
+        last = max(at, key=int) if at else None
+        rss = at[last] if last else memory["rss_mb_end"]
+        add(
+            f"RSS <= {memory_limit_mb:g} MB after {last} scrapes of the {mem_tree['devices']}-device tree",
+            rss <= memory_limit_mb,
+            f"{rss:.1f} MB",
+        )
+        growth = memory.get("growth_mb_mid_to_end")
+        add(
+            f"no RSS growth between scrapes {min(at, key=int)} and {last} (tolerance {growth_tolerance_mb:g} MB)",
+            None if growth is None else growth <= growth_tolerance_mb,
+            "n/a" if growth is None else f"{growth:+.2f} MB",
+        )
+    big = [t for t in trees if t["tree"].isdigit() and t["devices"] >= 128]
+    if big:
+        p50 = big[0]["exporters"][OURS]["latency_ms"]["p50"]
+        add(f"{big[0]['devices']} devices scraped in under 100 ms p50", p50 < 100, f"{p50:.1f} ms")
+    return targets
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# rdma-exporter vs node_exporter",
+        "",
+        f"{report['machine']['cpu_model']}, {report['machine']['nproc']} CPUs, Python "
+        f"{report['machine']['python']}, kernel {report['machine']['kernel']}, {report['machine']['node_exporter']}; "
+        f"{report['settings']['scrapes']} timed scrapes per exporter and tree.",
+        "",
+        "| tree | devices | exporter | series (fabric) | p50 ms | p90 ms | p99 ms | p50 ours/NE | µs/series "
+        "| CPU ms/scrape | RSS MB | files/scrape counter / state / static / dirs |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for tree in report["trees"]:
+        for name in (OURS, NODE):
+            r = tree["exporters"][name]
+            lat = r["latency_ms"]
+            files = r.get("files_per_scrape")
+            files_text = (
+                f"{files['counter']:g} / {files['state']:g} / {files['static']:g} / {files['directory']:g}"
+                if files
+                else "n/a"
+            )
+            ratio = f"{tree['ours_over_node_exporter']['p50']:.2f}" if name == OURS else ""
+            lines.append(
+                f"| {tree['tree']} | {tree['devices']} | {name} | {r['series']} ({r['fabric_series']}) "
+                f"| {lat['p50']:.2f} | {lat['p90']:.2f} | {lat['p99']:.2f} | {ratio} | {r['p50_us_per_series']:.1f} "
+                f"| {r['cpu_ms_per_scrape']:.2f} | {r['memory']['rss_mb_end']:.1f} | {files_text} |"
+            )
+    lines += ["", "## Growth with devices (least-squares fit over the generated trees)", ""]
+    lines += [
+        "| exporter | p50 ms per device | p50 intercept ms | CPU ms per device | sysfs files per device | R² (p50) |"
+    ]
+    lines += ["| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, fits in report["scaling"].items():
+        p50, cpu, files = fits.get("p50_ms"), fits.get("cpu_ms_per_scrape"), fits.get("sysfs_files_per_scrape")
+        lines.append(
+            f"| {name} | {_fmt(p50 and p50['slope'], 3)} | {_fmt(p50 and p50['intercept'])} "
+            f"| {_fmt(cpu and cpu['slope'], 3)} | {_fmt(files and files['slope'], 1)} | {_fmt(p50 and p50['r2'], 3)} |"
+        )
+    lines += ["", "## Targets", "", "| target | measured | result |", "| --- | --- | --- |"]
+    for t in report["targets"]:
+        result = {True: "met", False: "**NOT MET**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['target']} | {t['measured']} | {result} |")
+    examples = {
+        tree["tree"]: tree["exporters"][OURS]["files_per_scrape"]["static_examples"]
+        for tree in report["trees"]
+        if tree["exporters"][OURS].get("files_per_scrape", {}).get("static_examples")
+    }
+    if examples:
+        lines += ["", "Static files rdma_exporter re-read per scrape (examples):", ""]
+        lines += [f"- {tree}: {', '.join(paths)}" for tree, paths in examples.items()]
+    return "\n".join(lines) + "\n"
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+
+def machine(node_exporter: str) -> dict[str, Any]:
+    cpu_model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "cpu model")):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    try:
+        version = subprocess.run([node_exporter, "--version"], capture_output=True, text=True, timeout=30)
+        ne_version = (version.stdout + version.stderr).splitlines()[0].strip()
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        ne_version = "node_exporter (version unknown)"
+    try:
+        import prometheus_client
+
+        client_version = getattr(prometheus_client, "__version__", None)
+        if client_version is None:
+            from importlib.metadata import version as dist_version
+
+            client_version = dist_version("prometheus-client")
+    except Exception:  # a version string is not worth failing the benchmark for
+        client_version = "unknown"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "node_exporter": ne_version,
+        "prometheus_client": client_version,
+        "hostname": platform.node(),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--scrapes", type=int, help="timed scrapes per exporter and tree (default 300, quick 10)")
+    parser.add_argument(
+        "--devices", help=f"comma-separated trees: 'sample' or a device count (default {DEFAULT_DEVICES}, quick 1)"
+    )
+    parser.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the JSON")
+    parser.add_argument("--quick", action="store_true", help="smoke run: few scrapes, one small tree")
+    parser.add_argument("--warmup", type=int, help="untimed scrapes before measuring (default 20, quick 2)")
+    parser.add_argument("--strace-scrapes", type=int, help="scrapes traced to count opened files (default 5, quick 2)")
+    parser.add_argument(
+        "--memory-scrapes", type=int, help="on the largest tree, RSS at half and at this many scrapes (default 1000)"
+    )
+    parser.add_argument("--no-strace", dest="strace", action="store_false", help="do not count opened files")
+    parser.add_argument("--node-exporter", default=None, help="node_exporter binary (default: found on PATH)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed for start-up and each scrape")
+    parser.add_argument("--keep", action="store_true", help="keep the generated trees and strace logs")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quick = args.quick
+    args.scrapes = args.scrapes or (10 if quick else 300)
+    args.warmup = args.warmup if args.warmup is not None else (2 if quick else 20)
+    args.strace_scrapes = args.strace_scrapes or (2 if quick else 5)
+    args.memory_scrapes = args.memory_scrapes or (2 * (args.scrapes + args.warmup) if quick else 1000)
+    try:
+        trees = parse_trees(args.devices or ("1" if quick else DEFAULT_DEVICES))
+    except argparse.ArgumentTypeError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    args.node_exporter = args.node_exporter or shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not args.node_exporter:
+        print("bench: node_exporter not found (Debian: apt-get install prometheus-node-exporter)", file=sys.stderr)
+        return 2
+    if args.strace and shutil.which("strace") is None:
+        print("bench: strace not found (apt-get install strace), or pass --no-strace", file=sys.stderr)
+        return 2
+
+    atexit.register(stop_all)
+    # SIGTERM/SIGHUP unwind through the finally blocks so that no exporter outlives the benchmark.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+
+    workdir = Path(tempfile.mkdtemp(prefix="rdma-bench-")).resolve()
+    memory_tree = max(trees, key=lambda t: t.devices)
+    results: list[dict[str, Any]] = []
+    try:
+        for tree in trees:
+            results.append(bench_tree(tree, args, workdir, memory_tree=tree is memory_tree))
+    finally:
+        stop_all()
+        if args.keep:
+            log(f"trees and traces kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(args.node_exporter),
+        "settings": {
+            "scrapes": args.scrapes,
+            "warmup": args.warmup,
+            "strace_scrapes": args.strace_scrapes if args.strace else None,
+            "memory_scrapes": args.memory_scrapes,
+            "memory_tree": memory_tree.name,
+            "quick": quick,
+        },
+        "trees": results,
+        "scaling": scaling(results),
+        "targets": evaluate_targets(results, memory_limit_mb=40.0, growth_tolerance_mb=0.25),
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    sys.stdout.write(markdown(report))
+    log(f"JSON written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
