@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from .netdev import rdma_port_netdevs
 from .reader import (
     REASON_MALFORMED,
     SysfsReader,
@@ -159,7 +160,7 @@ class PortInfo:
     counter_files: tuple[str, ...]
     counter_ext_files: tuple[str, ...]
     hw_counter_files: tuple[str, ...]
-    netdevs: tuple[str, ...]
+    netdevs: tuple[str, ...]  # own netdev first, then uppers (VLANs); a RoCE LAG port maps to its bond
     gid_types: tuple[tuple[str, int], ...]  # (type, populated GID entries), sorted
 
 
@@ -298,36 +299,15 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
     return tuple(sorted(types.items()))
 
 
-def _port_netdevs(device_dir: Path, port_dir: Path, port: int, reader: SysfsReader) -> tuple[str, ...]:
-    """Netdevs of a port: from the GID table (RoCE, and IPoIB on new kernels) and the PCI function."""
-    names: set[str] = set()
-    ndevs = port_dir / "gid_attrs" / "ndevs"
-    for index in list_dir(ndevs, reader):
-        gid = reader.text(port_dir / "gids" / index, optional=True)
-        if gid is None or not gid.replace(":", "").strip("0"):
-            continue
-        name = reader.text(ndevs / index, optional=True)
-        if name:
-            names.add(name)
-    net_dir = device_dir / "device" / "net"
-    candidates = list_dir(net_dir, reader)
-    for name in candidates:
-        # Dual-port functions list both netdevs; dev_port (0-based) tells which belongs to this port.
-        dev_port = reader.uint(net_dir / name / "dev_port", optional=True) if len(candidates) > 1 else None
-        if dev_port is None or dev_port == port - 1:
-            names.add(name)
-    return tuple(sorted(names))
-
-
-def read_port_info(device_dir: Path, port: int, reader: SysfsReader) -> PortInfo:
-    port_dir = device_dir / "ports" / str(port)
+def read_port_info(sys_root: Path, device: str, port: int, reader: SysfsReader) -> PortInfo:
+    port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
     return PortInfo(
         number=port,
         link_layer=reader.text(port_dir / "link_layer", optional=True),
         counter_files=tuple(list_dir(port_dir / "counters", reader)),
         counter_ext_files=tuple(list_dir(port_dir / "counters_ext", reader)),
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
-        netdevs=_port_netdevs(device_dir, port_dir, port, reader),
+        netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader)),
         gid_types=_gid_types(port_dir, reader),
     )
 
@@ -358,7 +338,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         if number is None or number > 255:
             reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
             continue
-        ports.append(read_port_info(device_dir, number, reader))
+        ports.append(read_port_info(sys_root, name, number, reader))
     ports.sort(key=lambda p: p.number)
     return DeviceInfo(
         name=name,

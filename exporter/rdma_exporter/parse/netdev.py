@@ -7,20 +7,18 @@ devices (`mlx5_bond_0`), which map to the bond master.
 
 from __future__ import annotations
 
-import errno
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from .reader import (
+    NO_VALUE_ERRNOS,
     REASON_MALFORMED,
     SysfsReader,
     link_name,
     list_dir,
     parse_uint,
-    reason_for_errno,
 )
 
 NET_DIR: Final = Path("class") / "net"
@@ -29,12 +27,6 @@ IB_DIR: Final = Path("class") / "infiniband"
 # ecn/<dir>/enable/<priority> directories and the role each is reported as.
 ECN_ROLES: Final = {"roce_np": "np", "roce_rp": "rp"}  # notification point (receiver), reaction point (sender)
 MAX_PRIORITY: Final = 7
-
-# Some show() methods fail to mean "no value in this state", not "broken": carrier/speed/duplex of an
-# administratively down interface and the ndev of an unpopulated GID entry answer EINVAL,
-# phys_port_name of a netdev that is not a switchdev port answers EOPNOTSUPP.
-_NO_VALUE_ERRNOS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA})
-_READ_LIMIT: Final = 8192
 
 # SPEED_UNKNOWN is -1; kernels that printed it with %u show 4294967295.
 _SPEED_UNKNOWN_U32: Final = 2**32 - 1
@@ -67,32 +59,9 @@ class Netdev:
     ecn: dict[tuple[str, int], bool]  # (role "np"|"rp", priority) -> enabled, MLNX_OFED ecn/roce_*/enable/N
 
 
-def read_attr_or_none(path: Path, reader: SysfsReader) -> str | None:
-    """Read an attribute whose "no value in this state" answer is an errno (see _NO_VALUE_ERRNOS).
-
-    SysfsReader would count those as io errors; here they are None and not counted. A missing file is
-    None too. Any other failure is recorded on `reader` like SysfsReader.text does.
-    """
-    reader.opened += 1
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
-        return None
-    try:
-        raw = os.read(fd, _READ_LIMIT)
-    except OSError as exc:
-        if exc.errno not in _NO_VALUE_ERRNOS:
-            reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
-        return None
-    finally:
-        os.close(fd)
-    try:
-        return raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        reader.fail(REASON_MALFORMED, path, "not UTF-8 text")
-        return None
+def _no_value_attr(path: Path, reader: SysfsReader) -> str | None:
+    """An attribute that may be absent or answer "no value in this state" (NO_VALUE_ERRNOS): None, no error."""
+    return reader.text(path, optional=True, absent_errnos=NO_VALUE_ERRNOS)
 
 
 def parse_speed(text: str) -> int | None:
@@ -107,7 +76,7 @@ def parse_speed(text: str) -> int | None:
 
 
 def _speed(path: Path, reader: SysfsReader) -> int | None:
-    text = read_attr_or_none(path, reader)
+    text = _no_value_attr(path, reader)
     if text is None:
         return None
     try:
@@ -119,7 +88,7 @@ def _speed(path: Path, reader: SysfsReader) -> int | None:
 
 
 def _carrier(path: Path, reader: SysfsReader) -> bool | None:
-    text = read_attr_or_none(path, reader)
+    text = _no_value_attr(path, reader)
     if text is None:
         return None
     if text not in ("0", "1"):
@@ -174,7 +143,7 @@ def read_netdev(sys_root: Path, name: str, reader: SysfsReader) -> Netdev | None
         slaves = tuple((reader.text(net_dir / "bonding" / "slaves", optional=True) or "").split())
         mode_text = reader.text(net_dir / "bonding" / "mode", optional=True)
         mode = mode_text.split()[0] if mode_text else None  # "802.3ad 4": name, then the number
-    duplex = read_attr_or_none(net_dir / "duplex", reader)
+    duplex = _no_value_attr(net_dir / "duplex", reader)
     return Netdev(
         name=name,
         ifindex=reader.uint(net_dir / "ifindex", optional=True),
@@ -203,7 +172,7 @@ def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:
     entries = [e for e in list_dir(ndevs_dir, reader) if e.isdigit()]
     names: list[str] = []
     for entry in sorted(entries, key=int):
-        name = read_attr_or_none(ndevs_dir / entry, reader)
+        name = _no_value_attr(ndevs_dir / entry, reader)
         if not name:
             continue  # unpopulated entry (EINVAL) or an IB GID without a netdev
         if not _valid_name(name):
@@ -220,7 +189,7 @@ def _function_ndevs(net_dir: Path, port: int, reader: SysfsReader) -> list[str]:
         return candidates
     # switchdev representors sit on the PF too; only the uplink is the port's netdev.
     candidates = [
-        c for c in candidates if not _REPRESENTOR.match(read_attr_or_none(net_dir / c / "phys_port_name", reader) or "")
+        c for c in candidates if not _REPRESENTOR.match(_no_value_attr(net_dir / c / "phys_port_name", reader) or "")
     ]
     matched: list[str] = []
     known = False

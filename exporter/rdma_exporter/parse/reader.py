@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -37,6 +38,11 @@ REASONS: Final = (
 )
 
 NO_PMA: Final = "N/A (no PMA)"
+
+# Some show() methods fail to mean "no value in this state", not "broken": carrier/speed/duplex of an
+# administratively down netdev and the ndev of an unpopulated GID entry answer EINVAL, phys_port_name of
+# a netdev that is not a switchdev port answers EOPNOTSUPP. Pass as `absent_errnos` for such attributes.
+NO_VALUE_ERRNOS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA})
 
 
 def reason_for_errno(code: int | None) -> str:
@@ -91,24 +97,28 @@ class SysfsReader:
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
         self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
 
-    def text(self, path: str | os.PathLike[str], *, optional: bool = False) -> str | None:
+    def text(
+        self, path: str | os.PathLike[str], *, optional: bool = False, absent_errnos: Collection[int] = ()
+    ) -> str | None:
         """Return the stripped content of `path`, or None when it cannot be read.
 
         `optional` attributes that do not exist (an absent `lid` on a RoCE port, an old kernel without
         `node_desc`) are not errors: absence is a fact about the device, not a failed read.
+        An open or read failing with an errno in `absent_errnos` (usually NO_VALUE_ERRNOS) is absence too.
         """
         self.opened += 1
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            if optional and exc.errno == errno.ENOENT:
+            if (optional and exc.errno == errno.ENOENT) or exc.errno in absent_errnos:
                 return None
             self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
             return None
         try:
             raw = os.read(fd, _READ_LIMIT)
         except OSError as exc:
-            self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+            if exc.errno not in absent_errnos:
+                self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
             return None
         finally:
             os.close(fd)
@@ -123,9 +133,16 @@ class SysfsReader:
             return None
         return value
 
-    def uint(self, path: str | os.PathLike[str], *, optional: bool = False, base: int = 10) -> int | None:
+    def uint(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        optional: bool = False,
+        base: int = 10,
+        absent_errnos: Collection[int] = (),
+    ) -> int | None:
         """Read an unsigned integer attribute (decimal by default; base 0 accepts a 0x prefix)."""
-        value = self.text(path, optional=optional)
+        value = self.text(path, optional=optional, absent_errnos=absent_errnos)
         if value is None:
             return None
         parsed = parse_uint(value, base=base)
