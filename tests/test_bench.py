@@ -1,0 +1,79 @@
+"""Smoke test of bench/bench.py: one quick run on a 1-device tree, checking the report's shape only.
+
+Timings depend on the machine, so nothing here asserts a number; bench/RESULTS.md records a real run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench" / "bench.py"
+
+EXPORTER_KEYS = {
+    "latency_ms",
+    "cold_scrape_ms",
+    "series",
+    "fabric_series",
+    "body_bytes",
+    "p50_us_per_series",
+    "cpu_ms_per_scrape",
+    "files_per_scrape",
+    "memory",
+}
+FILE_KEYS = {"counter", "state", "static", "directory", "other", "sysfs_total", "max_opens_of_one_counter_file"}
+
+
+def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
+    require_binary("prometheus-node-exporter")
+    require_binary("strace")
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--devices", "1", "--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    assert "| tree | devices | exporter |" in result.stdout
+    assert "| 1 | 1 | rdma_exporter |" in result.stdout
+    assert "| 1 | 1 | node_exporter |" in result.stdout
+    assert "## Targets" in result.stdout
+
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == 1
+    assert {"machine", "settings", "trees", "scaling", "targets"} <= report.keys()
+    assert {"nproc", "cpu_model", "python", "kernel", "node_exporter"} <= report["machine"].keys()
+    (tree,) = report["trees"]
+    assert tree["tree"] == "1" and tree["devices"] == 1
+    assert set(tree["exporters"]) == {"rdma_exporter", "node_exporter"}
+    for name, measured in tree["exporters"].items():
+        assert measured.keys() >= EXPORTER_KEYS, name
+        assert {"p50", "p90", "p99"} <= measured["latency_ms"].keys()
+        assert measured["files_per_scrape"].keys() >= FILE_KEYS
+        assert measured["fabric_series"] > 0
+        # Both serve the tree's one port, so both open at least one counter file per scrape.
+        assert measured["files_per_scrape"]["counter"] > 0
+    # The only tree is also the memory tree: RSS at half and all of --memory-scrapes.
+    assert len(tree["exporters"]["rdma_exporter"]["memory"]["rss_mb_at"]) == 2
+    assert {"p50", "fabric_series"} <= tree["ours_over_node_exporter"].keys()
+    assert all({"target", "met", "measured"} <= t.keys() for t in report["targets"])
+
+
+def test_unknown_tree_is_rejected(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--devices", "sample,big", "--json", str(tmp_path / "x.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "'big'" in result.stderr
+    assert not (tmp_path / "x.json").exists()
