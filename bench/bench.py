@@ -112,13 +112,35 @@ def spawn(cmd: Sequence[str], *, env: dict[str, str] | None = None, stderr: Any 
     return proc
 
 
+def child_pids(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Stop a child and its own children: killing `strace -- cmd` alone would leave cmd running."""
     if proc.poll() is None:
+        children = child_pids(proc.pid)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.kill()
             proc.wait(timeout=10)
     if proc in CHILDREN:
@@ -640,7 +662,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['machine']['cpu_model']}, {report['machine']['nproc']} CPUs, Python "
         f"{report['machine']['python']}, kernel {report['machine']['kernel']}, {report['machine']['node_exporter']}; "
-        f"{report['settings']['scrapes']} timed scrapes per exporter and tree.",
+        f"{report['settings']['scrapes']} timed scrapes per exporter and tree; exporter at commit "
+        f"{(report['source']['commit'] or 'unknown')[:12]}"
+        f"{' with uncommitted changes in exporter/' if report['source']['exporter_dirty'] else ''}.",
         "",
         "| tree | devices | exporter | series (fabric) | p50 ms | p90 ms | p99 ms | p50 ours/NE | µs/series "
         "| CPU ms/scrape | RSS MB | files/scrape counter / state / static / dirs |",
@@ -724,6 +748,20 @@ def machine(node_exporter: str) -> dict[str, Any]:
     }
 
 
+def source_revision() -> dict[str, Any]:
+    """The commit measured, and whether exporter/ had uncommitted changes (results are then not reproducible)."""
+
+    def git(*argv: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--", "exporter")
+    return {"commit": git("rev-parse", "HEAD"), "exporter_dirty": None if status is None else bool(status)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -788,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         "schema_version": SCHEMA_VERSION,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(args.node_exporter),
+        "source": source_revision(),
         "settings": {
             "scrapes": args.scrapes,
             "warmup": args.warmup,
