@@ -1,0 +1,1333 @@
+"""Generate the Grafana dashboards in grafana/dashboards/ from one set of conventions.
+
+    python grafana/build.py          # rewrite the JSON files
+    python grafana/build.py --check  # exit 1 if a committed file differs from what this script builds
+
+Every dashboard gets the same template variables (datasource -> job -> cluster -> instance -> device ->
+port), the same datasource reference on every panel and target, and panels built by the helpers below,
+so a convention changes in one place. tests/test_dashboards.py lints the output and runs every query
+against a real Prometheus that scraped the exporter.
+
+Conventions the test relies on, written into the panel descriptions:
+
+- "Empty while ..." marks a panel whose queries legitimately return nothing on a healthy fleet (a table
+  of problems, the firing alerts). Every other query must return data on the sample tree.
+- "Colours follow <Alert>." ties the panel's threshold steps to that alert: each step is a threshold
+  literal of the alert's expression (a tiny epsilon stands for "> 0"), coloured orange for a warning and
+  red for a critical alert.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+Json = dict[str, Any]
+
+HERE = Path(__file__).resolve().parent
+DASHBOARDS = HERE / "dashboards"
+RUNBOOKS = "https://github.com/rdma-exporter/rdma-exporter/blob/main/docs/runbooks/"
+DS: Json = {"type": "prometheus", "uid": "${datasource}"}
+TAGS = ["rdma-exporter", "rdma", "infiniband", "roce"]
+SCHEMA_VERSION = 38  # Grafana 10.0; newer versions migrate on load
+
+# "> 0" in an alert becomes a threshold step at this value: any visible rate or count turns the colour.
+EPSILON = 1e-9
+OK, WARNING, CRITICAL, NEUTRAL = "green", "orange", "red", "blue"
+
+# Label sets of the three kinds of series. Every selector carries the matchers of its level.
+NODE = ("job", "cluster", "instance")
+DEVICE = (*NODE, "device")
+PORT = (*DEVICE, "port")
+ON_PORT = "on (job, instance, device, port)"
+ON_DEVICE = "on (job, instance, device)"
+
+UIDS = {
+    "fabric-overview": "rdma-fabric-overview",
+    "node-detail": "rdma-node-detail",
+    "roce-congestion": "rdma-roce-congestion",
+}
+
+
+# --- PromQL helpers ----------------------------------------------------------------------------------
+
+
+def sel(metric: str, labels: Sequence[str] = PORT, *extra: str) -> str:
+    """`metric{job=~"$job", ...}`: one regex matcher per template variable of the level, plus extras."""
+    matchers = [f'{label}=~"${label}"' for label in labels] + list(extra)
+    return f"{metric}{{{', '.join(matchers)}}}"
+
+
+def rate(metric: str, labels: Sequence[str] = PORT, *extra: str) -> str:
+    return f"rate({sel(metric, labels, *extra)}[$__rate_interval])"
+
+
+def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str) -> str:
+    return f"increase({sel(metric, labels, *extra)}[{window}])"
+
+
+def problem(name: str, expr: str) -> str:
+    """Tag every series of `expr` with a `problem` label (the empty source label matches the empty regex)."""
+    return f'label_replace({expr}, "problem", "{name}", "", "")'
+
+
+PRIO = 'priority=~"$priority"'
+PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~"pending|firing"')
+
+
+def firing_alerts(*extra: str) -> str:
+    """Firing alerts of the rdma-exporter rules on the selected nodes."""
+    return sel("ALERTS", NODE, 'alertname=~"Rdma.*"', 'alertstate="firing"', *extra)
+
+
+# --- template variables ------------------------------------------------------------------------------
+
+
+def datasource_variable() -> Json:
+    return {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "includeAll": False,
+        "multi": False,
+        "options": [],
+        "refresh": 1,
+        "regex": "",
+        "skipUrlSync": False,
+    }
+
+
+def query_variable(name: str, label: str, query: str, all_value: str | None = ".+", description: str = "") -> Json:
+    variable: Json = {
+        "name": name,
+        "label": label,
+        "description": description,
+        "type": "query",
+        "datasource": DS,
+        "query": query,
+        "definition": query,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "hide": 0,
+        "includeAll": True,
+        "multi": True,
+        "options": [],
+        "refresh": 2,  # on time range change: nodes come and go
+        "regex": "",
+        "skipUrlSync": False,
+        "sort": 1,
+    }
+    if all_value is not None:
+        variable["allValue"] = all_value
+    return variable
+
+
+def standard_variables(ports_filter: str = "") -> list[Json]:
+    """datasource, job, cluster, instance, device, port. `ports_filter` narrows the device/port lists."""
+    extra = f", {ports_filter}" if ports_filter else ""
+    return [
+        datasource_variable(),
+        query_variable(
+            "job",
+            "Job",
+            "label_values(rdma_exporter_build_info, job)",
+            description="Prometheus jobs that scrape rdma-exporter.",
+        ),
+        query_variable(
+            "cluster",
+            "Cluster",
+            'label_values(up{job=~"$job"}, cluster)',
+            all_value=".*",
+            description="Optional `cluster` target label; with All, targets without the label match too.",
+        ),
+        query_variable(
+            "instance",
+            "Instance",
+            'label_values(up{job=~"$job", cluster=~"$cluster"}, instance)',
+            description="Exporter targets (nodes), including those that cannot be scraped right now.",
+        ),
+        query_variable(
+            "device",
+            "Device",
+            f'label_values(rdma_port_info{{job=~"$job", cluster=~"$cluster", instance=~"$instance"{extra}}}, device)',
+            # RoCE: All must mean the Ethernet devices listed, not every device of the node.
+            all_value=None if ports_filter else ".+",
+            description="RDMA devices (HCAs); across nodes, one device name is one rail.",
+        ),
+        query_variable(
+            "port",
+            "Port",
+            'label_values(rdma_port_info{job=~"$job", cluster=~"$cluster", instance=~"$instance", '
+            f'device=~"$device"{extra}}}, port)',
+            description="Port numbers of the selected devices.",
+        ),
+    ]
+
+
+# --- panels ------------------------------------------------------------------------------------------
+
+
+def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> Json:
+    return {
+        "datasource": DS,
+        "refId": ref,
+        "expr": expr,
+        "legendFormat": legend,
+        "range": not instant,
+        "instant": instant,
+        "format": "table" if table else "time_series",
+        "editorMode": "code",
+    }
+
+
+def targets(*pairs: tuple[str, str], instant: bool = False, table: bool = False) -> list[Json]:
+    """(expr, legend) pairs -> targets with refIds A, B, C..."""
+    return [
+        target(expr, legend, chr(ord("A") + i), instant=instant, table=table) for i, (expr, legend) in enumerate(pairs)
+    ]
+
+
+def thresholds(*steps: tuple[float, str], base: str = OK) -> Json:
+    return {
+        "mode": "absolute",
+        "steps": [{"color": base, "value": None}, *({"color": c, "value": v} for v, c in steps)],
+    }
+
+
+def runbook_links(alerts: Iterable[str]) -> list[Json]:
+    return [{"title": f"Runbook: {a}", "url": f"{RUNBOOKS}{a}.md", "targetBlank": True} for a in alerts]
+
+
+def node_link(field: str) -> Json:
+    """Data link from a series or row to the node-detail dashboard of its instance."""
+    return {
+        "title": "Node detail for ${" + field + "}",
+        "url": f"/d/{UIDS['node-detail']}/rdma-node-detail?${{datasource:queryparam}}&var-instance=${{{field}}}"
+        "&${__url_time_range}",
+    }
+
+
+def panel(
+    kind: str,
+    title: str,
+    description: str,
+    unit: str,
+    tgts: list[Json],
+    *,
+    steps: Json | None = None,
+    alerts: Sequence[str] = (),
+    color: Json | None = None,
+    custom: Json | None = None,
+    options: Json | None = None,
+    overrides: list[Json] | None = None,
+    mappings: list[Json] | None = None,
+    links: list[Json] | None = None,
+    transformations: list[Json] | None = None,
+    decimals: int | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> Json:
+    defaults: Json = {"unit": unit, "thresholds": steps or thresholds(base=NEUTRAL)}
+    defaults["color"] = color or {"mode": "thresholds" if kind in ("stat", "bargauge", "table") else "palette-classic"}
+    if custom is not None:
+        defaults["custom"] = custom
+    if mappings:
+        defaults["mappings"] = mappings
+    if links:
+        defaults["links"] = links
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    if minimum is not None:
+        defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
+    result: Json = {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": tgts,
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": options or {},
+    }
+    if alerts:
+        result["links"] = runbook_links(alerts)
+    if transformations:
+        result["transformations"] = transformations
+    return result
+
+
+def stat(title: str, description: str, unit: str, tgts: list[Json], **kw: Any) -> Json:
+    options = {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "background" if kw.get("steps") else "value",
+        "graphMode": "none",
+        "justifyMode": "auto",
+        "orientation": "auto",
+        "textMode": kw.pop("text_mode", "auto"),
+    }
+    return panel("stat", title, description, unit, tgts, options=options, **kw)
+
+
+def timeseries(
+    title: str, description: str, unit: str, tgts: list[Json], *, log: bool = False, bars: bool = False, **kw: Any
+) -> Json:
+    custom = {
+        "drawStyle": "bars" if bars else "line",
+        "lineWidth": 1,
+        "fillOpacity": 60 if bars else 10,
+        "gradientMode": "none",
+        "showPoints": "never",
+        "spanNulls": False,
+        "axisSoftMin": 0,
+        "stacking": {"mode": "none", "group": "A"},
+        "scaleDistribution": {"type": "log", "log": 10} if log else {"type": "linear"},
+        "thresholdsStyle": {"mode": "dashed" if kw.get("steps") else "off"},
+    }
+    options = {
+        "legend": {"showLegend": True, "displayMode": "table", "placement": "bottom", "calcs": ["max", "lastNotNull"]},
+        "tooltip": {"mode": "multi", "sort": "desc"},
+    }
+    return panel("timeseries", title, description, unit, tgts, custom=custom, options=options, **kw)
+
+
+def state_timeline(title: str, description: str, tgts: list[Json], mappings: list[Json], **kw: Any) -> Json:
+    options = {
+        "showValue": "auto",
+        "mergeValues": True,
+        "alignValue": "left",
+        "rowHeight": 0.9,
+        "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
+        "tooltip": {"mode": "single", "sort": "none"},
+    }
+    custom = {"fillOpacity": 80, "lineWidth": 0}
+    return panel(
+        "state-timeline", title, description, "none", tgts, mappings=mappings, custom=custom, options=options,
+        color={"mode": "thresholds"}, **kw,
+    )  # fmt: skip
+
+
+def bargauge(title: str, description: str, unit: str, tgts: list[Json], **kw: Any) -> Json:
+    options = {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "displayMode": "gradient",
+        "orientation": "horizontal",
+        "showUnfilled": True,
+        "valueMode": "color",
+        "namePlacement": "auto",
+        "minVizHeight": 10,
+        "minVizWidth": 0,
+        "sizing": "auto",
+    }
+    return panel("bargauge", title, description, unit, tgts, options=options, **kw)
+
+
+def table(title: str, description: str, unit: str, tgts: list[Json], *, hide: Sequence[str] = (), **kw: Any) -> Json:
+    hidden = {name: True for name in ("Time", "__name__", "job", *hide)}
+    transformations = kw.pop("transformations", None) or []
+    if len(tgts) > 1:
+        transformations.insert(0, {"id": "merge", "options": {}})
+    transformations.append(
+        {"id": "organize", "options": {"excludeByName": hidden, "renameByName": kw.pop("rename", {})}}
+    )
+    options = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"], "fields": ""}}
+    custom = {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False, "filterable": True}
+    return panel("table", title, description, unit, tgts, custom=custom, options=options,
+                 transformations=transformations, **kw)  # fmt: skip
+
+
+def unit_override(field: str, unit: str, **extra: Any) -> Json:
+    properties = [{"id": "unit", "value": unit}]
+    properties += [{"id": key, "value": value} for key, value in extra.items()]
+    return {"matcher": {"id": "byName", "options": field}, "properties": properties}
+
+
+def colour_cells(field: str) -> Json:
+    return {
+        "matcher": {"id": "byName", "options": field},
+        "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background"}}],
+    }
+
+
+def value_mappings(values: dict[int, tuple[str, str]]) -> list[Json]:
+    return [
+        {
+            "type": "value",
+            "options": {str(v): {"text": text, "color": colour, "index": i} for i, (v, (text, colour)) in
+                        enumerate(values.items())},
+        }
+    ]  # fmt: skip
+
+
+def row(title: str) -> Json:
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+
+
+PORT_STATES = {1: ("DOWN", CRITICAL), 2: ("INIT", WARNING), 3: ("ARMED", WARNING), 4: ("ACTIVE", OK),
+               5: ("ACTIVE_DEFER", OK)}  # fmt: skip
+PHYSICAL_STATES = {1: ("Sleep", CRITICAL), 2: ("Polling", CRITICAL), 3: ("Disabled", CRITICAL),
+                   4: ("PortConfigurationTraining", WARNING), 5: ("LinkUp", OK), 6: ("LinkErrorRecovery", WARNING),
+                   7: ("Phy Test", WARNING)}  # fmt: skip
+BER_STEPS = thresholds((1e-14, WARNING), (1e-12, CRITICAL))
+BER_TEXT = (
+    "Colours follow RdmaPortBitErrorRateHigh (warning above 1e-14, critical above the 1e-12 link objective, both "
+    "on the 5-minute rate)."
+)
+
+# --- layout ------------------------------------------------------------------------------------------
+
+
+def layout(items: Sequence[tuple[Json, int, int]]) -> list[Json]:
+    """Place (panel, width, height) left to right on a 24-column grid; rows span the width. Ids from 1."""
+    placed: list[Json] = []
+    x = y = line_height = 0
+    for number, (item, width, height) in enumerate(items, start=1):
+        if item["type"] == "row":
+            width, height = 24, 1
+        if x + width > 24 or item["type"] == "row":
+            x, y, line_height = 0, y + line_height, 0
+        item = {"id": number, "gridPos": {"h": height, "w": width, "x": x, "y": y}, **item}
+        placed.append(item)
+        x += width
+        line_height = max(line_height, height)
+        if item["type"] == "row":
+            x, y, line_height = 0, y + height, 0
+    return placed
+
+
+def dashboard(key: str, title: str, description: str, variables: list[Json], items: Sequence[tuple[Json, int, int]],
+              refresh: str = "1m", time_from: str = "now-6h") -> Json:  # fmt: skip
+    return {
+        "uid": UIDS[key],
+        "title": title,
+        "description": description,
+        "tags": TAGS,
+        "editable": False,
+        "graphTooltip": 1,
+        "timezone": "browser",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "refresh": refresh,
+        "time": {"from": time_from, "to": "now"},
+        "timepicker": {},
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "weekStart": "",
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "links": [
+            {
+                "title": "RDMA dashboards",
+                "type": "dashboards",
+                "tags": ["rdma-exporter"],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+                "icon": "external link",
+                "targetBlank": False,
+                "tooltip": "",
+                "url": "",
+            }
+        ],
+        "templating": {"list": variables},
+        "panels": layout(items),
+    }
+
+
+# --- fabric overview ---------------------------------------------------------------------------------
+
+
+def links_below_expected() -> str:
+    """Every port or PCIe link below its expectation (or, without one, PCIe below the device maximum).
+
+    The value is the share of the expectation the link reached (0.5: a 400G port at 200G, Gen4 for Gen5).
+    """
+    up = f"{ON_PORT} {sel('rdma_port_state_id')} >= 4"
+    parts = [
+        problem(
+            "link rate below expected",
+            f"{sel('rdma_port_rate_bytes_per_second')} / {ON_PORT} group_left () "
+            f"{sel('rdma_expected_port_rate_bytes_per_second')} < 1 and {up}",
+        ),
+        problem(
+            "link width below expected",
+            f"{sel('rdma_port_link_width_lanes')} / {ON_PORT} group_left () "
+            f"{sel('rdma_expected_port_link_width_lanes')} < 1 and {up}",
+        ),
+        problem(
+            "netdev speed below expected",
+            f"{sel('rdma_netdev_speed_bytes_per_second')} / {ON_PORT} group_left () "
+            f"{sel('rdma_expected_netdev_speed_bytes_per_second')} < 1 "
+            f"and on (job, instance, device, port, netdev) {sel('rdma_netdev_carrier')} == 1",
+        ),
+        problem(
+            "PCIe speed below expected",
+            f"{sel('rdma_pcie_link_speed_transfers_per_second', DEVICE)} / {ON_DEVICE} group_left () "
+            f"{sel('rdma_expected_pcie_link_speed_transfers_per_second', DEVICE)} < 1",
+        ),
+        problem(
+            "PCIe width below expected",
+            f"{sel('rdma_pcie_link_width_lanes', DEVICE)} / {ON_DEVICE} group_left () "
+            f"{sel('rdma_expected_pcie_link_width_lanes', DEVICE)} < 1",
+        ),
+        problem(
+            "PCIe speed below device max",
+            f"{sel('rdma_pcie_link_speed_transfers_per_second', DEVICE)} / {ON_DEVICE} group_left () "
+            f"{sel('rdma_pcie_link_max_speed_transfers_per_second', DEVICE)} < 1 "
+            f"unless {ON_DEVICE} {sel('rdma_expected_pcie_link_speed_transfers_per_second', DEVICE)}",
+        ),
+        problem(
+            "PCIe width below device max",
+            f"{sel('rdma_pcie_link_width_lanes', DEVICE)} / {ON_DEVICE} group_left () "
+            f"{sel('rdma_pcie_link_max_width_lanes', DEVICE)} < 1 "
+            f"unless {ON_DEVICE} {sel('rdma_expected_pcie_link_width_lanes', DEVICE)}",
+        ),
+    ]
+    return "\n  or\n".join(parts)
+
+
+def fabric_overview() -> Json:
+    port_label = "{{instance}} {{device}}/{{port}}"
+    items: list[tuple[Json, int, int]] = [
+        (stat(
+            "Ports ACTIVE",
+            "RDMA ports in state ACTIVE (or ACTIVE_DEFER) out of all ports the exporters report, whole nodes "
+            "(the device and port selectors do not apply). Unused ports that were never cabled count in the "
+            "total; the down-port panel next to it only counts ports RdmaPortDown cares about.",
+            "none",
+            targets((f"sum({sel('instance:rdma_ports_active:count', NODE)})", "active"),
+                    (f"sum({sel('instance:rdma_ports:count', NODE)})", "total")),
+        ), 4, 4),
+        (stat(
+            "Ports down",
+            "Ports for which RdmaPortDown is pending or firing: not ACTIVE or not LinkUp while they were up in "
+            "the last day or are declared in the expected topology. Reading the alert state keeps this cheap "
+            "on thousands of nodes. Colours follow RdmaPortDown.",
+            "none",
+            targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down")),
+            steps=thresholds((1, CRITICAL)),
+            alerts=["RdmaPortDown"],
+        ), 3, 4),
+        (stat(
+            "Links below expected",
+            "Ports whose rate, width or netdev speed, or devices whose PCIe link, are below the expected "
+            "topology (or, for PCIe without an expectation, below the device maximum). The table below lists "
+            "them.",
+            "none",
+            targets((f"count(\n  {links_below_expected()}\n) or vector(0)", "links")),
+            steps=thresholds((1, CRITICAL)),
+            alerts=["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
+                    "RdmaNetdevSpeedBelowExpected"],
+        ), 3, 4),
+        (stat(
+            "Alerts firing",
+            "Alerts of the rdma-exporter rules firing now, by severity (critical pages, warning opens a ticket).",
+            "none",
+            targets(
+                ("count(" + firing_alerts('severity="critical"') + ") or vector(0)", "critical"),
+                ("count(" + firing_alerts('severity="warning"') + ") or vector(0)", "warning"),
+            ),
+            steps=thresholds((1, CRITICAL)),
+            overrides=[{"matcher": {"id": "byName", "options": "warning"},
+                        "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}],
+        ), 4, 4),
+        (stat(
+            "RDMA throughput",
+            "Data sent and received by all selected nodes' RDMA ports (5-minute rate, from the instance: "
+            "recording rules; whole nodes).",
+            "bps",
+            targets((f"sum({sel('instance:rdma_port_transmit_bytes:rate5m', NODE)}) * 8", "tx"),
+                    (f"sum({sel('instance:rdma_port_receive_bytes:rate5m', NODE)}) * 8", "rx")),
+        ), 4, 4),
+        (stat(
+            "Utilisation",
+            "Throughput as a share of the rate the ACTIVE ports trained at, over all selected nodes (5 minutes).",
+            "percentunit",
+            targets(
+                (f"sum({sel('instance:rdma_port_transmit_bytes:rate5m', NODE)}) / "
+                 f"sum({sel('instance:rdma_port_active_rate_bytes_per_second:sum', NODE)})", "tx"),
+                (f"sum({sel('instance:rdma_port_receive_bytes:rate5m', NODE)}) / "
+                 f"sum({sel('instance:rdma_port_active_rate_bytes_per_second:sum', NODE)})", "rx"),
+            ),
+            decimals=1,
+        ), 3, 4),
+        (stat(
+            "Worst bit-error rate",
+            f"Highest uncorrected bit-error rate of any selected node's port over 5 minutes. {BER_TEXT}",
+            "sci",
+            targets((f"max({sel('instance:rdma_port_bit_error_rate:max_ratio_rate5m', NODE)})", "BER")),
+            steps=BER_STEPS,
+            alerts=["RdmaPortBitErrorRateHigh"],
+        ), 3, 4),
+        (bargauge(
+            "Ports by state",
+            "How many ports are in each logical state (DOWN, INIT, ARMED, ACTIVE) and each physical state "
+            "(Polling, Disabled, LinkUp...). Anything but ACTIVE and LinkUp deserves a look.",
+            "none",
+            targets((f"count by (state) ({sel('rdma_port_state')} == 1)", "{{state}}"),
+                    (f"count by (state) ({sel('rdma_port_physical_state')} == 1)", "physical {{state}}"),
+                    instant=True),
+            steps=thresholds(base=NEUTRAL),
+            alerts=["RdmaPortDown"],
+        ), 6, 9),
+        (table(
+            "Links below expected rate, width or PCIe",
+            "Every port that trained below its expected rate or width, RoCE netdev below its expected speed, "
+            "and PCIe link below its expected (or, without an expectation, its maximum) speed or width. Share "
+            "is the fraction of the expectation reached: 50% is a 400G port at 200G or Gen4 instead of Gen5. "
+            "Expectations come from the exporter's expected topology (collector.expected); without it only "
+            "PCIe links are checked. Empty while every link trained as expected.",
+            "percentunit",
+            [target(links_below_expected(), instant=True, table=True)],
+            steps=thresholds((1, OK), base=CRITICAL),
+            alerts=["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
+                    "RdmaNetdevSpeedBelowExpected"],
+            overrides=[colour_cells("Share")],
+            links=[node_link("__data.fields.instance")],
+            rename={"Value": "Share"},
+        ), 18, 9),
+        (bargauge(
+            "Top ports by bit-error rate",
+            f"The ten ports with the highest uncorrected bit-error rate over 5 minutes. {BER_TEXT}",
+            "sci",
+            targets((f"topk(10, {sel('instance_device_port:rdma_port_bit_error_rate:ratio_rate5m')})", port_label),
+                    instant=True),
+            steps=BER_STEPS,
+            alerts=["RdmaPortBitErrorRateHigh"],
+            links=[node_link("__field.labels.instance")],
+        ), 6, 9),
+        (bargauge(
+            "Top ports by receive errors",
+            "The ten ports that received the most errored packets (bad CRC, malformed, overrun) in the last 15 "
+            "minutes, the window of the alert. Colours follow RdmaPortReceiveErrors (warning above 10).",
+            "none",
+            targets((f"topk(10, {increase('rdma_port_receive_errors_total', '15m')})", port_label), instant=True),
+            steps=thresholds((10, WARNING)),
+            alerts=["RdmaPortReceiveErrors"],
+            links=[node_link("__field.labels.instance")],
+        ), 6, 9),
+        (bargauge(
+            "Top ports by transmit discards",
+            "The ten ports that discarded the most outbound packets (port down or congested) in the last 15 "
+            "minutes. Colours follow RdmaPortTransmitDiscards (warning above 100).",
+            "none",
+            targets((f"topk(10, {increase('rdma_port_transmit_discards_total', '15m')})", port_label), instant=True),
+            steps=thresholds((100, WARNING)),
+            alerts=["RdmaPortTransmitDiscards"],
+            links=[node_link("__field.labels.instance")],
+        ), 6, 9),
+        (bargauge(
+            "Top ports by transport retries",
+            "The ten ports whose reliable transport retransmits the most (ACK timeouts, sequence-error NAKs, "
+            "RNR NAKs; 5-minute rate). Colours follow RdmaTransportRetries (warning above 1/s).",
+            "cps",
+            targets((f"topk(10, sum without (counter) "
+                     f"({sel('instance_device_port:rdma_port_transport_retries:rate5m')}))", port_label),
+                    instant=True),
+            steps=thresholds((1, WARNING)),
+            alerts=["RdmaTransportRetries"],
+            links=[node_link("__field.labels.instance")],
+        ), 6, 9),
+        (bargauge(
+            "Top InfiniBand ports by credit wait",
+            "The ten ports that spent the largest share of time with data to send but no flow-control credits "
+            "(PortXmitWait, 5 minutes): congestion downstream. Colours follow RdmaPortTransmitWaitHigh "
+            "(warning above 0.1).",
+            "percentunit",
+            targets((f"topk(10, {sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')})", port_label),
+                    instant=True),
+            steps=thresholds((0.1, WARNING)),
+            alerts=["RdmaPortTransmitWaitHigh"],
+            links=[node_link("__field.labels.instance")],
+        ), 8, 9),
+        (bargauge(
+            "Top RoCE priorities by PFC pause time",
+            "The ten RoCE port priorities and directions paused by PFC for the largest share of time (5 minutes). "
+            "rx: the switch paused this NIC; tx: this NIC paused the switch. Colours follow RdmaRocePfcPauseHigh "
+            "(warning above 0.05).",
+            "percentunit",
+            targets((f"topk(10, {sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m')})",
+                     "{{instance}} {{netdev}} prio {{priority}} {{direction}}"), instant=True),
+            steps=thresholds((0.05, WARNING)),
+            alerts=["RdmaRocePfcPauseHigh"],
+            links=[node_link("__field.labels.instance")],
+        ), 8, 9),
+        (bargauge(
+            "Top RoCE ports by CNPs sent",
+            "The ten RoCE ports that sent the most congestion notification packets (CNPs) over 5 minutes: they "
+            "receive ECN-marked traffic, so the fabric in front of them is congested.",
+            "pps",
+            targets((f"topk(10, {sel('instance_device_port:rdma_port_hw_np_cnp_sent:rate5m')})", port_label),
+                    instant=True),
+            links=[node_link("__field.labels.instance")],
+        ), 8, 9),
+        (timeseries(
+            "Throughput per rail",
+            "Data sent (tx) and received (rx) per rail: one device name (HCA index) summed across the selected "
+            "nodes, from the 5-minute per-port recording rules. In a rail-optimised cluster the rails should "
+            "carry about the same load; one rail lagging points at its switch plane.",
+            "bps",
+            targets((f"sum by (device) ({sel('instance_device_port:rdma_port_transmit_bytes:rate5m')}) * 8",
+                     "{{device}} tx"),
+                    (f"sum by (device) ({sel('instance_device_port:rdma_port_receive_bytes:rate5m')}) * 8",
+                     "{{device}} rx")),
+        ), 12, 8),
+        (timeseries(
+            "Utilisation per rail",
+            "Average share of its trained rate that each port of a rail carries (5 minutes; down ports are left "
+            "out).",
+            "percentunit",
+            targets((f"avg by (device) ({sel('instance_device_port:rdma_port_transmit_utilisation:ratio_rate5m')})",
+                     "{{device}} tx"),
+                    (f"avg by (device) ({sel('instance_device_port:rdma_port_receive_utilisation:ratio_rate5m')})",
+                     "{{device}} rx")),
+            minimum=0,
+        ), 12, 8),
+        (timeseries(
+            "Link drops in the last hour",
+            "Link-down events of all selected ports over the trailing hour (IB link_downed, RoCE carrier and "
+            "PHY link-down events, the best-informed source per port), and how many ports dropped at least "
+            "twice (RdmaPortLinkFlapping, critical).",
+            "none",
+            targets((f"sum(max without (source, netdev) "
+                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}))", "link drops"),
+                    (f"sum(max without (source, netdev) "
+                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) >= bool 2)",
+                     "ports flapping")),
+            alerts=["RdmaPortLinkDowned", "RdmaPortLinkFlapping"],
+            decimals=0,
+        ), 8, 8),
+        (timeseries(
+            "Most congested nodes (InfiniBand)",
+            "The five nodes whose most congested port spent the largest share of time waiting for flow-control "
+            "credits (5 minutes, instance: recording rule; whole nodes). Colours follow RdmaPortTransmitWaitHigh "
+            "(warning above 0.1).",
+            "percentunit",
+            targets((f"topk(5, {sel('instance:rdma_port_transmit_wait:max_ratio_rate5m', NODE)})", "{{instance}}")),
+            steps=thresholds((0.1, WARNING)),
+            alerts=["RdmaPortTransmitWaitHigh"],
+            minimum=0,
+        ), 8, 8),
+        (timeseries(
+            "Most paused nodes (RoCE PFC)",
+            "The five node and direction pairs whose most paused RoCE priority was paused by PFC for the largest "
+            "share of time (5 minutes, instance: recording rule; whole nodes). rx: the switch paused the node, "
+            "tx: the node paused the switch. Colours follow RdmaRocePfcPauseHigh (warning above 0.05).",
+            "percentunit",
+            targets((f"topk(5, {sel('instance:rdma_ethtool_pfc_pause_duration:max_ratio_rate5m', NODE)})",
+                     "{{instance}} {{direction}}")),
+            steps=thresholds((0.05, WARNING)),
+            alerts=["RdmaRocePfcPauseHigh"],
+            minimum=0,
+        ), 8, 8),
+        (table(
+            "Firing RDMA alerts",
+            "Alerts of the rdma-exporter rules firing now. Click an alert name for its runbook, an instance for "
+            "its node dashboard. Empty while no RDMA alert fires.",
+            "none",
+            [target(firing_alerts(), instant=True, table=True)],
+            hide=("Value", "alertstate"),
+            overrides=[
+                {"matcher": {"id": "byName", "options": "alertname"},
+                 "properties": [{"id": "links", "value": [{"title": "Runbook for ${__data.fields.alertname}",
+                                                           "url": RUNBOOKS + "${__data.fields.alertname}.md",
+                                                           "targetBlank": True}]}]},
+                {"matcher": {"id": "byName", "options": "instance"},
+                 "properties": [{"id": "links", "value": [node_link("__data.fields.instance")]}]},
+            ],
+        ), 24, 9),
+    ]  # fmt: skip
+    return dashboard(
+        "fabric-overview",
+        "RDMA / Fabric overview",
+        "Fleet view of InfiniBand and RoCE fabrics: down, degraded, erroring and congested links and where they "
+        "are (node, HCA, rail). Built on the rdma-exporter recording rules.",
+        standard_variables(),
+        items,
+    )
+
+
+# --- node detail -------------------------------------------------------------------------------------
+
+
+def node_detail() -> Json:
+    dp = "{{instance}} {{device}}/{{port}}"
+    link_columns = {"Value #A": "Rate", "Value #B": "Width", "Value #C": "Expected rate",
+                    "Value #D": "Expected width"}  # fmt: skip
+    pcie_columns = {"Value #A": "Speed", "Value #B": "Width", "Value #C": "Max speed", "Value #D": "Max width",
+                    "Value #E": "Expected speed", "Value #F": "Expected width"}  # fmt: skip
+    gts = "suffix: GT/s"
+
+    def by_port(expr: str) -> str:
+        return f"max by (instance, device, port) ({expr})"
+
+    def by_device(expr: str) -> str:
+        return f"max by (instance, device) ({expr})"
+
+    error_counters = [
+        ("rdma_port_symbol_errors_total", "symbol errors"),
+        ("rdma_port_receive_errors_total", "receive errors"),
+        ("rdma_port_receive_remote_physical_errors_total", "remote physical errors"),
+        ("rdma_port_transmit_discards_total", "transmit discards"),
+        ("rdma_port_local_link_integrity_errors_total", "local link integrity errors"),
+        ("rdma_port_excessive_buffer_overrun_errors_total", "buffer overruns"),
+    ]
+    items: list[tuple[Json, int, int]] = [
+        (stat(
+            "Ports ACTIVE",
+            "Selected ports in state ACTIVE (or ACTIVE_DEFER), out of all selected ports.",
+            "none",
+            targets((f"sum({sel('rdma_port_state_id')} >= bool 4)", "active"),
+                    (f"count({sel('rdma_port_state_id')})", "total")),
+        ), 4, 4),
+        (stat(
+            "Ports down",
+            "Selected ports for which RdmaPortDown is pending or firing (down while they were up in the last day "
+            "or are expected). Colours follow RdmaPortDown.",
+            "none",
+            targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down")),
+            steps=thresholds((1, CRITICAL)),
+            alerts=["RdmaPortDown"],
+        ), 3, 4),
+        (stat(
+            "Throughput",
+            "Data sent and received by the selected ports.",
+            "bps",
+            targets((f"sum({rate('rdma_port_transmit_data_bytes_total')}) * 8", "tx"),
+                    (f"sum({rate('rdma_port_receive_data_bytes_total')}) * 8", "rx")),
+        ), 5, 4),
+        (stat(
+            "Worst bit-error rate",
+            f"Highest uncorrected bit-error rate of the selected ports over 5 minutes. {BER_TEXT}",
+            "sci",
+            targets((f"max({sel('instance_device_port:rdma_port_bit_error_rate:ratio_rate5m')})", "BER")),
+            steps=BER_STEPS,
+            alerts=["RdmaPortBitErrorRateHigh"],
+        ), 3, 4),
+        (stat(
+            "Worst transport retries",
+            "Retransmissions per second of the selected port that retransmits most (ACK timeouts, sequence-error "
+            "NAKs, RNR NAKs; 5 minutes). Colours follow RdmaTransportRetries (warning above 1/s).",
+            "cps",
+            targets((f"max(sum without (counter) "
+                     f"({sel('instance_device_port:rdma_port_transport_retries:rate5m')}))", "retries")),
+            steps=thresholds((1, WARNING)),
+            alerts=["RdmaTransportRetries"],
+        ), 3, 4),
+        (stat(
+            "Saturated error counters",
+            "Fixed-width PMA error counters stuck at their maximum: they no longer count, so alerts on them stay "
+            "silent until reset (perfquery -R). Colours follow RdmaPortCounterSaturated (warning at 1).",
+            "none",
+            targets((f"sum({sel('rdma_port_pma_saturated')})", "saturated")),
+            steps=thresholds((1, WARNING)),
+            alerts=["RdmaPortCounterSaturated"],
+        ), 3, 4),
+        (stat(
+            "Alerts firing",
+            "rdma-exporter alerts firing now on the selected nodes; the table at the bottom of the fabric "
+            "overview lists them with their runbooks.",
+            "none",
+            targets((f"count({firing_alerts()}) or vector(0)", "firing")),
+            steps=thresholds((1, WARNING)),
+        ), 3, 4),
+        (row("Port state and link"), 24, 1),
+        (state_timeline(
+            "Logical port state",
+            "Logical state of each port over time: DOWN (no link), INIT/ARMED (link up, waiting for the subnet "
+            "manager), ACTIVE.",
+            targets((sel("rdma_port_state_id"), dp)),
+            value_mappings(PORT_STATES),
+            alerts=["RdmaPortDown"],
+        ), 12, 8),
+        (state_timeline(
+            "Physical port state",
+            "Physical state of each port over time: LinkUp is healthy; Polling means no peer (cable, switch "
+            "port), Disabled is administrative, LinkErrorRecovery is a link retraining.",
+            targets((sel("rdma_port_physical_state_id"), dp)),
+            value_mappings(PHYSICAL_STATES),
+            alerts=["RdmaPortDown", "RdmaPortLinkErrorRecovery"],
+        ), 12, 8),
+        (table(
+            "Link rate and width",
+            "Rate and lane count each port trained at, next to the expected topology (empty columns when the "
+            "exporter has no expectation). A port below its expectation slows every synchronous job on its rail.",
+            "none",
+            targets((by_port(f"{sel('rdma_port_rate_bytes_per_second')} * 8"), ""),
+                    (by_port(sel("rdma_port_link_width_lanes")), ""),
+                    (by_port(f"{sel('rdma_expected_port_rate_bytes_per_second')} * 8"), ""),
+                    (by_port(sel("rdma_expected_port_link_width_lanes")), ""),
+                    instant=True, table=True),
+            rename=link_columns,
+            overrides=[unit_override("Rate", "bps"), unit_override("Expected rate", "bps")],
+            alerts=["RdmaPortRateBelowExpected", "RdmaPortRateBelowRecentMax"],
+        ), 12, 8),
+        (table(
+            "PCIe link",
+            "PCIe link of each device: speed per lane and width it trained at, the device maximum and the "
+            "expected topology. Below the maximum, the host side caps the NIC under its network rate.",
+            "none",
+            targets((by_device(f"{sel('rdma_pcie_link_speed_transfers_per_second', DEVICE)} / 1e9"), ""),
+                    (by_device(sel("rdma_pcie_link_width_lanes", DEVICE)), ""),
+                    (by_device(f"{sel('rdma_pcie_link_max_speed_transfers_per_second', DEVICE)} / 1e9"), ""),
+                    (by_device(sel("rdma_pcie_link_max_width_lanes", DEVICE)), ""),
+                    (by_device(f"{sel('rdma_expected_pcie_link_speed_transfers_per_second', DEVICE)} / 1e9"), ""),
+                    (by_device(sel("rdma_expected_pcie_link_width_lanes", DEVICE)), ""),
+                    instant=True, table=True),
+            rename=pcie_columns,
+            overrides=[unit_override("Speed", gts), unit_override("Max speed", gts),
+                       unit_override("Expected speed", gts)],
+            alerts=["RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded"],
+        ), 12, 8),
+        (row("Throughput"), 24, 1),
+        (timeseries(
+            "Throughput per port",
+            "Data sent (tx) and received (rx) per port.",
+            "bps",
+            targets((f"{rate('rdma_port_transmit_data_bytes_total')} * 8", f"{dp} tx"),
+                    (f"{rate('rdma_port_receive_data_bytes_total')} * 8", f"{dp} rx")),
+        ), 12, 8),
+        (timeseries(
+            "Utilisation per port",
+            "Throughput as a share of the rate the port trained at (down ports have no value).",
+            "percentunit",
+            targets((f"{rate('rdma_port_transmit_data_bytes_total')} / {ON_PORT} group_left () "
+                     f"({sel('rdma_port_rate_bytes_per_second')} > 0)", f"{dp} tx"),
+                    (f"{rate('rdma_port_receive_data_bytes_total')} / {ON_PORT} group_left () "
+                     f"({sel('rdma_port_rate_bytes_per_second')} > 0)", f"{dp} rx")),
+            minimum=0,
+        ), 12, 8),
+        (row("Errors and link events"), 24, 1),
+        (timeseries(
+            "Link error rates",
+            "Error counters of the InfiniBand PMA per port: symbol errors (lanes), errored packets received, "
+            "packets marked bad upstream, outbound discards, local link integrity and buffer overrun "
+            "threshold crossings. Any steady non-zero rate is a cable, transceiver or port to look at.",
+            "cps",
+            targets(*((rate(metric), f"{dp} {name}") for metric, name in error_counters)),
+            alerts=["RdmaPortReceiveErrors", "RdmaPortRemotePhysicalErrors", "RdmaPortTransmitDiscards",
+                    "RdmaPortLocalLinkIntegrityErrors", "RdmaPortExcessiveBufferOverrun"],
+        ), 12, 8),
+        (timeseries(
+            "Bit-error rate",
+            f"Uncorrected bit-error rate per port over 5 minutes: symbol errors per bit at the trained rate "
+            f"(InfiniBand) or symbol errors FEC could not correct (RoCE). {BER_TEXT}",
+            "sci",
+            targets((sel("instance_device_port:rdma_port_bit_error_rate:ratio_rate5m"), dp)),
+            steps=BER_STEPS,
+            alerts=["RdmaPortBitErrorRateHigh"],
+            log=True,
+        ), 12, 8),
+        (timeseries(
+            "RoCE PHY errors",
+            "Frames the RoCE ports dropped for a bad CRC or a physical coding error, and symbol errors the FEC "
+            "could not correct (traffic lost). InfiniBand ports count theirs in the link error rates.",
+            "pps",
+            targets((rate("rdma_ethtool_crc_error_packets_total"), "{{instance}} {{netdev}} CRC errors"),
+                    (rate("rdma_ethtool_symbol_error_packets_total"), "{{instance}} {{netdev}} symbol errors"),
+                    (rate("rdma_ethtool_pcs_symbol_errors_total"), "{{instance}} {{netdev}} uncorrected symbols")),
+            alerts=["RdmaRoceCrcErrors", "RdmaPortBitErrorRateHigh"],
+        ), 12, 8),
+        (timeseries(
+            "RoCE pre-FEC bit-error rate",
+            "Bits the FEC had to correct per bit received on each RoCE port. PAM4 links live with a pre-FEC "
+            "rate around 1e-8 to 1e-6; a rising trend warns of a degrading cable or transceiver before packets "
+            "are lost.",
+            "sci",
+            targets((f"{rate('rdma_ethtool_corrected_bits_total')} / {rate('rdma_ethtool_port_bits_total')}",
+                     "{{instance}} {{netdev}}")),
+            log=True,
+        ), 12, 8),
+        (timeseries(
+            "Link events",
+            "Link drops (IB link_downed; RoCE netdev carrier-down changes and PHY link-down events) and link "
+            "error recoveries (successful retrains) per interval. Two drops in an hour is flapping.",
+            "none",
+            targets((increase("rdma_port_link_downed_total", "$__rate_interval"), f"{dp} link downed"),
+                    (increase("rdma_port_link_error_recovery_total", "$__rate_interval"), f"{dp} error recovery"),
+                    (increase("rdma_netdev_carrier_down_changes_total", "$__rate_interval"),
+                     "{{instance}} {{netdev}} carrier down"),
+                    (increase("rdma_ethtool_link_down_events_total", "$__rate_interval"),
+                     "{{instance}} {{netdev}} PHY link down")),
+            alerts=["RdmaPortLinkFlapping", "RdmaPortLinkDowned", "RdmaPortLinkErrorRecovery"],
+            bars=True,
+            decimals=0,
+        ), 12, 8),
+        (timeseries(
+            "PCIe AER errors",
+            "PCIe errors each device's AER capability reported, by severity. Rising correctable errors often "
+            "precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic.",
+            "cps",
+            targets((f"sum by (instance, device, severity) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
+                     "{{instance}} {{device}} {{severity}}")),
+            alerts=["RdmaPcieLinkDegraded"],
+        ), 12, 8),
+        (timeseries(
+            "Transport retries",
+            "Reliable-transport retransmissions per port and cause (5 minutes). Colours follow "
+            "RdmaTransportRetries (warning above 1/s summed over the causes of one port).",
+            "cps",
+            targets((sel("instance_device_port:rdma_port_transport_retries:rate5m"), f"{dp} {{{{counter}}}}")),
+            steps=thresholds((1, WARNING)),
+            alerts=["RdmaTransportRetries"],
+        ), 8, 8),
+        (timeseries(
+            "Credit wait",
+            "Share of time each InfiniBand port had data to send but no flow-control credits (5 minutes): "
+            "congestion downstream of the port. Colours follow RdmaPortTransmitWaitHigh (warning above 0.1).",
+            "percentunit",
+            targets((sel("instance_device_port:rdma_port_transmit_wait:ratio_rate5m"), dp)),
+            steps=thresholds((0.1, WARNING)),
+            alerts=["RdmaPortTransmitWaitHigh"],
+            minimum=0,
+        ), 8, 8),
+        (timeseries(
+            "Receive queue out of buffer",
+            "Packets dropped because software had not posted a receive buffer on an RDMA queue (hw_counters "
+            "out_of_buffer). Colours follow RdmaPortOutOfBuffer (warning above 0).",
+            "pps",
+            targets((rate("rdma_port_hw_out_of_buffer_total"), dp)),
+            steps=thresholds((EPSILON, WARNING)),
+            alerts=["RdmaPortOutOfBuffer"],
+        ), 8, 8),
+        (row("Device"), 24, 1),
+        (table(
+            "Devices",
+            "Identity of each RDMA device: HCA type, board, firmware, GUIDs, PCI address, driver and NUMA node "
+            "(the value). Compare firmware across a fleet before blaming a cable.",
+            "none",
+            [target(f"{sel('rdma_device_numa_node', DEVICE)} * {ON_DEVICE} group_left (hca_type, board_id, fw_ver, "
+                    f"node_guid, sys_image_guid, pci_address, driver, node_desc) {sel('rdma_device_info', DEVICE)}",
+                    instant=True, table=True)],
+            rename={"Value": "NUMA node"},
+            hide=("cluster",),
+        ), 14, 7),
+        (table(
+            "Ports",
+            "Link layer and per-lane speed generation (SDR ... XDR) of each port.",
+            "none",
+            [target(f"{sel('rdma_port_info')} * {ON_PORT} group_left (speed) {sel('rdma_port_lane_speed_info')}",
+                    instant=True, table=True)],
+            hide=("cluster", "Value"),
+        ), 5, 7),
+        (table(
+            "Network interfaces",
+            "Network interfaces bound to each port: the RoCE netdev (for ethtool -S) or the IPoIB interface.",
+            "none",
+            [target(sel("rdma_port_netdev_info"), instant=True, table=True)],
+            hide=("cluster", "Value"),
+        ), 5, 7),
+        (row("Exporter"), 24, 1),
+        (stat(
+            "Exporter up",
+            "Whether Prometheus can scrape rdma-exporter on the node. Down means every other panel is blind.",
+            "none",
+            targets((sel("up", NODE), "{{instance}}")),
+            mappings=value_mappings({0: ("down", WARNING), 1: ("up", OK)}),
+            alerts=["RdmaExporterDown"],
+        ), 4, 6),
+        (stat(
+            "Collectors",
+            "Whether every device answered each collector in the last scrape.",
+            "none",
+            targets((sel("rdma_exporter_scrape_collector_success", NODE), "{{instance}} {{collector}}")),
+            mappings=value_mappings({0: ("failing", WARNING), 1: ("ok", OK)}),
+            alerts=["RdmaExporterCollectorFailing"],
+        ), 6, 6),
+        (timeseries(
+            "Scrape duration",
+            "Time Prometheus waits for a scrape, and each collector's share. Colours follow "
+            "RdmaExporterScrapeSlow (warning above 6 s, 75% of the exporter's 8 s deadline).",
+            "s",
+            targets((sel("scrape_duration_seconds", NODE), "{{instance}} scrape"),
+                    (sel("rdma_exporter_scrape_collector_duration_seconds", NODE), "{{instance}} {{collector}}")),
+            steps=thresholds((6, WARNING)),
+            alerts=["RdmaExporterScrapeSlow"],
+        ), 6, 6),
+        (timeseries(
+            "File read errors",
+            "sysfs files and ethtool queries the exporter could not read, by collector, device and reason; each "
+            "costs one value. Empty while the exporter has never failed a read (the series appear with the first "
+            "error).",
+            "cps",
+            targets((f"sum by (instance, collector, device, reason) "
+                     f"({rate('rdma_exporter_file_read_errors_total', NODE)})",
+                     "{{instance}} {{collector}} {{device}} {{reason}}")),
+            alerts=["RdmaExporterScrapeSlow"],
+        ), 4, 6),
+        (stat(
+            "Exporter version",
+            "rdma-exporter version and the Python that runs it, per node.",
+            "none",
+            targets((sel("rdma_exporter_build_info", NODE), "{{version}} (Python {{python_version}})")),
+            text_mode="name",
+        ), 4, 6),
+    ]  # fmt: skip
+    return dashboard(
+        "node-detail",
+        "RDMA / Node detail",
+        "One node's RDMA fabric: port states, link rate/width and PCIe against expectations, throughput, "
+        "errors, link events, transport retries, device identity and exporter health.",
+        standard_variables(),
+        items,
+        time_from="now-3h",
+    )
+
+
+# --- RoCE congestion ---------------------------------------------------------------------------------
+
+
+def roce_congestion() -> Json:
+    np = "{{instance}} {{netdev}}"
+    npd = "{{instance}} {{netdev}} prio {{priority}} {{direction}}"
+    variables = standard_variables(ports_filter='link_layer="Ethernet"')
+    variables.append(
+        query_variable(
+            "priority",
+            "Priority",
+            'label_values(rdma_ethtool_pfc_pause_frames_total{job=~"$job", cluster=~"$cluster", '
+            'instance=~"$instance", device=~"$device", port=~"$port"}, priority)',
+            all_value=None,  # All = the PFC-enabled (lossless) priorities, where RoCE runs
+            description="Lossless priorities: mlx5 lists per-priority pause counters only where PFC is enabled.",
+        )
+    )
+    items: list[tuple[Json, int, int]] = [
+        (stat(
+            "Most-paused priority",
+            "Largest share of time any selected RoCE priority and direction was paused by PFC (5 minutes). "
+            "Colours follow RdmaRocePfcPauseHigh (warning above 0.05).",
+            "percentunit",
+            targets((f"max({sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m', PORT, PRIO)})",
+                     "paused")),
+            steps=thresholds((0.05, WARNING)),
+            alerts=["RdmaRocePfcPauseHigh"],
+            decimals=1,
+        ), 4, 4),
+        (stat(
+            "Pause storms (10 min)",
+            "Pause-storm events in the last 10 minutes: warning (paused past the storm watermark) and error (the "
+            "NIC stopped sending pause frames; the priority is no longer lossless). Colours follow "
+            "RdmaRocePauseStorm (warning and critical above 0).",
+            "none",
+            targets((f"sum({increase('rdma_ethtool_pause_storm_warning_events_total', '10m')})", "warning"),
+                    (f"sum({increase('rdma_ethtool_pause_storm_error_events_total', '10m')})", "error")),
+            steps=thresholds((EPSILON, WARNING)),
+            overrides=[{"matcher": {"id": "byName", "options": "error"},
+                        "properties": [{"id": "thresholds", "value": thresholds((EPSILON, CRITICAL))}]}],
+            alerts=["RdmaRocePauseStorm"],
+            decimals=0,
+        ), 4, 4),
+        (stat(
+            "CNPs ignored (5 min)",
+            "Congestion notifications the selected ports received but ignored (5 minutes): their senders do not "
+            "slow down when told to. Colours follow RdmaRoceCnpIgnored (warning above 0).",
+            "pps",
+            targets((f"sum({sel('instance_device_port:rdma_port_hw_rp_cnp_ignored:rate5m')})", "ignored")),
+            steps=thresholds((EPSILON, WARNING)),
+            alerts=["RdmaRoceCnpIgnored"],
+        ), 4, 4),
+        (stat(
+            "Buffer discards (15 min)",
+            "Packets of the selected priorities the NIC dropped for lack of receive buffer in the last 15 "
+            "minutes. Colours follow RdmaRoceBufferDiscards (warning above 0).",
+            "none",
+            targets((f"sum({increase('rdma_ethtool_priority_buffer_discards_total', '15m', PORT, PRIO)})",
+                     "discards")),
+            steps=thresholds((EPSILON, WARNING)),
+            alerts=["RdmaRoceBufferDiscards"],
+            decimals=0,
+        ), 4, 4),
+        (stat(
+            "ECN disabled",
+            "Selected lossless priorities and roles (np: notification point, rp: reaction point) with ECN "
+            "disabled: congestion on them is left to PFC alone.",
+            "none",
+            targets((f"count({sel('rdma_netdev_ecn_enabled', PORT, PRIO)} == 0) or vector(0)", "disabled")),
+            steps=thresholds((1, WARNING)),
+            alerts=["RdmaRoceEcnDisabled"],
+        ), 4, 4),
+        (stat(
+            "RoCE throughput",
+            "Data sent and received by the selected RoCE ports.",
+            "bps",
+            targets((f"sum({rate('rdma_port_transmit_data_bytes_total')}) * 8", "tx"),
+                    (f"sum({rate('rdma_port_receive_data_bytes_total')}) * 8", "rx")),
+        ), 4, 4),
+        (row("Priority flow control"), 24, 1),
+        (timeseries(
+            "PFC pause frames",
+            "PFC pause frames per priority and direction. rx: the switch throttles this NIC (congestion in the "
+            "fabric); tx: this NIC throttles the switch (the host cannot absorb what arrives: PCIe, memory, "
+            "receive rings).",
+            "pps",
+            targets((rate("rdma_ethtool_pfc_pause_frames_total", PORT, PRIO), npd)),
+            alerts=["RdmaRocePfcPauseHigh"],
+        ), 12, 8),
+        (timeseries(
+            "Time paused by PFC",
+            "Share of time each priority and direction was paused. Colours follow RdmaRocePfcPauseHigh "
+            "(warning above 0.05 over 5 minutes).",
+            "percentunit",
+            targets((f"clamp_max({rate('rdma_ethtool_pfc_pause_duration_seconds_total', PORT, PRIO)}, 1)", npd)),
+            steps=thresholds((0.05, WARNING)),
+            alerts=["RdmaRocePfcPauseHigh"],
+            minimum=0,
+        ), 12, 8),
+        (timeseries(
+            "Pause storms",
+            "Pause-storm warning and error events per interval. An error event disables pause sending: the "
+            "priority drops packets from then on. Colours follow RdmaRocePauseStorm (above 0).",
+            "none",
+            targets((increase("rdma_ethtool_pause_storm_warning_events_total", "$__rate_interval"), f"{np} warning"),
+                    (increase("rdma_ethtool_pause_storm_error_events_total", "$__rate_interval"), f"{np} error")),
+            steps=thresholds((EPSILON, WARNING)),
+            alerts=["RdmaRocePauseStorm"],
+            bars=True,
+            decimals=0,
+        ), 12, 8),
+        (timeseries(
+            "Traffic per priority",
+            "Bytes per second on each priority and direction of the physical port: what the pauses throttle.",
+            "bps",
+            targets((f"{rate('rdma_ethtool_priority_bytes_total', PORT, PRIO)} * 8", npd)),
+        ), 12, 8),
+        (row("ECN and congestion notification"), 24, 1),
+        (timeseries(
+            "ECN marks and CNPs",
+            "DCQCN at work, per port: ECN-marked RoCE packets received and CNPs sent as notification point (the "
+            "fabric in front of this port is congested), CNPs handled and ignored as reaction point (this port "
+            "was told to slow down).",
+            "pps",
+            targets((rate("rdma_port_hw_np_ecn_marked_roce_packets_total"), "{{instance}} {{device}} ECN-marked rx"),
+                    (rate("rdma_port_hw_np_cnp_sent_total"), "{{instance}} {{device}} CNP sent"),
+                    (rate("rdma_port_hw_rp_cnp_handled_total"), "{{instance}} {{device}} CNP handled"),
+                    (rate("rdma_port_hw_rp_cnp_ignored_total"), "{{instance}} {{device}} CNP ignored")),
+            alerts=["RdmaRoceCnpIgnored"],
+        ), 12, 8),
+        (timeseries(
+            "Packets marked by the NIC",
+            "Packets of each priority the NIC itself ECN-marked because the host could not keep up (per-host "
+            "congestion, rx_prio*_marked).",
+            "pps",
+            targets((rate("rdma_ethtool_priority_ecn_marked_packets_total", PORT, PRIO), "{{instance}} {{netdev}} "
+                     "prio {{priority}}")),
+        ), 12, 8),
+        (timeseries(
+            "CNPs ignored per port",
+            "Congestion notifications each port ignored. Colours follow RdmaRoceCnpIgnored (warning above 0).",
+            "pps",
+            targets((rate("rdma_port_hw_rp_cnp_ignored_total"), "{{instance}} {{device}}/{{port}}")),
+            steps=thresholds((EPSILON, WARNING)),
+            alerts=["RdmaRoceCnpIgnored"],
+        ), 12, 8),
+        (state_timeline(
+            "ECN enabled",
+            "ECN per netdev, role (np: notification point, rp: reaction point) and lossless priority. A lossless "
+            "priority carrying RoCE with ECN disabled is left to PFC alone.",
+            targets((sel("rdma_netdev_ecn_enabled", PORT, PRIO), "{{instance}} {{netdev}} {{role}} prio {{priority}}")),
+            value_mappings({0: ("disabled", WARNING), 1: ("enabled", OK)}),
+            alerts=["RdmaRoceEcnDisabled"],
+        ), 12, 8),
+        (row("Buffers"), 24, 1),
+        (timeseries(
+            "Receive buffer discards per priority",
+            "Packets of each priority dropped for lack of per-host receive buffer, because of per-host "
+            "congestion, or for lack of receive buffers at all. On a lossless priority any of these means PFC "
+            "did not hold. Colours follow RdmaRoceBufferDiscards (warning above 0).",
+            "pps",
+            targets((rate("rdma_ethtool_priority_buffer_discards_total", PORT, PRIO),
+                     "{{instance}} {{netdev}} prio {{priority}} buffer"),
+                    (rate("rdma_ethtool_priority_congestion_discards_total", PORT, PRIO),
+                     "{{instance}} {{netdev}} prio {{priority}} congestion"),
+                    (rate("rdma_ethtool_priority_discards_total", PORT, PRIO),
+                     "{{instance}} {{netdev}} prio {{priority}} no buffer")),
+            steps=thresholds((EPSILON, WARNING)),
+            alerts=["RdmaRoceBufferDiscards"],
+        ), 12, 8),
+        (timeseries(
+            "Out of buffer",
+            "Packets dropped because software had not posted receive buffers in time: on the netdev RX rings "
+            "(rx_out_of_buffer) and on RDMA receive queues (hw_counters out_of_buffer). Colours follow "
+            "RdmaPortOutOfBuffer (warning above 0).",
+            "pps",
+            targets((rate("rdma_ethtool_out_of_buffer_total"), f"{np} RX rings"),
+                    (rate("rdma_port_hw_out_of_buffer_total"), "{{instance}} {{device}} RDMA queues")),
+            steps=thresholds((EPSILON, WARNING)),
+            alerts=["RdmaPortOutOfBuffer"],
+        ), 12, 8),
+        (timeseries(
+            "Port discards and buffer pressure",
+            "Packets the physical port discarded (rx: no buffer, tx: head-of-line or link down) and how often "
+            "its receive buffer passed 85% full.",
+            "pps",
+            targets((rate("rdma_ethtool_port_discards_total"), f"{np} {{{{direction}}}} discards"),
+                    (rate("rdma_ethtool_port_buffer_almost_full_events_total"), f"{np} buffer almost full")),
+        ), 12, 8),
+        (timeseries(
+            "PCIe outbound stalls",
+            "Share of the last second the NIC's outbound PCIe reads and writes waited for credits. A stalled "
+            "host bus is the usual reason a NIC sends PFC pauses (tx) although the fabric is idle.",
+            "percentunit",
+            targets((sel("rdma_ethtool_pci_outbound_stalled_ratio"), f"{np} {{{{operation}}}}")),
+            minimum=0,
+        ), 12, 8),
+    ]  # fmt: skip
+    return dashboard(
+        "roce-congestion",
+        "RDMA / RoCE congestion",
+        "Is the RoCE fabric congested, on which port and priority: PFC pause frames and pause time, pause "
+        "storms, ECN marks and CNPs, ECN state, NIC buffer discards and out-of-buffer drops.",
+        variables,
+        items,
+    )
+
+
+# --- output ------------------------------------------------------------------------------------------
+
+BUILDERS = {"fabric-overview": fabric_overview, "node-detail": node_detail, "roce-congestion": roce_congestion}
+
+
+def render(board: Json) -> str:
+    return json.dumps(board, indent=2, ensure_ascii=False) + "\n"
+
+
+def build_all() -> dict[str, str]:
+    """{file name: JSON text} of every dashboard."""
+    return {f"{key}.json": render(build()) for key, build in BUILDERS.items()}
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    check = "--check" in argv
+    stale = []
+    for name, text in build_all().items():
+        path = DASHBOARDS / name
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            DASHBOARDS.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print(f"out of date, run python grafana/build.py: {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,661 @@
+"""The Grafana dashboards in grafana/: linted like grafana/dashboard-linter would, then proven on real data.
+
+The lint implements the useful dashboard-linter rules in Python (templated datasource, job and instance
+variables, every panel titled, described, with a unit and targets, rate queries on `$__rate_interval`,
+counters only inside rate/irate/increase, job/instance matchers on every selector) plus this project's
+conventions: pinned unique uids and panel ids, runbook links that resolve, threshold colours equal to the
+alert thresholds, and JSON identical to what grafana/build.py generates.
+
+The end-to-end part starts the exporter on the sample tree (with an expected topology, so that the
+expected-vs-observed panels have both sides) and a real Prometheus with the repository's rules, then
+sends every query of every panel, with the template variables substituted as Grafana would for "All",
+to /api/v1/query. Each must parse and return data, except in panels whose description says
+"Empty while ..." (tables of problems on a healthy node). Every metric name must be something the
+exporter serves, a recording rule of rules/, or a series Prometheus itself writes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
+
+from conftest import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+GRAFANA = ROOT / "grafana"
+DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
+RUNBOOK_DIR = ROOT / "docs" / "runbooks"
+RUNBOOK_URL = "https://github.com/rdma-exporter/rdma-exporter/blob/main/docs/runbooks/"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+PINNED_UIDS = {
+    "fabric-overview.json": "rdma-fabric-overview",
+    "node-detail.json": "rdma-node-detail",
+    "roce-congestion.json": "rdma-roce-congestion",
+}
+VARIABLE_ORDER = ["datasource", "job", "cluster", "instance", "device", "port"]
+
+# Units Grafana knows (dashboard-linter's list, trimmed to the categories a network dashboard can use).
+VALID_UNITS = {
+    "none", "short", "percent", "percentunit", "sci", "string", "bool", "bool_on_off", "bool_yes_no",
+    "bytes", "decbytes", "bits", "decbits", "pps", "binBps", "Bps", "binbps", "bps", "KBs", "Kbits", "MBs",
+    "Mbits", "GBs", "Gbits", "TBs", "Tbits", "hertz", "ns", "µs", "ms", "s", "m", "h", "d", "dtdurations",
+    "cps", "ops", "reqps", "rps", "wps", "iops", "cpm", "opm", "dateTimeAsIso", "dateTimeFromNow",
+}  # fmt: skip
+PANEL_TYPES = {"stat", "table", "timeseries", "state-timeline", "bargauge", "row"}
+# Series that Prometheus writes itself, not the exporter or the rules.
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "ALERTS"}
+SEVERITY_COLOURS = {"warning": "orange", "critical": "red"}
+EPSILON_MAX = 1e-6  # a threshold step at or below this stands for an alert's "> 0"
+MAY_BE_EMPTY = re.compile(r"\bEmpty while\b")
+COLOURS_FOLLOW = re.compile(r"Colours follow (Rdma\w+)")
+MAX_MAY_BE_EMPTY = 4
+
+RATE_INTERVAL = "15s"  # what Grafana would pick for $__rate_interval: >= 4 x the 1 s scrape interval
+SCRAPE_INTERVAL = "1s"
+DEADLINE = 45.0  # seconds for Prometheus to have scraped enough and evaluated the rules for every panel
+
+# --- PromQL tokens -----------------------------------------------------------------------------------
+
+TOKEN = re.compile(
+    r"""
+    (?P<space>\s+)
+  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+  | (?P<duration>\$__\w+|(?:\d+(?:ms|[smhdwy]))+\b)
+  | (?P<number>0x[0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
+  | (?P<ident>[a-zA-Z_:][a-zA-Z0-9_:]*)
+  | (?P<op>=~|!~|==|!=|<=|>=|[-+*/%^<>=(){}\[\],:@])
+    """,
+    re.VERBOSE,
+)
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
+LABEL_LIST_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk",
+                "topk", "quantile"}  # fmt: skip
+COUNTER_FUNCTIONS = {"rate", "irate", "increase"}
+
+
+def tokenize(expr: str) -> list[tuple[str, str]]:
+    tokens, position = [], 0
+    while position < len(expr):
+        match = TOKEN.match(expr, position)
+        if match is None:
+            raise ValueError(f"cannot tokenize {expr[position : position + 30]!r}")
+        assert match.lastgroup is not None
+        if match.lastgroup != "space":
+            tokens.append((match.lastgroup, match.group()))
+        position = match.end()
+    return tokens
+
+
+@dataclass
+class Selector:
+    name: str
+    matchers: dict[str, tuple[str, str]]
+    range: str | None  # the [range] right after the selector
+    function: str | None  # the function the range selector is the direct argument of
+
+
+def closing(tokens: list[tuple[str, str]], start: int, opening: str, close: str) -> int:
+    depth = 0
+    for index in range(start, len(tokens)):
+        if tokens[index][1] == opening:
+            depth += 1
+        elif tokens[index][1] == close:
+            depth -= 1
+            if depth == 0:
+                return index
+    raise ValueError(f"unbalanced {opening}{close}")
+
+
+def selectors(expr: str) -> list[Selector]:
+    """Every vector selector of a PromQL expression, with its matchers and enclosing range function."""
+    tokens = tokenize(expr)
+    found: list[Selector] = []
+    index = 0
+    while index < len(tokens):
+        kind, text = tokens[index]
+        following = tokens[index + 1][1] if index + 1 < len(tokens) else ""
+        if kind == "ident" and text in LABEL_LIST_KEYWORDS and following == "(":
+            index = closing(tokens, index + 1, "(", ")") + 1
+            continue
+        is_call = following == "(" or (text in AGGREGATIONS and following in ("by", "without"))
+        if (kind == "ident" and text not in KEYWORDS and not is_call) or text == "{":
+            name = text if kind == "ident" else ""
+            end = index + 1 if kind == "ident" else index
+            matchers: dict[str, tuple[str, str]] = {}
+            if end < len(tokens) and tokens[end][1] == "{":
+                stop = closing(tokens, end, "{", "}")
+                body = tokens[end + 1 : stop]
+                for at in range(0, len(body), 4):
+                    label, op, value = body[at][1], body[at + 1][1], body[at + 2][1]
+                    matchers[label] = (op, value[1:-1])
+                end = stop + 1
+            window = None
+            if end < len(tokens) and tokens[end][1] == "[":
+                window = tokens[end + 1][1]
+                end = closing(tokens, end, "[", "]") + 1
+            function = None
+            if window and index >= 2 and tokens[index - 1][1] == "(" and tokens[index - 2][0] == "ident":
+                function = tokens[index - 2][1]
+            found.append(Selector(name, matchers, window, function))
+            index = end
+            continue
+        index += 1
+    return found
+
+
+LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>[a-zA-Z_]\w*)\)$")
+
+
+def test_tokenizer_finds_selectors_matchers_and_functions() -> None:
+    expr = (
+        'sum by (device) (rate(a_total{job=~"$job", x="y"}[$__rate_interval])) / on (job) group_left () '
+        "max without (port) (b >= bool 4) or vector(0) and increase(c_total[15m]) > 1e-12"
+    )
+    found = {s.name: s for s in selectors(expr)}
+    assert set(found) == {"a_total", "b", "c_total"}
+    assert found["a_total"].matchers == {"job": ("=~", "$job"), "x": ("=", "y")}
+    assert (found["a_total"].range, found["a_total"].function) == ("$__rate_interval", "rate")
+    assert (found["c_total"].range, found["c_total"].function) == ("15m", "increase")
+    assert found["b"].range is None
+
+
+# --- dashboards and rules ----------------------------------------------------------------------------
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel, rows' nested panels included, rows excluded."""
+    out = []
+    for item in board["panels"]:
+        if item["type"] == "row":
+            out += item.get("panels", [])
+        else:
+            out.append(item)
+    return out
+
+
+def all_targets() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                yield path.name, item, tgt
+
+
+def rules() -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((ROOT / "rules").glob("*.rules.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            out += group["rules"]
+    return out
+
+
+def recorded_names() -> set[str]:
+    return {rule["record"] for rule in rules() if "record" in rule}
+
+
+COMPARISON = re.compile(r"(?:[<>]=?|[!=]=)\s*(?:bool\s+)?(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w.])")
+
+
+def alert_literals() -> dict[str, dict[float, set[str]]]:
+    """alert name -> threshold literal of its expression(s) -> severities using it."""
+    out: dict[str, dict[float, set[str]]] = {}
+    for rule in rules():
+        if "alert" in rule:
+            literals = out.setdefault(rule["alert"], {})
+            for literal in COMPARISON.findall(rule["expr"]):
+                literals.setdefault(float(literal), set()).add(rule["labels"]["severity"])
+    return out
+
+
+def build_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("grafana_build", GRAFANA / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- lint --------------------------------------------------------------------------------------------
+
+
+def test_three_dashboards_with_pinned_unique_uids() -> None:
+    assert {p.name for p in DASHBOARD_FILES} == set(PINNED_UIDS)
+    uids = [load(p)["uid"] for p in DASHBOARD_FILES]
+    assert uids == [PINNED_UIDS[p.name] for p in DASHBOARD_FILES]
+    assert len(set(uids)) == len(uids)
+    assert all(len(uid) <= 40 for uid in uids)
+    titles = [load(p)["title"] for p in DASHBOARD_FILES]
+    assert len(set(titles)) == len(titles)
+
+
+def test_json_is_what_build_py_generates() -> None:
+    generated = build_module().build_all()
+    assert sorted(generated) == [p.name for p in DASHBOARD_FILES]
+    for path in DASHBOARD_FILES:
+        assert path.read_text() == generated[path.name], f"{path.name} is stale: run python grafana/build.py"
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_dashboard_settings(path: Path) -> None:
+    board = load(path)
+    assert board["schemaVersion"] >= 36, "Grafana 10+ schema"
+    assert board["title"].startswith("RDMA / ")
+    assert "rdma-exporter" in board["tags"]
+    assert board["description"]
+    assert board["editable"] is False, "provisioned dashboards are read-only; save a copy to edit"
+    assert "id" not in board or board["id"] is None, "no instance-specific id"
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_template_variables(path: Path) -> None:
+    board = load(path)
+    variables = board["templating"]["list"]
+    names = [v["name"] for v in variables]
+    assert names[: len(VARIABLE_ORDER)] == VARIABLE_ORDER
+    assert len(set(names)) == len(names)
+
+    datasources = [v for v in variables if v["type"] == "datasource"]
+    assert len(datasources) == 1, "template-datasource-rule: exactly one templated datasource"
+    ds = datasources[0]
+    assert (ds["name"], ds["label"], ds["query"]) == ("datasource", "Data source", "prometheus")
+
+    for position, variable in enumerate(variables[1:], start=1):
+        name = variable["name"]
+        assert variable["type"] == "query", name
+        assert variable["datasource"] == DS, f"{name}: must use $datasource"
+        assert variable["refresh"] == 2, f"{name}: template-on-time-change-reload"
+        assert variable["multi"] and variable["includeAll"], f"{name}: multi-select with All"
+        assert variable["label"], name
+        match = LABEL_VALUES.match(variable["query"])
+        assert match, f"{name}: label_values(selector, label) expected, got {variable['query']!r}"
+        assert variable["definition"] == variable["query"]
+        # The chain: a variable refers only to variables defined before it.
+        used = set(re.findall(r"\$(\w+)", variable["query"]))
+        assert used <= set(names[:position]), f"{name} uses {used - set(names[:position])} defined later"
+        for selector in selectors(match["selector"]):
+            for earlier in names[1:position]:  # each list narrowed by every variable before it
+                assert selector.matchers.get(earlier) == ("=~", f"${earlier}"), f"{name}: narrow by ${earlier}"
+    by_name = {v["name"]: v for v in variables}
+    for name in ("job", "instance"):  # template-job-rule, template-instance-rule
+        assert by_name[name]["label"] == name.title()
+        assert by_name[name]["allValue"] == ".+"
+    # The cluster label is optional: All must also match series without it.
+    assert by_name["cluster"]["allValue"] == ".*"
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_panels_titled_described_with_units_and_targets(path: Path) -> None:
+    board = load(path)
+    ids = [item["id"] for item in board["panels"]]
+    ids += [nested["id"] for item in board["panels"] for nested in item.get("panels", [])]
+    assert len(set(ids)) == len(ids), "panel ids must be unique"
+    assert all(isinstance(i, int) and i > 0 for i in ids)
+    titles = [item["title"] for item in panels(board)]
+    assert len(set(titles)) == len(titles), "panel titles must be unique within a dashboard"
+
+    for item in board["panels"]:
+        assert item["type"] in PANEL_TYPES, item["type"]
+        grid = item["gridPos"]
+        assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24, item["title"]
+        if item["type"] == "row":
+            assert item["title"]
+    cells = set()
+    for item in board["panels"]:
+        grid = item["gridPos"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, f"{item['title']} overlaps another panel"
+                cells.add((x, y))
+
+    for item in panels(board):
+        title = item["title"]
+        assert title, "panel-title-description-rule"
+        assert item.get("description", "").endswith("."), f"{title}: needs a description (a sentence)"
+        assert item["datasource"] == DS, f"{title}: panel-datasource-rule"
+        defaults = item["fieldConfig"]["defaults"]
+        assert defaults.get("unit") in VALID_UNITS, f"{title}: panel-units-rule, got {defaults.get('unit')!r}"
+        for override in item["fieldConfig"]["overrides"]:
+            for prop in override["properties"]:
+                if prop["id"] == "unit":
+                    assert prop["value"] in VALID_UNITS or prop["value"].startswith("suffix:"), title
+        assert item["targets"], f"{title}: panel-no-targets-rule"
+        refs = [t["refId"] for t in item["targets"]]
+        assert len(set(refs)) == len(refs), f"{title}: duplicate refIds"
+        for tgt in item["targets"]:
+            assert tgt["datasource"] == DS, f"{title}: target must use $datasource"
+            assert tgt["expr"].strip(), f"{title}: empty query"
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_queries_follow_the_linter_rules(path: Path) -> None:
+    board = load(path)
+    variables = {v["name"] for v in board["templating"]["list"]}
+    for item in panels(board):
+        for tgt in item["targets"]:
+            expr, where = tgt["expr"], f"{item['title']} {tgt['refId']}"
+            assert "$__interval" not in expr and "$__range" not in expr, f"{where}: use $__rate_interval"
+            assert set(re.findall(r"\$(\w+)", expr)) <= variables | {"__rate_interval"}, where
+            found = selectors(expr)
+            assert found, f"{where}: no selector"
+            for sel in found:
+                assert sel.name, f"{where}: selector without a metric name"
+                # target-job-rule, target-instance-rule; and the optional cluster label
+                for label in ("job", "cluster", "instance"):
+                    assert sel.matchers.get(label) == ("=~", f"${label}"), f"{where}: {sel.name} lacks {label}=~"
+                # target-counter-agg-rule
+                if sel.name.endswith("_total"):
+                    assert sel.range and sel.function in COUNTER_FUNCTIONS, f"{where}: bare counter {sel.name}"
+                # target-rate-interval-rule
+                if sel.function in ("rate", "irate"):
+                    assert sel.range == "$__rate_interval", f"{where}: {sel.function} over {sel.range}"
+            assert "$__rate_interval" not in re.sub(r"\[\$__rate_interval\]", "", expr), where
+
+
+def runbook_alerts(item: dict[str, Any]) -> list[str]:
+    alerts = []
+    for link in item.get("links", []):
+        assert link["url"].startswith(RUNBOOK_URL) and link["url"].endswith(".md"), link
+        alerts.append(link["url"][len(RUNBOOK_URL) : -len(".md")])
+    return alerts
+
+
+def test_runbook_links_resolve() -> None:
+    alert_names = {rule["alert"] for rule in rules() if "alert" in rule}
+    linked: set[str] = set()
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            for alert in runbook_alerts(item):
+                assert alert in alert_names, f"{item['title']}: no alert {alert} in rules/"
+                assert (RUNBOOK_DIR / f"{alert}.md").is_file(), f"{item['title']}: no runbook for {alert}"
+                assert f"Runbook: {alert}" in [link["title"] for link in item["links"]]
+                linked.add(alert)
+    assert len(linked) >= 20, "most alerts should be one click away from the panel that shows them"
+
+
+def threshold_steps(item: dict[str, Any]) -> list[dict[str, Any]]:
+    config = item["fieldConfig"]
+    steps = list(config["defaults"]["thresholds"]["steps"][1:])
+    for override in config["overrides"]:
+        for prop in override["properties"]:
+            if prop["id"] == "thresholds":
+                steps += prop["value"]["steps"][1:]
+    return steps
+
+
+def test_threshold_colours_follow_the_alerts() -> None:
+    """A panel saying "Colours follow <Alert>" colours at that alert's thresholds, in its severity's colour."""
+    literals = alert_literals()
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            followed = COLOURS_FOLLOW.findall(item["description"])
+            if not followed:
+                continue
+            for alert in followed:
+                assert alert in literals, f"{item['title']}: unknown alert {alert}"
+                assert alert in runbook_alerts(item), f"{item['title']}: link the runbook of {alert}"
+            steps = threshold_steps(item)
+            assert steps, f"{item['title']}: says colours follow {followed} but has no threshold step"
+            for step in steps:
+                value = float(step["value"])
+                severities = set().union(*(literals[a].get(value, set()) for a in followed))
+                if not severities and value <= EPSILON_MAX:  # an epsilon for "> 0"
+                    severities = set().union(*(literals[a].get(0.0, set()) for a in followed))
+                assert severities, f"{item['title']}: step {step['value']} is no threshold of {followed}"
+                allowed = {SEVERITY_COLOURS[s] for s in severities if s in SEVERITY_COLOURS}
+                assert step["color"] in allowed, f"{item['title']}: step {step['value']} should be {allowed}"
+                checked += 1
+    assert checked >= 15
+
+
+def test_few_panels_may_be_empty() -> None:
+    """Only panels of problems may legitimately show nothing; each says so in its description."""
+    empty = [item["title"] for path in DASHBOARD_FILES for item in panels(load(path))
+             if MAY_BE_EMPTY.search(item["description"])]  # fmt: skip
+    assert len(empty) <= MAX_MAY_BE_EMPTY, empty
+
+
+# --- end to end ----------------------------------------------------------------------------------------
+
+EXPECTED_TOPOLOGY = """
+collector:
+  expected:
+    ports:
+      - devices: "mlx5_[0-7]"
+        link_layer: InfiniBand
+        rate_gbps: 400
+        width: 4
+        pcie_gen: 5
+        pcie_width: 16
+      - devices: "mlx5_[8-9]"
+        link_layer: Ethernet
+        rate_gbps: 200
+        width: 2
+        netdev_speed_gbps: 200
+        pcie_gen: 5
+        pcie_width: 16
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read())
+
+
+def wait_until(what: str, check: Any, timeout: float, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        for proc in procs:
+            assert proc.poll() is None, f"{proc.args[0]} exited with {proc.returncode} while waiting for {what}"
+        try:
+            if check():
+                return
+        except OSError as exc:
+            last = exc
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+
+
+@dataclass
+class Stack:
+    exporter: str
+    prometheus: str
+    exposition: str
+
+    def query(self, expr: str) -> dict[str, Any]:
+        """/api/v1/query; HTTP errors (bad_data) are returned, not raised."""
+        url = f"{self.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            return dict(json.loads(get(url)))
+        except urllib.error.HTTPError as err:
+            return dict(json.loads(err.read()))
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The exporter on the sample tree with the expected topology: (address, its exposition)."""
+    tmp = tmp_path_factory.mktemp("dashboards")
+    build_tree(tmp / "tree", SAMPLE_SPEC)
+    # One unreadable counter, so that the read-error panel has a series to show.
+    (tmp / "tree" / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters" / "VL15_dropped").write_text(
+        "garbage\n"
+    )
+    config = tmp / "rdma-exporter.yml"
+    config.write_text(EXPECTED_TOPOLOGY)
+    address = f"127.0.0.1:{free_port()}"
+    tree = tmp / "tree"
+    proc = start(
+        [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(tree / "sys"), "--path.ethtool",
+         str(tree / "ethtool"), "--config.file", str(config), "--web.listen-address", address],
+        tmp / "exporter.log",
+    )  # fmt: skip
+    try:
+        wait_until("the exporter", lambda: get(f"http://{address}/metrics"), 30, [proc])
+        yield address, get(f"http://{address}/metrics").decode()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def stack(exporter: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    binary = require_binary("prometheus")
+    address, exposition = exporter
+    tmp = tmp_path_factory.mktemp("prometheus")
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {
+                    "scrape_interval": SCRAPE_INTERVAL,
+                    "scrape_timeout": SCRAPE_INTERVAL,
+                    "evaluation_interval": SCRAPE_INTERVAL,
+                },
+                "rule_files": [str(p) for p in sorted((ROOT / "rules").glob("*.rules.yml"))],
+                "scrape_configs": [
+                    {
+                        "job_name": "rdma-exporter",
+                        # A target label, as in a fleet that tells clusters apart.
+                        "static_configs": [{"targets": [address], "labels": {"cluster": "lab"}}],
+                    }
+                ],
+            }
+        )
+    )
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = start(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address={url.removeprefix('http://')}", "--log.level=warn"],
+        tmp / "prometheus.log",
+    )  # fmt: skip
+    try:
+        wait_until("Prometheus to be ready", lambda: get(f"{url}/-/ready"), 30, [proc])
+        yield Stack(address, url, exposition)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.returncode not in (0, -15):
+            print((tmp / "prometheus.log").read_text()[-3000:])
+
+
+def substitute(expr: str, variables: list[dict[str, Any]]) -> str:
+    """What Grafana sends with every variable on All: its allValue, or any value for list-valued ones."""
+    expr = expr.replace("$__rate_interval", RATE_INTERVAL)
+    for variable in sorted(variables, key=lambda v: -len(v["name"])):
+        if variable["type"] == "query":
+            value = variable.get("allValue") or ".+"
+            expr = expr.replace("${" + variable["name"] + "}", value).replace("$" + variable["name"], value)
+    return expr
+
+
+def exporter_names(exposition: str) -> set[str]:
+    return {sample.name for family in text_string_to_metric_families(exposition) for sample in family.samples}
+
+
+def test_every_metric_exists(exporter: tuple[str, str]) -> None:
+    """Every name in every query is served by the exporter, recorded by rules/, or written by Prometheus."""
+    known = exporter_names(exporter[1]) | recorded_names() | PROMETHEUS_SERIES
+    missing = sorted(
+        {
+            f"{name} ({dashboard}: {item['title']})"
+            for dashboard, item, tgt in all_targets()
+            for name in {s.name for s in selectors(tgt["expr"])} - known
+        }
+    )
+    assert not missing, "unknown metric names:\n" + "\n".join(missing)
+
+
+def test_every_variable_has_values(stack: Stack) -> None:
+    for path in DASHBOARD_FILES:
+        variables = load(path)["templating"]["list"]
+        for variable in variables[1:]:
+            match = LABEL_VALUES.match(variable["query"])
+            assert match
+            selector = substitute(match["selector"], variables)
+
+            def values(selector: str = selector, label: str = match["label"]) -> set[str]:
+                url = f"{stack.prometheus}/api/v1/series?" + urllib.parse.urlencode({"match[]": selector})
+                return {s[label] for s in json.loads(get(url))["data"] if label in s}
+
+            wait_until(f"values of ${variable['name']} in {path.name}", values, DEADLINE, [])
+
+
+def test_every_panel_query_returns_data(stack: Stack) -> None:
+    """Poll until every query that must have data has it (the rules need a few evaluations), then report."""
+    queries = []
+    for path in DASHBOARD_FILES:
+        variables = load(path)["templating"]["list"]
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                where = f"{path.stem} / {item['title']} / {tgt['refId']}"
+                may_be_empty = bool(MAY_BE_EMPTY.search(item["description"]))
+                queries.append((where, substitute(tgt["expr"], variables), may_be_empty))
+
+    problems: dict[str, str] = {}
+    deadline = time.monotonic() + DEADLINE
+    pending = list(queries)
+    while pending and time.monotonic() < deadline:
+        still = []
+        for where, expr, may_be_empty in pending:
+            answer = stack.query(expr)
+            if answer.get("status") != "success":
+                problems[where] = f"does not parse: {answer.get('error')}\n  {expr}"
+            elif not answer["data"]["result"] and not may_be_empty:
+                problems[where] = f"returned no data\n  {expr}"
+                still.append((where, expr, may_be_empty))
+            else:
+                problems.pop(where, None)
+        pending = [p for p in still if "does not parse" not in problems.get(p[0], "")]
+        if pending:
+            time.sleep(1)
+    assert not problems, "\n".join(f"{where}: {why}" for where, why in sorted(problems.items()))
+
+
+def test_recording_rules_used_by_dashboards_are_healthy(stack: Stack) -> None:
+    used = {s.name for _, _, tgt in all_targets() for s in selectors(tgt["expr"])} & recorded_names()
+    groups = json.loads(get(f"{stack.prometheus}/api/v1/rules?type=record"))["data"]["groups"]
+    health = [(r["name"], r["health"], r.get("lastError", "")) for g in groups for r in g["rules"] if r["name"] in used]
+    assert {name for name, _, _ in health} == used
+    assert not [h for h in health if h[1] == "err"], health
