@@ -437,6 +437,23 @@ def test_few_panels_may_be_empty() -> None:
     assert len(empty) <= MAX_MAY_BE_EMPTY, empty
 
 
+def test_provisioning_loads_the_dashboards_as_they_are() -> None:
+    datasources = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert datasources["apiVersion"] == 1
+    (source,) = datasources["datasources"]
+    assert source["type"] == "prometheus" and source["access"] == "proxy" and source["url"]
+    assert source["jsonData"]["timeInterval"], "$__rate_interval is derived from the scrape interval"
+    providers = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "rdma-exporter.yml").read_text())
+    assert providers["apiVersion"] == 1
+    (provider,) = providers["providers"]
+    assert provider["type"] == "file"
+    readme = (GRAFANA / "README.md").read_text()
+    # The README mounts/copies the JSON files where the provider looks, and documents every dashboard.
+    assert f":{provider['options']['path']}:ro" in readme
+    for path in DASHBOARD_FILES:
+        assert f"dashboards/{path.name}" in readme and f"`{load(path)['uid']}`" in readme
+
+
 # --- end to end ----------------------------------------------------------------------------------------
 
 EXPECTED_TOPOLOGY = """
