@@ -1104,7 +1104,8 @@ def roce_congestion() -> Json:
             'label_values(rdma_ethtool_pfc_pause_frames_total{job=~"$job", cluster=~"$cluster", '
             'instance=~"$instance", device=~"$device", port=~"$port"}, priority)',
             all_value=None,  # All = the PFC-enabled (lossless) priorities, where RoCE runs
-            description="Lossless priorities: mlx5 lists per-priority pause counters only where PFC is enabled.",
+            description="Lossless priorities: mlx5 lists per-priority pause counters only where PFC is enabled "
+            "(empty on a lossy RoCE fabric).",
         )
     )
     items: list[tuple[Json, int, int]] = [
