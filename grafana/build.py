@@ -950,8 +950,8 @@ def node_detail() -> Json:
             "rate around 1e-8 to 1e-6; a rising trend warns of a degrading cable or transceiver before packets "
             "are lost.",
             "sci",
-            targets((f"{rate('rdma_ethtool_corrected_bits_total')} / {rate('rdma_ethtool_port_bits_total')}",
-                     "{{instance}} {{netdev}}")),
+            targets((f"{rate('rdma_ethtool_corrected_bit_errors_total')}\n  / "
+                     f"{rate('rdma_ethtool_port_bit_count_total')}", "{{instance}} {{netdev}}")),
             log=True,
         ), 12, 8),
         (timeseries(
