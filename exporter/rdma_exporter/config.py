@@ -17,7 +17,7 @@ import yaml
 
 DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
-COLLECTORS: Final = ("infiniband", "expected")
+COLLECTORS: Final = ("infiniband", "netdev", "ethtool", "pcie", "expected")
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 
 
@@ -199,4 +199,5 @@ def load_config_file(path: Path, base: Config | None = None) -> Config:
 
 # Collectors register their `collector.<name>` validators on import; import them here so that a config
 # file can be checked (--check-config) without building the daemon.
+from .collect import ethtool as _ethtool  # noqa: E402, F401
 from .collect import expected as _expected  # noqa: E402, F401

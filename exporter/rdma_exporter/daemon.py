@@ -16,8 +16,11 @@ from prometheus_client.exposition import choose_encoder
 from . import __version__
 from .collect.base import Source
 from .collect.engine import DeviceFilter, RdmaCollector
+from .collect.ethtool import EthtoolSource
 from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
+from .collect.netdev import NetdevSource
+from .collect.pcie import PcieSource
 from .config import Config
 
 log = logging.getLogger(__name__)
@@ -25,7 +28,12 @@ log = logging.getLogger(__name__)
 
 def build_sources(config: Config) -> list[Source]:
     """The enabled sources, in exposition order."""
-    available: dict[str, Source] = {"infiniband": InfinibandSource()}
+    available: dict[str, Source] = {
+        "infiniband": InfinibandSource(),
+        "netdev": NetdevSource(),
+        "ethtool": EthtoolSource.from_settings(config.collector_settings.get("ethtool", {}), config.ethtool_dir),
+        "pcie": PcieSource(),
+    }
     expected = config.collector_settings.get("expected", {})
     if expected.get("ports"):
         # Without declared expectations there is nothing to export; skip it so that it adds no series.

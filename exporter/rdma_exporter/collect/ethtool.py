@@ -1,0 +1,341 @@
+"""Exposition of `ethtool -S` statistics of RoCE netdevs: PFC and global pause, pause storms, discards,
+PHY errors, per-lane errors and PCIe stalls, curated and labelled by parse/ethtool.py.
+
+Only the netdevs of Ethernet RDMA ports are read (IPoIB interfaces have no such counters): the port's own
+physical netdev, or the slaves of the bond a RoCE LAG port maps to. Uppers without hardware (VLANs,
+macvlans) are skipped. Statistics come from the SIOCETHTOOL ioctl, or in fixture mode
+(`--path.ethtool=DIR`) from `DIR/<netdev>`, a saved `ethtool -S <netdev>` output.
+
+A failure (netdev gone, EOPNOTSUPP, EPERM, a stat set that would not hold still, a missing capture)
+costs that netdev's statistics for the scrape and is counted against the RDMA device; the RDMA series
+and the other netdevs are unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Final
+
+from ..config import COLLECTOR_SETTINGS, ConfigError
+from ..parse.ethtool import (
+    CURATED_HELP,
+    CuratedStat,
+    EthtoolCall,
+    EthtoolError,
+    curate,
+    read_stats_file,
+    read_stats_ioctl,
+)
+from ..parse.infiniband import DeviceInfo
+from ..parse.reader import REASON_IO, REASON_MALFORMED, SysfsReader
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
+from .netdev import Locality, SeenNetdevs
+
+log = logging.getLogger(__name__)
+
+NAME: Final = "ethtool"
+PREFIX: Final = "rdma_ethtool_"
+NETDEV: Final = ("device", "port", "netdev")
+# More than this many extra patterns is a config mistake (one alternation is the way to say many names).
+MAX_EXTRA_PATTERNS: Final = 64
+
+
+def check_extra_stats(source: str, key: str, value: Any) -> tuple[re.Pattern[str], ...]:
+    """Validator of `collector.ethtool.extra_stats`: a list of regexes searched in the ethtool names."""
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, list):
+        raise ConfigError(source, key, f"expected a list of regular expressions, got {type(value).__name__}")
+    if len(value) > MAX_EXTRA_PATTERNS:
+        raise ConfigError(source, key, f"at most {MAX_EXTRA_PATTERNS} patterns; combine names with |")
+    patterns = []
+    for index, pattern in enumerate(value):
+        where = f"{key}[{index}]"
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError(source, where, f"expected a non-empty regular expression string, got {pattern!r}")
+        try:
+            patterns.append(re.compile(pattern))
+        except re.error as exc:
+            raise ConfigError(source, where, f"invalid regular expression {pattern!r}: {exc}") from None
+    return tuple(patterns)
+
+
+COLLECTOR_SETTINGS[NAME] = {"extra_stats": check_extra_stats}
+
+# Label names of every curated key, after the netdev labels, in the order parse/ethtool.py gives them.
+# Declared here so that METRICS.md lists each metric; test_collect_roce checks it against the parser.
+CURATED_LABELS: Final[dict[str, tuple[str, ...]]] = {
+    "pfc_pause_frames": ("direction", "priority"),
+    "pfc_pause_duration_seconds": ("direction", "priority"),
+    "pfc_pause_transitions": ("direction", "priority"),
+    "global_pause_frames": ("direction",),
+    "global_pause_duration_seconds": ("direction",),
+    "global_pause_transitions": ("direction",),
+    "pause_mac_control_frames": ("direction",),
+    "pause_storm_warning_events": ("direction",),
+    "pause_storm_error_events": ("direction",),
+    "port_discards": ("direction",),
+    "out_of_buffer": ("direction",),
+    "priority_discards": ("direction", "priority"),
+    "priority_buffer_discards": ("direction", "priority"),
+    "priority_congestion_discards": ("direction", "priority"),
+    "priority_ecn_marked_packets": ("direction", "priority"),
+    "priority_bytes": ("direction", "priority"),
+    "priority_packets": ("direction", "priority"),
+    "link_down_events": (),
+    "pcs_symbol_errors": ("direction",),
+    "symbol_error_packets": ("direction",),
+    "corrected_bits": ("direction",),
+    "crc_error_packets": ("direction",),
+    "port_bits": ("direction",),
+    "port_bytes": ("direction",),
+    "port_packets": ("direction",),
+    "port_buffer_almost_full_events": ("direction",),
+    "lane_raw_errors": ("direction", "lane"),
+    "pci_signal_integrity_errors": ("direction",),
+    "pci_outbound_stalled_ratio": ("operation",),
+    "pci_outbound_stalled_seconds": ("operation",),
+    "pci_outbound_buffer_overflow_packets": (),
+    "device_out_of_buffer": (),
+}
+GAUGE_KEYS: Final = frozenset({"pci_outbound_stalled_ratio"})
+
+
+# `promtool check metrics` rejects some name tokens: non-base units ("bits": it wants bytes; "minutes",
+# "milliseconds"...), unit abbreviations ("ms", "kb"...) and the family's own type. Two curated keys
+# are renamed by hand; driver names that reach the exposition as extras are rewritten token by token.
+CURATED_RENAMES: Final = {"corrected_bits": "corrected_bit_errors", "port_bits": "port_bit_count"}
+_ABBREVIATIONS: Final = {
+    "s": "secs", "sec": "secs", "ms": "msec", "us": "usec", "ns": "nsec", "b": "byte", "kb": "kbyte",
+    "mb": "mbyte", "gb": "gbyte", "tb": "tbyte", "pb": "pbyte", "m": "mx", "h": "hx", "d": "dx",
+}  # fmt: skip
+_NON_BASE_UNITS: Final = frozenset(
+    {"bits", "minutes", "hours", "days", "weeks", "kelvins", "fahrenheit", "rankine", "inches", "yards",
+     "miles", "calories", "pounds", "ounces"}
+)  # fmt: skip
+_BASE_UNITS: Final = frozenset(
+    {"amperes", "bytes", "celsius", "grams", "joules", "kelvin", "meters", "metres", "seconds", "volts"}
+)
+_UNIT_PREFIXES: Final = (
+    "pico", "nano", "micro", "milli", "centi", "deci", "deca", "hecto", "kilo", "kibi", "mega", "mibi", "giga",
+    "gibi", "tera", "tebi", "peta", "pebi",
+)  # fmt: skip
+
+
+def _non_base_unit(token: str) -> bool:
+    """A unit promtool wants in another form: "bits", or any unit with an SI prefix ("kilobytes")."""
+    units = _NON_BASE_UNITS | _BASE_UNITS
+    return token in _NON_BASE_UNITS or any(token.startswith(p) and token[len(p) :] in units for p in _UNIT_PREFIXES)
+
+
+def lint_safe(key: str, kind: str) -> str:
+    """`key` with every token promtool would reject rewritten (milliseconds -> millisecond, ms -> msec)."""
+    tokens = []
+    for token in key.split("_"):
+        if token in _ABBREVIATIONS:
+            token = _ABBREVIATIONS[token]
+        elif _non_base_unit(token) or token == kind:
+            token = token[:-1] if token.endswith("s") else f"{token}x"
+        tokens.append(token)
+    return "_".join(tokens)
+
+
+def metric_name(key: str, kind: str) -> str:
+    safe = lint_safe(CURATED_RENAMES.get(key, key), kind)
+    return f"{PREFIX}{safe}_total" if kind == "counter" else f"{PREFIX}{safe}"
+
+
+CURATED_SPECS: Final[dict[str, MetricSpec]] = {
+    key: MetricSpec(
+        metric_name(key, "gauge" if key in GAUGE_KEYS else "counter"),
+        "gauge" if key in GAUGE_KEYS else "counter",
+        f"{CURATED_HELP[key]} From ethtool -S.",
+        (*NETDEV, *labels),
+    )
+    for key, labels in CURATED_LABELS.items()
+}
+EXTRA_HELP: Final = (
+    "ethtool -S statistic without a curated meaning (an uncurated per-lane counter, or one selected by "
+    "collector.ethtool.extra_stats); see the driver's documentation of the ethtool name."
+)
+EXTRA_DYNAMIC: Final = DynamicMetricSpec(
+    f"{PREFIX}stat_<counter>_total",
+    "counter",
+    "A further ethtool statistic: per-lane ones not curated above, and those matching the "
+    "collector.ethtool.extra_stats patterns. Besides direction (rx, tx or empty) it has a priority, lane, "
+    "queue or channel label when the key names that dimension, e.g. stat_queue_xdp_drop{queue=...}.",
+    (*NETDEV, "direction"),
+)
+
+
+def _unescape_mount(path: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
+
+
+def sysfs_mount_points(mountinfo: str) -> frozenset[str]:
+    """Mount points of sysfs in a /proc/<pid>/mountinfo text; lines that do not parse are ignored."""
+    points = set()
+    for line in mountinfo.splitlines():
+        fields, sep, tail = line.partition(" - ")
+        parts = fields.split(" ")
+        if not sep or len(parts) < 5 or tail.split(" ", 1)[0] != "sysfs":
+            continue
+        points.add(_unescape_mount(parts[4]))
+    return frozenset(points)
+
+
+@lru_cache(maxsize=8)
+def live_sysfs(sys_root: str) -> bool:
+    """Is `sys_root` a mounted sysfs (the live kernel), rather than a fixture tree on disk?
+
+    Only then do the tree's netdev names mean anything to the ioctl. When mountinfo cannot be read the
+    answer is yes: better a counted failure than silence on a real host.
+    """
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            points = sysfs_mount_points(f.read())
+    except OSError:
+        return True
+    return os.path.realpath(sys_root) in points
+
+
+@dataclass(frozen=True, slots=True)
+class EthtoolReading:
+    """The curated stats of the netdevs one RDMA device read, each with the port it belongs to."""
+
+    netdevs: tuple[tuple[int, str, tuple[CuratedStat, ...]], ...]
+
+
+def scaled(stat: CuratedStat) -> float:
+    """The value in base units; microseconds and percent are divided, not multiplied, to stay exact."""
+    if stat.unit_scale == 1:
+        return stat.value
+    inverse = round(1 / stat.unit_scale)
+    if inverse > 1 and abs(inverse * stat.unit_scale - 1) < 1e-9:
+        return stat.value / inverse
+    return stat.value * stat.unit_scale
+
+
+class EthtoolSource:
+    """`ethtool -S` statistics of the netdevs of Ethernet (RoCE) ports."""
+
+    name = NAME
+    specs: tuple[MetricSpec, ...] = tuple(CURATED_SPECS.values())
+    dynamic_specs: tuple[DynamicMetricSpec, ...] = (EXTRA_DYNAMIC,)
+
+    def __init__(
+        self,
+        ethtool_dir: Path | None = None,
+        extra_patterns: Sequence[re.Pattern[str]] = (),
+        call: EthtoolCall | None = None,
+    ) -> None:
+        """`ethtool_dir` switches to fixture mode; `call` replaces the SIOCETHTOOL ioctl (tests)."""
+        self.ethtool_dir = ethtool_dir
+        self.extra_patterns = tuple(extra_patterns)
+        self.call = call
+        self.seen = SeenNetdevs()
+        self._extra_specs: dict[str, MetricSpec] = {}
+        self._warned = False
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
+        return cls(ethtool_dir, settings.get("extra_stats", ()))
+
+    def _enabled(self, ctx: ScrapeContext) -> bool:
+        if self.ethtool_dir is not None or self.call is not None or live_sysfs(str(ctx.sys_root)):
+            return True
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "%s is not a mounted sysfs: the ethtool collector reads nothing (the ioctl would read this "
+                "host's netdevs); give it captures with --path.ethtool",
+                ctx.sys_root,
+            )
+        return False
+
+    def _targets(self, locality: Locality, names: Sequence[str], reader: SysfsReader) -> list[str]:
+        """The netdevs of one port whose hardware statistics this device reads."""
+        targets: list[str] = []
+        for name in names:
+            if not locality.exists(name):
+                self.seen.check_vanished(locality, name, reader)
+            elif locality.is_bond(name):
+                # A bond has no ethtool statistics of its own; PFC and PHY counters live on the slaves.
+                targets += [s for s in locality.bond_slaves(name) if locality.is_physical(s) and locality.is_local(s)]
+            elif locality.is_physical(name) and locality.is_local(name):
+                targets.append(name)
+            # else a software upper (VLAN, macvlan), whose lower is the port's netdev, or another device's
+        return targets
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
+        netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
+        if not self._enabled(ctx):
+            return EthtoolReading(())
+        locality = Locality(ctx.sys_root, device, reader)
+        done: set[str] = set()
+        for port in device.ports:
+            if port.link_layer != "Ethernet":
+                continue  # IPoIB netdevs have no PFC, ECN or PHY counters of the RDMA link
+            for name in self._targets(locality, port.netdevs, reader):
+                if name in done:
+                    continue
+                done.add(name)
+                curated = self._read_netdev(name, reader)
+                if curated is not None:
+                    self.seen.add(name)
+                    netdevs.append((port.number, name, curated))
+        return EthtoolReading(tuple(netdevs))
+
+    def _read_netdev(self, name: str, reader: SysfsReader) -> tuple[CuratedStat, ...] | None:
+        where: str | Path = f"SIOCETHTOOL {name}"
+        try:
+            if self.ethtool_dir is not None:
+                where = self.ethtool_dir / name
+                malformed: list[str] = []
+                raw = read_stats_file(self.ethtool_dir, name, malformed)
+                for line in malformed:
+                    reader.fail(REASON_MALFORMED, where, f"not 'name: value': {line[:60]!r}")
+            else:
+                raw = read_stats_ioctl(name, call=self.call)
+            return tuple(curate(raw, self.extra_patterns))
+        except EthtoolError as exc:
+            reader.fail(exc.reason, where, exc.detail)
+        except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
+            log.warning("ethtool statistics of %s failed: %r", name, exc)
+            reader.fail(REASON_IO, where, repr(exc))
+        return None
+
+    def _spec(self, stat: CuratedStat) -> MetricSpec | None:
+        labels = (*NETDEV, *(label for label, _ in stat.labels))
+        spec = CURATED_SPECS.get(stat.key)
+        if spec is None:
+            name = metric_name(stat.key, stat.kind)
+            spec = self._extra_specs.get(name)
+            if spec is None:
+                spec = self._extra_specs[name] = MetricSpec(name, stat.kind, EXTRA_HELP, labels)
+        # A key's labels never vary (parse/ethtool.py); should that break, skip rather than mislabel.
+        return spec if spec.labels == labels else None
+
+    def expose(self, results: Mapping[str, EthtoolReading], out: FamilySet) -> None:
+        emitted: set[str] = set()
+        for device in sorted(results):
+            for port, name, curated in results[device].netdevs:
+                if name in emitted:
+                    continue  # see NetdevSource.expose
+                emitted.add(name)
+                base = [device, str(port), name]
+                series: set[tuple[str, tuple[str, ...]]] = set()
+                for stat in curated:
+                    spec = self._spec(stat)
+                    values = tuple(value for _, value in stat.labels)
+                    # Two extras whose names differ only in a token lint_safe rewrote: keep the first.
+                    if spec is not None and (spec.name, values) not in series:
+                        series.add((spec.name, values))
+                        out.add(spec, [*base, *values], scaled(stat))

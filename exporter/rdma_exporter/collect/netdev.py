@@ -1,0 +1,314 @@
+"""Exposition of the network interfaces behind RDMA ports: link state, speed, MTU, statistics, ECN, bonds.
+
+Every series carries the `device` and `port` of the RDMA port the netdev belongs to, so it joins with the
+`rdma_port_*` series. A netdev can be reached from several RDMA devices (a bond master named in the GID
+tables of both slaves' ports); `Locality` picks one device to read and export it, from sysfs alone, so
+that device reads running in parallel need not coordinate and the choice does not depend on timing.
+The ethtool collector uses the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from ..parse.infiniband import CLASS_DIR, DeviceInfo, metric_fragment
+from ..parse.netdev import MAX_PRIORITY, NET_DIR, Netdev, read_netdev
+from ..parse.reader import REASON_MISSING, SysfsReader, list_dir
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
+
+NAME: Final = "netdev"
+# Uppers of uppers (a VLAN on a bond) are followed this deep to the physical netdev under them.
+_MAX_STACK: Final = 4
+
+
+class Locality:
+    """Which netdevs one RDMA device reads: those whose physical netdev belongs to it.
+
+    A netdev's physical netdev (its "anchor") is itself, or for an upper (bond, VLAN) the first of its
+    lower devices, followed down. The anchor is local to the RDMA devices on its PCI function
+    (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the second port of a RoCE LAG,
+    whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE) is local to every device
+    that reaches it. So a bond over the netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only.
+
+    One instance per device read; it caches nothing across scrapes.
+    """
+
+    def __init__(self, sys_root: Path, device: DeviceInfo, reader: SysfsReader) -> None:
+        self._sys_root = sys_root
+        self._device = device.name
+        self._reader = reader
+        # The netdevs of the device's own PCI function are local without further reads.
+        self._own = frozenset(list_dir(sys_root / CLASS_DIR / device.name / "device" / "net", reader))
+
+    def net_dir(self, name: str) -> Path:
+        return self._sys_root / NET_DIR / name
+
+    def exists(self, name: str) -> bool:
+        return os.path.isdir(self.net_dir(name))
+
+    def is_bond(self, name: str) -> bool:
+        return os.path.isdir(self.net_dir(name) / "bonding")
+
+    def is_physical(self, name: str) -> bool:
+        """Backed by hardware (a `device` link); software uppers such as VLANs and macvlans are not."""
+        return os.path.exists(self.net_dir(name) / "device")
+
+    def bond_slaves(self, name: str) -> list[str]:
+        text = self._reader.text(self.net_dir(name) / "bonding" / "slaves", optional=True)
+        return text.split() if text else []
+
+    def lowers(self, name: str) -> list[str]:
+        entries = list_dir(self.net_dir(name), self._reader)
+        lowers = sorted(e[len("lower_") :] for e in entries if e.startswith("lower_"))
+        if not lowers and self.is_bond(name):
+            lowers = self.bond_slaves(name)  # trees without lower_* links still name the slaves
+        return lowers
+
+    def anchor(self, name: str) -> str:
+        for _ in range(_MAX_STACK):
+            if name in self._own:
+                break
+            lowers = self.lowers(name)
+            if not lowers:
+                break
+            name = lowers[0]
+        return name
+
+    def is_local(self, name: str) -> bool:
+        anchor = self.anchor(name)
+        if anchor in self._own:
+            return True
+        rdma = list_dir(self.net_dir(anchor) / "device" / "infiniband", self._reader)
+        return not rdma or self._device in rdma
+
+
+class SeenNetdevs:
+    """Netdevs a source has read, to tell a netdev that vanished from one that was never visible here.
+
+    GID tables also name netdevs of other network namespaces (macvlans and VFs handed to containers),
+    which never appear in this sysfs; counting those as errors on every scrape would drown real losses.
+    A netdev that was read before and is now gone is counted once, then forgotten until it is back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+
+    def add(self, name: str) -> None:
+        with self._lock:
+            self._seen.add(name)
+
+    def take(self, name: str) -> bool:
+        with self._lock:
+            if name in self._seen:
+                self._seen.discard(name)
+                return True
+            return False
+
+    def check_vanished(self, locality: Locality, name: str, reader: SysfsReader) -> None:
+        if self.take(name):
+            reader.fail(REASON_MISSING, locality.net_dir(name), "netdev vanished since it was last read")
+
+
+LABELS: Final = ("device", "port", "netdev")
+
+UP: Final = MetricSpec(
+    "rdma_netdev_up",
+    "gauge",
+    "1 if the netdev's operstate is up, 0 for any other state (down, lowerlayerdown, dormant, unknown...).",
+    LABELS,
+)
+CARRIER: Final = MetricSpec(
+    "rdma_netdev_carrier",
+    "gauge",
+    "1 if the netdev has carrier (physical link), 0 if not; absent while the netdev is administratively "
+    "down, when the kernel has no answer.",
+    LABELS,
+)
+CARRIER_CHANGES: Final = MetricSpec(
+    "rdma_netdev_carrier_changes_total", "counter", "Carrier (link) changes in either direction.", LABELS
+)
+CARRIER_UP: Final = MetricSpec(
+    "rdma_netdev_carrier_up_changes_total", "counter", "Times the carrier came up (kernel >= 4.16).", LABELS
+)
+CARRIER_DOWN: Final = MetricSpec(
+    "rdma_netdev_carrier_down_changes_total",
+    "counter",
+    "Times the carrier went down (kernel >= 4.16); on a RoCE netdev, a link drop of the RDMA port.",
+    LABELS,
+)
+SPEED: Final = MetricSpec(
+    "rdma_netdev_speed_bytes_per_second",
+    "gauge",
+    "Link speed the netdev reports, in bytes per second (a bond reports the sum of its active slaves); "
+    "absent while the speed is unknown (no link).",
+    LABELS,
+)
+MTU: Final = MetricSpec("rdma_netdev_mtu_bytes", "gauge", "MTU of the netdev, in bytes.", LABELS)
+ECN: Final = MetricSpec(
+    "rdma_netdev_ecn_enabled",
+    "gauge",
+    "1 if RoCE ECN (DCQCN) is enabled for the priority, 0 if not (MLNX_OFED ecn/roce_np|roce_rp/enable/<prio>). "
+    "role np: the notification point, which answers ECN-marked packets with CNPs; rp: the reaction point, "
+    "which slows down on CNPs. Off on the RoCE priority leaves congestion to PFC alone.",
+    (*LABELS, "role", "priority"),
+)
+BOND_SLAVE: Final = MetricSpec(
+    "rdma_netdev_bond_slave_info",
+    "info",
+    "A slave of a bond netdev that carries RDMA (RoCE LAG or a bonded RoCE port), with the bonding mode. "
+    "The slaves' own series carry the device and port of the bond.",
+    (*LABELS, "slave", "mode"),
+)
+
+# struct rtnl_link_stats64 as the kernel shows it under statistics/. Driver-specific files are exported
+# with a generic HELP.
+STATISTICS_HELP: Final[dict[str, str]] = {
+    "rx_packets": "Packets received by the kernel network stack (RDMA traffic bypasses it and is not counted).",
+    "tx_packets": "Packets transmitted by the kernel network stack (RDMA traffic is not counted).",
+    "rx_bytes": "Bytes received by the kernel network stack (RDMA traffic is not counted).",
+    "tx_bytes": "Bytes transmitted by the kernel network stack (RDMA traffic is not counted).",
+    "rx_errors": "Received packets with errors of any kind (the sum of the rx_*_errors details).",
+    "tx_errors": "Packets that failed to transmit, of any kind.",
+    "rx_dropped": "Received packets dropped before reaching the stack (no buffer, filtered, unknown protocol).",
+    "tx_dropped": "Packets dropped on transmit (queue full, no resources).",
+    "multicast": "Multicast packets received.",
+    "collisions": "Collisions (half-duplex media only).",
+    "rx_length_errors": "Received frames with a bad length.",
+    "rx_over_errors": "Receive ring overflows.",
+    "rx_crc_errors": "Received frames with a bad CRC (FCS).",
+    "rx_frame_errors": "Received frames with alignment errors.",
+    "rx_fifo_errors": "Receive FIFO overruns.",
+    "rx_missed_errors": "Packets the NIC dropped for lack of host receive buffers.",
+    "tx_aborted_errors": "Transmissions aborted by the NIC.",
+    "tx_carrier_errors": "Transmissions lost to carrier errors.",
+    "tx_fifo_errors": "Transmit FIFO underruns.",
+    "tx_heartbeat_errors": "SQE heartbeat errors (legacy Ethernet).",
+    "tx_window_errors": "Late collisions (half-duplex media only).",
+    "rx_compressed": "Compressed packets received (CSLIP/PPP).",
+    "tx_compressed": "Compressed packets transmitted (CSLIP/PPP).",
+    "rx_nohandler": "Packets received with no protocol handler (e.g. on an inactive bond slave).",
+    "rx_otherhost_dropped": "Packets dropped because they were addressed to another host.",
+}
+
+STATISTICS_DYNAMIC: Final = DynamicMetricSpec(
+    "rdma_netdev_<counter>_total",
+    "counter",
+    "Every file of the netdev's statistics/ directory (rx_bytes, rx_errors, rx_dropped, tx_carrier_errors...).",
+    LABELS,
+)
+_LINK_SPECS: Final = (UP, CARRIER, CARRIER_CHANGES, CARRIER_UP, CARRIER_DOWN, SPEED, MTU)
+_FIXED_NAMES: Final = frozenset(spec.name for spec in _LINK_SPECS)
+
+
+class _StatisticsSpecs:
+    """MetricSpecs of statistics/ files, made once per file name."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, MetricSpec | None] = {}
+
+    def get(self, file: str) -> MetricSpec | None:
+        if file not in self._cache:
+            name = f"rdma_netdev_{metric_fragment(file)}_total"
+            if name in _FIXED_NAMES:
+                self._cache[file] = None  # a driver file must not shadow a link-state counter
+            else:
+                described = STATISTICS_HELP.get(file, f"Interface counter statistics/{file}.")
+                self._cache[file] = MetricSpec(name, "counter", described, LABELS)
+        return self._cache[file]
+
+
+_STATISTICS = _StatisticsSpecs()
+
+
+@dataclass(frozen=True, slots=True)
+class NetdevReading:
+    """The netdevs one RDMA device read, each with the port it belongs to, in port order."""
+
+    netdevs: tuple[tuple[int, Netdev], ...]
+
+
+def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> None:
+    labels = [device, str(port), netdev.name]
+    if netdev.operstate is not None:
+        out.add(UP, labels, 1 if netdev.operstate == "up" else 0)
+    if netdev.carrier is not None:
+        out.add(CARRIER, labels, 1 if netdev.carrier else 0)
+    if netdev.carrier_changes is not None:
+        out.add(CARRIER_CHANGES, labels, netdev.carrier_changes)
+    if netdev.carrier_up_count is not None:
+        out.add(CARRIER_UP, labels, netdev.carrier_up_count)
+    if netdev.carrier_down_count is not None:
+        out.add(CARRIER_DOWN, labels, netdev.carrier_down_count)
+    if netdev.speed_bps is not None:
+        out.add(SPEED, labels, netdev.speed_bps / 8)
+    if netdev.mtu is not None:
+        out.add(MTU, labels, netdev.mtu)
+    seen: set[str] = set()
+    for file, value in netdev.statistics.items():
+        spec = _STATISTICS.get(file)
+        if spec is None or spec.name in seen:
+            continue  # two files that normalise alike: keep the first (files are listed sorted)
+        seen.add(spec.name)
+        out.add(spec, labels, value)
+    for (role, priority), enabled in sorted(netdev.ecn.items()):
+        if 0 <= priority <= MAX_PRIORITY:
+            out.add(ECN, [*labels, role, str(priority)], 1 if enabled else 0)
+    if netdev.is_bond_master:
+        for slave in netdev.bond_slaves:
+            out.add(BOND_SLAVE, [*labels, slave, netdev.bond_mode or ""], 1)
+
+
+class NetdevSource:
+    """Netdevs of every RDMA port (RoCE netdevs, IPoIB interfaces, bonds and their slaves)."""
+
+    name = NAME
+    specs: tuple[MetricSpec, ...] = (*_LINK_SPECS, ECN, BOND_SLAVE)
+    dynamic_specs: tuple[DynamicMetricSpec, ...] = (STATISTICS_DYNAMIC,)
+
+    def __init__(self) -> None:
+        self.seen = SeenNetdevs()
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> NetdevReading:
+        locality = Locality(ctx.sys_root, device, reader)
+        done: set[str] = set()
+        netdevs: list[tuple[int, Netdev]] = []
+
+        def visit(port: int, name: str) -> Netdev | None:
+            if name in done:
+                return None  # reached from two ports of this device: the lower port has it
+            done.add(name)
+            if not locality.exists(name):
+                self.seen.check_vanished(locality, name, reader)
+                return None
+            if not locality.is_local(name):
+                return None  # another RDMA device reads it
+            netdev = read_netdev(ctx.sys_root, name, reader)
+            if netdev is not None:
+                self.seen.add(name)
+                netdevs.append((port, netdev))
+            return netdev
+
+        for port in device.ports:
+            for name in port.netdevs:
+                netdev = visit(port.number, name)
+                if netdev is not None and netdev.is_bond_master:
+                    # RoCE LAG: the port maps to the bond; its slaves are the physical links.
+                    for slave in netdev.bond_slaves:
+                        visit(port.number, slave)
+        return NetdevReading(tuple(netdevs))
+
+    def expose(self, results: Mapping[str, NetdevReading], out: FamilySet) -> None:
+        emitted: set[str] = set()
+        for device in sorted(results):
+            for port, netdev in results[device].netdevs:
+                # Locality gives each netdev one reader; should two devices still both read one (two soft
+                # RDMA devices on one NIC), the first in device order exports it.
+                if netdev.name not in emitted:
+                    emitted.add(netdev.name)
+                    expose_netdev(netdev, device, port, out)

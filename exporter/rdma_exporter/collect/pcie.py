@@ -1,0 +1,96 @@
+"""Exposition of each RDMA device's PCIe link (current vs maximum speed and width) and AER error counters.
+
+A Gen5 x16 HCA that trained at Gen4 or x8 halves its host bandwidth while every port looks ACTIVE; only
+the PCI function's link registers tell. Series carry `device` only: the link belongs to the device, and
+`rdma_device_info` maps it to its PCI address.
+
+SR-IOV virtual functions have no link of their own (their link registers read zero; the parser would
+answer with the PF's link). Their link is not exported, so that the PF's link is not repeated once per
+VF and a degraded PF raises one alert, not one per VF. A VF's own AER counters, if any, are exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from ..parse.infiniband import DeviceInfo
+from ..parse.pcie import PcieLink, read_pcie_link
+from ..parse.reader import SysfsReader
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
+
+NAME: Final = "pcie"
+DEVICE: Final = ("device",)
+_VF_NOTE: Final = " Not exported for SR-IOV VFs, whose link is their PF's."
+
+LINK_SPEED: Final = MetricSpec(
+    "rdma_pcie_link_speed_transfers_per_second",
+    "gauge",
+    "Speed the device's PCIe link trained at, in transfers per second per lane (16e9 = Gen4, 32e9 = Gen5); "
+    "absent while unknown." + _VF_NOTE,
+    DEVICE,
+)
+LINK_MAX_SPEED: Final = MetricSpec(
+    "rdma_pcie_link_max_speed_transfers_per_second",
+    "gauge",
+    "Highest PCIe link speed the device supports, in transfers per second per lane." + _VF_NOTE,
+    DEVICE,
+)
+LINK_WIDTH: Final = MetricSpec(
+    "rdma_pcie_link_width_lanes",
+    "gauge",
+    "Number of lanes the device's PCIe link trained with; absent while the link is down or unknown." + _VF_NOTE,
+    DEVICE,
+)
+LINK_MAX_WIDTH: Final = MetricSpec(
+    "rdma_pcie_link_max_width_lanes",
+    "gauge",
+    "Highest number of PCIe lanes the device supports." + _VF_NOTE,
+    DEVICE,
+)
+AER_ERRORS: Final = MetricSpec(
+    "rdma_pcie_aer_errors_total",
+    "counter",
+    "PCIe errors the device's AER capability reported, by severity (correctable, nonfatal, fatal) and type "
+    "as the kernel names it (RxErr, BadTLP, BadDLLP, CmpltTO, ...). Rising correctable errors often precede "
+    "a link that retrains slower or narrower.",
+    (*DEVICE, "severity", "type"),
+)
+AER_REPORTS: Final = MetricSpec(
+    "rdma_pcie_aer_reports_total",
+    "counter",
+    "AER error messages received for the device, by severity (the kernel's TOTAL_ERR_* line). One message "
+    "can carry several error types, so this can be below the sum of rdma_pcie_aer_errors_total.",
+    (*DEVICE, "severity"),
+)
+
+
+class PcieSource:
+    """PCIe link and AER counters of every RDMA device's PCI function."""
+
+    name = NAME
+    specs: tuple[MetricSpec, ...] = (LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, AER_ERRORS, AER_REPORTS)
+    dynamic_specs: tuple[DynamicMetricSpec, ...] = ()
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> PcieLink | None:
+        if device.pci_dir is None:
+            return None  # software RDMA (rxe, siw) or a non-PCI device: no link to report
+        return read_pcie_link(device.pci_dir, reader)
+
+    def expose(self, results: Mapping[str, PcieLink | None], out: FamilySet) -> None:
+        for device in sorted(results):
+            link = results[device]
+            if link is None:
+                continue
+            labels = [device]
+            if not link.via_physfn:
+                for spec, speed in ((LINK_SPEED, link.current_speed_gts), (LINK_MAX_SPEED, link.max_speed_gts)):
+                    if speed is not None:
+                        out.add(spec, labels, speed * 1e9)
+                for spec, width in ((LINK_WIDTH, link.current_width), (LINK_MAX_WIDTH, link.max_width)):
+                    if width is not None:
+                        out.add(spec, labels, width)
+            for (severity, error_type), count in link.aer.items():
+                out.add(AER_ERRORS, [*labels, severity, error_type], count)
+            for severity, total in link.aer_totals.items():
+                out.add(AER_REPORTS, [*labels, severity], total)
