@@ -1,0 +1,763 @@
+"""RoCE and Ethernet collectors (netdev, ethtool, pcie) on the sample tree, on LAG trees, and under faults.
+
+The acceptance list of issue 3 is checked on the bundled sample tree: PFC pause frames and durations per
+priority and direction, pause storm events, discards, ECN state, CNP counters and the PCIe link of a
+device that trained below its maximum, all joinable with rdma_port_info on device/port.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import struct
+from array import array
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from rdma_exporter.collect import netdev as netdev_collector
+from rdma_exporter.collect.base import FamilySet, ScrapeContext
+from rdma_exporter.collect.ethtool import (
+    CURATED_LABELS,
+    CURATED_RENAMES,
+    CURATED_SPECS,
+    EthtoolReading,
+    EthtoolSource,
+    check_extra_stats,
+    lint_safe,
+    live_sysfs,
+    metric_name,
+    scaled,
+    sysfs_mount_points,
+)
+from rdma_exporter.collect.netdev import NetdevSource
+from rdma_exporter.config import Config, ConfigError, load_config_file, parse_config
+from rdma_exporter.daemon import build_collector, build_registry
+from rdma_exporter.parse.ethtool import (
+    CURATED_HELP,
+    ETH_GSTRING_LEN,
+    ETH_SS_STATS,
+    ETHTOOL_GSSET_INFO,
+    ETHTOOL_GSTATS,
+    ETHTOOL_GSTRINGS,
+    CuratedStat,
+    curate,
+    parse_stats_text,
+)
+from rdma_exporter.parse.infiniband import read_device_info
+from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader
+from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices
+
+from conftest import FIXTURES, promtool_check_metrics, samples
+
+ROCE = {"mlx5_8": "enp220s0f0np0", "mlx5_9": "enp220s0f1np1"}
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+
+def value(metrics: Sample, name: str, **labels: str) -> float | None:
+    """The sample whose labels include `labels` (exactly one must match, or None)."""
+    found = [v for (n, ls), v in metrics.items() if n == name and labels.items() <= dict(ls).items()]
+    assert len(found) <= 1, f"{name}{labels} matches {len(found)} samples"
+    return found[0] if found else None
+
+
+def series(metrics: Sample, prefix: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    return {key for key in metrics if key[0].startswith(prefix)}
+
+
+def capture(directory: Path, netdev: str) -> dict[str, int]:
+    """An ethtool -S capture read independently of the parser under test."""
+    values = {}
+    for line in (directory / netdev).read_text().splitlines()[1:]:
+        name, _, number = line.strip().rpartition(": ")
+        values[name] = int(number)
+    return values
+
+
+def sysfs_int(path: Path) -> int:
+    return int(path.read_text().strip())
+
+
+class Exporter:
+    """One collector kept across scrapes (error counters are cumulative), with an optional fake ioctl."""
+
+    def __init__(self, sys_root: Path, ethtool_dir: Path | None = None, config: Config | None = None) -> None:
+        config = replace(config or Config(), sysfs=sys_root, ethtool_dir=ethtool_dir)
+        self.collector = build_collector(config)
+        self.registry = build_registry(self.collector)
+
+    @property
+    def ethtool(self) -> EthtoolSource:
+        return next(s for s in self.collector.sources if isinstance(s, EthtoolSource))
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+    def scrape(self) -> Sample:
+        return samples(self.text())
+
+
+class FakeNics:
+    """SIOCETHTOOL answered like a kernel with these NICs, per interface; faults are set per interface."""
+
+    def __init__(self, stats: dict[str, dict[str, int]]) -> None:
+        self.stats = {name: list(values.items()) for name, values in stats.items()}
+        self.errno: dict[str, int] = {}
+        self.growing: set[str] = set()  # the stat set changes size on every call (channels being added)
+        self.calls: Counter[str] = Counter()
+
+    def __call__(self, ifname: str, buffer: array) -> None:
+        self.calls[ifname] += 1
+        if ifname in self.errno:
+            raise OSError(self.errno[ifname], os.strerror(self.errno[ifname]))
+        if ifname not in self.stats:
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        current = self.stats[ifname]
+        if ifname in self.growing:
+            current = current + [(f"ch{n}_poll", n) for n in range(self.calls[ifname])]
+        (cmd,) = struct.unpack_from("=I", buffer, 0)
+        if cmd == ETHTOOL_GSSET_INFO:
+            struct.pack_into("=QI", buffer, 8, 1 << ETH_SS_STATS, len(current))
+        elif cmd == ETHTOOL_GSTRINGS:
+            (asked,) = struct.unpack_from("=I", buffer, 8)
+            n = len(current) if asked == len(current) else 0  # kernels with the 2025 length check
+            struct.pack_into("=I", buffer, 8, n)
+            for i, (name, _) in enumerate(current[:n]):
+                struct.pack_into(f"{ETH_GSTRING_LEN}s", buffer, 12 + i * ETH_GSTRING_LEN, name.encode())
+        elif cmd == ETHTOOL_GSTATS:
+            (asked,) = struct.unpack_from("=I", buffer, 4)
+            n = len(current) if asked == len(current) else 0
+            struct.pack_into("=I", buffer, 4, n)
+            for i, (_, number) in enumerate(current[:n]):
+                struct.pack_into("=Q", buffer, 8 + i * 8, number)
+        else:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("roce") / "t"
+    build_tree(dest, SAMPLE_SPEC)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def sample_text(sample: Path) -> str:
+    return Exporter(sample / "sys", sample / "ethtool").text()
+
+
+@pytest.fixture(scope="module")
+def metrics(sample_text: str) -> Sample:
+    return samples(sample_text)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A writable sample tree of its own, for fault injection."""
+    dest = tmp_path / "t"
+    build_tree(dest, SAMPLE_SPEC)
+    return dest
+
+
+def fake_nics(tree: Path) -> FakeNics:
+    return FakeNics({netdev: parse_stats_text((tree / "ethtool" / netdev).read_text()) for netdev in ROCE.values()})
+
+
+# --- acceptance on the sample tree ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", sorted(ROCE))
+def test_pfc_pause_frames_and_durations_per_priority_and_direction(
+    sample: Path, metrics: Sample, device: str
+) -> None:
+    netdev = ROCE[device]
+    raw = capture(sample / "ethtool", netdev)
+    port = {"device": device, "port": "1", "netdev": netdev}
+    for direction in ("rx", "tx"):
+        prio3 = {**port, "direction": direction, "priority": "3"}
+        frames = value(metrics, "rdma_ethtool_pfc_pause_frames_total", **prio3)
+        assert frames == raw[f"{direction}_prio3_pause"] > 0
+        seconds = value(metrics, "rdma_ethtool_pfc_pause_duration_seconds_total", **prio3)
+        assert seconds == raw[f"{direction}_prio3_pause_duration"] / 1e6 > 0  # microseconds in ethtool
+    transitions = {**port, "direction": "rx", "priority": "3"}
+    assert value(metrics, "rdma_ethtool_pfc_pause_transitions_total", **transitions) == raw["rx_prio3_pause_transition"]
+    # mlx5 lists pause counters only for priorities with PFC on: nothing is invented for the others.
+    priorities = {dict(ls)["priority"] for (n, ls) in metrics if n == "rdma_ethtool_pfc_pause_frames_total"}
+    assert priorities == {"3"}
+    mac_pause = value(metrics, "rdma_ethtool_pause_mac_control_frames_total", **port, direction="rx")
+    assert mac_pause == raw["rx_pause_ctrl_phy"]
+
+
+@pytest.mark.parametrize("device", sorted(ROCE))
+def test_pause_storms_discards_and_phy_errors(sample: Path, metrics: Sample, device: str) -> None:
+    netdev = ROCE[device]
+    raw = capture(sample / "ethtool", netdev)
+    port = {"device": device, "port": "1", "netdev": netdev}
+    expected = {
+        ("rdma_ethtool_pause_storm_warning_events_total", "tx"): "tx_pause_storm_warning_events",
+        ("rdma_ethtool_pause_storm_error_events_total", "tx"): "tx_pause_storm_error_events",
+        ("rdma_ethtool_port_discards_total", "rx"): "rx_discards_phy",
+        ("rdma_ethtool_port_discards_total", "tx"): "tx_discards_phy",
+        ("rdma_ethtool_out_of_buffer_total", "rx"): "rx_out_of_buffer",
+        ("rdma_ethtool_pcs_symbol_errors_total", "rx"): "rx_pcs_symbol_err_phy",
+        ("rdma_ethtool_symbol_error_packets_total", "rx"): "rx_symbol_err_phy",
+        ("rdma_ethtool_crc_error_packets_total", "rx"): "rx_crc_errors_phy",
+        ("rdma_ethtool_corrected_bit_errors_total", "rx"): "rx_corrected_bits_phy",
+        ("rdma_ethtool_port_bit_count_total", "rx"): "rx_bits_phy",
+        ("rdma_ethtool_port_bytes_total", "rx"): "rx_bytes_phy",
+        ("rdma_ethtool_pci_signal_integrity_errors_total", "rx"): "rx_pci_signal_integrity",
+    }
+    for (name, direction), source in expected.items():
+        assert value(metrics, name, **port, direction=direction) == raw[source], name
+    assert value(metrics, "rdma_ethtool_link_down_events_total", **port) == raw["link_down_events_phy"]
+    for priority in map(str, range(8)):
+        prio = {**port, "direction": "rx", "priority": priority}
+        for name, source in (("buffer_discards", "buf_discard"), ("congestion_discards", "cong_discard"),
+                             ("ecn_marked_packets", "marked"), ("discards", "discards")):  # fmt: skip
+            assert value(metrics, f"rdma_ethtool_priority_{name}_total", **prio) == raw[f"rx_prio{priority}_{source}"]
+    for lane in range(4):
+        lane_labels = {**port, "direction": "rx", "lane": str(lane)}
+        assert value(metrics, "rdma_ethtool_lane_raw_errors_total", **lane_labels) == raw[f"rx_err_lane_{lane}_phy"]
+    stalled = {**port, "operation": "read"}
+    stalled_seconds = value(metrics, "rdma_ethtool_pci_outbound_stalled_seconds_total", **stalled)
+    assert stalled_seconds == raw["outbound_pci_stalled_rd_events"]
+    assert value(metrics, "rdma_ethtool_pci_outbound_stalled_ratio", **stalled) == raw["outbound_pci_stalled_rd"] / 100
+
+
+def test_faulty_roce_ports_show_nonzero_discards_and_link_errors(tmp_path: Path) -> None:
+    # mlx5_8's host side is slow (PCIe faults, buffer discards); mlx5_9 lost its link.
+    build_tree(tmp_path / "t", TreeSpec(degraded_pcie=("mlx5_8",), down_ports=("mlx5_9",)))
+    metrics = Exporter(tmp_path / "t" / "sys", tmp_path / "t" / "ethtool").scrape()
+    slow = {"device": "mlx5_8", "port": "1", "netdev": ROCE["mlx5_8"]}
+    raw = capture(tmp_path / "t" / "ethtool", ROCE["mlx5_8"])
+    assert value(metrics, "rdma_ethtool_port_discards_total", **slow, direction="rx") == raw["rx_discards_phy"] > 0
+    assert value(metrics, "rdma_ethtool_priority_buffer_discards_total", **slow, direction="rx", priority="3") > 0
+    assert value(metrics, "rdma_ethtool_out_of_buffer_total", **slow, direction="rx") == raw["rx_out_of_buffer"] > 0
+    assert value(metrics, "rdma_ethtool_pci_signal_integrity_errors_total", **slow, direction="tx") > 0
+    assert value(metrics, "rdma_pcie_link_speed_transfers_per_second", device="mlx5_8") == 16e9
+    down = {"device": "mlx5_9", "port": "1", "netdev": ROCE["mlx5_9"]}
+    assert value(metrics, "rdma_ethtool_link_down_events_total", **down) > 0
+    assert value(metrics, "rdma_ethtool_pcs_symbol_errors_total", **down, direction="rx") > 0
+    assert value(metrics, "rdma_netdev_up", **down) == 0
+    assert value(metrics, "rdma_netdev_carrier", **down) == 0
+    assert value(metrics, "rdma_netdev_speed_bytes_per_second", **down) is None  # SPEED_UNKNOWN
+    assert value(metrics, "rdma_netdev_carrier_down_changes_total", **down) == 1 + value(
+        metrics, "rdma_netdev_carrier_up_changes_total", **down
+    )
+
+
+@pytest.mark.parametrize("device", sorted(ROCE))
+def test_ecn_enabled_on_the_roce_priority_only(metrics: Sample, device: str) -> None:
+    port = {"device": device, "port": "1", "netdev": ROCE[device]}
+    for role in ("np", "rp"):
+        states = {p: value(metrics, "rdma_netdev_ecn_enabled", **port, role=role, priority=str(p)) for p in range(8)}
+        assert states == {p: 1.0 if p == 3 else 0.0 for p in range(8)}
+
+
+@pytest.mark.parametrize("device", sorted(ROCE))
+def test_cnp_counters_and_their_help(sample: Path, sample_text: str, metrics: Sample, device: str) -> None:
+    hw = sample / "sys" / "class" / "infiniband" / device / "ports" / "1" / "hw_counters"
+    port = {"device": device, "port": "1"}
+    congestion = ("np_cnp_sent", "np_ecn_marked_roce_packets", "rp_cnp_handled", "rp_cnp_ignored", "roce_adp_retrans")
+    for counter in congestion:
+        assert value(metrics, f"rdma_port_hw_{counter}_total", **port) == sysfs_int(hw / counter)
+    assert value(metrics, "rdma_port_hw_np_cnp_sent_total", **port) > 0
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", sample_text, re.MULTILINE))
+    assert "notification point" in helps["rdma_port_hw_np_cnp_sent_total"]
+    assert "ecn/roce_rp/enable" in helps["rdma_port_hw_rp_cnp_ignored_total"]
+
+
+def test_netdev_link_and_statistics(sample: Path, metrics: Sample) -> None:
+    for device, netdev in ROCE.items():
+        port = {"device": device, "port": "1", "netdev": netdev}
+        net = sample / "sys" / "class" / "net" / netdev
+        assert value(metrics, "rdma_netdev_up", **port) == 1
+        assert value(metrics, "rdma_netdev_carrier", **port) == 1
+        assert value(metrics, "rdma_netdev_speed_bytes_per_second", **port) == 200e9 / 8
+        assert value(metrics, "rdma_netdev_mtu_bytes", **port) == 9000
+        assert value(metrics, "rdma_netdev_carrier_changes_total", **port) == sysfs_int(net / "carrier_changes")
+        assert value(metrics, "rdma_netdev_carrier_down_changes_total", **port) == sysfs_int(net / "carrier_down_count")
+        for stat in os.listdir(net / "statistics"):
+            assert value(metrics, f"rdma_netdev_{stat}_total", **port) == sysfs_int(net / "statistics" / stat)
+    # IPoIB interfaces get the netdev series too (with no ECN), but no ethtool ones.
+    ipoib = {"device": "mlx5_0", "port": "1", "netdev": "ibp24s0"}
+    assert value(metrics, "rdma_netdev_mtu_bytes", **ipoib) == 4092
+    assert not [k for k in metrics if k[0].startswith("rdma_ethtool_") and dict(k[1])["netdev"].startswith("ib")]
+    assert not [k for k in metrics if k[0] == "rdma_netdev_ecn_enabled" and dict(k[1])["netdev"].startswith("ib")]
+    assert not series(metrics, "rdma_ethtool_stat_"), "extras are opt-in"
+
+
+def test_pcie_link_below_max(metrics: Sample) -> None:
+    assert value(metrics, "rdma_pcie_link_speed_transfers_per_second", device="mlx5_5") == 16e9
+    assert value(metrics, "rdma_pcie_link_max_speed_transfers_per_second", device="mlx5_5") == 32e9
+    assert value(metrics, "rdma_pcie_link_width_lanes", device="mlx5_5") == 16
+    assert value(metrics, "rdma_pcie_link_max_width_lanes", device="mlx5_5") == 16
+    for n in (0, 4, 8, 9):
+        assert value(metrics, "rdma_pcie_link_speed_transfers_per_second", device=f"mlx5_{n}") == 32e9
+    # The degraded link's correctable errors, per type and as the kernel's report total.
+    correctable = {("device", "mlx5_5"), ("severity", "correctable")}
+    aer = [(dict(ls), v) for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_errors_total"]
+    aer = [(labels, v) for labels, v in aer if correctable <= labels.items()]
+    types = {labels["type"]: v for labels, v in aer}
+    assert types["RxErr"] > 0 and types["BadDLLP"] > 0
+    reports = value(metrics, "rdma_pcie_aer_reports_total", device="mlx5_5", severity="correctable")
+    assert reports == sum(types.values())  # the sample writes one report per error
+    assert value(metrics, "rdma_pcie_aer_reports_total", device="mlx5_0", severity="fatal") == 0
+
+
+def test_vfs_report_no_pcie_link_of_their_own(tmp_path: Path) -> None:
+    build_tree(tmp_path / "t", spec_for_devices(16))  # 8 IB PFs with one VF each: mlx5_8..mlx5_15
+    metrics = Exporter(tmp_path / "t" / "sys", tmp_path / "t" / "ethtool").scrape()
+    linked = {dict(ls)["device"] for (n, ls) in metrics if n == "rdma_pcie_link_width_lanes"}
+    assert linked == {f"mlx5_{n}" for n in range(8)}
+    assert value(metrics, "rdma_device_sriov_virtual_function", device="mlx5_8") == 1
+    assert not [k for k in metrics if k[0].startswith("rdma_pcie_") and dict(k[1])["device"] == "mlx5_8"]
+
+
+def test_every_series_joins_a_port_or_device(metrics: Sample) -> None:
+    ports = {(dict(ls)["device"], dict(ls)["port"]) for (n, ls) in metrics if n == "rdma_port_info"}
+    devices = {dict(ls)["device"] for (n, ls) in metrics if n == "rdma_device_info"}
+    joined = 0
+    for name, labels in metrics:
+        if name.startswith(("rdma_netdev_", "rdma_ethtool_")):
+            assert (dict(labels)["device"], dict(labels)["port"]) in ports, (name, labels)
+            joined += 1
+        elif name.startswith("rdma_pcie_"):
+            assert dict(labels)["device"] in devices
+    assert joined > 500
+    ethernet = {dict(ls)["device"] for (n, ls) in metrics if n == "rdma_port_info" and ("link_layer", "Ethernet") in ls}
+    assert ethernet == set(ROCE)
+
+
+def check_unique_and_promtool(text: str) -> None:
+    keys = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    assert [k for k, n in Counter(keys).items() if n > 1] == []
+    promtool_check_metrics(text)
+
+
+def test_no_duplicate_series_and_promtool_clean(sample_text: str) -> None:
+    check_unique_and_promtool(sample_text)
+
+
+def test_no_read_errors_on_the_sample(metrics: Sample) -> None:
+    assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+    for collector in ("netdev", "ethtool", "pcie"):
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector=collector) == 1
+
+
+def test_ioctl_path_gives_the_same_series_as_the_captures(tree: Path, metrics: Sample) -> None:
+    exporter = Exporter(tree / "sys")
+    nics = exporter.ethtool.call = fake_nics(tree)
+    got = exporter.scrape()
+    assert series(got, "rdma_ethtool_") == series(metrics, "rdma_ethtool_")
+    assert all(got[key] == metrics[key] for key in series(metrics, "rdma_ethtool_"))
+    # One read (GSSET_INFO, GSTRINGS, GSTATS) per RoCE netdev and scrape; IPoIB interfaces are never asked.
+    assert dict(nics.calls) == {netdev: 3 for netdev in ROCE.values()}
+
+
+def test_fixture_tree_without_captures_reads_no_ethtool(tree: Path) -> None:
+    # The tree's netdev names mean nothing to this host's kernel: no ioctl, no error, no series.
+    if live_sysfs(str(tree / "sys")):
+        pytest.skip("cannot tell a sysfs mount from a directory here (/proc/self/mountinfo unreadable)")
+    metrics = Exporter(tree / "sys").scrape()
+    assert series(metrics, "rdma_ethtool_") == set()
+    assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+    assert value(metrics, "rdma_netdev_up", device="mlx5_8", port="1") == 1
+
+
+# --- faults: each costs one netdev's ethtool values, is counted, and leaves the RDMA series alone -------------
+
+
+def read_errors(metrics: Sample, collector: str) -> dict[tuple[str, str], float]:
+    return {
+        (dict(ls)["device"], dict(ls)["reason"]): v
+        for (n, ls), v in metrics.items()
+        if n == "rdma_exporter_file_read_errors_total" and dict(ls)["collector"] == collector
+    }
+
+
+def assert_only_mlx5_8_lost(metrics: Sample, baseline: Sample) -> None:
+    assert series(metrics, "rdma_port_") == series(baseline, "rdma_port_")
+    assert series(metrics, "rdma_netdev_") == series(baseline, "rdma_netdev_")
+    lost = series(baseline, "rdma_ethtool_") - series(metrics, "rdma_ethtool_")
+    assert lost and {dict(ls)["netdev"] for _, ls in lost} == {ROCE["mlx5_8"]}
+    assert {dict(ls)["netdev"] for n, ls in series(metrics, "rdma_ethtool_")} == {ROCE["mlx5_9"]}
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [(errno.EOPNOTSUPP, "unsupported"), (errno.ENODEV, "missing"), (errno.EPERM, "permission"), (errno.EIO, "io")],
+)
+def test_ioctl_failure_costs_one_netdev(tree: Path, metrics: Sample, code: int, reason: str) -> None:
+    exporter = Exporter(tree / "sys")
+    nics = exporter.ethtool.call = fake_nics(tree)
+    nics.errno[ROCE["mlx5_8"]] = code
+    got = exporter.scrape()
+    assert_only_mlx5_8_lost(got, metrics)
+    assert read_errors(got, "ethtool") == {("mlx5_8", reason): 1}
+    assert value(got, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
+    del nics.errno[ROCE["mlx5_8"]]  # the next scrape recovers; the counter keeps the past failure
+    again = exporter.scrape()
+    assert series(again, "rdma_ethtool_") == series(metrics, "rdma_ethtool_")
+    assert read_errors(again, "ethtool") == {("mlx5_8", reason): 1}
+
+
+def test_stat_set_changing_size_between_calls_costs_one_netdev(tree: Path, metrics: Sample) -> None:
+    exporter = Exporter(tree / "sys")
+    nics = exporter.ethtool.call = fake_nics(tree)
+    nics.growing.add(ROCE["mlx5_8"])
+    got = exporter.scrape()
+    assert_only_mlx5_8_lost(got, metrics)
+    assert read_errors(got, "ethtool") == {("mlx5_8", "io"): 1}
+
+
+def test_missing_capture_is_counted(tree: Path, metrics: Sample) -> None:
+    (tree / "ethtool" / ROCE["mlx5_8"]).unlink()
+    got = Exporter(tree / "sys", tree / "ethtool").scrape()
+    assert_only_mlx5_8_lost(got, metrics)
+    assert read_errors(got, "ethtool") == {("mlx5_8", "missing"): 1}
+
+
+def test_garbage_capture_lines_are_counted_and_the_rest_kept(tree: Path, metrics: Sample) -> None:
+    path = tree / "ethtool" / ROCE["mlx5_8"]
+    path.write_text(path.read_text() + "     rx_prio3_pause: lots\n     half a line\n\x00\x01\n")
+    got = Exporter(tree / "sys", tree / "ethtool").scrape()
+    assert read_errors(got, "ethtool") == {("mlx5_8", "malformed"): 3}
+    assert series(got, "rdma_ethtool_") == series(metrics, "rdma_ethtool_")
+    prio3 = {"device": "mlx5_8", "direction": "rx", "priority": "3"}
+    assert value(got, "rdma_ethtool_pfc_pause_frames_total", **prio3) == value(
+        metrics, "rdma_ethtool_pfc_pause_frames_total", **prio3
+    )
+
+
+def test_vanished_netdev_costs_its_series_and_is_counted_once(tree: Path, metrics: Sample) -> None:
+    exporter = Exporter(tree / "sys", tree / "ethtool")
+    assert series(exporter.scrape(), "rdma_ethtool_") == series(metrics, "rdma_ethtool_")
+    (tree / "sys" / "class" / "net" / ROCE["mlx5_8"]).unlink()  # the netdev is unregistered
+    for _ in range(2):
+        got = exporter.scrape()
+        assert series(got, "rdma_port_") == series(metrics, "rdma_port_")
+        assert {dict(ls)["netdev"] for n, ls in series(got, "rdma_ethtool_")} == {ROCE["mlx5_9"]}
+        assert not [k for k in series(got, "rdma_netdev_") if dict(k[1])["netdev"] == ROCE["mlx5_8"]]
+        # Counted once per disappearance, not on every scrape while it stays away.
+        assert read_errors(got, "ethtool") == {("mlx5_8", "missing"): 1}
+        assert read_errors(got, "netdev") == {("mlx5_8", "missing"): 1}
+
+
+def test_unknown_gid_netdev_is_not_an_error(tree: Path) -> None:
+    # GID tables name netdevs of containers' namespaces, which this sysfs never shows.
+    ndevs = next((tree / "sys" / "class" / "infiniband" / "mlx5_8" / "ports" / "1" / "gid_attrs" / "ndevs").iterdir())
+    ndevs.write_text("net1\n")
+    got = Exporter(tree / "sys", tree / "ethtool").scrape()
+    assert read_errors(got, "netdev") == read_errors(got, "ethtool") == {}
+
+
+# --- RoCE LAG and bonds: every netdev read once and exported once ----------------------------------------------
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
+def _link(root: Path, rel: str, target: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(root / target, path.parent), path)
+
+
+PCI = "devices/pci0000:00/0000:00:02.0"
+
+
+def _function(root: Path, bdf: str, netdev: str, rdma: str | None, gids: list[str]) -> None:
+    """A PCI function with one Ethernet netdev and, unless folded into a LAG device, its RDMA device."""
+    fn = f"{PCI}/{bdf}"
+    _write(root, {f"{fn}/current_link_speed": "32.0 GT/s PCIe\n", f"{fn}/max_link_speed": "32.0 GT/s PCIe\n",
+                  f"{fn}/current_link_width": "16\n", f"{fn}/max_link_width": "16\n"})  # fmt: skip
+    net = f"{fn}/net/{netdev}"
+    _write(root, {f"{net}/{k}": v for k, v in {"operstate": "up\n", "carrier": "1\n", "speed": "200000\n",
+                                                  "mtu": "9000\n", "dev_port": "0\n", "statistics/rx_bytes": "5\n",
+                                                  "ecn/roce_np/enable/3": "1\n"}.items()})  # fmt: skip
+    _link(root, f"{net}/device", fn)
+    _link(root, f"class/net/{netdev}", net)
+    if rdma is None:
+        return
+    dev = f"{fn}/infiniband/{rdma}"
+    port = f"{dev}/ports/1"
+    attrs = {"link_layer": "Ethernet", "state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "200 Gb/sec (2X NDR)",
+             "counters/port_rcv_data": "1"}  # fmt: skip
+    _write(root, {f"{port}/{name}": f"{text}\n" for name, text in attrs.items()})
+    _write(root, {f"{port}/gid_attrs/ndevs/{i}": f"{name}\n" for i, name in enumerate(gids)})
+    _link(root, f"{dev}/device", fn)
+    _link(root, f"class/infiniband/{rdma}", dev)
+
+
+def _bond(root: Path, name: str, slaves: list[str], uppers: bool = True) -> None:
+    bond = f"devices/virtual/net/{name}"
+    _write(root, {f"{bond}/bonding/slaves": " ".join(slaves) + "\n", f"{bond}/bonding/mode": "802.3ad 4\n",
+                  f"{bond}/operstate": "up\n", f"{bond}/speed": "400000\n", f"{bond}/mtu": "9000\n"})  # fmt: skip
+    _link(root, f"class/net/{name}", bond)
+    for slave in slaves:
+        _link(root, f"{bond}/lower_{slave}", f"class/net/{slave}")
+        if uppers:
+            _link(root, f"class/net/{slave}/master", bond)
+
+
+STATS = {"rx_prio3_pause": 7, "tx_prio3_pause": 3, "rx_discards_phy": 1, "rx_packets": 9}
+
+
+def scrape_lag(root: Path) -> tuple[Sample, FakeNics, str]:
+    exporter = Exporter(root)
+    nics = exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+    text = exporter.text()
+    return samples(text), nics, text
+
+
+def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # mlx5_bond_0 sits on the first function; the second function has no RDMA device while bonded.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    reads: Counter[str] = Counter()
+    real = netdev_collector.read_netdev
+
+    def counting(sys_root: Path, name: str, reader: SysfsReader) -> object:
+        reads[name] += 1
+        return real(sys_root, name, reader)
+
+    monkeypatch.setattr(netdev_collector, "read_netdev", counting)
+    metrics, nics, text = scrape_lag(tmp_path)
+    assert dict(reads) == {"bond0": 1, "ens1f0np0": 1, "ens1f1np1": 1}
+    assert dict(nics.calls) == {"ens1f0np0": 3, "ens1f1np1": 3}  # the bond itself has no ethtool stats
+    lag = {"device": "mlx5_bond_0", "port": "1"}
+    for netdev in ("bond0", "ens1f0np0", "ens1f1np1"):
+        assert value(metrics, "rdma_netdev_up", **lag, netdev=netdev) == 1
+    for slave in ("ens1f0np0", "ens1f1np1"):
+        assert value(metrics, "rdma_netdev_bond_slave_info", **lag, netdev="bond0", slave=slave, mode="802.3ad") == 1
+        prio3 = {**lag, "netdev": slave, "direction": "rx", "priority": "3"}
+        assert value(metrics, "rdma_ethtool_pfc_pause_frames_total", **prio3) == 7
+    assert value(metrics, "rdma_netdev_speed_bytes_per_second", **lag, netdev="bond0") == 400e9 / 8
+    check_unique_and_promtool(text)
+
+
+def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
+    # Active-backup over two single-port NICs: both GID tables name the bond as an upper, and a VLAN on the
+    # first one; a container's macvlan (net1) appears in the second but not in this namespace.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "ens1f0np0", "bond0", "ens1f0np0.7"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1", "ens1f1np1", "bond0", "net1"])
+    _bond(tmp_path, "bond0", ["ens1f1np1", "ens1f0np0"])
+    vlan = "devices/virtual/net/ens1f0np0.7"
+    _write(tmp_path, {f"{vlan}/operstate": "up\n", f"{vlan}/mtu": "9000\n"})
+    _link(tmp_path, f"{vlan}/lower_ens1f0np0", "class/net/ens1f0np0")
+    _link(tmp_path, "class/net/ens1f0np0.7", vlan)
+    metrics, nics, text = scrape_lag(tmp_path)
+    up = [dict(ls) for (n, ls) in metrics if n == "rdma_netdev_up"]
+    owners = {labels["netdev"]: (labels["device"], labels["port"]) for labels in up}
+    # The bond's first lower (in name order) is mlx5_0's: mlx5_0 reads and exports it.
+    assert owners == {"ens1f0np0": ("mlx5_0", "1"), "ens1f0np0.7": ("mlx5_0", "1"), "bond0": ("mlx5_0", "1"),
+                      "ens1f1np1": ("mlx5_1", "1")}  # fmt: skip
+    assert dict(nics.calls) == {"ens1f0np0": 3, "ens1f1np1": 3}  # no ioctl for the bond or the VLAN
+    ethtool = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
+    assert ethtool == {"ens1f0np0": "mlx5_0", "ens1f1np1": "mlx5_1"}
+    assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+    check_unique_and_promtool(text)
+
+
+def test_read_order_does_not_change_the_exposition(tmp_path: Path) -> None:
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1", "bond0"])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    infos = {d: read_device_info(tmp_path, d, SysfsReader(d)) for d in ("mlx5_0", "mlx5_1")}
+    ctx = ScrapeContext(tmp_path, {})
+    texts = []
+    for order in (["mlx5_0", "mlx5_1"], ["mlx5_1", "mlx5_0"]):
+        out = FamilySet()
+        nics = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+        for source in (NetdevSource(), EthtoolSource(call=nics)):
+            results = {d: source.read(ctx, infos[d], SysfsReader(d)) for d in order}
+            source.expose(results, out)
+        texts.append(render(out))
+    assert texts[0] == texts[1]
+    assert "bond0" in texts[0]
+
+
+class _Fixed:
+    def __init__(self, out: FamilySet) -> None:
+        self.out = out
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.out)
+
+
+def render(out: FamilySet) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(out))  # type: ignore[arg-type]
+    return generate_latest(registry).decode()
+
+
+# --- configuration of extra stats ---------------------------------------------------------------------------
+
+
+def test_extra_stats_are_exported_labelled(tree: Path) -> None:
+    config = parse_config(
+        yaml.safe_load("collector: {ethtool: {extra_stats: ['^rx_vport_rdma_unicast_bytes$', '^ch[0-9]+_poll$']}}"),
+        "test",
+    )
+    exporter = Exporter(tree / "sys", tree / "ethtool", config)
+    metrics = exporter.scrape()
+    raw = capture(tree / "ethtool", ROCE["mlx5_8"])
+    port = {"device": "mlx5_8", "port": "1", "netdev": ROCE["mlx5_8"]}
+    got = value(metrics, "rdma_ethtool_stat_vport_rdma_unicast_bytes_total", **port, direction="rx")
+    assert got == raw["rx_vport_rdma_unicast_bytes"]
+    for channel in ("0", "1"):
+        polls = value(metrics, "rdma_ethtool_stat_channel_poll_total", **port, direction="", channel=channel)
+        assert polls == raw[f"ch{channel}_poll"]
+    promtool_check_metrics(exporter.text())
+
+
+def test_bad_extra_stats_regex_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "rdma.yml"
+    path.write_text("collector:\n  ethtool:\n    extra_stats: ['^rx_', 'tx_(']\n")
+    with pytest.raises(ConfigError) as err:
+        load_config_file(path)
+    assert (err.value.source, err.value.key) == (str(path), "collector.ethtool.extra_stats[1]")
+    assert "invalid regular expression" in err.value.reason
+    for bad in ("^rx_", [""], [3], {"a": 1}):
+        with pytest.raises(ConfigError):
+            check_extra_stats("f", "k", bad)
+    assert check_extra_stats("f", "k", None) == ()
+
+
+@given(st.one_of(st.none(), st.text(max_size=10), st.lists(st.one_of(st.text(max_size=12), st.integers()), max_size=5)))
+def test_extra_stats_validator_accepts_or_explains(value: object) -> None:
+    try:
+        patterns = check_extra_stats("file.yml", "collector.ethtool.extra_stats", value)
+    except ConfigError as exc:
+        assert exc.source == "file.yml" and exc.key.startswith("collector.ethtool.extra_stats")
+    else:
+        assert all(isinstance(p, re.Pattern) for p in patterns)
+
+
+# --- naming, units, curated label table -----------------------------------------------------------------------
+
+PROMTOOL_UNITS = re.compile(
+    r"(^|_)(bits|minutes|hours|days|weeks|kelvins|inches|yards|miles|calories|pounds|ounces|s|ms|us|ns|sec|b|kb|mb|gb|tb"
+    r"|pb|m|h|d|(pico|nano|micro|milli|centi|deci|deca|hecto|kilo|kibi|mega|mibi|giga|gibi|tera|tebi|peta|pebi)"
+    r"(seconds|bytes|meters|grams|volts|amperes|joules|bits))(_|$)"
+)
+
+
+def test_curated_label_table_matches_the_parser() -> None:
+    assert set(CURATED_LABELS) == set(CURATED_HELP)
+    captures = [FIXTURES / "ethtool" / p for p in os.listdir(FIXTURES / "ethtool")]
+    seen = set()
+    for path in captures:
+        for stat in curate(parse_stats_text(path.read_text(errors="replace"))):
+            if stat.key in CURATED_LABELS:
+                assert tuple(name for name, _ in stat.labels) == CURATED_LABELS[stat.key], stat
+                seen.add(stat.key)
+    assert len(seen) > 10
+    for key, spec in CURATED_SPECS.items():
+        assert spec.name == metric_name(key, spec.kind)
+        assert not PROMTOOL_UNITS.search(spec.name), spec.name
+    assert set(CURATED_RENAMES) <= set(CURATED_LABELS)
+
+
+@given(st.from_regex(r"[a-z0-9]{1,8}(_[a-z0-9]{1,8}){0,5}", fullmatch=True), st.sampled_from(["counter", "gauge"]))
+def test_lint_safe_names_pass_the_promtool_unit_rules(key: str, kind: str) -> None:
+    name = metric_name(key, kind)
+    assert re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name)
+    body = name[: -len("_total")] if kind == "counter" else name
+    assert not PROMTOOL_UNITS.search(body), name
+    assert f"_{kind}_" not in f"{body}_"
+    assert lint_safe(lint_safe(key, kind), kind) == lint_safe(key, kind)
+
+
+def test_awkward_extra_names_pass_promtool() -> None:
+    out = FamilySet()
+    names = ["rx_timeout_ms", "tx_kilobytes", "rx_fec_corrected_bits_lane_1", "rx_counter_counter", "tx_s_b_kb",
+             "rx_total_total", "rx_q7_hours", "rx_prio_9_x"]  # fmt: skip
+    stats = tuple(curate(dict.fromkeys(names, 1), [re.compile(".")]))
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+    promtool_check_metrics(render(out))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.from_regex(r"[a-z]{1,3}(_[a-z0-9]{1,4}){0,3}", fullmatch=True), st.integers(0, 2**64 - 1),
+                       max_size=12))  # fmt: skip
+def test_expose_of_any_extras_is_valid_and_unique(stats: dict[str, int]) -> None:
+    curated = tuple(curate(stats, [re.compile(".")]))
+    out = FamilySet()
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", curated),))}, out)
+    text = render(out)
+    keys = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(keys) == len(set(keys))
+    list(text_string_to_metric_families(text))
+
+
+@pytest.mark.parametrize(
+    ("raw", "scale", "expected"),
+    [(4061709, 1e-6, 4.061709), (221261, 1e-6, 0.221261), (37, 0.01, 0.37), (5, 1.0, 5), (3, 0.5, 1.5)],
+)
+def test_scaled_values_are_exact(raw: int, scale: float, expected: float) -> None:
+    assert scaled(CuratedStat("k", raw, (), "counter", scale)) == expected
+
+
+# --- live sysfs detection and the reader's absent errnos ------------------------------------------------------
+
+
+def test_sysfs_mount_points() -> None:
+    text = (
+        "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n"
+        "40 22 0:6 / /sys/kernel/debug rw - debugfs debugfs rw\n"
+        "77 1 0:21 / /host/my\\040sys rw shared:5 - sysfs sysfs rw\n"
+        "garbage\n"
+        "1 2 3 4 /tmp/x - tmpfs tmpfs rw\n"
+    )
+    assert sysfs_mount_points(text) == {"/sys", "/host/my sys"}
+
+
+@given(st.text(max_size=200))
+def test_sysfs_mount_points_never_raises(text: str) -> None:
+    assert isinstance(sysfs_mount_points(text), frozenset)
+
+
+def test_live_sysfs(tmp_path: Path) -> None:
+    if "/sys" not in sysfs_mount_points(Path("/proc/self/mountinfo").read_text()):
+        pytest.skip("/sys is not a sysfs mount here")
+    assert live_sysfs("/sys")
+    assert not live_sysfs(str(tmp_path))
+
+
+def test_reader_absent_errnos_on_a_real_attribute() -> None:
+    # Loopback has no link speed: the kernel answers EINVAL, "no value", not a failure.
+    speed = Path("/sys/class/net/lo/speed")
+    if not speed.exists():
+        pytest.skip("no /sys/class/net/lo")
+    reader = SysfsReader("lo")
+    assert reader.text(speed, absent_errnos=NO_VALUE_ERRNOS) is None
+    assert reader.errors.total() == 0
+    assert reader.text(speed) is None
+    assert dict(reader.errors.counts) == {("lo", "io"): 1}
+
+
+def test_reader_absent_errnos_covers_open_and_read(tmp_path: Path) -> None:
+    reader = SysfsReader("x")
+    assert reader.text(tmp_path, absent_errnos={errno.EISDIR}) is None  # read() of a directory: EISDIR
+    assert reader.uint(tmp_path / "none", absent_errnos={errno.ENOENT}) is None
+    assert reader.errors.total() == 0
