@@ -151,11 +151,19 @@ def metric_name(key: str, kind: str) -> str:
     return f"{PREFIX}{safe}_total" if kind == "counter" else f"{PREFIX}{safe}"
 
 
+def _curated_help(key: str) -> str:
+    # The parser's help names other keys ("divide by port_bits"); name the metrics operators will see.
+    text = CURATED_HELP[key]
+    for old in CURATED_RENAMES:
+        text = re.sub(rf"\b{old}\b", metric_name(old, "counter"), text)
+    return f"{text} From ethtool -S."
+
+
 CURATED_SPECS: Final[dict[str, MetricSpec]] = {
     key: MetricSpec(
         metric_name(key, "gauge" if key in GAUGE_KEYS else "counter"),
         "gauge" if key in GAUGE_KEYS else "counter",
-        f"{CURATED_HELP[key]} From ethtool -S.",
+        _curated_help(key),
         (*NETDEV, *labels),
     )
     for key, labels in CURATED_LABELS.items()
