@@ -3,7 +3,8 @@ PHY errors, per-lane errors and PCIe stalls, curated and labelled by parse/ethto
 
 Only the netdevs of Ethernet RDMA ports are read (IPoIB interfaces have no such counters): the port's own
 physical netdev, or the slaves of the bond a RoCE LAG port maps to. Uppers without hardware (VLANs,
-macvlans) are skipped. Statistics come from the SIOCETHTOOL ioctl, or in fixture mode
+macvlans) are skipped. Each netdev is read by one RDMA device per scrape (see netdev.Locality), so a LAG's
+slaves are asked once. Statistics come from the SIOCETHTOOL ioctl, or in fixture mode
 (`--path.ethtool=DIR`) from `DIR/<netdev>`, a saved `ethtool -S <netdev>` output.
 
 A failure (netdev gone, EOPNOTSUPP, EPERM, a stat set that would not hold still, a missing capture)
