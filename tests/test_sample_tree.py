@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -315,17 +314,15 @@ def test_spec_for_devices(n: int, ib: int, roce: int, vfs: int) -> None:
     assert spec.ib_hcas + spec.roce_hcas + spec.ib_hcas * spec.vfs_per_pf == n
 
 
-def test_128_devices_build_fast(tmp_path: Path) -> None:
-    start = time.perf_counter()
+def test_128_device_tree_is_complete(tmp_path: Path) -> None:
+    # Build speed is the benchmark's business (bench/), not a timed unit test's.
     sys_root = build_tree(tmp_path, spec_for_devices(128))
-    elapsed = time.perf_counter() - start
     devices = list((sys_root / "class/infiniband").iterdir())
     assert len(devices) == 128 and all(d.resolve(strict=True).is_dir() for d in devices)
     assert len(list((sys_root / "class/net").iterdir())) == 129  # one netdev each, plus lo
     guids = {read(d / "node_guid") for d in devices}
     lids = {read(d / "ports/1/lid") for d in devices}
     assert len(guids) == len(lids) == 128
-    assert elapsed < 2.0, f"128 devices took {elapsed:.2f}s"
 
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
