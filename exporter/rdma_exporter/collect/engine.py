@@ -1,7 +1,16 @@
 """The scrape engine: a custom prometheus_client Collector that builds fresh families on every scrape.
 
-It keeps the static part of every device (`DeviceInfo`) in an `Inventory`, runs each enabled source's
-per-device reads, lets each source expose what it read, and adds the exporter's own health metrics.
+A stuck mlx5 firmware makes sysfs reads block in the kernel, uninterruptibly. The engine therefore never
+reads a device on the thread that serves a scrape:
+
+- each scrape ("round") submits ONE job per device (its static info when not cached, then every enabled
+  source's `read`, in order) to a bounded pool of daemon threads, and waits for the jobs until the
+  scrape's deadline; a device whose job has not finished is reported as failed for that scrape;
+- a device whose job from an earlier round is still running gets no new job: it is skipped and says so,
+  so a read that never returns holds exactly one thread, whatever the number of scrapes;
+- concurrent scrapes join the round in flight (single-flight), each waiting no longer than its own
+  deadline, so three Prometheus replicas cost one set of firmware queries.
+
 Nothing is remembered between scrapes except the static inventory and the cumulative error counts, so
 a device or port that disappears simply stops being exported (no stale series).
 """
@@ -14,8 +23,8 @@ import platform
 import re
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -25,12 +34,24 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, read_device_info
-from ..parse.reader import ReadErrors, SysfsReader
+from ..parse.reader import REASON_IO, REASON_TIMEOUT, ReadErrors, SysfsReader
 from .base import FamilySet, MetricSpec, ScrapeContext, Source
 
 log = logging.getLogger(__name__)
 
 INVENTORY: Final = "inventory"
+
+# Reads in flight at once. Real mlx5 counter reads are firmware commands of ~0.1-1 ms each, so a few
+# devices in parallel hide that latency; more threads only fight over the GIL.
+DEFAULT_PARALLELISM: Final = 8
+# However many devices are stuck, the pool never holds more threads than this.
+HARD_MAX_WORKERS: Final = 64
+# Idle pool threads exit after this, so a quiet exporter holds no reader threads.
+WORKER_IDLE_SECONDS: Final = 30.0
+# udev mode: relist and re-read static info this often anyway, in case netlink dropped events (ENOBUFS).
+UDEV_RESYNC_SECONDS: Final = 900.0
+# Rescan mode has no change events (netdev renames, firmware updates): re-read static info this often.
+RESCAN_STATIC_MAX_AGE: Final = 300.0
 
 SCRAPE_DURATION: Final = MetricSpec(
     "rdma_exporter_scrape_collector_duration_seconds",
@@ -63,13 +84,36 @@ DEVICES_EXCLUDED: Final = MetricSpec(
     "RDMA devices skipped by the include/exclude filters (none of their files is read).",
     (),
 )
+DEVICE_SKIPPED: Final = MetricSpec(
+    "rdma_exporter_device_scrape_skipped",
+    "gauge",
+    "1 for a device not read in this scrape because its read from an earlier scrape has not returned "
+    "(e.g. stuck firmware); present only for such devices.",
+    ("device",),
+)
+DEVICE_BLOCKED: Final = MetricSpec(
+    "rdma_exporter_device_read_blocked_seconds",
+    "gauge",
+    "How long the unfinished read of a device has been running; present only for devices that timed out "
+    "or were skipped in this scrape.",
+    ("device",),
+)
 BUILD_INFO: Final = MetricSpec(
     "rdma_exporter_build_info",
     "info",
     "Version of rdma-exporter and the Python that runs it.",
     ("version", "python_version"),
 )
-ENGINE_SPECS: Final = (SCRAPE_DURATION, SCRAPE_SUCCESS, READ_ERRORS, DEVICES, DEVICES_EXCLUDED, BUILD_INFO)
+ENGINE_SPECS: Final = (
+    SCRAPE_DURATION,
+    SCRAPE_SUCCESS,
+    READ_ERRORS,
+    DEVICES,
+    DEVICES_EXCLUDED,
+    DEVICE_SKIPPED,
+    DEVICE_BLOCKED,
+    BUILD_INFO,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,56 +129,342 @@ class DeviceFilter:
         return not (self.exclude is not None and self.exclude.fullmatch(name))
 
 
-@dataclass
-class Inventory:
-    """Static info of every device, read once and kept until the device changes.
+# --- inventory ---------------------------------------------------------------------------------------
 
-    A device is re-read when its class/infiniband link points somewhere else (driver reload, VF
-    re-creation) or when `invalidate` is called (udev change events). Listing the class directory is
-    a single getdents, so it is done on every scrape; no file of an excluded device is ever opened.
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """One listed device for one round: its cached static info, or None when the job must read it."""
+
+    name: str
+    target: str  # class/infiniband link target: a new target is a new device under an old name
+    info: DeviceInfo | None
+    epoch: tuple[int, int]  # invalidation generation when listed; a late static read must not undo one
+
+
+class Inventory:
+    """The device list and the static info of every device, kept until the device changes.
+
+    Rescan mode (no udev: containers, fixture trees) lists class/infiniband on every scrape (a single
+    getdents, plus a readlink per device) and re-reads a device's static info when its link target
+    changes (driver reload, VF re-creation) or after RESCAN_STATIC_MAX_AGE. Udev mode lists only when
+    the hotplug monitor said something changed (`mark_dirty`, `invalidate`), plus a periodic resync.
+    Static info itself is read by the device's job, under the scrape deadline.
     """
 
-    sys_root: Path
-    device_filter: DeviceFilter = field(default_factory=DeviceFilter)
-    _devices: dict[str, tuple[str, DeviceInfo]] = field(default_factory=dict)
-    _stale: set[str] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    excluded: int = 0
+    def __init__(
+        self,
+        sys_root: Path,
+        device_filter: DeviceFilter | None = None,
+        *,
+        rescan_each_scrape: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sys_root = sys_root
+        self.device_filter = device_filter or DeviceFilter()
+        self.rescan_each_scrape = rescan_each_scrape
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._listing: list[tuple[str, str]] | None = None  # (name, link target) of allowed devices
+        self._listed_at = 0.0
+        self._cache: dict[str, tuple[str, DeviceInfo, float]] = {}  # name -> (target, info, read at)
+        self._epoch_all = 0
+        self._epochs: dict[str, int] = {}
+        self.excluded = 0
+
+    @property
+    def mode(self) -> str:
+        return "rescan" if self.rescan_each_scrape else "udev"
 
     def invalidate(self, name: str | None = None) -> None:
-        """Forget one device's static info (or all of it), so the next scrape reads it again."""
+        """Forget one device's static info (or everyone's) and relist: the next scrape reads it again."""
         with self._lock:
             if name is None:
-                self._stale.update(self._devices)
+                self._epoch_all += 1
+                self._cache.clear()
             else:
-                self._stale.add(name)
+                self._epochs[name] = self._epochs.get(name, 0) + 1
+                self._cache.pop(name, None)
+            self._listing = None
 
-    def refresh(self, errors: ReadErrors) -> list[DeviceInfo]:
-        reader = SysfsReader("", errors)
-        names = list_devices(self.sys_root, reader)
+    def mark_dirty(self) -> None:
+        """The device set may have changed: relist on the next scrape (static info is kept)."""
+        with self._lock:
+            self._listing = None
+
+    def cached(self) -> dict[str, DeviceInfo]:
+        with self._lock:
+            return {name: info for name, (_, info, _) in self._cache.items()}
+
+    def scan(self, errors: ReadErrors) -> list[DeviceEntry]:
+        now = self._clock()
+        with self._lock:
+            resync = not self.rescan_each_scrape and now - self._listed_at >= UDEV_RESYNC_SECONDS
+            if resync and self._listing is not None:
+                self._epoch_all += 1
+                self._cache.clear()
+            if self.rescan_each_scrape or self._listing is None or resync:
+                self._listing = self._list(errors)
+                self._listed_at = now
+                self._cache = {n: v for n, v in self._cache.items() if any(n == m for m, _ in self._listing)}
+            entries = []
+            for name, target in self._listing:
+                cached = self._cache.get(name)
+                info = None
+                if cached is not None and cached[0] == target:
+                    fresh = not self.rescan_each_scrape or now - cached[2] < RESCAN_STATIC_MAX_AGE
+                    info = cached[1] if fresh else None
+                entries.append(DeviceEntry(name, target, info, (self._epoch_all, self._epochs.get(name, 0))))
+            return entries
+
+    def store(self, entry: DeviceEntry, info: DeviceInfo) -> None:
+        """Cache static info a job read, unless the device was invalidated since it was listed."""
+        with self._lock:
+            if entry.epoch == (self._epoch_all, self._epochs.get(entry.name, 0)):
+                self._cache[entry.name] = (entry.target, info, self._clock())
+
+    def _list(self, errors: ReadErrors) -> list[tuple[str, str]]:
+        names = list_devices(self.sys_root, SysfsReader("", errors))
         allowed = [name for name in names if self.device_filter.allows(name)]
         self.excluded = len(names) - len(allowed)
+        listing = []
+        for name in allowed:
+            try:
+                target = os.readlink(self.sys_root / CLASS_DIR / name)
+            except OSError:
+                target = ""  # a plain directory (fixture trees): identity is the name alone
+            listing.append((name, target))
+        return listing
+
+
+# --- bounded reader threads --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SourceOutcome:
+    value: Any
+    errors: ReadErrors
+    seconds: float
+    ok: bool
+
+
+class DeviceJob:
+    """All reads of one device for one round, run by a pool thread; results appear as each source ends."""
+
+    def __init__(self, key: str, device: str, work: Callable[[DeviceJob], None]) -> None:
+        self.key = key
+        self.device = device
+        self._work = work
+        self.submitted = time.monotonic()
+        self.started: float | None = None
+        self.done = threading.Event()
+        self.cancelled = False
+        self.abandoned = False
+        self.running = False
+        self.lock = threading.Lock()
+        # Filled by the work function, read by the scrapes waiting for it.
+        self.info: DeviceInfo | None = None
+        self.info_errors = ReadErrors()
+        self.info_seconds = 0.0
+        self.info_failed = False
+        self.info_done = False  # the static-info phase is over (read, cached or failed)
+        self.outcomes: dict[str, SourceOutcome] = {}
+        self.current: tuple[str, float] | None = None  # source being read and since when
+        self.on_done: Callable[[DeviceJob], None] | None = None
+
+    def since(self) -> float:
+        return self.started if self.started is not None else self.submitted
+
+    def begin(self, source: str) -> None:
+        with self.lock:
+            self.current = (source, time.perf_counter())
+
+    def finish(self, source: str, outcome: SourceOutcome) -> None:
+        with self.lock:
+            self.outcomes[source] = outcome
+            self.current = None
+
+    def snapshot(self) -> tuple[dict[str, SourceOutcome], tuple[str, float] | None]:
+        with self.lock:
+            return dict(self.outcomes), self.current
+
+    def run(self) -> None:
+        self.started = time.monotonic()
+        try:
+            self._work(self)
+        except Exception:  # the work function handles source errors; this is a bug, not a device fault
+            log.exception("device job %s failed", self.device)
+        finally:
+            self._complete()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._complete()
+
+    def _complete(self) -> None:
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done(self)
+
+
+class WorkerPool:
+    """Daemon threads that run device jobs, created on demand and ended when idle.
+
+    At most `parallelism` jobs run at once, plus one thread per abandoned job (a job some scrape gave
+    up waiting for, probably blocked in the kernel), and never more than `hard_max` threads. Threads
+    are daemons so that a read blocked forever cannot stop the process from exiting.
+    """
+
+    def __init__(
+        self,
+        parallelism: int = DEFAULT_PARALLELISM,
+        hard_max: int = HARD_MAX_WORKERS,
+        idle_seconds: float = WORKER_IDLE_SECONDS,
+    ) -> None:
+        self.parallelism = max(1, min(parallelism, hard_max))
+        self.hard_max = hard_max
+        self.idle_seconds = idle_seconds
+        self._cond = threading.Condition()
+        self._queue: deque[DeviceJob] = deque()
+        self._threads = 0
+        self._idle = 0
+        self._abandoned = 0
+        self._serial = 0
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @property
+    def abandoned(self) -> int:
+        return self._abandoned
+
+    def _capacity(self) -> int:
+        return min(self.hard_max, self.parallelism + self._abandoned)
+
+    def submit(self, job: DeviceJob) -> None:
+        with self._cond:
+            self._queue.append(job)
+            self._spawn_if_needed()
+            self._cond.notify()
+
+    def abandon(self, job: DeviceJob) -> None:
+        """A scrape stopped waiting for `job`: drop it if it has not started, else let another thread in."""
+        with self._cond:
+            if job.done.is_set() or job.abandoned:
+                return
+            if not job.running:
+                try:
+                    self._queue.remove(job)
+                except ValueError:
+                    return
+                cancel = True
+            else:
+                job.abandoned = True
+                self._abandoned += 1
+                self._spawn_if_needed()
+                cancel = False
+        if cancel:
+            job.cancel()
+
+    def _spawn_if_needed(self) -> None:
+        if self._queue and self._idle == 0 and self._threads < self._capacity():
+            self._threads += 1
+            self._serial += 1
+            threading.Thread(target=self._worker, name=f"rdma-read-{self._serial}", daemon=True).start()
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._idle += 1
+                    woken = self._cond.wait(self.idle_seconds)
+                    self._idle -= 1
+                    if not woken and not self._queue:
+                        self._threads -= 1
+                        return
+                job = self._queue.popleft()
+                job.running = True
+            job.run()
+            with self._cond:
+                if job.abandoned:
+                    self._abandoned -= 1
+                if self._threads > self._capacity() and not self._queue:
+                    self._threads -= 1
+                    return
+
+
+class DeviceReads:
+    """The pool plus the one outstanding job per device directory.
+
+    Shared by every collector of the process (one per config reload), so a device that is stuck keeps
+    holding one thread across reloads instead of one per collector.
+    """
+
+    def __init__(self, pool: WorkerPool | None = None) -> None:
+        self.pool = pool or WorkerPool()
+        self._lock = threading.Lock()
+        self._outstanding: dict[str, DeviceJob] = {}
+
+    def start(self, key: str, device: str, work: Callable[[DeviceJob], None]) -> tuple[DeviceJob, bool]:
+        """Submit a job for `key` (a device directory): (new job, True), or (unfinished job, False)."""
         with self._lock:
-            stale, self._stale = self._stale, set()
-            current: dict[str, tuple[str, DeviceInfo]] = {}
-            for name in allowed:
-                try:
-                    target = os.readlink(self.sys_root / CLASS_DIR / name)
-                except OSError:
-                    target = ""  # a plain directory (fixture trees): identity is the name alone
-                cached = self._devices.get(name)
-                if cached is not None and cached[0] == target and name not in stale:
-                    current[name] = cached
-                    continue
-                try:
-                    info = read_device_info(self.sys_root, name, SysfsReader(name, errors))
-                except Exception as exc:  # a broken device costs that device only
-                    log.warning("cannot read device %s: %s", name, exc)
-                    errors.add(name, "io", f"{name}: {exc}")
-                    continue
-                current[name] = (target, info)
-            self._devices = current
-        return [info for _, info in current.values()]
+            previous = self._outstanding.get(key)
+            if previous is not None:
+                return previous, False
+            job = self._outstanding[key] = DeviceJob(key, device, work)
+        job.on_done = self._finished
+        self.pool.submit(job)
+        return job, True
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return len(self._outstanding)
+
+    def give_up(self, job: DeviceJob) -> None:
+        self.pool.abandon(job)
+
+    def _finished(self, job: DeviceJob) -> None:
+        with self._lock:
+            if self._outstanding.get(job.key) is job:
+                del self._outstanding[job.key]
+        if job.abandoned:
+            log.warning("device %s: blocked read returned after %.1f s", job.device, time.monotonic() - job.since())
+
+
+_shared_reads: DeviceReads | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_reads() -> DeviceReads:
+    """The process-wide reader pool (one process, one bound on reader threads)."""
+    global _shared_reads
+    with _shared_lock:
+        if _shared_reads is None:
+            _shared_reads = DeviceReads()
+        return _shared_reads
+
+
+# --- scrape rounds -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Round:
+    """One collection: the jobs it started and what the scrapes waiting for it have already counted."""
+
+    deadline: float  # the latest deadline of the scrapes waiting for it
+    entries: list[DeviceEntry]
+    jobs: dict[str, DeviceJob]
+    skipped: dict[str, DeviceJob]  # devices whose job from an earlier round is still running
+    inventory_seconds: float
+    inventory_ok: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    result: FamilySet | None = None
+    counted: set[tuple[str, str]] = field(default_factory=set)  # (collector, device) errors already counted
+    logged: bool = False
+
+    def complete(self) -> bool:
+        return all(job.done.is_set() for job in self.jobs.values())
 
 
 @dataclass
@@ -152,15 +482,24 @@ class RdmaCollector(Collector):
         *,
         device_filter: DeviceFilter | None = None,
         settings: dict[str, dict[str, Any]] | None = None,
+        scrape_timeout: float = 8.0,
+        reads: DeviceReads | None = None,
+        rescan_each_scrape: bool = True,
     ) -> None:
         self.sys_root = sys_root
         self.sources = list(sources)
-        self.inventory = Inventory(sys_root, device_filter or DeviceFilter())
+        self.inventory = Inventory(sys_root, device_filter, rescan_each_scrape=rescan_each_scrape)
+        self.scrape_timeout = scrape_timeout
+        self.reads = reads or shared_reads()
         self._settings = settings or {}
         self._state: dict[str, _CollectorState] = {INVENTORY: _CollectorState()}
         for source in self.sources:
             self._state[source.name] = _CollectorState()
-        self._lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._reported: set[str] = set()  # devices whose blocked read was already logged
+        self._round_lock = threading.Lock()
+        self._round: _Round | None = None
+        self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
 
     def describe(self) -> Iterable[Metric]:
         # Families depend on the hardware; describing none stops the registry from calling collect()
@@ -168,60 +507,190 @@ class RdmaCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            families = self._scrape()
-        yield from families
+        yield from self.gather()
 
-    def _scrape(self) -> FamilySet:
-        out = FamilySet()
-        durations: dict[str, float] = {}
-        success: dict[str, bool] = {}
+    def gather(self, timeout: float | None = None) -> FamilySet:
+        """One scrape's families, waiting at most `timeout` seconds (default: the configured deadline).
 
+        Joins the collection in flight unless it is past the deadline of every scrape waiting for it.
+        """
+        wait = self.scrape_timeout if timeout is None else max(0.0, timeout)
+        now = time.monotonic()
+        mine = now + wait
+        with self._round_lock:
+            current = self._round
+            if current is None or current.result is not None or now >= current.deadline:
+                current = self._round = self._start_round(mine)
+            else:
+                current.deadline = max(current.deadline, mine)
+        for job in current.jobs.values():
+            remaining = mine - time.monotonic()
+            if remaining <= 0 or not job.done.wait(remaining):
+                break
+        return self._assemble(current)
+
+    # The round is started under _round_lock: listing is one getdents, everything else is a job.
+    def _start_round(self, deadline: float) -> _Round:
         started = time.perf_counter()
-        inventory_errors = ReadErrors()
-        devices = self.inventory.refresh(inventory_errors)
-        durations[INVENTORY] = time.perf_counter() - started
-        success[INVENTORY] = os.path.isdir(self.sys_root / CLASS_DIR)
-        self._record_errors(INVENTORY, inventory_errors)
+        errors = ReadErrors()
+        entries = self.inventory.scan(errors)
+        ok = os.path.isdir(self.sys_root / CLASS_DIR)
+        self._record_errors(INVENTORY, errors)
+        jobs: dict[str, DeviceJob] = {}
+        skipped: dict[str, DeviceJob] = {}
+        for entry in entries:
+            key = os.fspath(self.sys_root / CLASS_DIR / entry.name)
+            job, new = self.reads.start(key, entry.name, lambda job, entry=entry: self._read_device(job, entry))
+            (jobs if new else skipped)[entry.name] = job
+        return _Round(deadline, entries, jobs, skipped, time.perf_counter() - started, ok)
 
-        for source in self.sources:
-            ctx = ScrapeContext(self.sys_root, self._settings.get(source.name, {}))
-            errors = ReadErrors()
-            results: dict[str, Any] = {}
-            ok = True
+    def _read_device(self, job: DeviceJob, entry: DeviceEntry) -> None:
+        """Runs in a pool thread: static info if not cached, then each source's reads, in order."""
+        info = entry.info
+        if info is None:
             started = time.perf_counter()
-            for device in devices:
-                try:
-                    results[device.name] = source.read(ctx, device, SysfsReader(device.name, errors))
-                except Exception as exc:  # one broken device must not take the others down
-                    ok = False
-                    log.warning("collector %s failed on device %s: %s", source.name, device.name, exc)
-                    errors.add(device.name, "io", f"{device.name}: {exc!r}")
             try:
-                source.expose(results, out)
-            except Exception:
-                ok = False
-                log.exception("collector %s failed to build its metrics", source.name)
-            durations[source.name] = time.perf_counter() - started
-            success[source.name] = ok
-            self._record_errors(source.name, errors)
+                info = read_device_info(self.sys_root, entry.name, SysfsReader(entry.name, job.info_errors))
+            except Exception as exc:  # a broken device costs that device only
+                log.warning("cannot read device %s: %s", entry.name, exc)
+                job.info_errors.add(entry.name, REASON_IO, f"{entry.name}: {exc}")
+                job.info_failed = True
+            job.info_seconds = time.perf_counter() - started
+            if info is not None:
+                self.inventory.store(entry, info)
+        job.info = info
+        job.info_done = True
+        if info is None:
+            return
+        for source in self.sources:
+            job.begin(source.name)
+            errors = ReadErrors()
+            started = time.perf_counter()
+            try:
+                value = source.read(self._contexts[source.name], info, SysfsReader(entry.name, errors))
+                ok = True
+            except Exception as exc:  # one broken device must not take the others down
+                log.warning("collector %s failed on device %s: %s", source.name, entry.name, exc)
+                errors.add(entry.name, REASON_IO, f"{entry.name}: {exc!r}")
+                value, ok = None, False
+            job.finish(source.name, SourceOutcome(value, errors, time.perf_counter() - started, ok))
+        if not os.path.isdir(self.sys_root / CLASS_DIR / entry.name):
+            self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
 
-        for name in self._state:
-            if name in durations:
-                out.add(SCRAPE_DURATION, [name], durations[name])
-                out.add(SCRAPE_SUCCESS, [name], 1 if success[name] else 0)
-        for name, state in self._state.items():
-            for (device, reason), count in sorted(state.errors.items()):
-                out.add(READ_ERRORS, [name, device, reason], count)
-        out.add(DEVICES, [], len(devices))
-        out.add(DEVICES_EXCLUDED, [], self.inventory.excluded)
-        out.add(BUILD_INFO, [__version__, platform.python_version()], 1)
-        return out
+    def _assemble(self, rnd: _Round) -> FamilySet:
+        """The families of a round as far as it got; cached once every job has finished."""
+        with rnd.lock:
+            if rnd.result is not None:
+                return rnd.result
+            complete = rnd.complete()
+            now = time.monotonic()
+            if not complete and now >= rnd.deadline:
+                # Nobody waits any longer: drop jobs that never started, and let the pool replace
+                # threads blocked in the kernel.
+                for job in rnd.jobs.values():
+                    self.reads.give_up(job)
+            out = FamilySet()
+            durations: dict[str, float] = {INVENTORY: rnd.inventory_seconds}
+            success: dict[str, bool] = {INVENTORY: rnd.inventory_ok}
+            results: dict[str, dict[str, Any]] = {}
+            for source in self.sources:
+                durations[source.name] = 0.0
+                success[source.name] = True
+                results[source.name] = {}
+            devices = 0
+            blocked: dict[str, float] = {}
+            for entry in rnd.entries:
+                name = entry.name
+                skipped = rnd.skipped.get(name)
+                if skipped is not None:
+                    devices += 1
+                    blocked[name] = now - skipped.since()
+                    for source in self.sources:
+                        success[source.name] = False
+                        self._count_timeout(rnd, source.name, name)
+                    continue
+                job = rnd.jobs[name]
+                if job.info_done:
+                    durations[INVENTORY] += job.info_seconds
+                    if (INVENTORY, name) not in rnd.counted:
+                        rnd.counted.add((INVENTORY, name))
+                        self._record_errors(INVENTORY, job.info_errors)
+                    if job.info_failed:
+                        continue
+                devices += 1
+                if not job.done.is_set() or job.cancelled:
+                    blocked[name] = now - job.since()
+                outcomes, current = job.snapshot()
+                for source in self.sources:
+                    outcome = outcomes.get(source.name)
+                    if outcome is None:
+                        success[source.name] = False
+                        if current is not None and current[0] == source.name:
+                            durations[source.name] += time.perf_counter() - current[1]
+                        self._count_timeout(rnd, source.name, name)
+                        continue
+                    if (source.name, name) not in rnd.counted:
+                        rnd.counted.add((source.name, name))
+                        self._record_errors(source.name, outcome.errors)
+                    durations[source.name] += outcome.seconds
+                    success[source.name] = success[source.name] and outcome.ok
+                    if outcome.ok:
+                        results[source.name][name] = outcome.value
+            if not rnd.logged:
+                rnd.logged = True
+                self._log_blocked(blocked, rnd)
+            for source in self.sources:
+                started = time.perf_counter()
+                try:
+                    source.expose(results[source.name], out)
+                except Exception:
+                    success[source.name] = False
+                    log.exception("collector %s failed to build its metrics", source.name)
+                durations[source.name] += time.perf_counter() - started
+            for name in self._state:
+                if name in durations:
+                    out.add(SCRAPE_DURATION, [name], durations[name])
+                    out.add(SCRAPE_SUCCESS, [name], 1 if success[name] else 0)
+            with self._state_lock:
+                for name, state in self._state.items():
+                    for (device, reason), count in sorted(state.errors.items()):
+                        out.add(READ_ERRORS, [name, device, reason], count)
+            out.add(DEVICES, [], devices)
+            out.add(DEVICES_EXCLUDED, [], self.inventory.excluded)
+            for name in sorted(rnd.skipped):
+                out.add(DEVICE_SKIPPED, [name], 1)
+            for name, seconds in sorted(blocked.items()):
+                out.add(DEVICE_BLOCKED, [name], round(seconds, 3))
+            out.add(BUILD_INFO, [__version__, platform.python_version()], 1)
+            if complete:
+                rnd.result = out
+            return out
+
+    def _log_blocked(self, blocked: dict[str, float], rnd: _Round) -> None:
+        # Once per episode, not once per scrape: a stuck HCA must not flood the journal.
+        with self._state_lock:
+            new = sorted(set(blocked) - self._reported)
+            self._reported = set(blocked)
+        for name in new:
+            how = "skipped, its read from an earlier scrape is still blocked"
+            if name not in rnd.skipped:
+                how = "no answer before the scrape deadline"
+            log.warning("device %s: %s (read running for %.1f s)", name, how, blocked[name])
+
+    def _count_timeout(self, rnd: _Round, collector: str, device: str) -> None:
+        # Once per round and device: three replicas timing out on one stuck device count one timeout.
+        if (collector, device) in rnd.counted:
+            return
+        rnd.counted.add((collector, device))
+        errors = ReadErrors()
+        errors.add(device, REASON_TIMEOUT, f"{device}: no answer before the scrape deadline")
+        self._record_errors(collector, errors)
 
     def _record_errors(self, collector: str, errors: ReadErrors) -> None:
         if not errors.counts:
             return
-        self._state[collector].errors.update(errors.counts)
+        with self._state_lock:
+            self._state[collector].errors.update(errors.counts)
         if log.isEnabledFor(logging.DEBUG):
             for (device, reason), detail in errors.last.items():
                 log.debug("read error [%s] %s %s: %s", collector, device, reason, detail)
