@@ -135,14 +135,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rdma-exporter: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    from .webconfig import load_web_config
+
+    try:
+        # Certificates and hashes are checked before anything listens: a typo must stop start-up.
+        web = load_web_config(config.web_config_file)
+    except ConfigError as exc:
+        print(f"rdma-exporter: invalid web configuration: {exc}", file=sys.stderr)
+        return 2
     if args.check_config:
         source = config.config_file or "defaults and flags"
-        print(f"rdma-exporter: configuration OK ({source})")
+        print(f"rdma-exporter: configuration OK ({source}; web: {web.describe()})")
         return 0
     setup_logging(config.log_level)
-    config = use_sample_tree(config, args.sample)
+    served = use_sample_tree(config, args.sample)
+    # A reload re-reads the config file and re-applies the flags; the sample tree, if any, stays.
+    sample = {"sysfs": served.sysfs, "ethtool_dir": served.ethtool_dir} if served is not config else {}
     if os.geteuid() == 0:
         log.warning("running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user")
     from .daemon import run
 
-    return run(config)
+    return run(served, reload=lambda: replace(resolve_config(args), **sample))

@@ -1,27 +1,48 @@
-"""The daemon: HTTP endpoint, signal handling, wiring of config to the scrape engine."""
+"""The daemon: HTTP endpoint, signal handling, wiring of config to the scrape engine.
+
+Survives what a GPU node does to it: stuck firmware (the engine's deadlines), hotplug (hotplug.py),
+idle, slow or hostile clients on the cluster network (the bounded server below), SIGHUP reloads with a
+bad file (the running config is kept) and SIGTERM (in-flight requests finish, then exit 0).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import html
 import logging
+import math
+import os
+import queue
+import re
+import selectors
 import signal
+import socket
+import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from . import __version__
-from .collect.base import Source
-from .collect.engine import DeviceFilter, RdmaCollector
+from .collect.base import FamilySet, Source
+from .collect.engine import DeviceFilter, DeviceReads, RdmaCollector
 from .collect.ethtool import EthtoolSource
 from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
 from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
-from .config import Config
+from .config import Config, ConfigError
+from .hotplug import HotplugMonitor, start_monitor
+from .webconfig import WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +62,17 @@ def build_sources(config: Config) -> list[Source]:
     return [source for name, source in available.items() if config.collectors.get(name, True)]
 
 
-def build_collector(config: Config) -> RdmaCollector:
+def build_collector(
+    config: Config, *, reads: DeviceReads | None = None, rescan_each_scrape: bool = True
+) -> RdmaCollector:
     return RdmaCollector(
         config.sysfs,
         build_sources(config),
         device_filter=DeviceFilter(config.device_include, config.device_exclude),
         settings={name: dict(values) for name, values in config.collector_settings.items()},
+        scrape_timeout=config.scrape_timeout,
+        reads=reads,
+        rescan_each_scrape=rescan_each_scrape,
     )
 
 
@@ -55,6 +81,460 @@ def build_registry(collector: RdmaCollector) -> CollectorRegistry:
     registry.register(collector)
     return registry
 
+
+# --- HTTP ---------------------------------------------------------------------------------------------
+#
+# A small HTTP/1.1 server instead of http.server: there a connection owns a thread from accept to close,
+# so a few hundred idle or trickling clients take every thread. Here one loop thread holds every
+# connection that is idle, in its TLS handshake or still sending its request head; only a complete
+# request goes to one of a fixed number of worker threads.
+
+MAX_REQUEST_LINE: Final = 8192
+MAX_REQUEST_HEAD: Final = 16384
+MAX_HEADERS: Final = 64
+IDLE_TIMEOUT: Final = 90.0  # longer than a 60 s scrape interval, so Prometheus keeps its connection
+HEAD_TIMEOUT: Final = 10.0  # from the first byte (or the TCP accept, with TLS) to the end of the head
+WRITE_TIMEOUT: Final = 30.0
+HTTP_WORKERS: Final = 16
+MAX_CONNECTIONS: Final = 512
+# Time kept back from the X-Prometheus-Scrape-Timeout-Seconds budget to encode and send the answer.
+SCRAPE_TIMEOUT_OFFSET: Final = 0.5
+MIN_SCRAPE_TIMEOUT: Final = 0.1
+
+_REASONS: Final = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
+}
+_TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]  # lower-case names
+    peer: str = ""
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+    @property
+    def keep_alive(self) -> bool:
+        tokens = {t.strip().lower() for t in self.headers.get("connection", "").split(",")}
+        if self.version == "HTTP/1.0":
+            return "keep-alive" in tokens
+        return "close" not in tokens
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    close: bool = False
+
+
+def text_response(status: int, message: str, **kwargs: Any) -> Response:
+    return Response(status, (message + "\n").encode(), **kwargs)
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def head_end(buffer: bytes | bytearray) -> int:
+    """Index just past the blank line that ends a request head, or -1."""
+    crlf = buffer.find(b"\r\n\r\n")
+    lf = buffer.find(b"\n\n")
+    ends = [i + 4 for i in (crlf,) if i >= 0] + [i + 2 for i in (lf,) if i >= 0]
+    return min(ends) if ends else -1
+
+
+def parse_head(head: bytes) -> Request:
+    """A GET-style request head (no body); BadRequest names the status to answer with."""
+    lines = head.decode("latin-1").split("\n")
+    request_line = lines[0].rstrip("\r")
+    if len(request_line) > MAX_REQUEST_LINE:
+        raise BadRequest(414, "request line too long")
+    parts = request_line.split(" ")
+    if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
+        raise BadRequest(400, "malformed request line")
+    method, target, version = parts
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise BadRequest(505, "only HTTP/1.0 and HTTP/1.1 are supported")
+    headers: dict[str, str] = {}
+    count = 0
+    for raw in lines[1:]:
+        line = raw.rstrip("\r")
+        if not line:
+            continue
+        count += 1
+        if count > MAX_HEADERS:
+            raise BadRequest(431, "too many header fields")
+        name, sep, value = line.partition(":")
+        if not sep or not _TOKEN.match(name):
+            raise BadRequest(400, "malformed header field")
+        key = name.lower()
+        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+    if "transfer-encoding" in headers:
+        raise BadRequest(400, "request bodies are not accepted")
+    length = headers.get("content-length", "0").strip()
+    if not length.isdigit():
+        raise BadRequest(400, "malformed Content-Length")
+    if int(length) > 0:
+        raise BadRequest(413, "request bodies are not accepted")
+    return Request(method, target, version, headers)
+
+
+def render_response(response: Response, *, head_only: bool, keep_alive: bool, extra: Mapping[str, str]) -> bytes:
+    lines = [
+        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}",
+        f"Server: rdma-exporter/{__version__}",
+        f"Content-Type: {response.content_type}",
+        f"Content-Length: {len(response.body)}",
+        "Connection: " + ("keep-alive" if keep_alive else "close"),
+    ]
+    lines += [f"{name}: {value}" for name, value in response.headers]
+    lines += [f"{name}: {value}" for name, value in extra.items()]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if head_only else head + response.body
+
+
+class _Conn:
+    __slots__ = ("buffer", "deadline", "handshaking", "last_active", "peer", "sock", "started")
+
+    def __init__(self, sock: socket.socket, peer: str, now: float, handshaking: bool) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.buffer = bytearray()
+        self.handshaking = handshaking
+        self.started = False  # bytes of the current request have arrived
+        self.last_active = now
+        self.deadline = now + (HEAD_TIMEOUT if handshaking else IDLE_TIMEOUT)
+
+
+Handler = Callable[[Request], Response]
+
+
+class HttpServer:
+    """HTTP/1.1 (keep-alive, optional TLS) for GET/HEAD requests without bodies.
+
+    Bounded: `max_connections` sockets (the longest idle one is closed to make room), `workers` threads,
+    MAX_REQUEST_HEAD bytes buffered per connection, and every phase of a connection has a timeout.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: Handler,
+        *,
+        tls: Callable[[], ssl.SSLContext | None] = lambda: None,
+        peer_allowed: Callable[[Mapping[str, Any] | None], bool] = lambda cert: True,
+        headers: Callable[[], Mapping[str, str]] = dict,
+        workers: int = HTTP_WORKERS,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout: float = IDLE_TIMEOUT,
+        head_timeout: float = HEAD_TIMEOUT,
+        write_timeout: float = WRITE_TIMEOUT,
+    ) -> None:
+        host, port = address
+        if host in ("", "::") and socket.has_dualstack_ipv6():
+            self._listener = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        elif ":" in host:
+            self._listener = socket.create_server((host, port), family=socket.AF_INET6)
+        else:
+            self._listener = socket.create_server((host or "0.0.0.0", port), backlog=128)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._handler = handler
+        self._tls = tls
+        self._peer_allowed = peer_allowed
+        self._headers = headers
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.head_timeout = head_timeout
+        self.write_timeout = write_timeout
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._conns: dict[int, _Conn] = {}  # every open connection, by id(); busy ones too
+        self._busy: set[int] = set()
+        self._returned: deque[tuple[_Conn, bool]] = deque()
+        self._jobs: queue.SimpleQueue[tuple[_Conn, Request] | None] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._workers = [
+            threading.Thread(target=self._work, name=f"http-{i}", daemon=True) for i in range(max(1, workers))
+        ]
+        for thread in self._workers:
+            thread.start()
+
+    # -- loop thread --
+
+    def serve_forever(self) -> None:
+        try:
+            next_sweep = 0.0
+            while not self._stopping.is_set():
+                for key, mask in self._selector.select(timeout=0.5):
+                    if key.data == "listener":
+                        self._accept()
+                    elif key.data == "wake":
+                        self._drain_wake()
+                    else:
+                        self._on_ready(key.data, mask)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep(now)
+                    next_sweep = now + 0.25
+        finally:
+            self._close_all()
+            self._stopped.set()
+
+    def stop(self) -> None:
+        """Make serve_forever return (safe in a signal handler: an Event and a socket write)."""
+        self._stopping.set()
+        self._wake()
+
+    def shutdown(self, grace: float = 10.0) -> None:
+        """Stop accepting, let requests already received finish (up to `grace` s), close everything."""
+        self.stop()
+        end = time.monotonic() + grace
+        self._stopped.wait(grace)
+        for _ in self._workers:
+            self._jobs.put(None)
+        for thread in self._workers:
+            thread.join(max(0.0, end - time.monotonic()))
+        for conn in list(self._conns.values()):
+            self._close(conn)
+
+    def connections(self) -> int:
+        return len(self._conns)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: keep serving who is connected
+                log.warning("accept failed: %s", exc)
+                return
+            now = time.monotonic()
+            if len(self._conns) >= self.max_connections and not self._evict_idle():
+                sock.close()
+                continue
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            context = self._tls()
+            peer = f"{address[0]}:{address[1]}"
+            if context is not None:
+                sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            conn = _Conn(sock, peer, now, handshaking=context is not None)
+            self._conns[id(conn)] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _evict_idle(self) -> bool:
+        idle = [c for c in self._conns.values() if id(c) not in self._busy and not c.started and not c.handshaking]
+        if not idle:
+            return False
+        self._close(min(idle, key=lambda c: c.last_active))
+        return True
+
+    def _on_ready(self, conn: _Conn, mask: int) -> None:
+        if conn.handshaking:
+            self._handshake(conn)
+        else:
+            self._read(conn)
+
+    def _handshake(self, conn: _Conn) -> None:
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._selector.modify(sock, selectors.EVENT_READ, conn)
+            return
+        except ssl.SSLWantWriteError:
+            self._selector.modify(sock, selectors.EVENT_WRITE, conn)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            log.debug("TLS handshake with %s failed: %s", conn.peer, exc)
+            self._close(conn)
+            return
+        if not self._peer_allowed(sock.getpeercert()):
+            log.warning("client %s: certificate names none of client_allowed_sans", conn.peer)
+            self._close(conn)
+            return
+        conn.handshaking = False
+        conn.deadline = time.monotonic() + self.idle_timeout
+        self._selector.modify(sock, selectors.EVENT_READ, conn)
+        self._read(conn)  # the request may already sit decrypted in the TLS buffer
+
+    def _read(self, conn: _Conn) -> None:
+        # Stop at one complete head (or too many bytes): a client cannot make the loop buffer more.
+        while head_end(conn.buffer) < 0 and len(conn.buffer) <= MAX_REQUEST_HEAD:
+            try:
+                data = conn.sock.recv(8192)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                break
+            except OSError:
+                self._close(conn)
+                return
+            if not data:
+                self._close(conn)
+                return
+            now = time.monotonic()
+            if not conn.started:
+                conn.started = True
+                conn.deadline = now + self.head_timeout
+            conn.last_active = now
+            conn.buffer += data
+        self._dispatch(conn)
+
+    def _dispatch(self, conn: _Conn) -> None:
+        end = head_end(conn.buffer)
+        if end < 0:
+            if len(conn.buffer) > MAX_REQUEST_HEAD:
+                first = bytes(conn.buffer[: MAX_REQUEST_LINE + 2])
+                status = 414 if b"\n" not in first else 431
+                self._reject(conn, status, "request head too large")
+            return
+        if end > MAX_REQUEST_HEAD:
+            self._reject(conn, 431, "request head too large")
+            return
+        head = bytes(conn.buffer[:end])
+        del conn.buffer[:end]
+        try:
+            request = parse_head(head)
+        except BadRequest as exc:
+            self._reject(conn, exc.status, str(exc))
+            return
+        request.peer = conn.peer
+        self._selector.unregister(conn.sock)
+        self._busy.add(id(conn))
+        self._jobs.put((conn, request))
+
+    def _reject(self, conn: _Conn, status: int, message: str) -> None:
+        """Best-effort error answer from the loop thread: never blocks, then closes."""
+        log.debug("rejecting %s: %d %s", conn.peer, status, message)
+        data = render_response(text_response(status, message), head_only=False, keep_alive=False, extra={})
+        with contextlib.suppress(OSError, ssl.SSLError):
+            conn.sock.send(data)
+        self._close(conn)
+
+    def _sweep(self, now: float) -> None:
+        for conn in list(self._conns.values()):
+            if id(conn) not in self._busy and now >= conn.deadline:
+                if conn.started:
+                    self._reject(conn, 408, "request head not received in time")
+                else:
+                    self._close(conn)
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+        while self._returned:
+            conn, keep = self._returned.popleft()
+            self._busy.discard(id(conn))
+            if not keep or self._stopping.is_set():
+                self._close(conn)
+                continue
+            now = time.monotonic()
+            conn.started = bool(conn.buffer)
+            conn.last_active = now
+            conn.deadline = now + (self.head_timeout if conn.started else self.idle_timeout)
+            try:
+                conn.sock.setblocking(False)
+                self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+            except (OSError, ValueError):
+                self._close(conn)
+                continue
+            self._read(conn)  # pipelined bytes, or data already decrypted by TLS
+
+    def _close(self, conn: _Conn) -> None:
+        self._conns.pop(id(conn), None)
+        self._busy.discard(id(conn))
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+
+    def _close_all(self) -> None:
+        with contextlib.suppress(OSError):
+            self._selector.unregister(self._listener)
+        self._listener.close()
+        for conn in list(self._conns.values()):
+            if id(conn) not in self._busy:
+                self._close(conn)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    # -- worker threads --
+
+    def _work(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            conn, request = item
+            keep = False
+            try:
+                keep = self._serve(conn, request)
+            except Exception:  # a handler bug costs one request, not a worker
+                log.exception("request %s %s from %s failed", request.method, request.target, request.peer)
+            self._returned.append((conn, keep))
+            self._wake()
+
+    def _serve(self, conn: _Conn, request: Request) -> bool:
+        try:
+            response = self._handler(request)
+        except Exception:
+            log.exception("handling %s %s failed", request.method, request.path)
+            response = text_response(500, "internal error, see the exporter log", close=True)
+        keep = request.keep_alive and not response.close and not self._stopping.is_set()
+        data = render_response(
+            response, head_only=request.method == "HEAD", keep_alive=keep, extra=self._headers()
+        )
+        deadline = time.monotonic() + self.write_timeout
+        view = memoryview(data)
+        sock = conn.sock
+        try:
+            # One deadline for the whole answer: a client reading one byte a second cannot hold a worker.
+            while view:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                sock.settimeout(remaining)
+                sent = sock.send(view[:65536])
+                view = view[sent:]
+        except (OSError, ssl.SSLError):
+            return False
+        return keep
+
+
+# --- the exporter's endpoints --------------------------------------------------------------------------
 
 _LANDING = """<!doctype html>
 <html><head><title>rdma-exporter</title></head>
@@ -65,50 +545,88 @@ _LANDING = """<!doctype html>
 """
 
 
-class ExporterServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Families:
+    """A registry-like view of one scrape's families, for prometheus_client's encoders."""
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, telemetry_path: str) -> None:
-        super().__init__(address, MetricsHandler)
-        self.registry = registry
-        self.telemetry_path = telemetry_path
+    def __init__(self, families: FamilySet) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
 
 
-class MetricsHandler(BaseHTTPRequestHandler):
-    server: ExporterServer
-    server_version = f"rdma-exporter/{__version__}"
-    # Idle or slow clients are cut off instead of holding a thread.
-    timeout = 30
+@dataclass(frozen=True)
+class Serving:
+    """Everything a request needs, replaced as a whole on reload so no request sees half of each."""
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == self.server.telemetry_path:
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            try:
-                body = encoder(self.server.registry)
-            except Exception:
-                log.exception("scrape failed")
-                self._send(500, "text/plain; charset=utf-8", b"scrape failed, see the exporter log\n")
-                return
-            self._send(200, content_type, body)
-        elif path == "/":
-            page = _LANDING.format(version=__version__, path=self.server.telemetry_path)
-            self._send(200, "text/html; charset=utf-8", page.encode())
-        elif path == "/healthz":
-            self._send(200, "text/plain; charset=utf-8", b"ok\n")
-        else:
-            self._send(404, "text/plain; charset=utf-8", b"not found\n")
+    config: Config
+    collector: RdmaCollector
+    web: WebConfig
 
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+def scrape_timeout(config: Config, header: str | None) -> float:
+    """The configured deadline, shortened to Prometheus's own timeout (minus an offset) when that is less."""
+    timeout = config.scrape_timeout
+    if header:
+        try:
+            value = float(header)
+        except ValueError:
+            return timeout
+        if math.isfinite(value) and value > 0:
+            timeout = min(timeout, max(value - SCRAPE_TIMEOUT_OFFSET, MIN_SCRAPE_TIMEOUT))
+    return timeout
+
+
+class Exporter:
+    """Routes requests: the metrics path, `/` and `/healthz`; everything else is 404."""
+
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
+        # Scrapes that shared one collection get the same FamilySet: encode (and gzip) it once.
+        self._encoded: tuple[FamilySet | None, dict[tuple[str, bool], bytes]] = (None, {})
+        self._encoded_lock = threading.Lock()
+
+    def handle(self, request: Request) -> Response:
+        serving = self.serving  # one read: a reload during this request does not mix configs
+        auth = serving.web.auth
+        if auth is not None and not auth.check(request.headers.get("authorization")):
+            return text_response(401, "unauthorized", headers=[("WWW-Authenticate", 'Basic realm="rdma-exporter"')])
+        if request.method not in ("GET", "HEAD"):
+            return text_response(405, "method not allowed", headers=[("Allow", "GET, HEAD")])
+        path = request.path
+        if path == serving.config.telemetry_path:
+            return self.metrics(serving, request)
+        if path == "/":
+            page = _LANDING.format(version=__version__, path=html.escape(serving.config.telemetry_path))
+            return Response(200, page.encode(), "text/html; charset=utf-8")
+        if path == "/healthz":
+            return text_response(200, "ok")  # liveness only: it does not scrape
+        return text_response(404, "not found")
+
+    def metrics(self, serving: Serving, request: Request) -> Response:
+        timeout = scrape_timeout(serving.config, request.headers.get("x-prometheus-scrape-timeout-seconds"))
+        families = serving.collector.gather(timeout)
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        encodings = {e.split(";")[0].strip().lower() for e in request.headers.get("accept-encoding", "").split(",")}
+        compress = "gzip" in encodings
+        with self._encoded_lock:
+            cached_for, bodies = self._encoded
+            body = bodies.get((content_type, compress)) if cached_for is families else None
+        if body is None:
+            body = encoder(_Families(families))
+            if compress:
+                body = gzip.compress(body, compresslevel=6)
+            with self._encoded_lock:
+                if self._encoded[0] is not families:
+                    self._encoded = (families, {})
+                self._encoded[1][(content_type, compress)] = body
+        headers = [("Vary", "Accept-Encoding")]
+        if compress:
+            headers.append(("Content-Encoding", "gzip"))
+        return Response(200, body, content_type, headers)
+
+
+# --- process: start-up, reload, shutdown ---------------------------------------------------------------
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -116,29 +634,119 @@ def parse_listen(address: str) -> tuple[str, int]:
     return host.strip("[]") or "", int(port)
 
 
-def run(config: Config) -> int:
-    collector = build_collector(config)
-    registry = build_registry(collector)
-    host, port = parse_listen(config.listen_address)
-    server = ExporterServer((host, port), registry, config.telemetry_path)
-    log.info(
-        "rdma-exporter %s listening on %s, metrics at %s, sysfs %s",
-        __version__,
-        config.listen_address,
-        config.telemetry_path,
-        Path(config.sysfs),
-    )
-    stop = threading.Event()
+def sd_notify(state: str) -> None:
+    """Tell systemd (Type=notify) about readiness, reloads and stopping; a no-op elsewhere."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    address = "\0" + path[1:] if path.startswith("@") else path
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(state.encode(), address)
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-        threading.Thread(target=server.shutdown, daemon=True).start()
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+class Daemon:
+    """The running exporter: server, current collector, hotplug monitor and signal handling."""
+
+    def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
+        self._reload_source = reload
+        self._reload_lock = threading.Lock()
+        self.reads = DeviceReads()
+        web = load_web_config(config.web_config_file)
+        collector = build_collector(config, reads=self.reads)
+        self.exporter = Exporter(Serving(config, collector, web))
+        hotplug, mode = start_monitor(config.sysfs, lambda: self.exporter.serving.collector.inventory)
+        self.hotplug: HotplugMonitor | None = hotplug
+        collector.inventory.rescan_each_scrape = hotplug is None
+        self.server = HttpServer(
+            parse_listen(config.listen_address),
+            self.exporter.handle,
+            tls=lambda: self.exporter.serving.web.ssl_context,
+            peer_allowed=lambda cert: self.exporter.serving.web.peer_allowed(cert),
+            headers=lambda: self.exporter.serving.web.headers,
+        )
+        log.info(
+            "rdma-exporter %s listening on %s (%s), metrics at %s, sysfs %s, scrape deadline %.1f s",
+            __version__,
+            config.listen_address,
+            web.describe(),
+            config.telemetry_path,
+            Path(config.sysfs),
+            config.scrape_timeout,
+        )
+        log.info("device discovery: %s", mode)
+
+    def reload(self) -> bool:
+        """Re-read the config (and web config) file; anything invalid keeps the running config."""
+        if self._reload_source is None:
+            log.warning("SIGHUP: nothing to reload (started without a config source)")
+            return False
+        with self._reload_lock:
+            sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+            try:
+                return self._reload()
+            finally:
+                sd_notify("READY=1")
+
+    def _reload(self) -> bool:
+        assert self._reload_source is not None
+        old = self.exporter.serving
+        try:
+            config = self._reload_source()
+            # The socket and the uevent monitor are bound at start-up.
+            for name in ("listen_address", "sysfs"):
+                if getattr(config, name) != getattr(old.config, name):
+                    log.warning("reload: %s changed to %s; restart to apply it", name, getattr(config, name))
+                    config = replace(config, **{name: getattr(old.config, name)})
+            web = load_web_config(config.web_config_file)
+            collector = build_collector(config, reads=self.reads, rescan_each_scrape=self.hotplug is None)
+        except ConfigError as exc:
+            log.error("reload rejected, keeping the running configuration: %s", exc)
+            return False
+        except Exception:
+            log.exception("reload failed, keeping the running configuration")
+            return False
+        logging.getLogger().setLevel(log_level(config.log_level))
+        self.exporter.serving = Serving(config, collector, web)
+        log.info("reloaded %s (%s)", config.config_file or "configuration", web.describe())
+        return True
+
+    def serve(self) -> int:
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            sd_notify("STOPPING=1")
+            self.server.stop()
+
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            log.info("received SIGHUP, reloading")
+            threading.Thread(target=self.reload, name="reload", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        signal.signal(signal.SIGHUP, on_hup)
+        sd_notify("READY=1")
+        try:
+            self.server.serve_forever()
+        finally:
+            if self.hotplug is not None:
+                self.hotplug.stop()
+        # Requests being answered may finish (a scrape takes at most its deadline); reads blocked in the
+        # kernel are daemon threads and do not hold the exit.
+        self.server.shutdown(grace=self.exporter.serving.config.scrape_timeout + 2.0)
+        log.info("stopped")
+        return 0
+
+
+def log_level(name: str) -> int:
+    return {"warn": logging.WARNING}.get(name, getattr(logging, name.upper(), logging.INFO))
+
+
+def run(config: Config, reload: Callable[[], Config] | None = None) -> int:
     try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-    return 0
+        daemon = Daemon(config, reload)
+    except ConfigError as exc:
+        log.error("invalid web configuration: %s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", config.listen_address, exc)
+        return 1
+    return daemon.serve()

@@ -1,0 +1,197 @@
+"""Device discovery: udev events when the kernel can send them, a rescan on every scrape otherwise.
+
+A VF or a whole HCA can appear or vanish at any time, and a driver reload or a netdev rename changes
+static attributes that the engine caches. The monitor listens to uevents of the `infiniband`,
+`infiniband_verbs` and `net` subsystems and tells the inventory what to forget:
+
+- infiniband add/remove/change/move: that RDMA device (relist, re-read its static info);
+- infiniband_verbs (uverbsN, re-created on driver reload): every device, since the event names none;
+- net: the RDMA devices that own the netdev (by its name, old name on a rename, or its PCI function);
+  netdevs of no RDMA device (container veths, bridges) change nothing.
+
+Events come from udevd when it runs (after its rules renamed the netdevs), else straight from the kernel
+(containers with the host's network namespace but no udevd). Without either, or when the exporter reads
+a tree that is not the kernel's sysfs (fixtures, a replayed node), it falls back to rescanning.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from .collect.engine import Inventory
+
+log = logging.getLogger(__name__)
+
+SUBSYSTEMS: Final = ("infiniband", "infiniband_verbs", "net")
+ACTIONS: Final = frozenset({"add", "remove", "change", "move", "bind", "unbind"})
+UDEVD_CONTROL: Final = Path("/run/udev/control")
+_PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """The part of a uevent the inventory needs (a plain value, so tests can inject events)."""
+
+    action: str
+    subsystem: str
+    name: str  # sys_name: mlx5_0, uverbs0, ib0
+    devpath: str = ""
+    devpath_old: str = ""  # set on `move` (rename)
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> Event:
+        devpath = props.get("DEVPATH", "")
+        return cls(
+            action=props.get("ACTION", ""),
+            subsystem=props.get("SUBSYSTEM", ""),
+            name=props.get("INTERFACE") or os.path.basename(devpath),
+            devpath=devpath,
+            devpath_old=props.get("DEVPATH_OLD", ""),
+        )
+
+
+def apply_event(inventory: Inventory, event: Event) -> str | None:
+    """Make the inventory forget what the event changed; returns what it did, for logs and tests."""
+    if event.action not in ACTIONS:
+        return None
+    if event.subsystem == "infiniband":
+        inventory.invalidate(event.name)
+        return f"device {event.name}"
+    if event.subsystem == "infiniband_verbs":
+        inventory.invalidate()
+        return "all devices"
+    if event.subsystem != "net":
+        return None
+    names = {event.name}
+    if event.devpath_old:
+        names.add(os.path.basename(event.devpath_old))
+    # The PCI functions on the netdev's path, e.g. /devices/pci0000:00/0000:00:01.0/0000:17:00.0/net/ib0.
+    functions = {part for part in event.devpath.split("/") if _PCI_ADDRESS.match(part)}
+    hit = sorted(
+        device
+        for device, info in inventory.cached().items()
+        if (info.pci_address is not None and info.pci_address in functions)
+        or any(names.intersection(port.netdevs) for port in info.ports)
+    )
+    for device in hit:
+        inventory.invalidate(device)
+    if not hit and not event.devpath.startswith("/devices/virtual/"):
+        # A physical netdev of no known device: maybe an RDMA device's netdev that is not cached yet.
+        inventory.mark_dirty()
+    return ", ".join(f"device {device}" for device in hit) or None
+
+
+def is_kernel_sysfs(path: Path) -> bool:
+    """True if `path` is a sysfs mount (the kernel's view), not a copied tree: events only describe that."""
+    try:
+        target = os.path.realpath(path)
+        with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
+            best, fstype = "", ""
+            for line in mounts:
+                fields, _, tail = line.partition(" - ")
+                parts = fields.split(" ")
+                if len(parts) < 5 or not tail:
+                    continue
+                point = parts[4].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, fstype = point, tail.split(" ", 1)[0]
+        return fstype == "sysfs" and target == best
+    except OSError:
+        return False
+
+
+class HotplugMonitor:
+    """A daemon thread that feeds uevents to the inventory of the collector in use.
+
+    `inventory` is a callable so that a config reload (a new collector) needs no new monitor.
+    """
+
+    def __init__(self, monitor: Any, source: str, inventory: Callable[[], Inventory]) -> None:
+        self._monitor = monitor
+        self.source = source
+        self._inventory = inventory
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.events = 0  # events that changed something, for tests and debug logs
+        self.seen = 0
+        self.changed = threading.Condition()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rdma-hotplug", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=3)
+
+    def wait_for_events(self, count: int, timeout: float) -> bool:
+        """Block until `count` events changed the inventory (tests)."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.events >= count, timeout)
+
+    def handle(self, event: Event) -> None:
+        self.seen += 1
+        try:
+            what = apply_event(self._inventory(), event)
+        except Exception:  # a malformed event must not kill the monitor
+            log.exception("cannot apply %s", event)
+            return
+        if what is None:
+            log.debug("uevent %s %s %s: nothing to refresh", event.action, event.subsystem, event.name)
+            return
+        log.info("uevent %s %s %s: refreshing %s", event.action, event.subsystem, event.name, what)
+        with self.changed:
+            self.events += 1
+            self.changed.notify_all()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                device = self._monitor.poll(timeout=1.0)
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    # The socket overflowed during an event storm: what was lost is unknown.
+                    log.warning("uevent socket overflowed; re-reading every device")
+                    self._inventory().invalidate()
+                    continue
+                log.error("uevent monitor failed (%s); falling back to rescanning on every scrape", exc)
+                self._inventory().rescan_each_scrape = True
+                return
+            if device is None:
+                continue
+            self.handle(Event.from_properties(dict(device.properties)))
+
+
+def start_monitor(
+    sys_root: Path, inventory: Callable[[], Inventory], *, source: str | None = None
+) -> tuple[HotplugMonitor | None, str]:
+    """Start the udev monitor if it can describe `sys_root`; returns it (or None) and a mode for the log."""
+    if source is None and not is_kernel_sysfs(sys_root):
+        return None, f"rescan ({sys_root} is not the kernel's sysfs mount, so uevents do not describe it)"
+    try:
+        import pyudev
+    except ImportError as exc:  # pragma: no cover - a declared dependency; libudev may still be missing
+        return None, f"rescan (pyudev unavailable: {exc})"
+    chosen = source or ("udev" if UDEVD_CONTROL.exists() else "kernel")
+    try:
+        context = pyudev.Context()
+        monitor = pyudev.Monitor.from_netlink(context, source=chosen)
+        for subsystem in SUBSYSTEMS:
+            monitor.filter_by(subsystem)
+        monitor.start()
+    except Exception as exc:  # no libudev, netlink refused by a seccomp or address-family filter
+        return None, f"rescan (cannot open the uevent socket: {exc})"
+    hotplug = HotplugMonitor(monitor, chosen, inventory)
+    hotplug.start()
+    how = "udevd events" if chosen == "udev" else "kernel uevents, no udevd running"
+    return hotplug, f"udev ({how} on {', '.join(SUBSYSTEMS)})"

@@ -1,0 +1,292 @@
+"""`--web.config.file`: TLS, mutual TLS and basic auth in the Prometheus exporter-toolkit format.
+
+The same file works for node_exporter and rdma-exporter on one node:
+
+    tls_server_config:
+      cert_file: server.crt            # paths are relative to this file
+      key_file: server.key
+      min_version: TLS12               # TLS10 .. TLS13
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: ca.crt
+    basic_auth_users:
+      prometheus: $2b$12$...           # bcrypt hash (htpasswd -nBC 12 "" | tr -d ':\\n')
+
+Anything this exporter cannot honour exactly (a cipher suite list, a client certificate that is requested
+but not verified) is refused rather than ignored, because a security setting that silently does nothing
+is worse than a start-up error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+import secrets
+import ssl
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import bcrypt
+import yaml
+
+from .config import ConfigError
+
+TLS_VERSIONS: Final = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+# exporter-toolkit names -> verify mode. RequestClientCert and RequireAnyClientCert ask for a certificate
+# without verifying it, which OpenSSL through Python's ssl cannot do: refused, see the module doc.
+CLIENT_AUTH: Final = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_UNSUPPORTED_AUTH: Final = ("RequestClientCert", "RequireAnyClientCert")
+_TLS_KEYS: Final = frozenset(
+    {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version", "client_allowed_sans"}
+)
+_REFUSED_TLS_KEYS: Final = {
+    "cipher_suites": "cipher suites are OpenSSL's defaults here; remove the key (or use min_version: TLS13)",
+    "curve_preferences": "curves are OpenSSL's defaults here; remove the key",
+    "prefer_server_cipher_suites": "not configurable here; remove the key",
+    "cert": "inline certificates are not supported; use cert_file",
+    "key": "inline keys are not supported; use key_file",
+    "client_ca": "inline CAs are not supported; use client_ca_file",
+}
+_HTTP_KEYS: Final = frozenset({"http2", "headers"})
+_TOP_KEYS: Final = frozenset({"tls_server_config", "http_server_config", "basic_auth_users"})
+# Headers the server itself must control.
+_RESERVED_HEADERS: Final = frozenset(
+    {"content-length", "content-type", "content-encoding", "connection", "transfer-encoding", "www-authenticate",
+     "date", "server"}
+)
+_BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
+# Spent on unknown users too, so response time does not reveal which user names exist.
+_DUMMY_HASH: Final = b"$2b$10$BBbAEHokxkprkXcs7WUUru5P5E2RDe7zZ9AZPgszTXaqI0AjY5KpS"
+AUTH_CACHE_SECONDS: Final = 60.0
+_AUTH_CACHE_SIZE: Final = 64
+
+
+@dataclass
+class BasicAuth:
+    """bcrypt-checked users. A successful check is remembered briefly: bcrypt costs ~0.1-0.3 s of CPU,
+    and Prometheus sends the same credentials on every scrape."""
+
+    users: dict[str, bytes]
+    _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    _cache: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def check(self, header: str | None) -> bool:
+        if not header:
+            return False
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        if not sep:
+            return False
+        # The cache key is a keyed hash, so memory never holds a password.
+        stored = self.users.get(user)
+        token = hmac.new(self._key, b"\0".join([user.encode(), password.encode(), stored or b""]), hashlib.sha256)
+        key = token.digest()
+        now = time.monotonic()
+        with self._lock:
+            expires = self._cache.get(key)
+            if expires is not None and expires > now:
+                return True
+        try:
+            ok = bcrypt.checkpw(password.encode(), stored or _DUMMY_HASH) and stored is not None
+        except ValueError:  # bcrypt refuses passwords over 72 bytes
+            return False
+        if ok:
+            with self._lock:
+                self._cache[key] = now + AUTH_CACHE_SECONDS
+                self._cache.move_to_end(key)
+                while len(self._cache) > _AUTH_CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return ok
+
+
+@dataclass
+class WebConfig:
+    """What the server needs: an SSL context (None: plain HTTP), users, extra response headers."""
+
+    ssl_context: ssl.SSLContext | None = None
+    auth: BasicAuth | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    allowed_sans: frozenset[str] = frozenset()
+    source: str = ""
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context is not None else "http"
+
+    def describe(self) -> str:
+        parts = [self.scheme.upper()]
+        if self.ssl_context is not None and self.ssl_context.verify_mode == ssl.CERT_REQUIRED:
+            parts.append("client certificates required")
+        if self.auth is not None:
+            parts.append(f"basic auth ({len(self.auth.users)} users)")
+        return ", ".join(parts)
+
+    def peer_allowed(self, peer_cert: Mapping[str, Any] | None) -> bool:
+        """client_allowed_sans: a verified client certificate must name one of them."""
+        if not self.allowed_sans:
+            return True
+        if not peer_cert:
+            return False
+        names = {value for kind, value in peer_cert.get("subjectAltName", ()) if kind in ("DNS", "IP Address", "URI")}
+        return bool(names & self.allowed_sans)
+
+
+def _mapping(source: str, key: str, value: Any, known: frozenset[str]) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(source, key, f"expected a mapping, got {type(value).__name__}")
+    for sub in value:
+        if sub not in known:
+            where = f"{key}.{sub}" if key else str(sub)
+            raise ConfigError(source, where, f"unknown key (known: {', '.join(sorted(known))})")
+    return value
+
+
+def _file(source: str, key: str, value: Any, base: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(source, key, f"expected a file path, got {value!r}")
+    path = Path(value) if Path(value).is_absolute() else base / value
+    if not path.is_file():
+        raise ConfigError(source, key, f"{path} does not exist or is not a file")
+    return path
+
+
+def _version(source: str, key: str, value: Any) -> ssl.TLSVersion:
+    if value not in TLS_VERSIONS:
+        raise ConfigError(source, key, f"expected one of {', '.join(TLS_VERSIONS)}, got {value!r}")
+    return TLS_VERSIONS[value]
+
+
+def _tls(source: str, body: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext | None, frozenset[str]]:
+    for key, reason in _REFUSED_TLS_KEYS.items():
+        if key in body:
+            raise ConfigError(source, f"tls_server_config.{key}", reason)
+    _mapping(source, "tls_server_config", body, _TLS_KEYS)
+    if not body:
+        return None, frozenset()
+    if "cert_file" not in body or "key_file" not in body:
+        raise ConfigError(source, "tls_server_config", "cert_file and key_file are both required for TLS")
+    cert = _file(source, "tls_server_config.cert_file", body["cert_file"], base)
+    key = _file(source, "tls_server_config.key_file", body["key_file"], base)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _version(source, "tls_server_config.min_version", body.get("min_version", "TLS12"))
+    if "max_version" in body:
+        context.maximum_version = _version(source, "tls_server_config.max_version", body["max_version"])
+        if context.maximum_version < context.minimum_version:
+            raise ConfigError(source, "tls_server_config.max_version", "is lower than min_version")
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(source, "tls_server_config", f"cannot load {cert} with {key}: {exc}") from None
+    auth_type = body.get("client_auth_type", "NoClientCert")
+    if auth_type in _UNSUPPORTED_AUTH:
+        raise ConfigError(
+            source,
+            "tls_server_config.client_auth_type",
+            f"{auth_type} accepts unverified client certificates, which is not supported; "
+            "use RequireAndVerifyClientCert or VerifyClientCertIfGiven with client_ca_file",
+        )
+    if auth_type not in CLIENT_AUTH:
+        raise ConfigError(
+            source, "tls_server_config.client_auth_type", f"expected one of {', '.join(CLIENT_AUTH)}, got {auth_type!r}"
+        )
+    ca = body.get("client_ca_file")
+    if CLIENT_AUTH[auth_type] != ssl.CERT_NONE:
+        if ca is None:
+            raise ConfigError(source, "tls_server_config.client_ca_file", f"required with client_auth_type {auth_type}")
+        ca_path = _file(source, "tls_server_config.client_ca_file", ca, base)
+        try:
+            context.load_verify_locations(cafile=ca_path)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(source, "tls_server_config.client_ca_file", f"cannot load {ca_path}: {exc}") from None
+        context.verify_mode = CLIENT_AUTH[auth_type]
+    elif ca is not None:
+        reason = "set, but client_auth_type is NoClientCert: no client would be checked"
+        raise ConfigError(source, "tls_server_config.client_ca_file", reason)
+    sans = body.get("client_allowed_sans") or []
+    if not isinstance(sans, list) or not all(isinstance(s, str) and s for s in sans):
+        raise ConfigError(source, "tls_server_config.client_allowed_sans", "expected a list of names")
+    if sans and context.verify_mode == ssl.CERT_NONE:
+        raise ConfigError(source, "tls_server_config.client_allowed_sans", "needs verified client certificates")
+    return context, frozenset(sans)
+
+
+def _users(source: str, body: Any) -> BasicAuth | None:
+    if body is None:
+        return None
+    if not isinstance(body, Mapping) or not body:
+        raise ConfigError(source, "basic_auth_users", "expected a mapping of user name to bcrypt hash")
+    users: dict[str, bytes] = {}
+    for user, hashed in body.items():
+        if not isinstance(user, str) or not user or ":" in user:
+            raise ConfigError(source, f"basic_auth_users.{user}", "user names are non-empty strings without ':'")
+        if not isinstance(hashed, str) or not _BCRYPT_HASH.match(hashed):
+            raise ConfigError(
+                source, f"basic_auth_users.{user}", "expected a bcrypt hash ($2y$/$2b$/$2a$, 60 characters)"
+            )
+        users[user] = hashed.encode()
+    return BasicAuth(users)
+
+
+def _headers(source: str, body: Mapping[str, Any]) -> dict[str, str]:
+    headers = body.get("headers") or {}
+    if not isinstance(headers, Mapping):
+        raise ConfigError(source, "http_server_config.headers", "expected a mapping of header to value")
+    result: dict[str, str] = {}
+    for name, value in headers.items():
+        key = f"http_server_config.headers.{name}"
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9-]+", name):
+            raise ConfigError(source, key, "not a valid header name")
+        if name.lower() in _RESERVED_HEADERS:
+            raise ConfigError(source, key, "set by the server itself")
+        if not isinstance(value, str) or "\r" in value or "\n" in value:
+            raise ConfigError(source, key, "expected a single-line string")
+        result[name] = value
+    return result
+
+
+def load_web_config(path: Path | None) -> WebConfig:
+    """Parse and check the whole file: certificates are loaded now, so a bad one stops start-up."""
+    if path is None:
+        return WebConfig()
+    source = str(path)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(source, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(source, "(file)", f"invalid YAML: {exc}") from None
+    top = _mapping(source, "", document, _TOP_KEYS)
+    base = path.parent
+    context, sans = _tls(source, top.get("tls_server_config") or {}, base)
+    http = _mapping(source, "http_server_config", top.get("http_server_config"), _HTTP_KEYS)
+    return WebConfig(
+        ssl_context=context,
+        auth=_users(source, top.get("basic_auth_users")),
+        headers=_headers(source, http),
+        allowed_sans=sans,
+        source=source,
+    )
