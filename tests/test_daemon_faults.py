@@ -1,0 +1,381 @@
+"""Fault injection on generated sysfs trees: reads that block forever, fail with EIO, lose their device or
+see their files change mid-scrape. The scrape returns within its deadline, every other device's values
+are right, the failures are counted, and a blocked device never holds more than one thread."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
+from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector, build_registry
+from rdma_exporter.parse.infiniband import DeviceInfo
+from rdma_exporter.parse.reader import SysfsReader
+from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+from conftest import samples
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def device_dir(root: Path, device: str) -> Path:
+    """The real directory behind class/infiniband/<device> (a kernfs-style symlink)."""
+    return (root / "class" / "infiniband" / device).resolve()
+
+
+class Fifos:
+    """FIFOs standing in for attribute files whose read blocks in the kernel; unblocked at teardown."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+
+    def make(self, path: Path) -> Path:
+        path.unlink()
+        os.mkfifo(path)
+        self.paths.append(path)
+        return path
+
+    def release(self, path: Path, value: bytes = b"") -> None:
+        """Answer the reader blocked on `path` (if any), then turn it into a regular file."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: nobody is reading; ENOENT: removed by the test
+            pass
+        else:
+            os.write(fd, value)
+            os.close(fd)
+        if path.exists():
+            path.unlink()
+            path.write_bytes(value or b"0\n")
+
+    def release_all(self) -> None:
+        for path in self.paths:
+            self.release(path)
+
+
+@pytest.fixture
+def fifos() -> Iterator[Fifos]:
+    made = Fifos()
+    yield made
+    made.release_all()
+
+
+def make_tree(tmp_path: Path, devices: int, name: str = "t") -> Path:
+    return build_tree(tmp_path / name, spec_for_devices(devices))
+
+
+def collector_for(root: Path, timeout: float, reads: DeviceReads | None = None) -> RdmaCollector:
+    config = replace(Config(), sysfs=root, scrape_timeout=timeout)
+    return build_collector(config, reads=reads or DeviceReads(WorkerPool(parallelism=4, hard_max=8)))
+
+
+def timed_scrape(collector: RdmaCollector) -> tuple[Samples, float]:
+    started = time.monotonic()
+    text = generate_latest(build_registry(collector)).decode()
+    return samples(text), time.monotonic() - started
+
+
+def value(metrics: Samples, name: str, **labels: str) -> float | None:
+    return metrics.get((name, tuple(sorted(labels.items()))))
+
+
+def device_series(metrics: Samples, device: str) -> Samples:
+    """The device's own series (not the exporter's self-monitoring)."""
+    return {
+        key: v
+        for key, v in metrics.items()
+        if not key[0].startswith("rdma_exporter_") and ("device", device) in key[1]
+    }
+
+
+def baseline(tmp_path: Path, devices: int) -> Samples:
+    """A scrape of an identical, untouched tree (the generator is deterministic)."""
+    root = make_tree(tmp_path, devices, "baseline")
+    return timed_scrape(collector_for(root, 8.0))[0]
+
+
+def sources_of(collector: RdmaCollector) -> list[str]:
+    return [source.name for source in collector.sources]
+
+
+def wait_until(condition: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fifos) -> None:
+    root = make_tree(tmp_path, 4)
+    expected = baseline(tmp_path, 4)
+    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    collector = collector_for(root, 1.0, reads)
+
+    first, took = timed_scrape(collector)
+    assert 0.9 <= took < 1.6, f"the scrape took {took:.2f} s with a 1 s deadline"
+    for source in sources_of(collector):
+        # The device's job stopped in its first source; the sources after it never ran either.
+        assert value(first, "rdma_exporter_scrape_collector_success", collector=source) == 0
+        assert (
+            value(first, "rdma_exporter_file_read_errors_total", collector=source, device="mlx5_1", reason="timeout")
+            == 1
+        )
+    assert value(first, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1") >= 0.9
+    assert value(first, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
+    assert value(first, "rdma_exporter_devices") == 4
+    for device in ("mlx5_0", "mlx5_2", "mlx5_3"):
+        assert device_series(first, device) == device_series(expected, device), device
+    assert device_series(first, "mlx5_1") == {}
+
+    # While the read is stuck, scrapes do not wait for it, do not start another, and say so.
+    threads_before = threading.active_count()
+    for _ in range(20):
+        again, took = timed_scrape(collector)
+        assert took < 0.5, f"a scrape waited {took:.2f} s for a device known to be blocked"
+    assert value(again, "rdma_exporter_device_scrape_skipped", device="mlx5_1") == 1
+    assert value(again, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
+                 reason="timeout") == 21
+    assert reads.outstanding() == 1
+    assert reads.pool.threads <= 4 + 1
+    assert threading.active_count() <= threads_before + 1
+    for device in ("mlx5_0", "mlx5_2", "mlx5_3"):
+        assert device_series(again, device) == device_series(expected, device), device
+
+    # The firmware answers: the blocked read completes and the device is served again.
+    fifos.release(fifo, b"1000\n")
+    wait_until(lambda: reads.outstanding() == 0)
+    healed, _ = timed_scrape(collector)
+    assert value(healed, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
+    assert value(healed, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
+    assert value(healed, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
+
+
+def test_blocked_static_attribute_costs_only_that_device(tmp_path: Path, fifos: Fifos) -> None:
+    root = make_tree(tmp_path, 3)
+    expected = baseline(tmp_path, 3)
+    fifos.make(device_dir(root, "mlx5_2") / "fw_ver")
+    collector = collector_for(root, 0.8)
+    metrics, took = timed_scrape(collector)
+    assert took < 1.4
+    assert device_series(metrics, "mlx5_2") == {}
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_2",
+                 reason="timeout") == 1
+    for device in ("mlx5_0", "mlx5_1"):
+        assert device_series(metrics, device) == device_series(expected, device)
+
+
+def test_eio_costs_one_value(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, 3)
+    expected = baseline(tmp_path, 3)
+    counter = device_dir(root, "mlx5_0") / "ports" / "1" / "counters" / "symbol_error"
+    counter.unlink()
+    counter.symlink_to("/proc/self/mem")  # reading offset 0 of one's own memory fails with EIO
+    metrics, _ = timed_scrape(collector_for(root, 5.0))
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_0",
+                 reason="io") == 1
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
+    assert value(metrics, "rdma_port_symbol_errors_total", device="mlx5_0", port="1") is None
+    lost = {key for key in device_series(expected, "mlx5_0") if key not in device_series(metrics, "mlx5_0")}
+    port = (("device", "mlx5_0"), ("port", "1"))
+    assert lost == {
+        ("rdma_port_symbol_errors_total", port),
+        ("rdma_port_pma_saturated", (("counter", "symbol_error"), *port)),  # no value, no saturation verdict
+    }
+    for device in ("mlx5_1", "mlx5_2"):
+        assert device_series(metrics, device) == device_series(expected, device)
+
+
+def test_device_removed_in_the_middle_of_a_scrape(tmp_path: Path, fifos: Fifos) -> None:
+    root = make_tree(tmp_path, 4)
+    expected = baseline(tmp_path, 4)
+    collector = collector_for(root, 5.0)
+    timed_scrape(collector)  # static info cached, as in steady state
+    gone = device_dir(root, "mlx5_2")
+    state = fifos.make(gone / "ports" / "1" / "state")
+
+    def unplug() -> None:
+        fd = os.open(state, os.O_WRONLY)  # returns once the scrape's read of mlx5_2 reached this file
+        shutil.rmtree(gone)
+        (root / "class" / "infiniband" / "mlx5_2").unlink()
+        os.write(fd, b"4: ACTIVE\n")
+        os.close(fd)
+
+    unplugger = threading.Thread(target=unplug)
+    unplugger.start()
+    metrics, took = timed_scrape(collector)
+    unplugger.join(5)
+    assert took < 2.0
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_2",
+                 reason="missing") >= 1
+    assert value(metrics, "rdma_port_state_id", device="mlx5_2", port="1") == 4  # read before the removal
+    assert value(metrics, "rdma_port_physical_state_id", device="mlx5_2", port="1") is None
+    for device in ("mlx5_0", "mlx5_1", "mlx5_3"):
+        assert device_series(metrics, device) == device_series(expected, device)
+
+    after, _ = timed_scrape(collector)
+    assert value(after, "rdma_exporter_devices") == 3
+    assert device_series(after, "mlx5_2") == {}  # no stale series
+    assert value(after, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
+
+
+def test_port_files_change_between_reads(tmp_path: Path, fifos: Fifos) -> None:
+    root = make_tree(tmp_path, 2)
+    collector = collector_for(root, 5.0)
+    before, _ = timed_scrape(collector)
+    counters = device_dir(root, "mlx5_0") / "ports" / "1" / "counters"
+
+    # Between scrapes: a value moves, a file disappears, one turns to garbage, one is new.
+    (counters / "port_xmit_wait").write_text("777\n")
+    (counters / "VL15_dropped").unlink()
+    (counters / "port_rcv_errors").write_text("garbage\n")
+    (counters / "link_error_recovery_new").write_text("5\n")
+    after, _ = timed_scrape(collector)
+    assert value(after, "rdma_port_transmit_wait_total", device="mlx5_0", port="1") == 777
+    assert value(after, "rdma_port_vl15_dropped_total", device="mlx5_0", port="1") is None
+    assert value(after, "rdma_port_receive_errors_total", device="mlx5_0", port="1") is None
+    errors = {
+        reason: value(after, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_0",
+                      reason=reason)
+        for reason in ("missing", "malformed")
+    }
+    assert errors == {"missing": 1, "malformed": 1}
+    assert value(after, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
+    assert device_series(after, "mlx5_1") == device_series(before, "mlx5_1")
+
+    # During a scrape: files read after the one being read change under it.
+    downed = fifos.make(counters / "link_downed")
+
+    def mutate() -> None:
+        fd = os.open(downed, os.O_WRONLY)  # the scrape is now reading link_downed
+        (counters / "symbol_error").write_text("31\n")  # read later in the same scrape
+        (counters / "port_xmit_data").unlink()
+        os.write(fd, b"3\n")
+        os.close(fd)
+
+    mutator = threading.Thread(target=mutate)
+    mutator.start()
+    during, _ = timed_scrape(collector)
+    mutator.join(5)
+    assert value(during, "rdma_port_link_downed_total", device="mlx5_0", port="1") == 3
+    assert value(during, "rdma_port_symbol_errors_total", device="mlx5_0", port="1") == 31
+    assert value(during, "rdma_port_transmit_data_bytes_total", device="mlx5_0", port="1") is None
+    assert value(during, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
+
+
+class SlowSource:
+    """A source whose per-device read takes `delay` seconds (for some devices) and counts its calls."""
+
+    name = "slow"
+    specs: tuple[MetricSpec, ...] = (MetricSpec("test_slow_reads", "gauge", "Reads.", ("device",)),)
+    dynamic_specs = ()
+
+    def __init__(self, delay: float, devices: frozenset[str] | None = None) -> None:
+        self.delay = delay
+        self.devices = devices
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> int:
+        with self.lock:
+            self.calls[device.name] = self.calls.get(device.name, 0) + 1
+        if self.devices is None or device.name in self.devices:
+            time.sleep(self.delay)
+        return self.calls[device.name]
+
+    def expose(self, results: Mapping[str, int], out: FamilySet) -> None:
+        for name in sorted(results):
+            out.add(self.specs[0], [name], results[name])
+
+
+def test_concurrent_scrapes_share_one_collection(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, 3)
+    source = SlowSource(0.3)
+    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
+    results: list[FamilySet] = []
+    scrapers = [threading.Thread(target=lambda: results.append(collector.gather(5.0))) for _ in range(3)]
+    for scraper in scrapers:
+        scraper.start()
+        time.sleep(0.02)
+    for scraper in scrapers:
+        scraper.join(5)
+    assert source.calls == {"mlx5_0": 1, "mlx5_1": 1, "mlx5_2": 1}  # one firmware query per device
+    assert len(results) == 3 and all(result is results[0] for result in results)
+    # A scrape after the collection finished starts a fresh one (no stale values).
+    collector.gather(5.0)
+    assert source.calls == {"mlx5_0": 2, "mlx5_1": 2, "mlx5_2": 2}
+
+
+def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, 3)
+    source = SlowSource(1.0, frozenset({"mlx5_1"}))
+    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
+    leader: list[FamilySet] = []
+    thread = threading.Thread(target=lambda: leader.append(collector.gather(5.0)))
+    thread.start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    short = samples(generate_latest(_Registry(collector.gather(0.2))).decode())
+    assert time.monotonic() - started < 0.5
+    thread.join(5)
+    assert source.calls["mlx5_1"] == 1  # the short scrape joined the collection in flight
+    assert value(short, "rdma_exporter_scrape_collector_success", collector="slow") == 0
+    assert value(short, "test_slow_reads", device="mlx5_0") == 1
+    assert value(short, "test_slow_reads", device="mlx5_1") is None
+    full = samples(generate_latest(_Registry(leader[0])).decode())
+    assert value(full, "rdma_exporter_scrape_collector_success", collector="slow") == 1
+    assert value(full, "test_slow_reads", device="mlx5_1") == 1
+    # The short scrape's timeout was counted once, and stays counted.
+    assert value(full, "rdma_exporter_file_read_errors_total", collector="slow", device="mlx5_1",
+                 reason="timeout") == 1
+
+
+class _Registry:
+    def __init__(self, families: FamilySet) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self.families)
+
+
+def test_threads_stay_bounded_when_every_device_blocks(tmp_path: Path, fifos: Fifos) -> None:
+    root = make_tree(tmp_path, 8)
+    for n in range(8):
+        fifos.make(device_dir(root, f"mlx5_{n}") / "ports" / "1" / "counters" / "symbol_error")
+    pool = WorkerPool(parallelism=2, hard_max=5)
+    reads = DeviceReads(pool)
+    collector = collector_for(root, 0.3, reads)
+    threads_before = threading.active_count()
+    peak = 0
+    for _ in range(15):
+        metrics, took = timed_scrape(collector)
+        assert took < 0.8
+        peak = max(peak, pool.threads, threading.active_count() - threads_before)
+    assert peak <= 5, f"{peak} reader threads for a cap of 5"
+    assert value(metrics, "rdma_exporter_devices") == 8
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
+    # Every device is either blocked in a thread or queued behind them, and reported.
+    reported = {
+        device
+        for (name, labels), _ in metrics.items()
+        if name == "rdma_exporter_device_read_blocked_seconds"
+        for key, device in labels
+        if key == "device"
+    }
+    assert reported == {f"mlx5_{n}" for n in range(8)}
+
+    fifos.release_all()
+    wait_until(lambda: pool.abandoned == 0 and reads.outstanding() == 0)
+    healed, _ = timed_scrape(collector_for(root, 5.0, reads))
+    assert value(healed, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
