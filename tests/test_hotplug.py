@@ -1,0 +1,248 @@
+"""Hotplug: uevents refresh the device set and the static cache; without udev the list is rescanned.
+
+Injected events check every rule of `apply_event`; one test creates a real veth pair in a fresh network
+namespace, so the kernel itself sends the uevent that the pyudev monitor turns into a refresh.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from rdma_exporter.collect.engine import RdmaCollector
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector, build_registry
+from rdma_exporter.hotplug import Event, HotplugMonitor, apply_event, is_kernel_sysfs, start_monitor
+from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+from conftest import in_ci, samples
+
+TESTS = Path(__file__).resolve().parent
+
+
+def scrape_samples(collector: RdmaCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return samples(generate_latest(build_registry(collector)).decode())
+
+
+def fw_of(collector: RdmaCollector, device: str) -> str | None:
+    for (name, labels), _ in scrape_samples(collector).items():
+        if name == "rdma_device_info" and ("device", device) in labels:
+            return dict(labels)["fw_ver"]
+    return None
+
+
+def devices_of(collector: RdmaCollector) -> set[str]:
+    return {
+        dict(labels)["device"] for (name, labels), _ in scrape_samples(collector).items() if name == "rdma_device_info"
+    }
+
+
+def real_dir(root: Path, device: str) -> Path:
+    return (root / "class" / "infiniband" / device).resolve()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return build_tree(tmp_path / "t", spec_for_devices(4))
+
+
+def udev_collector(root: Path) -> RdmaCollector:
+    return build_collector(replace(Config(), sysfs=root), rescan_each_scrape=False)
+
+
+def test_udev_mode_lists_devices_only_when_told(tree: Path, tmp_path: Path) -> None:
+    link = tree / "class" / "infiniband" / "mlx5_3"
+    target = os.readlink(link)
+    link.unlink()  # mlx5_3 not there yet
+    collector = udev_collector(tree)
+    assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}
+
+    link.symlink_to(target)  # the HCA appears...
+    assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}  # ...but nobody said so yet
+    added = Event("add", "infiniband", "mlx5_3", "/devices/pci0000:c0/0000:c0:00.0/infiniband/mlx5_3")
+    assert apply_event(collector.inventory, added) == "device mlx5_3"
+    assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
+
+    link.unlink()
+    apply_event(collector.inventory, Event("remove", "infiniband", "mlx5_3"))
+    metrics = scrape_samples(collector)
+    assert not [key for key in metrics if ("device", "mlx5_3") in key[1]]  # no stale series
+    assert metrics[("rdma_exporter_devices", ())] == 3
+
+
+def test_change_event_refreshes_static_attributes(tree: Path) -> None:
+    collector = udev_collector(tree)
+    assert fw_of(collector, "mlx5_1") == "28.41.1000"
+    (real_dir(tree, "mlx5_1") / "fw_ver").write_text("28.42.1000\n")
+    assert fw_of(collector, "mlx5_1") == "28.41.1000"  # static: not re-read on every scrape
+    apply_event(collector.inventory, Event("change", "infiniband", "mlx5_1"))
+    assert fw_of(collector, "mlx5_1") == "28.42.1000"
+
+
+def test_net_events_refresh_the_owning_device_only(tree: Path) -> None:
+    collector = udev_collector(tree)
+    info = collector.inventory
+    fw_of(collector, "mlx5_0")
+    netdev = info.cached()["mlx5_1"].ports[0].netdevs[0]
+    pci = info.cached()["mlx5_2"].pci_address
+    assert pci is not None
+    for device in ("mlx5_1", "mlx5_2", "mlx5_3"):
+        (real_dir(tree, device) / "fw_ver").write_text("99.0.0\n")
+
+    # A container's veth: not an RDMA netdev, nothing is re-read.
+    assert apply_event(info, Event("add", "net", "veth1a2b", "/devices/virtual/net/veth1a2b")) is None
+    # Renamed by udev rules: matched by the old name.
+    renamed = Event("move", "net", "ib-rail1", "/devices/virtual/net/ib-rail1", f"/devices/virtual/net/{netdev}")
+    assert apply_event(info, renamed) == "device mlx5_1"
+    # A new netdev on the PCI function of mlx5_2 (e.g. after a driver reload).
+    assert apply_event(info, Event("add", "net", "eth9", f"/devices/pci0000:00/0000:00:02.0/{pci}/net/eth9")) == (
+        "device mlx5_2"
+    )
+    fw = {device: fw_of(collector, device) for device in ("mlx5_1", "mlx5_2", "mlx5_3")}
+    assert fw == {"mlx5_1": "99.0.0", "mlx5_2": "99.0.0", "mlx5_3": "28.41.1000"}
+
+    # uverbs devices name no RDMA device: everything is re-read.
+    assert apply_event(info, Event("add", "infiniband_verbs", "uverbs3")) == "all devices"
+    assert fw_of(collector, "mlx5_3") == "99.0.0"
+    assert apply_event(info, Event("online", "infiniband", "mlx5_0")) is None  # not a change of ours
+
+
+def test_rescan_mode_sees_devices_without_events(tree: Path) -> None:
+    link = tree / "class" / "infiniband" / "mlx5_3"
+    target = os.readlink(link)
+    link.unlink()
+    collector = build_collector(replace(Config(), sysfs=tree))  # the default: rescan
+    assert collector.inventory.mode == "rescan"
+    assert len(devices_of(collector)) == 3
+    link.symlink_to(target)
+    assert len(devices_of(collector)) == 4
+    # A re-created device (new link target under the old name) is re-read, not served from cache.
+    moved = real_dir(tree, "mlx5_3").with_name("mlx5_3-new")
+    shutil.copytree(real_dir(tree, "mlx5_3"), moved, symlinks=True)
+    (moved / "fw_ver").write_text("1.2.3\n")
+    link.unlink()
+    link.symlink_to(os.path.relpath(moved, link.parent))
+    assert fw_of(collector, "mlx5_3") == "1.2.3"
+
+
+class FakeDevice:
+    def __init__(self, props: dict[str, str]) -> None:
+        self.properties = props
+
+
+class FakeMonitor:
+    """Stands in for pyudev.Monitor: poll() returns queued devices, or raises a queued OSError."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Any] = queue.Queue()
+
+    def poll(self, timeout: float | None = None) -> FakeDevice | None:
+        try:
+            item = self.items.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+def test_monitor_thread_applies_events_and_survives_overflow(tree: Path) -> None:
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    fake = FakeMonitor()
+    monitor = HotplugMonitor(fake, "kernel", lambda: collector.inventory)
+    monitor.start()
+    try:
+        (real_dir(tree, "mlx5_0") / "fw_ver").write_text("7.7.7\n")
+        (real_dir(tree, "mlx5_2") / "fw_ver").write_text("7.7.7\n")
+        fake.items.put(FakeDevice({"ACTION": "change", "SUBSYSTEM": "infiniband", "DEVPATH": "/devices/x/mlx5_0"}))
+        assert monitor.wait_for_events(1, 5)
+        assert fw_of(collector, "mlx5_0") == "7.7.7"
+        assert fw_of(collector, "mlx5_2") == "28.41.1000"
+        # The netlink socket overflowed: events were lost, so everything is re-read.
+        fake.items.put(OSError(errno.ENOBUFS, "No buffer space available"))
+        fake.items.put(FakeDevice({"ACTION": "add", "SUBSYSTEM": "net", "DEVPATH": "/devices/virtual/net/v0"}))
+        threading.Event().wait(0.3)
+        assert fw_of(collector, "mlx5_2") == "7.7.7"
+        assert monitor.seen == 2
+    finally:
+        monitor.stop()
+
+
+def test_mode_is_rescan_for_trees_that_are_not_sysfs(tree: Path) -> None:
+    collector = build_collector(replace(Config(), sysfs=tree))
+    monitor, mode = start_monitor(tree, lambda: collector.inventory)
+    assert monitor is None
+    assert mode.startswith("rescan (") and str(tree) in mode
+    assert not is_kernel_sysfs(tree)
+
+
+def test_mode_is_udev_on_the_kernel_sysfs() -> None:
+    if not is_kernel_sysfs(Path("/sys")):
+        pytest.skip("/sys is not a sysfs mount here")
+    collector = build_collector(replace(Config(), sysfs=Path("/sys")))
+    monitor, mode = start_monitor(Path("/sys"), lambda: collector.inventory)
+    if monitor is None and not in_ci():
+        pytest.skip(f"no uevent socket here: {mode}")
+    assert monitor is not None, mode
+    monitor.stop()
+    assert mode.startswith("udev (") and "infiniband, infiniband_verbs, net" in mode
+
+
+# --- a real uevent: a veth pair created in a new network namespace ----------------------------------------
+
+
+def uevent_helper(workdir: str) -> None:
+    """Runs inside `unshare --net`: the veth's uevents reach sockets of this namespace only."""
+    root = build_tree(Path(workdir) / "t", spec_for_devices(2))
+    collector = udev_collector(root)
+    before = fw_of(collector, "mlx5_1")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    monitor, mode = start_monitor(root, lambda: collector.inventory, source="kernel")
+    assert monitor is not None, mode
+    (real_dir(root, "mlx5_1") / "fw_ver").write_text("28.99.0001\n")
+    cached = fw_of(collector, "mlx5_1")
+    # Its netdev (re)appears, as after a driver reload: here a veth of that name stands in for it.
+    subprocess.run(["ip", "link", "add", netdev, "type", "veth", "peer", "name", "rdmapeer0"], check=True)
+    received = monitor.wait_for_events(1, 10)
+    after = fw_of(collector, "mlx5_1")
+    monitor.stop()
+    print(json.dumps({"before": before, "cached": cached, "after": after, "received": received,
+                      "seen": monitor.seen, "netdev": netdev}))
+
+
+def test_real_uevent_from_a_veth_in_a_network_namespace(tmp_path: Path) -> None:
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        if in_ci():
+            pytest.fail("ip (iproute2) and unshare are needed")
+        pytest.skip("ip or unshare missing")
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_hotplug as t; t.uevent_helper(sys.argv[1])"
+    attempts = [["unshare", "--net"], ["unshare", "--user", "--map-root-user", "--net"]]
+    result = None
+    for prefix in attempts:
+        result = subprocess.run(
+            [*prefix, sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+        if result.returncode == 0 or "unshare failed" not in result.stderr:
+            break
+        shutil.rmtree(tmp_path / "t", ignore_errors=True)
+    assert result is not None
+    if result.returncode != 0 and "unshare failed" in result.stderr and not in_ci():
+        pytest.skip(f"cannot create a network namespace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["received"], report
+    assert report["before"] == report["cached"] == "28.41.1000"
+    assert report["after"] == "28.99.0001", report
