@@ -218,14 +218,14 @@ def render_response(response: Response, *, head_only: bool, keep_alive: bool, ex
 class _Conn:
     __slots__ = ("buffer", "deadline", "handshaking", "last_active", "peer", "sock", "started")
 
-    def __init__(self, sock: socket.socket, peer: str, now: float, handshaking: bool) -> None:
+    def __init__(self, sock: socket.socket, peer: str, now: float, handshaking: bool, deadline: float) -> None:
         self.sock = sock
         self.peer = peer
         self.buffer = bytearray()
         self.handshaking = handshaking
         self.started = False  # bytes of the current request have arrived
         self.last_active = now
-        self.deadline = now + (HEAD_TIMEOUT if handshaking else IDLE_TIMEOUT)
+        self.deadline = deadline
 
 
 Handler = Callable[[Request], Response]
@@ -348,7 +348,9 @@ class HttpServer:
             peer = f"{address[0]}:{address[1]}"
             if context is not None:
                 sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-            conn = _Conn(sock, peer, now, handshaking=context is not None)
+            handshaking = context is not None
+            deadline = now + (self.head_timeout if handshaking else self.idle_timeout)
+            conn = _Conn(sock, peer, now, handshaking, deadline)
             self._conns[id(conn)] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 

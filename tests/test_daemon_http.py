@@ -1,0 +1,615 @@
+"""The running daemon over real sockets: endpoints, limits, slow and idle clients, the scrape-timeout
+header, TLS, mutual TLS and basic auth with real clients, invalid web configs, SIGHUP and SIGTERM.
+
+Everything listens on 127.0.0.1 only. Certificates are made per session with the openssl CLI.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import http.client
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import HttpServer, Request, Response, parse_head, scrape_timeout
+from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+from conftest import require_binary, samples
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RunningDaemon:
+    """`python -m rdma_exporter` on a loopback port, its log in a file."""
+
+    def __init__(self, workdir: Path, args: list[str], *, wait: bool = True) -> None:
+        self.port = free_port()
+        self.log_path = workdir / f"daemon-{self.port}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rdma_exporter", "--web.listen-address", f"127.0.0.1:{self.port}", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        if wait:
+            self.wait_listening()
+
+    def wait_listening(self, timeout: float = 20.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"daemon not listening after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"daemon did not stop on SIGTERM:\n{self.log()}") from None
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., RunningDaemon]]:
+    running: list[RunningDaemon] = []
+
+    def make(*args: str, wait: bool = True) -> RunningDaemon:
+        daemon = RunningDaemon(tmp_path, list(args), wait=wait)
+        running.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in running:
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tree(tmp_path_factory.mktemp("http") / "t", spec_for_devices(3))
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def get(
+    port: int,
+    path: str = "/metrics",
+    *,
+    headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+    method: str = "GET",
+    timeout: float = 15.0,
+) -> Reply:
+    conn: http.client.HTTPConnection
+    if context is not None:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=timeout)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    finally:
+        conn.close()
+
+
+def raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes, return what the server answers until it closes or stays quiet for 0.3 s."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+                sock.settimeout(0.3)
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return b"".join(chunks)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+# --- endpoints and protocol -----------------------------------------------------------------------------
+
+
+def test_endpoints_and_methods(start: Callable[..., RunningDaemon], tree: Path) -> None:
+    daemon = start("--path.sysfs", str(tree))
+    metrics = get(daemon.port)
+    assert metrics.status == 200
+    assert metrics.headers["content-type"].startswith("text/plain")
+    parsed = samples(metrics.body.decode())
+    assert parsed[("rdma_exporter_devices", ())] == 3
+    assert get(daemon.port, "/metrics?debug=1").status == 200
+
+    landing = get(daemon.port, "/")
+    assert landing.status == 200 and b'href="/metrics"' in landing.body
+    health = get(daemon.port, "/healthz")
+    assert (health.status, health.body) == (200, b"ok\n")
+    for path in ("/metrics/", "/favicon.ico", "/debug/pprof", "/../etc/passwd", "//metrics"):
+        assert get(daemon.port, path).status == 404, path
+
+    post = get(daemon.port, method="POST")
+    assert post.status == 405 and post.headers["allow"] == "GET, HEAD"
+    head = get(daemon.port, method="HEAD")
+    assert head.status == 200 and head.body == b"" and int(head.headers["content-length"]) > 1000
+
+    zipped = get(daemon.port, headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert samples(gzip.decompress(zipped.body).decode()).keys() == parsed.keys()
+    openmetrics = get(daemon.port, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert openmetrics.body.rstrip().endswith(b"# EOF")
+
+    log = daemon.log()
+    assert "device discovery: rescan" in log
+    if os.geteuid() == 0:
+        assert "running as root: nothing rdma-exporter reads needs it" in log
+    assert daemon.stop() == 0
+
+
+def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], tree: Path) -> None:
+    daemon = start("--path.sysfs", str(tree))
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=10)
+    conn.connect()
+    first = conn.sock
+    for path in ("/healthz", "/metrics", "/", "/healthz"):
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200
+        assert conn.sock is first  # one connection for all four
+    conn.close()
+
+    pipelined = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    both = raw(daemon.port, pipelined)
+    assert both.count(b"HTTP/1.1 200 OK") == 2
+    old = raw(daemon.port, b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert old.startswith(b"HTTP/1.1 200") and b"Connection: close" in old
+    daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b"GET / HTTP/1.1\r\n" + b"X-Big: " + b"b" * 17000 + b"\r\n\r\n", 431),
+        (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(80)) + b"\r\n", 431),
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 413),
+        (b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),  # a TLS hello to a plain port
+        (b"GET / HTTP/2.0\r\n\r\n", 505),
+        (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400),
+    ],
+    ids=["long-line", "big-header", "many-headers", "body", "chunked", "tls-to-plain", "http2", "malformed"],
+)
+def test_request_limits(request_bytes: bytes, status: int) -> None:
+    with serving(lambda request: Response(200, b"ok")) as server:
+        assert status_of(raw(server.port, request_bytes)) == status
+
+
+def test_parse_head_keeps_what_the_handler_needs() -> None:
+    request = parse_head(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAccept: a\r\naccept: b\r\n\r\n")
+    assert (request.method, request.path, request.headers["accept"]) == ("GET", "/metrics", "a, b")
+    assert request.keep_alive
+    assert not parse_head(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").keep_alive
+
+
+def test_scrape_timeout_header_shortens_the_deadline() -> None:
+    config = Config(scrape_timeout=8.0)
+    assert scrape_timeout(config, None) == 8.0
+    assert scrape_timeout(config, "10") == 8.0  # Prometheus's default 10 s: our 8 s flag wins
+    assert scrape_timeout(config, "3") == 2.5
+    assert scrape_timeout(config, "0.2") == 0.1
+    for junk in ("nan", "-1", "inf", "soon", ""):
+        assert scrape_timeout(config, junk) == 8.0
+
+
+# --- slow, idle and many clients (in-process server with short timeouts) ----------------------------------
+
+
+class serving:
+    def __init__(self, handler: Callable[[Request], Response], **options: float) -> None:
+        self.server = HttpServer(("127.0.0.1", 0), handler, **options)  # type: ignore[arg-type]
+        self.port = self.server.port
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> HttpServer:
+        self.thread.start()
+        return self.server
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown(grace=2)
+        self.thread.join(5)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    sock.settimeout(seconds)
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except TimeoutError:
+        return False, data
+    except ConnectionResetError:
+        pass
+    return True, data
+
+
+def test_slow_and_idle_clients_time_out() -> None:
+    with serving(lambda r: Response(200, b"ok"), head_timeout=0.6, idle_timeout=1.0) as server:
+        idle = socket.create_connection(("127.0.0.1", server.port))
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.sendall(b"GET / HTTP/1.1\r\n")
+        started = time.monotonic()
+        for _ in range(5):  # one header byte at a time (slowloris): the head deadline does not move
+            time.sleep(0.1)
+            slow.sendall(b"X")
+        closed, answer = closed_within(slow, 1.5)
+        assert closed and answer.startswith(b"HTTP/1.1 408")
+        assert time.monotonic() - started < 1.5
+        closed, answer = closed_within(idle, 2.0)
+        assert closed and answer == b""
+        assert server.connections() == 0
+
+
+def test_idle_connections_hold_no_threads_and_are_bounded() -> None:
+    threads_before = threading.active_count()
+    with serving(lambda r: Response(200, b"ok"), workers=2, max_connections=64, idle_timeout=30) as server:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(150)]
+        time.sleep(0.3)
+        assert server.connections() <= 64
+        # Two workers, 150 idle sockets: requests are still answered at once.
+        for _ in range(5):
+            started = time.monotonic()
+            assert get(server.port, "/").status == 200
+            assert time.monotonic() - started < 1.0
+        # The server thread, two workers and this test's own: nothing per connection.
+        assert threading.active_count() <= threads_before + 4
+        for sock in idle:
+            sock.close()
+
+
+# --- deadline over HTTP, SIGTERM during a scrape ----------------------------------------------------------
+
+
+@pytest.fixture
+def stuck_tree(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    root = build_tree(tmp_path / "stuck", spec_for_devices(3))
+    fifo = (root / "class" / "infiniband" / "mlx5_1").resolve() / "ports" / "1" / "counters" / "port_xmit_data"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    yield root, fifo
+    with contextlib.suppress(OSError):  # unblock a reader the test left behind
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_prometheus_timeout_header_bounds_the_scrape(
+    start: Callable[..., RunningDaemon], stuck_tree: tuple[Path, Path]
+) -> None:
+    root, _ = stuck_tree
+    daemon = start("--path.sysfs", str(root))
+    started = time.monotonic()
+    reply = get(daemon.port, headers={"X-Prometheus-Scrape-Timeout-Seconds": "1.5"})
+    took = time.monotonic() - started
+    assert reply.status == 200
+    assert 0.9 < took < 1.5, f"{took:.2f} s for a 1.5 s Prometheus timeout"
+    metrics = samples(reply.body.decode())
+    assert metrics[("rdma_exporter_scrape_collector_success", (("collector", "infiniband"),))] == 0
+    assert ("rdma_port_state_id", (("device", "mlx5_0"), ("port", "1"))) in metrics
+    started = time.monotonic()
+    again = samples(get(daemon.port).body.decode())  # no header: the 8 s flag, but mlx5_1 is skipped
+    assert time.monotonic() - started < 1.0
+    assert again[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),))] == 1
+    assert "device mlx5_1: no answer before the scrape deadline" in daemon.log()
+    assert daemon.stop() == 0  # a reader thread blocked in the kernel does not hold the exit
+
+
+def test_sigterm_lets_the_scrape_in_flight_finish(
+    start: Callable[..., RunningDaemon], stuck_tree: tuple[Path, Path]
+) -> None:
+    root, _ = stuck_tree
+    daemon = start("--path.sysfs", str(root))
+    replies: list[Reply] = []
+    scraper = threading.Thread(
+        target=lambda: replies.append(get(daemon.port, headers={"X-Prometheus-Scrape-Timeout-Seconds": "2.5"}))
+    )
+    scraper.start()
+    time.sleep(0.5)
+    daemon.proc.send_signal(signal.SIGTERM)
+    scraper.join(10)
+    assert replies and replies[0].status == 200
+    assert daemon.proc.wait(10) == 0
+    assert "received SIGTERM, shutting down" in daemon.log()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", daemon.port), timeout=1).close()
+
+
+# --- TLS, mutual TLS, basic auth ---------------------------------------------------------------------------
+
+
+@dataclass
+class Pki:
+    dir: Path
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    intruder_cert: Path  # same CA, a SAN that client_allowed_sans does not list
+    intruder_key: Path
+    rogue_cert: Path  # signed by another CA
+    rogue_key: Path
+
+
+def _openssl(*args: str | Path, cwd: Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _ca(name: str, cwd: Path) -> None:
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=cwd,
+    )
+
+
+def _leaf(name: str, ca: str, san: str, usage: str, cwd: Path) -> None:
+    _openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd,
+    )
+    (cwd / f"{name}.ext").write_text(
+        f"subjectAltName={san}\nextendedKeyUsage={usage}\nkeyUsage=critical,digitalSignature\n"
+        "basicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+        "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    require_binary("openssl")
+    d = tmp_path_factory.mktemp("pki")
+    _ca("ca", d)
+    _ca("rogue-ca", d)
+    _leaf("server", "ca", "IP:127.0.0.1,DNS:localhost", "serverAuth", d)
+    _leaf("client", "ca", "DNS:prometheus", "clientAuth", d)
+    _leaf("intruder", "ca", "DNS:intruder", "clientAuth", d)
+    _leaf("rogue", "rogue-ca", "DNS:prometheus", "clientAuth", d)
+    return Pki(
+        d, d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key",
+        d / "intruder.crt", d / "intruder.key", d / "rogue.crt", d / "rogue.key",
+    )
+
+
+def client_context(pki: Pki, cert: str | None = None, **versions: ssl.TLSVersion) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=pki.ca)
+    for name, version in versions.items():
+        setattr(context, name, version)
+    if cert is not None:
+        context.load_cert_chain(pki.dir / f"{cert}.crt", pki.dir / f"{cert}.key")
+    return context
+
+
+def web_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / f"web-{abs(hash(text))}.yml"
+    path.write_text(text)
+    return path
+
+
+def refused(port: int, context: ssl.SSLContext | None, path: str = "/healthz") -> bool:
+    """True if the request fails at the TLS or connection level (not an HTTP status)."""
+    try:
+        get(port, path, context=context, timeout=5)
+    except (ssl.SSLError, ConnectionError, http.client.HTTPException, OSError):
+        return True
+    return False
+
+
+def test_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path) -> None:
+    config = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
+    reply = get(daemon.port, context=client_context(pki))
+    assert reply.status == 200 and b"rdma_exporter_devices 3.0" in reply.body
+    assert refused(daemon.port, ssl.create_default_context())  # a client that does not trust our CA
+    assert refused(daemon.port, None)  # plain HTTP to the TLS port gets no HTTP answer
+    if shutil.which("curl"):
+        curl = subprocess.run(
+            ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
+            capture_output=True, text=True, timeout=20,
+        )
+        assert curl.stdout == "ok\n", curl.stderr
+    assert "(HTTPS)" in daemon.log()
+
+
+def test_tls_min_version(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path) -> None:
+    config = web_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n  min_version: TLS13\n",
+    )
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
+    assert get(daemon.port, "/healthz", context=client_context(pki)).status == 200
+    assert refused(daemon.port, client_context(pki, maximum_version=ssl.TLSVersion.TLSv1_2))
+
+
+def test_mutual_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path) -> None:
+    config = web_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n"
+        "  client_allowed_sans: [prometheus]\n",
+    )
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
+    assert get(daemon.port, context=client_context(pki, "client")).status == 200
+    assert refused(daemon.port, client_context(pki))  # no client certificate
+    assert refused(daemon.port, client_context(pki, "rogue"))  # signed by a CA we do not trust
+    assert refused(daemon.port, client_context(pki, "intruder"))  # trusted CA, SAN not allowed
+    if shutil.which("curl"):
+        ok = subprocess.run(
+            ["curl", "-sS", "--cacert", str(pki.ca), "--cert", str(pki.client_cert), "--key", str(pki.client_key),
+             f"https://127.0.0.1:{daemon.port}/healthz"],
+            capture_output=True, text=True, timeout=20,
+        )
+        assert ok.stdout == "ok\n", ok.stderr
+        no_cert = subprocess.run(
+            ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
+            capture_output=True, text=True, timeout=20,
+        )
+        assert no_cert.returncode != 0
+    assert "client certificates required" in daemon.log()
+
+
+def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path) -> None:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    config = web_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n",
+    )
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
+    context = client_context(pki)
+    anonymous = get(daemon.port, context=context)
+    assert anonymous.status == 401 and anonymous.headers["www-authenticate"].startswith("Basic")
+    assert get(daemon.port, context=context, headers=basic("prometheus", "wrong")).status == 401
+    assert get(daemon.port, context=context, headers=basic("nobody", "s3cret")).status == 401
+    assert get(daemon.port, context=context, headers={"Authorization": "Basic !!!"}).status == 401
+    assert get(daemon.port, "/nope", context=context).status == 401  # no path probing without credentials
+    for _ in range(3):  # the check is cached after the first success
+        assert get(daemon.port, context=context, headers=basic("prometheus", "s3cret")).status == 200
+    assert get(daemon.port, "/healthz", context=context, headers=basic("prometheus", "s3cret")).status == 200
+    if shutil.which("curl"):
+        curl = subprocess.run(
+            ["curl", "-sS", "--cacert", str(pki.ca), "-u", "prometheus:s3cret",
+             f"https://127.0.0.1:{daemon.port}/healthz"],
+            capture_output=True, text=True, timeout=20,
+        )
+        assert curl.stdout == "ok\n", curl.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("tls_server_config:\n  cert_file: {cert}\n", "cert_file and key_file are both required"),
+        ("tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: {key}\n", "cert_file: /nonexistent.crt"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {other_key}\n", "cannot load"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS14\n", "min_version"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequestClientCert\n",
+         "client_auth_type"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+         "  client_auth_type: RequireAndVerifyClientCert\n", "client_ca_file: required"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+         "cipher_suites"),
+        ("basic_auth_users:\n  prometheus: plaintext\n", "basic_auth_users.prometheus: expected a bcrypt hash"),
+        ("tls_config:\n  cert_file: {cert}\n", "tls_config: unknown key"),
+        ("basic_auth_users: [", "invalid YAML"),
+    ],
+    ids=["no-key", "missing-file", "key-mismatch", "version", "unverified-client", "no-ca", "ciphers",
+         "plain-password", "typo", "yaml"],
+)
+def test_invalid_web_config_stops_startup(
+    start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path, body: str, message: str
+) -> None:
+    config = web_config(
+        tmp_path, body.format(cert=pki.server_cert, key=pki.server_key, other_key=pki.client_key)
+    )
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config), wait=False)
+    assert daemon.proc.wait(30) == 2
+    log = daemon.log()
+    assert f"invalid web configuration: {config}" in log and message in log, log
+    check = subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", "--check-config", "--web.config.file", str(config)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert check.returncode == 2 and message in check.stderr
+
+
+# --- SIGHUP -------------------------------------------------------------------------------------------------
+
+
+def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "rdma-exporter.yml"
+    config.write_text('devices:\n  exclude: "mlx5_1"\n')
+    daemon = start("--path.sysfs", str(tree), "--config.file", str(config))
+
+    def devices() -> float:
+        return samples(get(daemon.port).body.decode())[("rdma_exporter_devices", ())]
+
+    def reload_and_wait(expect: str) -> None:
+        lines = daemon.log().count(expect)
+        daemon.proc.send_signal(signal.SIGHUP)
+        end = time.monotonic() + 10
+        while daemon.log().count(expect) == lines:
+            assert time.monotonic() < end, daemon.log()
+            time.sleep(0.05)
+
+    assert devices() == 2
+    config.write_text('devices:\n  exclude: "mlx5_[12]"\n')
+    reload_and_wait("reloaded")
+    assert devices() == 1
+
+    config.write_text('devices:\n  exclude: "mlx5_[12"\n')  # invalid regex
+    reload_and_wait("reload rejected")
+    assert "devices.exclude: invalid regular expression" in daemon.log()
+    assert devices() == 1  # the running config is kept
+    assert daemon.proc.poll() is None
+
+    # The web config is re-read too (certificate rotation, new users).
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  p: '{hashed}'\n")
+    config.write_text(f'devices:\n  exclude: "mlx5_[12]"\nweb:\n  config_file: {web}\n')
+    reload_and_wait("reloaded")
+    assert get(daemon.port).status == 401
+    assert get(daemon.port, headers=basic("p", "pw")).status == 200
+    assert daemon.stop() == 0
