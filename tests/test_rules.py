@@ -242,8 +242,9 @@ collector:
 
 
 @pytest.fixture(scope="module")
-def emitted(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Every sample name the exporter emits on the sample tree, with expectations and ethtool captures."""
+def emitted_labels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, set[str]]]:
+    """Sample name -> label name -> values, for every sample the exporter emits on the sample tree with
+    expectations and ethtool captures."""
     dest = tmp_path_factory.mktemp("sample")
     sys_root = build_tree(dest, SAMPLE_SPEC)
     config = parse_config(yaml.safe_load(EXPECTED_CONFIG), "test")
@@ -254,7 +255,19 @@ def emitted(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     # which the exporter only emits once something failed.
     next((sys_root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "hw_counters").glob("out_of_*")).unlink()
     text = generate_latest(registry).decode()
-    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+    out: dict[str, dict[str, set[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = out.setdefault(sample.name, {})
+            for key, value in sample.labels.items():
+                labels.setdefault(key, set()).add(value)
+    return out
+
+
+@pytest.fixture(scope="module")
+def emitted(emitted_labels: dict[str, dict[str, set[str]]]) -> set[str]:
+    """Every sample name the exporter emits on the sample tree."""
+    return set(emitted_labels)
 
 
 def collector_prefix(name: str) -> str:
@@ -289,3 +302,36 @@ def test_collectors_for_every_rule_family_exist(emitted: set[str]) -> None:
     if pending:
         families = sorted({collector_prefix(name) + "*" for name in pending})
         pytest.skip(f"exporter has no collector yet for {', '.join(families)}; rules use {', '.join(pending)}")
+
+
+# Labels Prometheus attaches to a target (and the tests use for one), not the exporter.
+TARGET_LABELS = {"job", "instance", "cluster", "rack"}
+_SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
+_PAIR = re.compile(r'([a-zA-Z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def test_unit_test_series_carry_the_exported_labels(emitted_labels: dict[str, dict[str, set[str]]]) -> None:
+    """Input series of the promtool tests look like what the exporter serves: the same label names (a
+    missing `direction` once hid that alerts and aggregates carry it) and a `direction` the exporter uses
+    for that metric. Names the sample tree does not serve are left to the checks above."""
+    problems = []
+    for path in RULE_TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for series in test.get("input_series", []):
+                match = _SERIES.match(series["series"])
+                assert match, f"{path.name}: cannot parse {series['series']}"
+                name, labels = match[1], dict(_PAIR.findall(match[2]))
+                if name not in emitted_labels:
+                    continue
+                real = emitted_labels[name]
+                if set(labels) - TARGET_LABELS != set(real):
+                    problems.append(
+                        f"{path.name}: {series['series']} has labels {sorted(set(labels) - TARGET_LABELS)}, "
+                        f"the exporter {sorted(real)}"
+                    )
+                elif "direction" in labels and labels["direction"] not in real["direction"]:
+                    problems.append(
+                        f"{path.name}: {series['series']}: the exporter's direction is one of "
+                        f"{sorted(real['direction'])}"
+                    )
+    assert problems == []
