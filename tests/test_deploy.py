@@ -1,0 +1,199 @@
+"""deploy/: the systemd unit passes `systemd-analyze verify` and rates at most 2.0 in `systemd-analyze
+security`; the example configs load; the Kubernetes manifests are consistent with each other and with
+the exporter's flags (checked structurally: no kubectl here); the Prometheus example passes promtool."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rdma_exporter.config import load_config_file, parse_config
+from rdma_exporter.webconfig import load_web_config
+
+from conftest import require_binary
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+UNIT = DEPLOY / "systemd" / "rdma-exporter.service"
+MAX_EXPOSURE = 2.0
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """Key -> every value assigned in the unit (systemd allows repeating keys)."""
+    settings: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";", "[")):
+            continue
+        key, _, value = line.partition("=")
+        settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+@pytest.fixture
+def installed_unit(tmp_path: Path) -> Path:
+    """The unit with ExecStart pointing at this machine's rdma-exporter: verify checks the binary exists."""
+    binary = shutil.which("rdma-exporter")
+    binary = str(Path(binary).resolve()) if binary else sys.executable
+    text = UNIT.read_text().replace("/usr/local/bin/rdma-exporter", binary)
+    unit = tmp_path / UNIT.name
+    unit.write_text(text)
+    return unit
+
+
+def test_unit_passes_systemd_analyze_verify(installed_unit: Path) -> None:
+    analyze = require_binary("systemd-analyze")
+    result = subprocess.run(
+        [analyze, "verify", str(installed_unit)], capture_output=True, text=True, timeout=120
+    )
+    complaints = [line for line in (result.stdout + result.stderr).splitlines() if UNIT.name in line]
+    assert result.returncode == 0 and not complaints, result.stdout + result.stderr
+
+
+def test_unit_security_exposure_is_at_most_2(installed_unit: Path) -> None:
+    analyze = require_binary("systemd-analyze")
+    result = subprocess.run(
+        [analyze, "security", "--offline=yes", "--no-pager", str(installed_unit)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+
+
+def test_unit_hardening_settings() -> None:
+    unit = unit_settings(UNIT.read_text())
+    one = {key: values[-1] for key, values in unit.items()}
+    assert one["DynamicUser"] == "yes"
+    assert one["NoNewPrivileges"] == "yes"
+    assert one["CapabilityBoundingSet"] == "" and one["AmbientCapabilities"] == ""
+    assert one["ProtectSystem"] == "strict"
+    assert set(one["RestrictAddressFamilies"].split()) == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+    assert "@system-service" in unit["SystemCallFilter"]
+    assert one["Type"] == "notify"  # the daemon sends READY=1 once it listens
+    assert "-HUP" in one["ExecReload"]
+    assert one["EnvironmentFile"] == "-/etc/default/rdma-exporter"
+    command = shlex.split(one["ExecStart"])
+    assert "--config.file=/etc/rdma-exporter/rdma-exporter.yml" in command
+    assert "$RDMA_EXPORTER_ARGS" in command
+
+
+def test_example_configs_load(tmp_path: Path) -> None:
+    config = load_config_file(DEPLOY / "systemd" / "rdma-exporter.yml")
+    assert config.listen_address == ":9883" and config.scrape_timeout < 10
+    check = subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", "--check-config", "--config.file",
+         str(DEPLOY / "systemd" / "rdma-exporter.yml")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+    env = subprocess.run(
+        ["bash", "-c", f'set -a; . {shlex.quote(str(DEPLOY / "systemd" / "rdma-exporter.env"))}; '
+         'echo "${RDMA_EXPORTER_ARGS-unset}"'],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert env.returncode == 0 and env.stdout.strip() != "unset"
+
+    # The web config example names the systemd credential paths; with files there it loads.
+    openssl = require_binary("openssl")
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", "tls.key", "-out", "tls.crt", "-days", "1", "-subj", "/CN=localhost"],
+        cwd=tmp_path, check=True, capture_output=True, timeout=60,
+    )
+    text = (DEPLOY / "systemd" / "web-config.yml").read_text()
+    local = tmp_path / "web-config.yml"
+    local.write_text(text.replace("/run/credentials/rdma-exporter.service/", f"{tmp_path}/"))
+    web = load_web_config(local)
+    assert web.ssl_context is not None
+
+
+def kubernetes_documents() -> list[dict[str, Any]]:
+    documents: list[dict[str, Any]] = []
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        documents += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return documents
+
+
+def by_kind(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [doc for doc in documents if doc.get("kind") == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def test_kubernetes_manifests_are_consistent() -> None:
+    documents = kubernetes_documents()
+    kustomization = by_kind(documents, "Kustomization")
+    assert all((DEPLOY / "kubernetes" / name).is_file() for name in kustomization["resources"])
+    objects = [d for d in documents if d["kind"] != "Kustomization"]
+    for doc in objects:
+        assert {"apiVersion", "kind", "metadata"} <= doc.keys(), doc
+    assert {d["metadata"]["namespace"] for d in objects} == {"monitoring"}
+
+    daemonset = by_kind(documents, "DaemonSet")
+    assert daemonset["apiVersion"] == "apps/v1"
+    pod = daemonset["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    spec = pod["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    (container,) = spec["containers"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"] and not security.get("privileged")
+
+    # /sys of the host, read-only, where --path.sysfs points.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert volumes["sys"]["hostPath"]["path"] == "/sys"
+    assert mounts["sys"]["readOnly"] is True
+    flags = dict(arg.split("=", 1) for arg in container["args"])
+    assert flags["--path.sysfs"] == mounts["sys"]["mountPath"]
+    assert all(m.get("readOnly") for m in container["volumeMounts"])
+
+    # The config file the args name comes from the ConfigMap, and is a valid exporter config.
+    configmap = by_kind(documents, "ConfigMap")
+    config_path = Path(flags["--config.file"])
+    assert mounts["config"]["mountPath"] == str(config_path.parent)
+    assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
+    parse_config(yaml.safe_load(configmap["data"][config_path.name]), "configmap")
+
+    ports = {p["name"]: p for p in container["ports"]}
+    listen_port = int(flags["--web.listen-address"].rsplit(":", 1)[1])
+    assert ports["metrics"]["containerPort"] == listen_port
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+    service = by_kind(documents, "Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["targetPort"] in ports and service_port["port"] == listen_port
+
+    monitor = by_kind(documents, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service_port["name"] and endpoint["path"] == "/metrics"
+    assert float(endpoint["scrapeTimeout"].rstrip("s")) <= float(endpoint["interval"].rstrip("s"))
+
+
+def test_prometheus_scrape_config_passes_promtool(tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    text = (DEPLOY / "prometheus" / "scrape-config.yml").read_text().replace("/etc/prometheus/", f"{tmp_path}/")
+    for name in ("ca.crt", "prometheus.crt", "prometheus.key", "password"):
+        (tmp_path / "rdma").mkdir(exist_ok=True)
+        (tmp_path / "rdma" / name).write_text("")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(text)
+    result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
