@@ -172,11 +172,21 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+# Accept headers: the text format both exporters serve, or what a Prometheus 2.x server sends (it asks
+# for OpenMetrics first; node_exporter 1.5 answers in text all the same, prometheus_client does not).
+ACCEPT: Final = {
+    "text": "text/plain;version=0.0.4",
+    "prometheus": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+}
+accept_header = ACCEPT["text"]
+
+
 def http_get(port: int, timeout: float) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        # The text format both exporters serve by default; no gzip, which only node_exporter offers.
-        conn.request("GET", "/metrics", headers={"Accept": "text/plain;version=0.0.4"})
+        # No gzip, which only node_exporter offers.
+        conn.request("GET", "/metrics", headers={"Accept": accept_header})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -662,7 +672,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"{report['machine']['cpu_model']}, {report['machine']['nproc']} CPUs, Python "
         f"{report['machine']['python']}, kernel {report['machine']['kernel']}, {report['machine']['node_exporter']}; "
-        f"{report['settings']['scrapes']} timed scrapes per exporter and tree; exporter at commit "
+        f"{report['settings']['scrapes']} timed scrapes per exporter and tree, Accept: "
+        f"{report['settings']['accept']}; exporter at commit "
         f"{(report['source']['commit'] or 'unknown')[:12]}"
         f"{' with uncommitted changes in exporter/' if report['source']['exporter_dirty'] else ''}.",
         "",
@@ -777,6 +788,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--memory-scrapes", type=int, help="on the largest tree, RSS at half and at this many scrapes (default 1000)"
     )
+    parser.add_argument(
+        "--accept",
+        choices=sorted(ACCEPT),
+        default="text",
+        help="Accept header: 'text' (default) or 'prometheus', the header a Prometheus server sends",
+    )
     parser.add_argument("--no-strace", dest="strace", action="store_false", help="do not count opened files")
     parser.add_argument("--node-exporter", default=None, help="node_exporter binary (default: found on PATH)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed for start-up and each scrape")
@@ -803,6 +820,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.strace and shutil.which("strace") is None:
         print("bench: strace not found (apt-get install strace), or pass --no-strace", file=sys.stderr)
         return 2
+
+    global accept_header
+    accept_header = ACCEPT[args.accept]
 
     atexit.register(stop_all)
     # SIGTERM/SIGHUP unwind through the finally blocks so that no exporter outlives the benchmark.
@@ -834,6 +854,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_scrapes": args.memory_scrapes,
             "memory_tree": memory_tree.name,
             "quick": quick,
+            "accept": args.accept,
         },
         "trees": results,
         "scaling": scaling(results),

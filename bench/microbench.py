@@ -11,6 +11,7 @@ Phases of one scrape (median over --iterations, in ms):
   read         every source's read() of every device: sysfs I/O and parsing
   expose       every source's expose() into a FamilySet of prometheus_client Metric/Sample objects
   text         prometheus_client.generate_latest over those already-built families
+  text_openmetrics  the same in OpenMetrics, which Prometheus servers ask for first
 
 Alternatives, each checked to give the same bytes (text) or the same values (reads):
 
@@ -43,6 +44,7 @@ sys.path.insert(0, str(ROOT / "exporter"))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.core import Metric  # noqa: E402
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics  # noqa: E402
 from prometheus_client.utils import floatToGoString  # noqa: E402
 
 from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext  # noqa: E402
@@ -323,6 +325,8 @@ def run(devices: int, iterations: int, use_pyinstrument: bool) -> str:
         prom_registry = CollectorRegistry(auto_describe=False)
         prom_registry.register(Families())  # type: ignore[arg-type]
         results["text"], prom_text = timed(lambda: generate_latest(prom_registry), iterations)
+        # What a Prometheus server gets by default: it asks for OpenMetrics first.
+        results["text_openmetrics"], _ = timed(lambda: generate_openmetrics(prom_registry), iterations)
         results["text_own"], own_text = timed(lambda: write_families(family_list), iterations)
         if own_text != prom_text:
             raise AssertionError("text_own differs from generate_latest")
