@@ -347,7 +347,11 @@ class HttpServer:
             context = self._tls()
             peer = f"{address[0]}:{address[1]}"
             if context is not None:
-                sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                try:
+                    sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except OSError:  # the client already went away (ENOTCONN)
+                    sock.close()
+                    continue
             handshaking = context is not None
             deadline = now + (self.head_timeout if handshaking else self.idle_timeout)
             conn = _Conn(sock, peer, now, handshaking, deadline)
@@ -700,7 +704,8 @@ class Daemon:
                     log.warning("reload: %s changed to %s; restart to apply it", name, getattr(config, name))
                     config = replace(config, **{name: getattr(old.config, name)})
             web = load_web_config(config.web_config_file)
-            collector = build_collector(config, reads=self.reads, rescan_each_scrape=self.hotplug is None)
+            udev = self.hotplug is not None and self.hotplug.running
+            collector = build_collector(config, reads=self.reads, rescan_each_scrape=not udev)
         except ConfigError as exc:
             log.error("reload rejected, keeping the running configuration: %s", exc)
             return False

@@ -125,6 +125,10 @@ class HotplugMonitor:
         self.seen = 0
         self.changed = threading.Condition()
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="rdma-hotplug", daemon=True)
         self._thread.start()

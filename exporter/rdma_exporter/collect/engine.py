@@ -206,7 +206,8 @@ class Inventory:
             if self.rescan_each_scrape or self._listing is None or resync:
                 self._listing = self._list(errors)
                 self._listed_at = now
-                self._cache = {n: v for n, v in self._cache.items() if any(n == m for m, _ in self._listing)}
+                listed = {name for name, _ in self._listing}
+                self._cache = {n: v for n, v in self._cache.items() if n in listed}
             entries = []
             for name, target in self._listing:
                 cached = self._cache.get(name)
