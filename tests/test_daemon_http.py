@@ -211,6 +211,11 @@ def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], t
     assert both.count(b"HTTP/1.1 200 OK") == 2
     old = raw(daemon.port, b"GET /healthz HTTP/1.0\r\n\r\n")
     assert old.startswith(b"HTTP/1.1 200") and b"Connection: close" in old
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)  # sent everything: the answer must still come
+        answer = b"".join(iter(lambda: sock.recv(4096), b""))
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok\n")
     daemon.stop()
 
 

@@ -216,7 +216,7 @@ def render_response(response: Response, *, head_only: bool, keep_alive: bool, ex
 
 
 class _Conn:
-    __slots__ = ("buffer", "deadline", "handshaking", "last_active", "peer", "sock", "started")
+    __slots__ = ("buffer", "deadline", "eof", "handshaking", "last_active", "peer", "sock", "started")
 
     def __init__(self, sock: socket.socket, peer: str, now: float, handshaking: bool, deadline: float) -> None:
         self.sock = sock
@@ -224,6 +224,7 @@ class _Conn:
         self.buffer = bytearray()
         self.handshaking = handshaking
         self.started = False  # bytes of the current request have arrived
+        self.eof = False  # the client half-closed: answer what it sent, then close
         self.last_active = now
         self.deadline = deadline
 
@@ -406,14 +407,17 @@ class HttpServer:
                 self._close(conn)
                 return
             if not data:
-                self._close(conn)
-                return
+                conn.eof = True
+                break
             now = time.monotonic()
             if not conn.started:
                 conn.started = True
                 conn.deadline = now + self.head_timeout
             conn.last_active = now
             conn.buffer += data
+        if conn.eof and head_end(conn.buffer) < 0:
+            self._close(conn)
+            return
         self._dispatch(conn)
 
     def _dispatch(self, conn: _Conn) -> None:
@@ -519,7 +523,7 @@ class HttpServer:
         except Exception:
             log.exception("handling %s %s failed", request.method, request.path)
             response = text_response(500, "internal error, see the exporter log", close=True)
-        keep = request.keep_alive and not response.close and not self._stopping.is_set()
+        keep = request.keep_alive and not response.close and not conn.eof and not self._stopping.is_set()
         data = render_response(
             response, head_only=request.method == "HEAD", keep_alive=keep, extra=self._headers()
         )
