@@ -234,7 +234,7 @@ def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], t
     ids=["long-line", "big-header", "many-headers", "body", "chunked", "tls-to-plain", "http2", "malformed"],
 )
 def test_request_limits(request_bytes: bytes, status: int) -> None:
-    with serving(lambda request: Response(200, b"ok")) as server:
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
         assert status_of(raw(server.port, request_bytes)) == status
 
 
@@ -258,7 +258,9 @@ def test_scrape_timeout_header_shortens_the_deadline() -> None:
 # --- slow, idle and many clients (in-process server with short timeouts) ----------------------------------
 
 
-class serving:
+class InProcessServer:
+    """An HttpServer on a free loopback port, served from a thread for the duration of a with block."""
+
     def __init__(self, handler: Callable[[Request], Response], **options: float) -> None:
         self.server = HttpServer(("127.0.0.1", 0), handler, **options)  # type: ignore[arg-type]
         self.port = self.server.port
@@ -287,7 +289,7 @@ def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
 
 
 def test_slow_and_idle_clients_time_out() -> None:
-    with serving(lambda r: Response(200, b"ok"), head_timeout=0.6, idle_timeout=1.0) as server:
+    with InProcessServer(lambda r: Response(200, b"ok"), head_timeout=0.6, idle_timeout=1.0) as server:
         idle = socket.create_connection(("127.0.0.1", server.port))
         slow = socket.create_connection(("127.0.0.1", server.port))
         slow.sendall(b"GET / HTTP/1.1\r\n")
@@ -305,7 +307,7 @@ def test_slow_and_idle_clients_time_out() -> None:
 
 def test_idle_connections_hold_no_threads_and_are_bounded() -> None:
     threads_before = threading.active_count()
-    with serving(lambda r: Response(200, b"ok"), workers=2, max_connections=64, idle_timeout=30) as server:
+    with InProcessServer(lambda r: Response(200, b"ok"), workers=2, max_connections=64, idle_timeout=30) as server:
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(150)]
         time.sleep(0.3)
         assert server.connections() <= 64
