@@ -38,10 +38,14 @@ SCHEMA_VERSION = 38  # Grafana 10.0; newer versions migrate on load
 EPSILON = 1e-9
 OK, WARNING, CRITICAL, NEUTRAL = "green", "orange", "red", "blue"
 
-# Label sets of the three kinds of series. Every selector carries the matchers of its level.
+# Label sets of the kinds of series. Every selector carries the matchers of its level. CLUSTER and RAIL
+# are the recording rules aggregated above the node (cluster:, cluster_device_port:): they have no
+# instance label, so the instance selector cannot narrow them, and their panels say "whole clusters".
 NODE = ("job", "cluster", "instance")
 DEVICE = (*NODE, "device")
 PORT = (*DEVICE, "port")
+CLUSTER = ("job", "cluster")
+RAIL = (*CLUSTER, "device", "port")
 ON_PORT = "on (job, instance, device, port)"
 ON_DEVICE = "on (job, instance, device)"
 
@@ -67,11 +71,6 @@ def rate(metric: str, labels: Sequence[str] = PORT, *extra: str) -> str:
 
 def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str) -> str:
     return f"increase({sel(metric, labels, *extra)}[{window}])"
-
-
-def problem(name: str, expr: str) -> str:
-    """Tag every series of `expr` with a `problem` label (the empty source label matches the empty regex)."""
-    return f'label_replace({expr}, "problem", "{name}", "", "")'
 
 
 PRIO = 'priority=~"$priority"'
@@ -453,53 +452,11 @@ def dashboard(key: str, title: str, description: str, variables: list[Json], ite
 # --- fabric overview ---------------------------------------------------------------------------------
 
 
-def links_below_expected() -> str:
-    """Every port or PCIe link below its expectation (or, without one, PCIe below the device maximum).
-
-    The value is the share of the expectation the link reached (0.5: a 400G port at 200G, Gen4 for Gen5).
-    """
-    up = f"{ON_PORT} {sel('rdma_port_state_id')} >= 4"
-    parts = [
-        problem(
-            "link rate below expected",
-            f"{sel('rdma_port_rate_bytes_per_second')} / {ON_PORT} group_left () "
-            f"{sel('rdma_expected_port_rate_bytes_per_second')} < 1 and {up}",
-        ),
-        problem(
-            "link width below expected",
-            f"{sel('rdma_port_link_width_lanes')} / {ON_PORT} group_left () "
-            f"{sel('rdma_expected_port_link_width_lanes')} < 1 and {up}",
-        ),
-        problem(
-            "netdev speed below expected",
-            f"{sel('rdma_netdev_speed_bytes_per_second')} / {ON_PORT} group_left () "
-            f"{sel('rdma_expected_netdev_speed_bytes_per_second')} < 1 "
-            f"and on (job, instance, device, port, netdev) {sel('rdma_netdev_carrier')} == 1",
-        ),
-        problem(
-            "PCIe speed below expected",
-            f"{sel('rdma_pcie_link_speed_transfers_per_second', DEVICE)} / {ON_DEVICE} group_left () "
-            f"{sel('rdma_expected_pcie_link_speed_transfers_per_second', DEVICE)} < 1",
-        ),
-        problem(
-            "PCIe width below expected",
-            f"{sel('rdma_pcie_link_width_lanes', DEVICE)} / {ON_DEVICE} group_left () "
-            f"{sel('rdma_expected_pcie_link_width_lanes', DEVICE)} < 1",
-        ),
-        problem(
-            "PCIe speed below device max",
-            f"{sel('rdma_pcie_link_speed_transfers_per_second', DEVICE)} / {ON_DEVICE} group_left () "
-            f"{sel('rdma_pcie_link_max_speed_transfers_per_second', DEVICE)} < 1 "
-            f"unless {ON_DEVICE} {sel('rdma_expected_pcie_link_speed_transfers_per_second', DEVICE)}",
-        ),
-        problem(
-            "PCIe width below device max",
-            f"{sel('rdma_pcie_link_width_lanes', DEVICE)} / {ON_DEVICE} group_left () "
-            f"{sel('rdma_pcie_link_max_width_lanes', DEVICE)} < 1 "
-            f"unless {ON_DEVICE} {sel('rdma_expected_pcie_link_width_lanes', DEVICE)}",
-        ),
-    ]
-    return "\n  or\n".join(parts)
+# Ports and PCIe links below their expectation: the record the bandwidth alerts read. PCIe series have
+# no port label, so the port selector cannot apply.
+LINKS_BELOW_EXPECTED = sel("instance_device:rdma_link_below_expected:ratio", DEVICE)
+LINK_ALERTS = ["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
+               "RdmaNetdevSpeedBelowExpected"]  # fmt: skip
 
 
 def fabric_overview() -> Json:
@@ -526,14 +483,13 @@ def fabric_overview() -> Json:
         ), 3, 4),
         (stat(
             "Links below expected",
-            "Ports whose rate, width or netdev speed, or devices whose PCIe link, are below the expected "
-            "topology (or, for PCIe without an expectation, below the device maximum). The table below lists "
-            "them.",
+            "Shortfalls of ports (rate, width, netdev speed) and PCIe links (speed, width) against the expected "
+            "topology or, for PCIe without an expectation, the device maximum: the series the bandwidth alerts "
+            "read. The port selector does not apply. The table below lists them.",
             "none",
-            targets((f"count(\n  {links_below_expected()}\n) or vector(0)", "links")),
+            targets((f"count({LINKS_BELOW_EXPECTED}) or vector(0)", "links")),
             steps=thresholds((1, CRITICAL)),
-            alerts=["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
-                    "RdmaNetdevSpeedBelowExpected"],
+            alerts=LINK_ALERTS,
         ), 3, 4),
         (stat(
             "Alerts firing",
@@ -578,26 +534,29 @@ def fabric_overview() -> Json:
         (bargauge(
             "Ports by state",
             "How many ports are in each logical state (DOWN, INIT, ARMED, ACTIVE) and each physical state "
-            "(Polling, Disabled, LinkUp...). Anything but ACTIVE and LinkUp deserves a look.",
+            "(Polling, Disabled, LinkUp...), whole nodes (instance: recording rules; the device and port "
+            "selectors do not apply). Anything but ACTIVE and LinkUp deserves a look.",
             "none",
-            targets((f"count by (state) ({sel('rdma_port_state')} == 1)", "{{state}}"),
-                    (f"count by (state) ({sel('rdma_port_physical_state')} == 1)", "physical {{state}}"),
+            targets((f"sum by (state) ({sel('instance:rdma_port_state:count', NODE)})", "{{state}}"),
+                    (f"sum by (state) ({sel('instance:rdma_port_physical_state:count', NODE)})",
+                     "physical {{state}}"),
                     instant=True),
             steps=thresholds(base=NEUTRAL),
             alerts=["RdmaPortDown"],
         ), 6, 9),
         (table(
             "Links below expected rate, width or PCIe",
-            "Every port that trained below its expected rate or width, RoCE netdev below its expected speed, "
-            "and PCIe link below its expected (or, without an expectation, its maximum) speed or width. Share "
-            "is the fraction of the expectation reached: 50% is a 400G port at 200G or Gen4 instead of Gen5. "
-            "Expectations come from the exporter's expected topology (collector.expected); without it only "
-            "PCIe links are checked. Empty while every link trained as expected.",
+            "Every ACTIVE port that trained below its expected rate or width, RoCE netdev below its expected "
+            "speed, and PCIe link below its expected (or, without any PCIe expectation, its maximum) speed or "
+            "width, from the recording rule the bandwidth alerts read: problem is what falls short, reference "
+            "against what (expected or device_max). Share is the fraction of the reference reached: 50% is a "
+            "400G port at 200G or Gen4 instead of Gen5. Expectations come from the exporter's expected "
+            "topology (collector.expected); without it only PCIe links are checked. The port selector does not "
+            "apply. Empty while every link trained as expected.",
             "percentunit",
-            [target(links_below_expected(), instant=True, table=True)],
+            [target(LINKS_BELOW_EXPECTED, instant=True, table=True)],
             steps=thresholds((1, OK), base=CRITICAL),
-            alerts=["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
-                    "RdmaNetdevSpeedBelowExpected"],
+            alerts=LINK_ALERTS,
             overrides=[colour_cells("Share")],
             links=[node_link("__data.fields.instance")],
             rename={"Value": "Share"},
@@ -615,9 +574,10 @@ def fabric_overview() -> Json:
         (bargauge(
             "Top ports by receive errors",
             "The ten ports that received the most errored packets (bad CRC, malformed, overrun) in the last 15 "
-            "minutes, the window of the alert. Colours follow RdmaPortReceiveErrors (warning above 10).",
+            "minutes, the count the alert reads. Colours follow RdmaPortReceiveErrors (warning above 10).",
             "none",
-            targets((f"topk(10, {increase('rdma_port_receive_errors_total', '15m')})", port_label), instant=True),
+            targets((f"topk(10, {sel('instance_device_port:rdma_port_receive_errors:increase15m')})", port_label),
+                    instant=True),
             steps=thresholds((10, WARNING)),
             alerts=["RdmaPortReceiveErrors"],
             links=[node_link("__field.labels.instance")],
@@ -625,9 +585,10 @@ def fabric_overview() -> Json:
         (bargauge(
             "Top ports by transmit discards",
             "The ten ports that discarded the most outbound packets (port down or congested) in the last 15 "
-            "minutes. Colours follow RdmaPortTransmitDiscards (warning above 100).",
+            "minutes, the count the alert reads. Colours follow RdmaPortTransmitDiscards (warning above 100).",
             "none",
-            targets((f"topk(10, {increase('rdma_port_transmit_discards_total', '15m')})", port_label), instant=True),
+            targets((f"topk(10, {sel('instance_device_port:rdma_port_transmit_discards:increase15m')})",
+                     port_label), instant=True),
             steps=thresholds((100, WARNING)),
             alerts=["RdmaPortTransmitDiscards"],
             links=[node_link("__field.labels.instance")],
@@ -679,38 +640,74 @@ def fabric_overview() -> Json:
         ), 8, 9),
         (timeseries(
             "Throughput per rail",
-            "Data sent (tx) and received (rx) per rail: one device name (HCA index) summed across the selected "
-            "nodes, from the 5-minute per-port recording rules. In a rail-optimised cluster the rails should "
-            "carry about the same load; one rail lagging points at its switch plane.",
+            "Data sent (tx) and received (rx) per rail: one device and port (HCA index) summed across the nodes "
+            "of a cluster (5 minutes, cluster_device_port: recording rules; whole clusters, the instance "
+            "selector does not apply). In a rail-optimised cluster the rails should carry about the same load; "
+            "one rail lagging points at its switch plane.",
             "bps",
-            targets((f"sum by (device) ({sel('instance_device_port:rdma_port_transmit_bytes:rate5m')}) * 8",
-                     "{{device}} tx"),
-                    (f"sum by (device) ({sel('instance_device_port:rdma_port_receive_bytes:rate5m')}) * 8",
-                     "{{device}} rx")),
+            targets((f"{sel('cluster_device_port:rdma_port_transmit_bytes:rate5m', RAIL)} * 8",
+                     "{{cluster}} {{device}}/{{port}} tx"),
+                    (f"{sel('cluster_device_port:rdma_port_receive_bytes:rate5m', RAIL)} * 8",
+                     "{{cluster}} {{device}}/{{port}} rx")),
         ), 12, 8),
         (timeseries(
             "Utilisation per rail",
-            "Average share of its trained rate that each port of a rail carries (5 minutes; down ports are left "
-            "out).",
+            "Throughput of each rail as a share of the rate its ACTIVE ports trained at (5 minutes, "
+            "cluster_device_port: recording rules; whole clusters, the instance selector does not apply). A "
+            "rail that is down everywhere has no value.",
             "percentunit",
-            targets((f"avg by (device) ({sel('instance_device_port:rdma_port_transmit_utilisation:ratio_rate5m')})",
-                     "{{device}} tx"),
-                    (f"avg by (device) ({sel('instance_device_port:rdma_port_receive_utilisation:ratio_rate5m')})",
-                     "{{device}} rx")),
+            targets((sel("cluster_device_port:rdma_port_transmit_utilisation:ratio_rate5m", RAIL),
+                     "{{cluster}} {{device}}/{{port}} tx"),
+                    (sel("cluster_device_port:rdma_port_receive_utilisation:ratio_rate5m", RAIL),
+                     "{{cluster}} {{device}}/{{port}} rx")),
             minimum=0,
         ), 12, 8),
         (timeseries(
+            "Throughput per cluster",
+            "Data sent (tx) and received (rx) by all RDMA ports of each cluster (5 minutes, cluster: recording "
+            "rules; whole clusters, the instance, device and port selectors do not apply). One series per "
+            "cluster, so it stays cheap over weeks on thousands of nodes.",
+            "bps",
+            targets((f"{sel('cluster:rdma_port_transmit_bytes:rate5m', CLUSTER)} * 8", "{{cluster}} tx"),
+                    (f"{sel('cluster:rdma_port_receive_bytes:rate5m', CLUSTER)} * 8", "{{cluster}} rx")),
+        ), 8, 8),
+        (timeseries(
+            "Utilisation per cluster",
+            "Throughput of each cluster as a share of the rate its ACTIVE ports trained at (5 minutes, cluster: "
+            "recording rules; whole clusters, the instance, device and port selectors do not apply).",
+            "percentunit",
+            targets((f"{sel('cluster:rdma_port_transmit_bytes:rate5m', CLUSTER)}\n  / "
+                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "{{cluster}} tx"),
+                    (f"{sel('cluster:rdma_port_receive_bytes:rate5m', CLUSTER)}\n  / "
+                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "{{cluster}} rx")),
+            minimum=0,
+        ), 8, 8),
+        (timeseries(
+            "Ports ACTIVE per cluster",
+            "RDMA ports in state ACTIVE (or ACTIVE_DEFER) and all ports the exporters report, per cluster "
+            "(cluster: recording rules; whole clusters, the instance, device and port selectors do not apply). "
+            "A step down is ports lost across the fleet.",
+            "none",
+            targets((sel("cluster:rdma_ports_active:count", CLUSTER), "{{cluster}} active"),
+                    (sel("cluster:rdma_ports:count", CLUSTER), "{{cluster}} total")),
+            alerts=["RdmaPortDown"],
+            decimals=0,
+        ), 8, 8),
+        (timeseries(
             "Link drops in the last hour",
             "Link-down events of all selected ports over the trailing hour (IB link_downed, RoCE carrier and "
-            "PHY link-down events, the best-informed source per port), and how many ports dropped at least "
-            "twice (RdmaPortLinkFlapping, critical).",
+            "PHY link-down events, the best-informed source per port), how many ports dropped at least twice "
+            "(RdmaPortLinkFlapping, critical), and link error recoveries (retrains that kept the link up; "
+            "RdmaPortLinkErrorRecovery above 10 an hour on one port).",
             "none",
             targets((f"sum(max without (source, netdev) "
                      f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}))", "link drops"),
                     (f"sum(max without (source, netdev) "
                      f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) >= bool 2)",
-                     "ports flapping")),
-            alerts=["RdmaPortLinkDowned", "RdmaPortLinkFlapping"],
+                     "ports flapping"),
+                    (f"sum({sel('instance_device_port:rdma_port_link_error_recovery:increase1h')})",
+                     "link error recoveries")),
+            alerts=["RdmaPortLinkDowned", "RdmaPortLinkFlapping", "RdmaPortLinkErrorRecovery"],
             decimals=0,
         ), 8, 8),
         (timeseries(

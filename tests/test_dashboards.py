@@ -67,6 +67,8 @@ EPSILON_MAX = 1e-6  # a threshold step at or below this stands for an alert's ">
 MAY_BE_EMPTY = re.compile(r"\bEmpty while\b")
 COLOURS_FOLLOW = re.compile(r"Colours follow (Rdma\w+)")
 MAX_MAY_BE_EMPTY = 4
+# Panels on recording rules aggregated above the node (no instance label) say so.
+WHOLE_CLUSTERS = re.compile(r"\bwhole clusters\b")
 
 RATE_INTERVAL = "15s"  # what Grafana would pick for $__rate_interval: >= 4 x the 1 s scrape interval
 SCRAPE_INTERVAL = "1s"
@@ -213,6 +215,16 @@ def rules() -> list[dict[str, Any]]:
 
 def recorded_names() -> set[str]:
     return {rule["record"] for rule in rules() if "record" in rule}
+
+
+def target_labels(name: str) -> tuple[str, ...]:
+    """Target labels a selector must narrow by: job, cluster and instance, except recording rules whose
+    level has no instance (cluster:, cluster_device_port:): those series carry no instance label, so an
+    instance matcher would match nothing."""
+    level = name.split(":")[0] if name.count(":") == 2 else ""
+    if level and "instance" not in level.split("_"):
+        return ("job", "cluster")
+    return ("job", "cluster", "instance")
 
 
 COMPARISON = re.compile(r"(?:[<>]=?|[!=]=)\s*(?:bool\s+)?(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w.])")
@@ -362,8 +374,15 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
             for sel in found:
                 assert sel.name, f"{where}: selector without a metric name"
                 # target-job-rule, target-instance-rule; and the optional cluster label
-                for label in ("job", "cluster", "instance"):
+                required = target_labels(sel.name)
+                for label in required:
                     assert sel.matchers.get(label) == ("=~", f"${label}"), f"{where}: {sel.name} lacks {label}=~"
+                if "instance" not in required:
+                    assert sel.name in recorded_names(), f"{where}: {sel.name} is no recording rule"
+                    assert "instance" not in sel.matchers, f"{where}: {sel.name} has no instance label"
+                    assert WHOLE_CLUSTERS.search(item["description"]), (
+                        f"{where}: say that {sel.name} covers whole clusters (the instance selector does not apply)"
+                    )
                 # target-counter-agg-rule
                 if sel.name.endswith("_total"):
                     assert sel.range and sel.function in COUNTER_FUNCTIONS, f"{where}: bare counter {sel.name}"
@@ -668,6 +687,25 @@ def test_every_panel_query_returns_data(stack: Stack) -> None:
         if pending:
             time.sleep(1)
     assert not problems, "\n".join(f"{where}: {why}" for where, why in sorted(problems.items()))
+
+
+def test_every_recording_rule_has_a_consumer() -> None:
+    """Each record is read by an alert, a panel, or a record that is: a series nobody reads costs every
+    evaluation, and a dashboard that computes what a record already holds drifts from the alert."""
+    recorded = recorded_names()
+    exprs: dict[str, list[str]] = {}
+    for rule in rules():
+        if "record" in rule:
+            exprs.setdefault(rule["record"], []).append(rule["expr"])
+    read = [rule["expr"] for rule in rules() if "alert" in rule] + [tgt["expr"] for _, _, tgt in all_targets()]
+    consumed = {s.name for expr in read for s in selectors(expr)} & recorded
+    pending = list(consumed)
+    while pending:
+        for expr in exprs[pending.pop()]:
+            for name in {s.name for s in selectors(expr)} & recorded - consumed:
+                consumed.add(name)
+                pending.append(name)
+    assert sorted(recorded - consumed) == []
 
 
 def test_recording_rules_used_by_dashboards_are_healthy(stack: Stack) -> None:
