@@ -379,3 +379,25 @@ def test_threads_stay_bounded_when_every_device_blocks(tmp_path: Path, fifos: Fi
     wait_until(lambda: pool.abandoned == 0 and reads.outstanding() == 0)
     healed, _ = timed_scrape(collector_for(root, 5.0, reads))
     assert value(healed, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
+
+
+def test_stuck_device_is_still_present_for_the_expected_topology(tmp_path: Path, fifos: Fifos) -> None:
+    # A firmware stall must not look like a missing HCA: presence comes from the inventory, not reads.
+    from rdma_exporter.config import load_config_file
+
+    root = make_tree(tmp_path, 4)
+    config_file = tmp_path / "expected.yml"
+    config_file.write_text(
+        "collector:\n  expected:\n    ports:\n      - devices: 'mlx5_[0-3]'\n        port: 1\n"
+        "        link_layer: InfiniBand\n        rate_gbps: 400\n"
+    )
+    config = replace(load_config_file(config_file), sysfs=root, scrape_timeout=1.0)
+    fifos.make(device_dir(root, "mlx5_2") / "ports" / "1" / "counters" / "symbol_error")
+    collector = build_collector(config, reads=DeviceReads(WorkerPool(parallelism=4, hard_max=8)))
+    assert "expected" in sources_of(collector)
+    for attempt in range(3):  # the timed-out scrape, then scrapes that skip the stuck device
+        metrics, _ = timed_scrape(collector)
+        assert value(metrics, "rdma_expected_device_present", device="mlx5_2") == 1, attempt
+        assert value(metrics, "rdma_expected_port_present", device="mlx5_2", port="1") == 1, attempt
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="expected") == 1
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0

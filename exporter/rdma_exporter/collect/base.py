@@ -89,6 +89,10 @@ class Source(Protocol):
     `read` does all file and ioctl access for one RDMA device and returns a plain value; the scrape
     engine may run it in a worker thread with a deadline. `expose` turns the values of every device
     that answered into metric families and must not do I/O.
+
+    A source whose `read` only looks at the cached `DeviceInfo` sets `io_free = True`: the engine then
+    evaluates it for every listed device with known static info, even one whose reads are stuck, so that
+    (for example) a device in a firmware stall is still reported present.
     """
 
     name: str

@@ -607,6 +607,8 @@ class RdmaCollector(Collector):
                     devices += 1
                     blocked[name] = now - skipped.since()
                     for source in self.sources:
+                        if self._read_io_free(source, entry.info or skipped.info, results):
+                            continue
                         success[source.name] = False
                         self._count_timeout(rnd, source.name, name)
                     continue
@@ -624,6 +626,8 @@ class RdmaCollector(Collector):
                 outcomes, current = job.snapshot()
                 for source in self.sources:
                     outcome = outcomes.get(source.name)
+                    if outcome is None and self._read_io_free(source, job.info, results):
+                        continue
                     if outcome is None:
                         success[source.name] = False
                         if current is not None and current[0] == source.name:
@@ -666,6 +670,21 @@ class RdmaCollector(Collector):
             if complete:
                 rnd.result = out
             return out
+
+    def _read_io_free(
+        self, source: Source, info: DeviceInfo | None, results: dict[str, dict[str, Any]]
+    ) -> bool:
+        """Evaluate an I/O-free source from cached static info when the device's job cannot."""
+        if info is None or not getattr(source, "io_free", False):
+            return False
+        try:
+            results[source.name][info.name] = source.read(
+                self._contexts[source.name], info, SysfsReader(info.name, ReadErrors())
+            )
+        except Exception:
+            log.exception("collector %s failed on cached info of %s", source.name, info.name)
+            return False
+        return True
 
     def _log_blocked(self, blocked: dict[str, float], rnd: _Round) -> None:
         # Once per episode, not once per scrape: a stuck HCA must not flood the journal.

@@ -245,6 +245,8 @@ class ExpectedSource:
     """Exposes the configured expectations and whether each expected device and port is present."""
 
     name = NAME
+    # Presence comes from the inventory, not from reads: a device stuck in firmware is still present.
+    io_free = True
     specs: tuple[MetricSpec, ...] = (
         PORT_INFO,
         PORT_RATE,
