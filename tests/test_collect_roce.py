@@ -55,6 +55,7 @@ from rdma_exporter.parse.ethtool import (
     parse_stats_text,
 )
 from rdma_exporter.parse.infiniband import read_device_info
+from rdma_exporter.parse.netdev import NetdevIdentity
 from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices
 
@@ -534,13 +535,13 @@ def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, mo
     _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
     _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
     reads: Counter[str] = Counter()
-    real = netdev_collector.read_netdev
+    real = netdev_collector.read_netdev_state
 
-    def counting(sys_root: Path, name: str, reader: SysfsReader) -> object:
-        reads[name] += 1
-        return real(sys_root, name, reader)
+    def counting(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> object:
+        reads[identity.name] += 1
+        return real(sys_root, identity, reader)
 
-    monkeypatch.setattr(netdev_collector, "read_netdev", counting)
+    monkeypatch.setattr(netdev_collector, "read_netdev_state", counting)
     metrics, nics, text = scrape_lag(tmp_path)
     assert dict(reads) == {"bond0": 1, "ens1f0np0": 1, "ens1f1np1": 1}
     assert dict(nics.calls) == {"ens1f0np0": 3, "ens1f1np1": 3}  # the bond itself has no ethtool stats

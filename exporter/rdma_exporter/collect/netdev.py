@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from ..parse.infiniband import CLASS_DIR, DeviceInfo, metric_fragment
-from ..parse.netdev import MAX_PRIORITY, NET_DIR, Netdev, read_netdev
+from ..parse.netdev import MAX_PRIORITY, NET_DIR, Netdev, read_netdev_identity, read_netdev_state
 from ..parse.reader import REASON_MISSING, SysfsReader, list_dir
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
@@ -35,12 +35,14 @@ class Locality:
     whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE) is local to every device
     that reaches it. So a bond over the netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only.
 
-    One instance per device read; it caches nothing across scrapes.
+    One instance per device read; across scrapes it only relies on the bond slaves cached in the device's
+    static info.
     """
 
     def __init__(self, sys_root: Path, device: DeviceInfo, reader: SysfsReader) -> None:
         self._sys_root = sys_root
         self._device = device.name
+        self._info = device
         self._reader = reader
         # The netdevs of the device's own PCI function are local without further reads.
         self._own = frozenset(list_dir(sys_root / CLASS_DIR / device.name / "device" / "net", reader))
@@ -59,6 +61,9 @@ class Locality:
         return os.path.exists(self.net_dir(name) / "device")
 
     def bond_slaves(self, name: str) -> list[str]:
+        identity = self._info.netdev(name)
+        if identity is not None and identity.is_bond_master:
+            return list(identity.bond_slaves)  # static, refreshed with the device's info
         text = self._reader.text(self.net_dir(name) / "bonding" / "slaves", optional=True)
         return text.split() if text else []
 
@@ -288,7 +293,10 @@ class NetdevSource:
                 return None
             if not locality.is_local(name):
                 return None  # another RDMA device reads it
-            netdev = read_netdev(ctx.sys_root, name, reader)
+            # Static attributes come from the device's cached info; a netdev that appeared since it was
+            # read (no uevent seen) has its identity read now.
+            identity = device.netdev(name) or read_netdev_identity(ctx.sys_root, name, reader)
+            netdev = read_netdev_state(ctx.sys_root, identity, reader) if identity is not None else None
             if netdev is not None:
                 self.seen.add(name)
                 netdevs.append((port, netdev))

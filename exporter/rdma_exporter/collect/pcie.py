@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from ..parse.infiniband import DeviceInfo
-from ..parse.pcie import PcieLink, read_pcie_link
+from ..parse.pcie import PcieLink, read_pcie_identity, read_pcie_state
 from ..parse.reader import SysfsReader
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
@@ -75,7 +75,9 @@ class PcieSource:
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> PcieLink | None:
         if device.pci_dir is None:
             return None  # software RDMA (rxe, siw) or a non-PCI device: no link to report
-        return read_pcie_link(device.pci_dir, reader)
+        # The maximum link is static and cached in the device's info; only the trained link and AER move.
+        identity = device.pcie or read_pcie_identity(device.pci_dir, reader)
+        return read_pcie_state(device.pci_dir, identity, reader) if identity is not None else None
 
     def expose(self, results: Mapping[str, PcieLink | None], out: FamilySet) -> None:
         for device in sorted(results):

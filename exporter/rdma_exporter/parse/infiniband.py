@@ -5,7 +5,8 @@ Prometheus imports. Reads are split by how often they change, so the collector c
 half and re-read only what moves:
 
 - `read_device_info`: identity and layout (GUIDs, firmware, board, PCI address, driver, SR-IOV role,
-  link layer, GIDs, netdevs, and the *names* of counter files). Changes only on hotplug, driver reload
+  link layer, GIDs, netdevs and their static attributes, the PCIe maximum link, and the *names* of
+  counter files). Changes only on hotplug, driver reload
   or firmware reset, all of which udev reports.
 - `read_device_snapshot`: the moving part (port state, rate, LIDs and every counter value), read once
   per scrape using the file names cached in the info.
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from .netdev import rdma_port_netdevs
+from .netdev import NetdevIdentity, rdma_port_netdevs, read_netdev_identity
+from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
     REASON_MALFORMED,
     SysfsReader,
@@ -186,6 +188,13 @@ class DeviceInfo:
     sriov_numvfs: int | None
     hw_counter_files: tuple[str, ...]
     ports: tuple[PortInfo, ...]
+    # Kept here so that the engine's info cache and its udev invalidation (infiniband and net events)
+    # cover the netdev and PCIe collectors' static reads too.
+    netdevs: tuple[NetdevIdentity, ...] = ()  # the ports' netdevs and bond slaves that existed
+    pcie: PcieIdentity | None = None
+
+    def netdev(self, name: str) -> NetdevIdentity | None:
+        return next((n for n in self.netdevs if n.name == name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +368,23 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         sriov_numvfs=sriov,
         hw_counter_files=tuple(list_dir(device_dir / "hw_counters", reader)),
         ports=tuple(ports),
+        netdevs=_netdev_identities(sys_root, ports, reader),
+        pcie=read_pcie_identity(pci_dir, reader) if pci_dir is not None else None,
     )
+
+
+def _netdev_identities(sys_root: Path, ports: list[PortInfo], reader: SysfsReader) -> tuple[NetdevIdentity, ...]:
+    """Static attributes of every netdev the ports name, and of the slaves of those that are bonds."""
+    identities: dict[str, NetdevIdentity | None] = {}
+    pending = [name for port in ports for name in port.netdevs]
+    while pending:
+        name = pending.pop(0)
+        if name in identities:
+            continue
+        identity = identities[name] = read_netdev_identity(sys_root, name, reader)
+        if identity is not None and identity.is_bond_master:
+            pending += identity.bond_slaves
+    return tuple(i for i in identities.values() if i is not None)
 
 
 def _read_values(directory: Path, files: tuple[str, ...], reader: SysfsReader) -> dict[str, int]:

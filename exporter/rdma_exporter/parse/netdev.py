@@ -129,8 +129,27 @@ def _valid_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
 
 
-def read_netdev(sys_root: Path, name: str, reader: SysfsReader) -> Netdev | None:
-    """One netdev from `class/net/<name>`; None if it does not exist (absence is not a read error)."""
+@dataclass(frozen=True, slots=True)
+class NetdevIdentity:
+    """The static half of a netdev: what only changes with a uevent on the netdev or its RDMA device.
+
+    Bond membership and mode count as static: the RDMA port -> netdev mapping (`PortInfo.netdevs`,
+    built from the GID tables and the bond master) already depends on them and is cached the same way,
+    and the kernel refuses a mode change while the bond has slaves.
+    """
+
+    name: str
+    ifindex: int | None
+    type: int | None
+    address: str | None
+    is_bond_master: bool
+    bond_mode: str | None
+    bond_slaves: tuple[str, ...]
+    master: str | None
+
+
+def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> NetdevIdentity | None:
+    """Static attributes of `class/net/<name>`; None if it does not exist (absence is not a read error)."""
     if not _valid_name(name):
         return None
     net_dir = sys_root / NET_DIR / name
@@ -143,12 +162,32 @@ def read_netdev(sys_root: Path, name: str, reader: SysfsReader) -> Netdev | None
         slaves = tuple((reader.text(net_dir / "bonding" / "slaves", optional=True) or "").split())
         mode_text = reader.text(net_dir / "bonding" / "mode", optional=True)
         mode = mode_text.split()[0] if mode_text else None  # "802.3ad 4": name, then the number
-    duplex = _no_value_attr(net_dir / "duplex", reader)
-    return Netdev(
+    return NetdevIdentity(
         name=name,
         ifindex=reader.uint(net_dir / "ifindex", optional=True),
         type=reader.uint(net_dir / "type", optional=True),
         address=reader.text(net_dir / "address", optional=True) or None,
+        is_bond_master=is_bond_master,
+        bond_mode=mode,
+        bond_slaves=slaves,
+        master=link_name(net_dir / "master"),
+    )
+
+
+def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> Netdev | None:
+    """Per-scrape state of a netdev whose identity is known; None if it is gone.
+
+    MTU and the ECN enables are runtime configuration that changes without a uevent, so they are here.
+    """
+    net_dir = sys_root / NET_DIR / identity.name
+    if not net_dir.is_dir():
+        return None
+    duplex = _no_value_attr(net_dir / "duplex", reader)
+    return Netdev(
+        name=identity.name,
+        ifindex=identity.ifindex,
+        type=identity.type,
+        address=identity.address,
         operstate=reader.text(net_dir / "operstate", optional=True),
         carrier=_carrier(net_dir / "carrier", reader),
         carrier_changes=reader.uint(net_dir / "carrier_changes", optional=True),
@@ -158,12 +197,18 @@ def read_netdev(sys_root: Path, name: str, reader: SysfsReader) -> Netdev | None
         duplex=duplex if duplex and duplex != "unknown" else None,
         mtu=reader.uint(net_dir / "mtu", optional=True),
         statistics=_statistics(net_dir / "statistics", reader),
-        is_bond_master=is_bond_master,
-        bond_mode=mode,
-        bond_slaves=slaves,
-        master=link_name(net_dir / "master"),
+        is_bond_master=identity.is_bond_master,
+        bond_mode=identity.bond_mode,
+        bond_slaves=identity.bond_slaves,
+        master=identity.master,
         ecn=_ecn(net_dir / "ecn", reader),
     )
+
+
+def read_netdev(sys_root: Path, name: str, reader: SysfsReader) -> Netdev | None:
+    """One netdev from `class/net/<name>`, identity and state; None if it does not exist."""
+    identity = read_netdev_identity(sys_root, name, reader)
+    return read_netdev_state(sys_root, identity, reader) if identity is not None else None
 
 
 def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:

@@ -146,8 +146,24 @@ def _width(path: Path, reader: SysfsReader) -> int | None:
     return width
 
 
-def read_pcie_link(pci_dir: Path, reader: SysfsReader) -> PcieLink | None:
-    """Link and AER state of the PCI function at `pci_dir`; None if it is gone or is not PCIe at all."""
+@dataclass(frozen=True, slots=True)
+class PcieIdentity:
+    """The static half of a PCI function's link: where it is read from and what it can do at best.
+
+    A function's maximum speed and width are capabilities of the device and slot; only the trained
+    (current) values move, on retraining.
+    """
+
+    address: str
+    link_dir: Path  # the function itself, or for a VF its PF (`physfn`)
+    link_address: str
+    via_physfn: bool
+    max_speed_gts: float | None
+    max_width: int | None
+
+
+def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | None:
+    """Static link attributes of the PCI function at `pci_dir`; None if it is gone or is not PCIe at all."""
     if not pci_dir.is_dir():
         return None
     address = os.path.basename(os.path.realpath(pci_dir))
@@ -159,6 +175,20 @@ def read_pcie_link(pci_dir: Path, reader: SysfsReader) -> PcieLink | None:
     has_aer = any((pci_dir / name).exists() for name in AER_FILES.values())
     if not has_link and not has_aer:
         return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
+    return PcieIdentity(
+        address=address,
+        link_dir=link_dir,
+        link_address=link_address,
+        via_physfn=via_physfn,
+        max_speed_gts=_speed(link_dir / "max_link_speed", reader),
+        max_width=_width(link_dir / "max_link_width", reader),
+    )
+
+
+def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) -> PcieLink | None:
+    """Trained link and AER counters of a PCI function whose identity is known; None if it is gone."""
+    if not pci_dir.is_dir():
+        return None
     aer: dict[tuple[str, str], int] = {}
     totals: dict[str, int] = {}
     for severity, file in AER_FILES.items():
@@ -173,13 +203,19 @@ def read_pcie_link(pci_dir: Path, reader: SysfsReader) -> PcieLink | None:
         if parsed.total is not None:
             totals[severity] = parsed.total
     return PcieLink(
-        address=address,
-        link_address=link_address,
-        via_physfn=via_physfn,
-        current_speed_gts=_speed(link_dir / "current_link_speed", reader),
-        max_speed_gts=_speed(link_dir / "max_link_speed", reader),
-        current_width=_width(link_dir / "current_link_width", reader),
-        max_width=_width(link_dir / "max_link_width", reader),
+        address=identity.address,
+        link_address=identity.link_address,
+        via_physfn=identity.via_physfn,
+        current_speed_gts=_speed(identity.link_dir / "current_link_speed", reader),
+        max_speed_gts=identity.max_speed_gts,
+        current_width=_width(identity.link_dir / "current_link_width", reader),
+        max_width=identity.max_width,
         aer=aer,
         aer_totals=totals,
     )
+
+
+def read_pcie_link(pci_dir: Path, reader: SysfsReader) -> PcieLink | None:
+    """Link and AER state of the PCI function at `pci_dir`; None if it is gone or is not PCIe at all."""
+    identity = read_pcie_identity(pci_dir, reader)
+    return read_pcie_state(pci_dir, identity, reader) if identity is not None else None
