@@ -61,7 +61,9 @@ SELF_PREFIXES: Final = ("go_", "process_", "promhttp_", "node_exporter_", "node_
 # counters/ or hw_counters/ is a firmware query). A state file is a small attribute that legitimately
 # changes while the device runs (link state, trained rate, SM-assigned LID, PCIe retraining), so it is
 # read every scrape. Everything else under sysfs (GUIDs, firmware, board id, link layer, PCI identity,
-# GID tables, netdev names...) is static and should be read once, not per scrape.
+# GID tables, netdev names...) is static and should be read once, not per scrape. MTU and the RoCE ECN
+# enables (ecn/roce_np|roce_rp/enable/<prio>) are runtime configuration that `ip link set mtu` or a
+# write to the file changes without any uevent, so an exporter must re-read them: they count as state.
 COUNTER_DIRS: Final = frozenset({"counters", "counters_ext", "hw_counters", "statistics"})
 COUNTER_FILES: Final = frozenset(
     {
@@ -91,6 +93,7 @@ STATE_FILES: Final = frozenset(
         "duplex",
         "current_link_speed",
         "current_link_width",
+        "mtu",
     }
 )
 CLASSES: Final = ("counter", "state", "static", "directory", "other")
@@ -314,7 +317,7 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
         return "directory"
     if any(part in COUNTER_DIRS for part in parts[:-1]) or name in COUNTER_FILES:
         return "counter"
-    if name in STATE_FILES:
+    if name in STATE_FILES or (len(parts) >= 3 and parts[-2] == "enable" and "ecn" in parts[:-3]):
         return "state"
     return "static"
 
