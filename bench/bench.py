@@ -313,7 +313,9 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
         return "other"  # the exporter's own /proc/self, Python imports...
     parts = Path(path).relative_to(sys_root).parts
     name = parts[-1] if parts else ""
-    if os.path.isdir(path) or name in COUNTER_DIRS:
+    # ecn/roce_*/enable is listed every scrape (the priorities are the state files); IPoIB netdevs lack it.
+    ecn_enable_dir = name == "enable" and len(parts) >= 3 and parts[-3] == "ecn"
+    if os.path.isdir(path) or name in COUNTER_DIRS or ecn_enable_dir:
         return "directory"
     if any(part in COUNTER_DIRS for part in parts[:-1]) or name in COUNTER_FILES:
         return "counter"
