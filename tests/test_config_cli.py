@@ -46,6 +46,9 @@ def write(tmp_path: Path, text: str) -> Path:
         ("- a\n- b\n", "(top level)", "expected a mapping"),
         ("web: [\n", "line 2, column 1", "invalid YAML"),
         ("web:\n  telemetry_path: /healthz\n", "web.telemetry_path", "other than / and /healthz"),
+        ("web:\n  read_threads: 0\n", "web.read_threads", "expected an integer from 1 to 64"),
+        ("web:\n  read_threads: 65\n", "web.read_threads", "expected an integer from 1 to 64"),
+        ("web:\n  read_threads: '4'\n", "web.read_threads", "expected an integer from 1 to 64"),
     ],
 )
 def test_invalid_config_names_file_key_and_reason(tmp_path: Path, text: str, key: str, reason: str) -> None:
@@ -90,6 +93,26 @@ def test_invalid_flag_value() -> None:
     result = run_cli("--web.listen-address", "nonsense", "--check-config")
     assert result.returncode == 2
     assert "command line: --web.listen-address:" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "65", "two", "-1", "1.5"])
+def test_invalid_read_threads_flag(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_config(build_parser().parse_args(["--web.read-threads", value]))
+    assert info.value.key == "--web.read-threads"
+
+
+def test_read_threads_default_flag_and_file(tmp_path: Path) -> None:
+    from rdma_exporter.collect.engine import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
+    from rdma_exporter.config import DEFAULT_READ_THREADS, MAX_READ_THREADS
+
+    # config.py does not import the engine; the two must still agree.
+    assert (DEFAULT_READ_THREADS, MAX_READ_THREADS) == (DEFAULT_PARALLELISM, HARD_MAX_WORKERS) == (2, 64)
+    assert resolve_config(build_parser().parse_args([])).read_threads == 2
+    path = write(tmp_path, "web:\n  read_threads: 8\n")
+    assert resolve_config(build_parser().parse_args(["--config.file", str(path)])).read_threads == 8
+    args = build_parser().parse_args(["--config.file", str(path), "--web.read-threads", "1"])
+    assert resolve_config(args).read_threads == 1  # flag beats file
 
 
 def test_version_and_default_port() -> None:

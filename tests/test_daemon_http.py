@@ -182,9 +182,12 @@ def test_endpoints_and_methods(start: Callable[..., RunningDaemon], tree: Path) 
     zipped = get(daemon.port, headers={"Accept-Encoding": "gzip"})
     assert zipped.headers["content-encoding"] == "gzip"
     assert samples(gzip.decompress(zipped.body).decode()).keys() == parsed.keys()
+    # Whatever Prometheus asks for, it gets the text format 0.0.4 (as from node_exporter by default).
     openmetrics = get(daemon.port, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
-    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
-    assert openmetrics.body.rstrip().endswith(b"# EOF")
+    assert openmetrics.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert metrics.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert b"# EOF" not in openmetrics.body
+    assert samples(openmetrics.body.decode()).keys() == parsed.keys()
 
     log = daemon.log()
     assert "device discovery: rescan" in log

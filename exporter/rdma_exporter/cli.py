@@ -15,11 +15,13 @@ from . import __version__
 from .config import (
     COLLECTORS,
     DEFAULT_LISTEN,
+    DEFAULT_READ_THREADS,
     LOG_LEVELS,
     Config,
     ConfigError,
     check_listen,
     check_log_level,
+    check_read_threads,
     check_regex,
     check_seconds,
     check_telemetry_path,
@@ -44,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         dest="scrape_timeout",
         type=float,
         help="deadline of one scrape in seconds (default 8, under Prometheus' 10 s)",
+    )
+    add(
+        "--web.read-threads",
+        dest="read_threads",
+        help=f"devices read in parallel, 1-64 (default {DEFAULT_READ_THREADS}; more hides firmware latency)",
     )
     add("--path.sysfs", dest="sysfs", help="sysfs mount point (default /sys)")
     add("--path.ethtool", dest="ethtool_dir", help="read `ethtool -S X` captures from DIR/X instead of the ioctl")
@@ -81,6 +88,11 @@ def resolve_config(args: argparse.Namespace) -> Config:
         flag["web_config_file"] = Path(args.web_config_file)
     if args.scrape_timeout is not None:
         flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", args.scrape_timeout)
+    if args.read_threads is not None:
+        text = args.read_threads.strip()
+        # Not argparse's type=int: a bad value is reported as a ConfigError like every other setting.
+        value = int(text) if text.isdigit() else text
+        flag["read_threads"] = check_read_threads("command line", "--web.read-threads", value)
     if args.sysfs is not None:
         flag["sysfs"] = Path(args.sysfs)
     if args.ethtool_dir is not None:

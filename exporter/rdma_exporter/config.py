@@ -19,6 +19,10 @@ DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
 COLLECTORS: Final = ("infiniband", "netdev", "ethtool", "pcie", "expected")
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
+# Reader threads: engine.DEFAULT_PARALLELISM (not imported: the engine pulls in every parser), at most
+# engine.HARD_MAX_WORKERS.
+DEFAULT_READ_THREADS: Final = 2
+MAX_READ_THREADS: Final = 64
 
 
 class ConfigError(Exception):
@@ -43,6 +47,7 @@ class Config:
     device_exclude: re.Pattern[str] | None = None
     log_level: str = "info"
     scrape_timeout: float = 8.0
+    read_threads: int = DEFAULT_READ_THREADS
     # Per-collector settings (e.g. the ethtool collector's extra stat patterns), validated by
     # the collector that owns them.
     collector_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -102,6 +107,12 @@ def check_seconds(source: str, key: str, value: Any) -> float:
     return float(value)
 
 
+def check_read_threads(source: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_READ_THREADS:
+        raise ConfigError(source, key, f"expected an integer from 1 to {MAX_READ_THREADS}, got {value!r}")
+    return value
+
+
 def check_bool(source: str, key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(source, key, f"expected true or false, got {value!r}")
@@ -115,6 +126,7 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[str, str, Any], Any]]]] = {
     "web.telemetry_path": ("telemetry_path", check_telemetry_path),
     "web.config_file": ("web_config_file", check_path),
     "web.scrape_timeout_seconds": ("scrape_timeout", check_seconds),
+    "web.read_threads": ("read_threads", check_read_threads),
     "path.sysfs": ("sysfs", check_path),
     "path.ethtool": ("ethtool_dir", check_path),
     "devices.include": ("device_include", check_regex),

@@ -22,19 +22,17 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder
 
 from . import __version__
 from .collect.base import FamilySet, Source
-from .collect.engine import DeviceFilter, DeviceReads, RdmaCollector
+from .collect.engine import DeviceFilter, DeviceReads, RdmaCollector, WorkerPool
 from .collect.ethtool import EthtoolSource
 from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
@@ -97,6 +95,9 @@ HEAD_TIMEOUT: Final = 10.0  # from the first byte (or the TCP accept, with TLS) 
 WRITE_TIMEOUT: Final = 30.0
 HTTP_WORKERS: Final = 16
 MAX_CONNECTIONS: Final = 512
+# Every Accept header gets the text format 0.0.4, as node_exporter does by default: Prometheus accepts it,
+# and prometheus_client's OpenMetrics writer cost twice its text writer per scrape (bench/PROFILE.md).
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Time kept back from the X-Prometheus-Scrape-Timeout-Seconds budget to encode and send the answer.
 SCRAPE_TIMEOUT_OFFSET: Final = 0.5
 MIN_SCRAPE_TIMEOUT: Final = 0.1
@@ -555,16 +556,6 @@ _LANDING = """<!doctype html>
 """
 
 
-class _Families:
-    """A registry-like view of one scrape's families, for prometheus_client's encoders."""
-
-    def __init__(self, families: FamilySet) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
-
-
 @dataclass(frozen=True)
 class Serving:
     """Everything a request needs, replaced as a whole on reload so no request sees half of each."""
@@ -593,7 +584,7 @@ class Exporter:
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
         # Scrapes that shared one collection get the same FamilySet: encode (and gzip) it once.
-        self._encoded: tuple[FamilySet | None, dict[tuple[str, bool], bytes]] = (None, {})
+        self._encoded: tuple[FamilySet | None, dict[bool, bytes]] = (None, {})
         self._encoded_lock = threading.Lock()
 
     def handle(self, request: Request) -> Response:
@@ -616,24 +607,23 @@ class Exporter:
     def metrics(self, serving: Serving, request: Request) -> Response:
         timeout = scrape_timeout(serving.config, request.headers.get("x-prometheus-scrape-timeout-seconds"))
         families = serving.collector.gather(timeout)
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         encodings = {e.split(";")[0].strip().lower() for e in request.headers.get("accept-encoding", "").split(",")}
         compress = "gzip" in encodings
         with self._encoded_lock:
             cached_for, bodies = self._encoded
-            body = bodies.get((content_type, compress)) if cached_for is families else None
+            body = bodies.get(compress) if cached_for is families else None
         if body is None:
-            body = encoder(_Families(families))
+            body = families.render_text()
             if compress:
                 body = gzip.compress(body, compresslevel=6)
             with self._encoded_lock:
                 if self._encoded[0] is not families:
                     self._encoded = (families, {})
-                self._encoded[1][(content_type, compress)] = body
+                self._encoded[1][compress] = body
         headers = [("Vary", "Accept-Encoding")]
         if compress:
             headers.append(("Content-Encoding", "gzip"))
-        return Response(200, body, content_type, headers)
+        return Response(200, body, CONTENT_TYPE, headers)
 
 
 # --- process: start-up, reload, shutdown ---------------------------------------------------------------
@@ -660,7 +650,7 @@ class Daemon:
     def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
         self._reload_source = reload
         self._reload_lock = threading.Lock()
-        self.reads = DeviceReads()
+        self.reads = DeviceReads(WorkerPool(parallelism=config.read_threads))
         web = load_web_config(config.web_config_file)
         collector = build_collector(config, reads=self.reads)
         self.exporter = Exporter(Serving(config, collector, web))
@@ -717,6 +707,8 @@ class Daemon:
             log.exception("reload failed, keeping the running configuration")
             return False
         logging.getLogger().setLevel(log_level(config.log_level))
+        # The pool is shared across reloads; surplus threads exit as they finish their jobs.
+        self.reads.pool.parallelism = config.read_threads
         self.exporter.serving = Serving(config, collector, web)
         log.info("reloaded %s (%s)", config.config_file or "configuration", web.describe())
         return True

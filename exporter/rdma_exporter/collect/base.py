@@ -7,11 +7,13 @@ and the generated METRICS.md, which therefore cannot drift from the code.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from ..parse.infiniband import DeviceInfo
 from ..parse.reader import SysfsReader
@@ -54,25 +56,114 @@ class DynamicMetricSpec:
     labels: tuple[str, ...]
 
 
-@dataclass
-class FamilySet:
-    """The metric families of one scrape, created on first use so that empty ones are not exposed."""
+Row = tuple[tuple[str, ...], float]
 
-    _families: dict[str, Metric] = field(default_factory=dict)
-    _specs: dict[str, MetricSpec] = field(default_factory=dict)
 
-    def add(self, spec: MetricSpec, labels: Sequence[str], value: float) -> None:
-        family = self._families.get(spec.name)
-        if family is None:
-            family = self._families[spec.name] = spec.family()
-            self._specs[spec.name] = spec
-        family.add_metric(list(labels), value)
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
 
-    def __iter__(self) -> Iterator[Metric]:
-        return iter(self._families.values())
+
+def _escape_value(value: str) -> str:
+    # The same as prometheus_client's label value escaping; most values need none, so test first.
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return value
+
+
+def format_value(value: float) -> str:
+    """A sample value exactly as prometheus_client's `floatToGoString` writes it.
+
+    Most of our values are small integer counts: for those `repr(float(v))` is `v.0` (Python switches to
+    an exponent at 1e16, Go-style formatting at 1e6 for positive values), so skip the float round trip.
+    """
+    if type(value) is int and -1_000_000_000_000_000 < value < 1_000_000:
+        return f"{value}.0"
+    return floatToGoString(value)
+
+
+@lru_cache(maxsize=4096)
+def _layout(spec: MetricSpec) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """The HELP/TYPE header of a spec and its label positions in name order (the order of the writer)."""
+    kind = "counter" if spec.kind == "counter" else "gauge"  # info metrics are gauges in text 0.0.4
+    header = f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} {kind}\n"
+    return header, tuple(sorted(enumerate(spec.labels), key=lambda pair: pair[1]))
+
+
+def _prefix(name: str, order: tuple[tuple[int, str], ...], labels: tuple[str, ...]) -> str:
+    if not order:
+        return f"{name} "
+    pairs = ",".join(f'{key}="{_escape_value(labels[i])}"' for i, key in order)
+    return f"{name}{{{pairs}}} "
+
+
+class SeriesPrefixes:
+    """The `name{labels} ` text of each series, kept from one render to the next.
+
+    A device's series keep their labels between scrapes, so only values need formatting. Each render
+    keeps only the series it wrote, so the cache never outgrows the live series. Renders of different
+    scrapes may overlap: each builds its own dicts and swaps them in whole (atomic under the GIL).
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, dict[tuple[str, ...], str]] = {}
 
     def __len__(self) -> int:
-        return len(self._families)
+        return sum(len(series) for series in self._by_name.values())
+
+
+class FamilySet:
+    """The samples of one scrape, per family; families are created on first use so empty ones are absent.
+
+    Samples are kept as plain (label values, value) rows: building prometheus_client Metric objects
+    and running its writer dominated the scrape (bench/PROFILE.md). `render_text` writes the text
+    format directly; iterating still yields Metric objects, built on demand, for registry users.
+    """
+
+    def __init__(self, prefixes: SeriesPrefixes | None = None) -> None:
+        self._rows: dict[str, tuple[MetricSpec, list[Row]]] = {}
+        self._prefixes = prefixes
+
+    def add(self, spec: MetricSpec, labels: Sequence[str], value: float) -> None:
+        entry = self._rows.get(spec.name)
+        if entry is None:
+            entry = self._rows[spec.name] = (spec, [])
+        entry[1].append((tuple(labels), value))
+
+    def __iter__(self) -> Iterator[Metric]:
+        for spec, rows in self._rows.values():
+            family = spec.family()
+            for labels, value in rows:
+                family.add_metric(labels, value)
+            yield family
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def render_text(self) -> bytes:
+        """Text format 0.0.4, byte-identical to prometheus_client's `generate_latest` of these families."""
+        out: list[str] = []
+        append = out.append
+        cache = self._prefixes
+        old = cache._by_name if cache is not None else {}
+        new: dict[str, dict[tuple[str, ...], str]] = {}
+        for spec, rows in self._rows.values():
+            header, order = _layout(spec)
+            append(header)
+            name = spec.name
+            seen = old.get(name, {})
+            kept: dict[tuple[str, ...], str] = {}
+            for labels, value in rows:
+                prefix = seen.get(labels)
+                if prefix is None:
+                    prefix = _prefix(name, order, labels)
+                kept[labels] = prefix
+                append(prefix)
+                append(format_value(value))
+                append("\n")
+            new[name] = kept
+        if cache is not None:
+            cache._by_name = new
+        return "".join(out).encode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,15 +35,16 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, read_device_info
 from ..parse.reader import REASON_IO, REASON_TIMEOUT, ReadErrors, SysfsReader
-from .base import FamilySet, MetricSpec, ScrapeContext, Source
+from .base import FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source
 
 log = logging.getLogger(__name__)
 
 INVENTORY: Final = "inventory"
 
-# Reads in flight at once. Real mlx5 counter reads are firmware commands of ~0.1-1 ms each, so a few
-# devices in parallel hide that latency; more threads only fight over the GIL.
-DEFAULT_PARALLELISM: Final = 8
+# Reads in flight at once (`--web.read-threads`). Real mlx5 counter reads are firmware commands of
+# ~0.1-1 ms each, so a few devices in parallel hide that latency; on CPU-bound reads more threads only
+# fight over the GIL (8 made fixture scrapes 50% slower than 1, bench/PROFILE.md).
+DEFAULT_PARALLELISM: Final = 2
 # However many devices are stuck, the pool never holds more threads than this.
 HARD_MAX_WORKERS: Final = 64
 # Idle pool threads exit after this, so a quiet exporter holds no reader threads.
@@ -501,6 +502,8 @@ class RdmaCollector(Collector):
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
         self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
+        # Series text of the previous scrape, reused by FamilySet.render_text.
+        self.prefixes = SeriesPrefixes()
 
     def describe(self) -> Iterable[Metric]:
         # Families depend on the hardware; describing none stops the registry from calling collect()
@@ -590,7 +593,7 @@ class RdmaCollector(Collector):
                 # threads blocked in the kernel.
                 for job in rnd.jobs.values():
                     self.reads.give_up(job)
-            out = FamilySet()
+            out = FamilySet(self.prefixes)
             durations: dict[str, float] = {INVENTORY: rnd.inventory_seconds}
             success: dict[str, bool] = {INVENTORY: rnd.inventory_ok}
             results: dict[str, dict[str, Any]] = {}

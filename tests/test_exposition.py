@@ -1,0 +1,107 @@
+"""FamilySet.render_text against prometheus_client's generate_latest, byte for byte.
+
+The daemon serves render_text; the golden files and the registry users go through generate_latest.
+Both must stay the same text, for every fixture tree and for any help, label value and sample value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.utils import floatToGoString
+
+from rdma_exporter.collect.base import FamilySet, MetricSpec, SeriesPrefixes, format_value
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector
+from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree
+
+from conftest import CAPTURED_TREES, SYSFS_FIXTURES
+
+# The trees of test_golden.py.
+GENERATED_TREES = {"sample-8hca": SAMPLE_SPEC, "healthy-8hca": HEALTHY_SPEC}
+
+
+def _tree_root(name: str, tmp_path: Path) -> tuple[Path, Path | None]:
+    if name in GENERATED_TREES:
+        return build_tree(tmp_path / name, GENERATED_TREES[name]), tmp_path / name / "ethtool"
+    return SYSFS_FIXTURES / name / "sys", None
+
+
+class _Fixed:
+    def __init__(self, families: FamilySet) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def prometheus_text(families: FamilySet) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(families))  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+@pytest.mark.parametrize("tree", CAPTURED_TREES + sorted(GENERATED_TREES))
+def test_render_text_matches_generate_latest(tree: str, tmp_path: Path) -> None:
+    root, ethtool_dir = _tree_root(tree, tmp_path)
+    collector = build_collector(replace(Config(), sysfs=root, ethtool_dir=ethtool_dir))
+    for _ in range(2):  # the second scrape reuses the series prefixes of the first
+        families = collector.gather()
+        text = families.render_text()
+        assert text == prometheus_text(families)
+        assert len(collector.prefixes) == text.count(b"\n") - 2 * len(families)
+
+
+SPEC_LABELS = ("device", "port", "a_label")
+texts = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(["", "\\", "\n", '"', '\\n"\\\\'])
+values = (
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.sampled_from([math.nan, math.inf, -math.inf, 1e21, 0.1, 2**53 + 1, 2**63 - 1, 999_999, 1_000_000, -0.0])
+)
+
+
+@given(
+    help_text=texts,
+    kind=st.sampled_from(["counter", "gauge", "info"]),
+    rows=st.lists(st.tuples(st.tuples(texts, texts, texts), values), max_size=6),
+    cached=st.booleans(),
+)
+def test_escaping_and_values_match_prometheus_client(
+    help_text: str, kind: str, rows: list[tuple[tuple[str, str, str], float]], cached: bool
+) -> None:
+    name = {"counter": "test_things_total", "gauge": "test_things", "info": "test_things_info"}[kind]
+    spec = MetricSpec(name, kind, help_text, SPEC_LABELS)  # type: ignore[arg-type]
+    unlabelled = MetricSpec("test_plain", "gauge", help_text, ())
+    prefixes = SeriesPrefixes() if cached else None
+    for _ in range(2):
+        families = FamilySet(prefixes)
+        for labels, value in rows:
+            families.add(spec, labels, value)
+            families.add(unlabelled, [], value)
+        assert families.render_text() == prometheus_text(families)
+
+
+@given(values)
+def test_format_value_is_float_to_go_string(value: float) -> None:
+    assert format_value(value) == floatToGoString(value)
+
+
+def test_counter_and_info_naming() -> None:
+    families = FamilySet()
+    families.add(MetricSpec("x_errors_total", "counter", "Errors.", ("device",)), ["mlx5_0"], 3)
+    families.add(MetricSpec("x_build_info", "info", "Build.", ("version",)), ["1"], 1)
+    assert families.render_text() == (
+        b"# HELP x_errors_total Errors.\n# TYPE x_errors_total counter\n"
+        b'x_errors_total{device="mlx5_0"} 3.0\n'
+        b"# HELP x_build_info Build.\n# TYPE x_build_info gauge\n"
+        b'x_build_info{version="1"} 1.0\n'
+    )
