@@ -8,6 +8,7 @@ Phases of one scrape (median over --iterations, in ms):
 
   scrape       generate_latest(registry): what /metrics costs without HTTP (and, where the engine reads
                devices on a thread pool, the same with 1 and 2 reader threads instead of its default)
+               "served": the collector's FamilySet.render_text, what the daemon serves since render_text
   inventory    the Inventory's per-scrape pass: list class/infiniband, reuse the cached static info
   read         every source's read() of every device: sysfs I/O and parsing
   expose       every source's expose() into a FamilySet of prometheus_client Metric/Sample objects
@@ -16,6 +17,8 @@ Phases of one scrape (median over --iterations, in ms):
 
 Alternatives, each checked to give the same bytes (text) or the same values (reads):
 
+  text_render  FamilySet.render_text over the same samples, cold and with the previous scrape's series
+               prefixes (what the daemon serves)
   text_own     a plain text writer over the same Metric objects (no per-name validation/escaping calls)
   direct       expose() into a recorder of (spec, labels, value) and lines written straight from it,
                without building Metric and Sample objects at all (replaces expose + text)
@@ -304,6 +307,11 @@ def run(devices: int, iterations: int, use_pyinstrument: bool) -> str:
 
         results: dict[str, float] = {}
         results["scrape"], exposition = timed(lambda: generate_latest(registry), iterations)
+        if hasattr(FamilySet, "render_text"):
+            # What the daemon serves: the round's FamilySet written by render_text.
+            results["scrape, served (gather + render_text)"], _ = timed(
+                lambda: collector.gather().render_text(), iterations
+            )
         results.update(pool_variants(config, iterations))
 
         results["inventory"], infos = timed(lambda: inventory_pass(collector.inventory), iterations)
@@ -353,6 +361,16 @@ def run(devices: int, iterations: int, use_pyinstrument: bool) -> str:
         results["text_own"], own_text = timed(lambda: write_families(family_list), iterations)
         if own_text != prom_text:
             raise AssertionError("text_own differs from generate_latest")
+
+        if hasattr(FamilySet, "render_text"):
+            results["text_render"], rendered = timed(families.render_text, iterations)
+            if rendered != prom_text:
+                raise AssertionError("FamilySet.render_text differs from generate_latest")
+            from rdma_exporter.collect.base import SeriesPrefixes
+
+            warm = expose_all(FamilySet(SeriesPrefixes()))
+            warm.render_text()
+            results["text_render, prefixes of the last scrape"], _ = timed(warm.render_text, iterations)
 
         writer = DirectWriter()
 
