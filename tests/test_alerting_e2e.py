@@ -38,19 +38,7 @@ FOR_SCALE = 30  # 2m -> 4s, 5m -> 10s
 HEALTHY_WINDOW = 15.0  # seconds of evaluation in which nothing may even be pending
 DEADLINE = 60.0  # longest wait for any one expectation
 
-EXPECTED_TOPOLOGY = """
-collector:
-  expected:
-    ports:
-      - devices: "mlx5_[0-7]"
-        link_layer: InfiniBand
-        rate_gbps: 400
-        width: 4
-      - devices: "mlx5_[8-9]"
-        link_layer: Ethernet
-        rate_gbps: 200
-        width: 2
-"""
+EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
 
 
 def find_binary(*names: str) -> str:

@@ -475,24 +475,7 @@ def test_provisioning_loads_the_dashboards_as_they_are() -> None:
 
 # --- end to end ----------------------------------------------------------------------------------------
 
-EXPECTED_TOPOLOGY = """
-collector:
-  expected:
-    ports:
-      - devices: "mlx5_[0-7]"
-        link_layer: InfiniBand
-        rate_gbps: 400
-        width: 4
-        pcie_gen: 5
-        pcie_width: 16
-      - devices: "mlx5_[8-9]"
-        link_layer: Ethernet
-        rate_gbps: 200
-        width: 2
-        netdev_speed_gbps: 200
-        pcie_gen: 5
-        pcie_width: 16
-"""
+EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
 
 
 def free_port() -> int:

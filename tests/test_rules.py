@@ -224,21 +224,7 @@ def referenced_metrics() -> dict[str, set[str]]:
     return used
 
 
-EXPECTED_CONFIG = """
-collector:
-  expected:
-    ports:
-      - devices: "mlx5_[0-7]"
-        link_layer: InfiniBand
-        rate_gbps: 400
-        width: 4
-        pcie_gen: 5
-        pcie_width: 16
-      - devices: "mlx5_[8-9]"
-        link_layer: Ethernet
-        rate_gbps: 200
-        width: 2
-"""
+EXPECTED_CONFIG = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
 
 
 @pytest.fixture(scope="module")
