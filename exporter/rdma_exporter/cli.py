@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
@@ -129,6 +131,8 @@ def use_sample_tree(config: Config, forced: bool) -> Config:
     from .sample_tree import SAMPLE_SPEC, build_tree
 
     dest = Path(tempfile.mkdtemp(prefix="rdma-exporter-sample-"))
+    # The tree is this process's own scratch: remove it on exit so restarts do not pile up copies.
+    atexit.register(shutil.rmtree, dest, ignore_errors=True)
     sys_root = build_tree(dest, SAMPLE_SPEC)
     log.warning(
         "no %s on this machine: serving the bundled sample tree of an 8-HCA GPU node from %s "
