@@ -83,6 +83,21 @@ def copy_tree(source: Path, dest: Path) -> Path:
     return dest
 
 
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """Write `{relative path: content}` under root, creating directories: small hand-made sysfs trees."""
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+
+def symlink(root: Path, rel: str, target: str) -> None:
+    """A relative symlink root/rel -> root/target, as kernfs links are (they survive copying the tree)."""
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(root / target, path.parent), path)
+
+
 @pytest.fixture
 def captured_copy(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-type]
     def make(tree: str) -> Path:

@@ -59,7 +59,7 @@ from rdma_exporter.parse.netdev import NetdevIdentity
 from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices
 
-from conftest import FIXTURES, promtool_check_metrics, samples
+from conftest import FIXTURES, promtool_check_metrics, samples, symlink, write_files
 
 ROCE = {"mlx5_8": "enp220s0f0np0", "mlx5_9": "enp220s0f1np1"}
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -469,54 +469,41 @@ def test_unknown_gid_netdev_is_not_an_error(tree: Path) -> None:
 # --- RoCE LAG and bonds: every netdev read once and exported once ----------------------------------------------
 
 
-def _write(root: Path, files: dict[str, str]) -> None:
-    for rel, content in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-
-
-def _link(root: Path, rel: str, target: str) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.symlink(os.path.relpath(root / target, path.parent), path)
-
-
 PCI = "devices/pci0000:00/0000:00:02.0"
 
 
 def _function(root: Path, bdf: str, netdev: str, rdma: str | None, gids: list[str]) -> None:
     """A PCI function with one Ethernet netdev and, unless folded into a LAG device, its RDMA device."""
     fn = f"{PCI}/{bdf}"
-    _write(root, {f"{fn}/current_link_speed": "32.0 GT/s PCIe\n", f"{fn}/max_link_speed": "32.0 GT/s PCIe\n",
+    write_files(root, {f"{fn}/current_link_speed": "32.0 GT/s PCIe\n", f"{fn}/max_link_speed": "32.0 GT/s PCIe\n",
                   f"{fn}/current_link_width": "16\n", f"{fn}/max_link_width": "16\n"})  # fmt: skip
     net = f"{fn}/net/{netdev}"
-    _write(root, {f"{net}/{k}": v for k, v in {"operstate": "up\n", "carrier": "1\n", "speed": "200000\n",
+    write_files(root, {f"{net}/{k}": v for k, v in {"operstate": "up\n", "carrier": "1\n", "speed": "200000\n",
                                                   "mtu": "9000\n", "dev_port": "0\n", "statistics/rx_bytes": "5\n",
                                                   "ecn/roce_np/enable/3": "1\n"}.items()})  # fmt: skip
-    _link(root, f"{net}/device", fn)
-    _link(root, f"class/net/{netdev}", net)
+    symlink(root, f"{net}/device", fn)
+    symlink(root, f"class/net/{netdev}", net)
     if rdma is None:
         return
     dev = f"{fn}/infiniband/{rdma}"
     port = f"{dev}/ports/1"
     attrs = {"link_layer": "Ethernet", "state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "200 Gb/sec (2X NDR)",
              "counters/port_rcv_data": "1"}  # fmt: skip
-    _write(root, {f"{port}/{name}": f"{text}\n" for name, text in attrs.items()})
-    _write(root, {f"{port}/gid_attrs/ndevs/{i}": f"{name}\n" for i, name in enumerate(gids)})
-    _link(root, f"{dev}/device", fn)
-    _link(root, f"class/infiniband/{rdma}", dev)
+    write_files(root, {f"{port}/{name}": f"{text}\n" for name, text in attrs.items()})
+    write_files(root, {f"{port}/gid_attrs/ndevs/{i}": f"{name}\n" for i, name in enumerate(gids)})
+    symlink(root, f"{dev}/device", fn)
+    symlink(root, f"class/infiniband/{rdma}", dev)
 
 
 def _bond(root: Path, name: str, slaves: list[str], uppers: bool = True) -> None:
     bond = f"devices/virtual/net/{name}"
-    _write(root, {f"{bond}/bonding/slaves": " ".join(slaves) + "\n", f"{bond}/bonding/mode": "802.3ad 4\n",
+    write_files(root, {f"{bond}/bonding/slaves": " ".join(slaves) + "\n", f"{bond}/bonding/mode": "802.3ad 4\n",
                   f"{bond}/operstate": "up\n", f"{bond}/speed": "400000\n", f"{bond}/mtu": "9000\n"})  # fmt: skip
-    _link(root, f"class/net/{name}", bond)
+    symlink(root, f"class/net/{name}", bond)
     for slave in slaves:
-        _link(root, f"{bond}/lower_{slave}", f"class/net/{slave}")
+        symlink(root, f"{bond}/lower_{slave}", f"class/net/{slave}")
         if uppers:
-            _link(root, f"class/net/{slave}/master", bond)
+            symlink(root, f"class/net/{slave}/master", bond)
 
 
 STATS = {"rx_prio3_pause": 7, "tx_prio3_pause": 3, "rx_discards_phy": 1, "rx_packets": 9}
@@ -563,9 +550,9 @@ def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
     _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1", "ens1f1np1", "bond0", "net1"])
     _bond(tmp_path, "bond0", ["ens1f1np1", "ens1f0np0"])
     vlan = "devices/virtual/net/ens1f0np0.7"
-    _write(tmp_path, {f"{vlan}/operstate": "up\n", f"{vlan}/mtu": "9000\n"})
-    _link(tmp_path, f"{vlan}/lower_ens1f0np0", "class/net/ens1f0np0")
-    _link(tmp_path, "class/net/ens1f0np0.7", vlan)
+    write_files(tmp_path, {f"{vlan}/operstate": "up\n", f"{vlan}/mtu": "9000\n"})
+    symlink(tmp_path, f"{vlan}/lower_ens1f0np0", "class/net/ens1f0np0")
+    symlink(tmp_path, "class/net/ens1f0np0.7", vlan)
     metrics, nics, text = scrape_lag(tmp_path)
     up = [dict(ls) for (n, ls) in metrics if n == "rdma_netdev_up"]
     owners = {labels["netdev"]: (labels["device"], labels["port"]) for labels in up}

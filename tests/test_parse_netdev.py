@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -13,22 +12,11 @@ from hypothesis import strategies as st
 from rdma_exporter.parse.netdev import parse_speed, rdma_port_netdevs, read_netdev
 from rdma_exporter.parse.reader import REASON_MALFORMED, ReadErrors, SysfsReader
 
+from conftest import symlink, write_files
+
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 PROCFS_SYS = FIXTURES / "prometheus-procfs" / "sys"
 GPUD_SYS = FIXTURES / "leptonai-gpud-h100" / "sys"
-
-
-def write(root: Path, files: dict[str, str]) -> None:
-    for rel, content in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-
-
-def link(root: Path, rel: str, target: str) -> None:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.symlink(target, path)
 
 
 def reasons(reader: SysfsReader) -> dict[str, int]:
@@ -64,7 +52,7 @@ def test_missing_netdev_is_none_not_an_error(tmp_path: Path) -> None:
 
 
 def test_sparse_tree_gives_nones_without_errors(tmp_path: Path) -> None:
-    write(tmp_path, {"class/net/eth5/operstate": "unknown\n"})
+    write_files(tmp_path, {"class/net/eth5/operstate": "unknown\n"})
     reader = SysfsReader("eth5")
     dev = read_netdev(tmp_path, "eth5", reader)
     assert dev is not None
@@ -75,7 +63,7 @@ def test_sparse_tree_gives_nones_without_errors(tmp_path: Path) -> None:
 
 
 def test_link_down_and_garbage(tmp_path: Path) -> None:
-    write(
+    write_files(
         tmp_path,
         {
             "class/net/ens1f0np0/operstate": "down\n",
@@ -135,7 +123,7 @@ def test_ecn_tree_priority_3(tmp_path: Path) -> None:
     files["class/net/eth2/ecn/roce_rp/enable/9"] = "1\n"  # not an 802.1p priority
     files["class/net/eth2/ecn/roce_rp/enable/x"] = "1\n"
     files["class/net/eth2/ecn/roce_np/enable/7"] = "2\n"  # neither on nor off
-    write(tmp_path, files)
+    write_files(tmp_path, files)
     reader = SysfsReader("eth2")
     dev = read_netdev(tmp_path, "eth2", reader)
     assert dev is not None
@@ -146,7 +134,7 @@ def test_ecn_tree_priority_3(tmp_path: Path) -> None:
 
 
 def bond_tree(root: Path) -> None:
-    write(
+    write_files(
         root,
         {
             "class/net/bond0/bonding/slaves": "ens1f0np0 ens1f1np1\n",
@@ -157,8 +145,8 @@ def bond_tree(root: Path) -> None:
             "class/net/ens1f1np1/operstate": "up\n",
         },
     )
-    link(root, "class/net/ens1f0np0/master", "../bond0")
-    link(root, "class/net/ens1f1np1/master", "../bond0")
+    symlink(root, "class/net/ens1f0np0/master", "class/net/bond0")
+    symlink(root, "class/net/ens1f1np1/master", "class/net/bond0")
 
 
 def test_bond_with_two_slaves(tmp_path: Path) -> None:
@@ -186,13 +174,13 @@ PF0 = "devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
 def rdma_device(root: Path, name: str, pci: str = PF0) -> None:
     """class/infiniband/<name>/device -> the PCI function, as on a real kernel."""
     (root / pci).mkdir(parents=True, exist_ok=True)
-    link(root, f"class/infiniband/{name}/device", os.path.relpath(root / pci, root / "class/infiniband" / name))
+    symlink(root, f"class/infiniband/{name}/device", pci)
 
 
 def test_roce_lag_maps_to_bond_master_via_gid_table(tmp_path: Path) -> None:
     bond_tree(tmp_path)
     rdma_device(tmp_path, "mlx5_bond_0")
-    write(
+    write_files(
         tmp_path,
         {
             f"{PF0}/net/ens1f0np0/dev_port": "0\n",
@@ -212,7 +200,7 @@ def test_roce_lag_without_gid_table_uses_the_slave_master_link(tmp_path: Path) -
     shutil.copytree(GPUD_SYS / "class/infiniband/mlx5_bond_0", tmp_path / "class/infiniband/mlx5_bond_0")
     bond_tree(tmp_path)
     rdma_device(tmp_path, "mlx5_bond_0")
-    write(tmp_path, {f"{PF0}/net/ens1f0np0/dev_port": "0\n"})
+    write_files(tmp_path, {f"{PF0}/net/ens1f0np0/dev_port": "0\n"})
     reader = SysfsReader("mlx5_bond_0")
     assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader) == ["bond0"]
     assert reader.errors.total() == 0
@@ -229,7 +217,7 @@ def test_bonded_slave_of_a_non_lag_device_stays_itself(tmp_path: Path) -> None:
     # bond's address GIDs; the RDMA port is the slave's, with the bond as an upper.
     bond_tree(tmp_path)
     rdma_device(tmp_path, "mlx5_0")
-    write(
+    write_files(
         tmp_path,
         {
             f"{PF0}/net/ens1f0np0/dev_port": "0\n",
@@ -243,7 +231,7 @@ def test_bonded_slave_of_a_non_lag_device_stays_itself(tmp_path: Path) -> None:
 
 def test_dual_port_function_picks_the_port_by_dev_port(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx4_0")
-    write(tmp_path, {f"{PF0}/net/eth0/dev_port": "0\n", f"{PF0}/net/eth1/dev_port": "1\n"})
+    write_files(tmp_path, {f"{PF0}/net/eth0/dev_port": "0\n", f"{PF0}/net/eth1/dev_port": "1\n"})
     reader = SysfsReader("mlx4_0")
     assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader) == ["eth0"]
     assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader) == ["eth1"]
@@ -252,13 +240,13 @@ def test_dual_port_function_picks_the_port_by_dev_port(tmp_path: Path) -> None:
 
 def test_dual_port_function_on_a_kernel_without_dev_port(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx4_0")
-    write(tmp_path, {f"{PF0}/net/eth0/dev_id": "0x0\n", f"{PF0}/net/eth1/dev_id": "0x1\n"})
+    write_files(tmp_path, {f"{PF0}/net/eth0/dev_id": "0x0\n", f"{PF0}/net/eth1/dev_id": "0x1\n"})
     assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, SysfsReader("mlx4_0")) == ["eth1"]
 
 
 def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx5_0")
-    write(
+    write_files(
         tmp_path,
         {
             f"{PF0}/net/ens1f0np0/dev_port": "0\n",
@@ -275,7 +263,7 @@ def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
 def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx5_2")
     ndevs = "class/infiniband/mlx5_2/ports/1/gid_attrs/ndevs"
-    write(
+    write_files(
         tmp_path,
         {
             f"{PF0}/net/eth2/dev_port": "0\n",
