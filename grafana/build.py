@@ -326,6 +326,14 @@ def bargauge(title: str, description: str, unit: str, tgts: list[Json], **kw: An
     return panel("bargauge", title, description, unit, tgts, options=options, **kw)
 
 
+def top_ports(title: str, description: str, unit: str, expr: str, legend: str, **kw: Any) -> Json:
+    """A fleet "top 10" bar gauge of one per-port expression, each bar linking to its node's dashboard."""
+    return bargauge(
+        title, description, unit, targets((f"topk(10, {expr})", legend), instant=True),
+        links=[node_link("__field.labels.instance")], **kw,
+    )
+
+
 def table(title: str, description: str, unit: str, tgts: list[Json], *, hide: Sequence[str] = (), **kw: Any) -> Json:
     hidden = {name: True for name in ("Time", "__name__", "job", *hide)}
     transformations = kw.pop("transformations", None) or []
@@ -561,82 +569,74 @@ def fabric_overview() -> Json:
             links=[node_link("__data.fields.instance")],
             rename={"Value": "Share"},
         ), 18, 9),
-        (bargauge(
+        (top_ports(
             "Top ports by bit-error rate",
             f"The ten ports with the highest uncorrected bit-error rate over 5 minutes. {BER_TEXT}",
             "sci",
-            targets((f"topk(10, {sel('instance_device_port:rdma_port_bit_error_rate:ratio_rate5m')})", port_label),
-                    instant=True),
+            sel('instance_device_port:rdma_port_bit_error_rate:ratio_rate5m'),
+            port_label,
             steps=BER_STEPS,
             alerts=["RdmaPortBitErrorRateHigh"],
-            links=[node_link("__field.labels.instance")],
         ), 6, 9),
-        (bargauge(
+        (top_ports(
             "Top ports by receive errors",
             "The ten ports that received the most errored packets (bad CRC, malformed, overrun) in the last 15 "
             "minutes, the count the alert reads. Colours follow RdmaPortReceiveErrors (warning above 10).",
             "none",
-            targets((f"topk(10, {sel('instance_device_port:rdma_port_receive_errors:increase15m')})", port_label),
-                    instant=True),
+            sel('instance_device_port:rdma_port_receive_errors:increase15m'),
+            port_label,
             steps=thresholds((10, WARNING)),
             alerts=["RdmaPortReceiveErrors"],
-            links=[node_link("__field.labels.instance")],
         ), 6, 9),
-        (bargauge(
+        (top_ports(
             "Top ports by transmit discards",
             "The ten ports that discarded the most outbound packets (port down or congested) in the last 15 "
             "minutes, the count the alert reads. Colours follow RdmaPortTransmitDiscards (warning above 100).",
             "none",
-            targets((f"topk(10, {sel('instance_device_port:rdma_port_transmit_discards:increase15m')})",
-                     port_label), instant=True),
+            sel('instance_device_port:rdma_port_transmit_discards:increase15m'),
+            port_label,
             steps=thresholds((100, WARNING)),
             alerts=["RdmaPortTransmitDiscards"],
-            links=[node_link("__field.labels.instance")],
         ), 6, 9),
-        (bargauge(
+        (top_ports(
             "Top ports by transport retries",
             "The ten ports whose reliable transport retransmits the most (ACK timeouts, sequence-error NAKs, "
             "RNR NAKs; 5-minute rate). Colours follow RdmaTransportRetries (warning above 1/s).",
             "cps",
-            targets((f"topk(10, sum without (counter) "
-                     f"({sel('instance_device_port:rdma_port_transport_retries:rate5m')}))", port_label),
-                    instant=True),
+            f"sum without (counter) ({sel('instance_device_port:rdma_port_transport_retries:rate5m')})",
+            port_label,
             steps=thresholds((1, WARNING)),
             alerts=["RdmaTransportRetries"],
-            links=[node_link("__field.labels.instance")],
         ), 6, 9),
-        (bargauge(
+        (top_ports(
             "Top InfiniBand ports by credit wait",
             "The ten ports that spent the largest share of time with data to send but no flow-control credits "
             "(PortXmitWait, 5 minutes): congestion downstream. Colours follow RdmaPortTransmitWaitHigh "
             "(warning above 0.1).",
             "percentunit",
-            targets((f"topk(10, {sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')})", port_label),
-                    instant=True),
+            sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m'),
+            port_label,
             steps=thresholds((0.1, WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
-            links=[node_link("__field.labels.instance")],
         ), 8, 9),
-        (bargauge(
+        (top_ports(
             "Top RoCE priorities by PFC pause time",
             "The ten RoCE port priorities and directions paused by PFC for the largest share of time (5 minutes). "
             "rx: the switch paused this NIC; tx: this NIC paused the switch. Colours follow RdmaRocePfcPauseHigh "
             "(warning above 0.05).",
             "percentunit",
-            targets((f"topk(10, {sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m')})",
-                     "{{instance}} {{netdev}} prio {{priority}} {{direction}}"), instant=True),
+            sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m'),
+            "{{instance}} {{netdev}} prio {{priority}} {{direction}}",
             steps=thresholds((0.05, WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
-            links=[node_link("__field.labels.instance")],
         ), 8, 9),
-        (bargauge(
+        (top_ports(
             "Top RoCE ports by CNPs sent",
             "The ten RoCE ports that sent the most congestion notification packets (CNPs) over 5 minutes: they "
             "receive ECN-marked traffic, so the fabric in front of them is congested.",
             "pps",
-            targets((f"topk(10, {sel('instance_device_port:rdma_port_hw_np_cnp_sent:rate5m')})", port_label),
-                    instant=True),
-            links=[node_link("__field.labels.instance")],
+            sel('instance_device_port:rdma_port_hw_np_cnp_sent:rate5m'),
+            port_label,
         ), 8, 9),
         (timeseries(
             "Throughput per rail",
