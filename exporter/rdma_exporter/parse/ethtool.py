@@ -22,7 +22,7 @@ import re
 import socket
 import struct
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -520,13 +520,3 @@ def curate(stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] =
         out.append(CuratedStat(key, value, labels, kind, scale, name))
     return out
 
-
-def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
-    """Compile configured extra-stat regexes; raises re.error naming the bad one (config validation)."""
-    compiled = []
-    for pattern in patterns:
-        try:
-            compiled.append(re.compile(pattern))
-        except re.error as exc:
-            raise re.error(f"bad ethtool extra pattern {pattern!r}: {exc}") from exc
-    return compiled
