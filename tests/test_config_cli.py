@@ -107,12 +107,32 @@ def test_read_threads_default_flag_and_file(tmp_path: Path) -> None:
     from rdma_exporter.config import DEFAULT_READ_THREADS, MAX_READ_THREADS
 
     # config.py does not import the engine; the two must still agree.
-    assert (DEFAULT_READ_THREADS, MAX_READ_THREADS) == (DEFAULT_PARALLELISM, HARD_MAX_WORKERS) == (2, 64)
-    assert resolve_config(build_parser().parse_args([])).read_threads == 2
+    assert (DEFAULT_READ_THREADS, MAX_READ_THREADS) == (DEFAULT_PARALLELISM, HARD_MAX_WORKERS) == (4, 64)
+    assert resolve_config(build_parser().parse_args([])).read_threads == 4
     path = write(tmp_path, "web:\n  read_threads: 8\n")
     assert resolve_config(build_parser().parse_args(["--config.file", str(path)])).read_threads == 8
     args = build_parser().parse_args(["--config.file", str(path), "--web.read-threads", "1"])
     assert resolve_config(args).read_threads == 1  # flag beats file
+
+
+def test_max_open_files_default_flag_file_and_errors(tmp_path: Path) -> None:
+    from rdma_exporter.collect.engine import DEFAULT_MAX_OPEN_FILES as ENGINE_DEFAULT
+    from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
+
+    assert DEFAULT_MAX_OPEN_FILES == ENGINE_DEFAULT == 4096
+    assert resolve_config(build_parser().parse_args([])).max_open_files == 4096
+    path = write(tmp_path, "read:\n  max_open_files: 0\n")
+    assert resolve_config(build_parser().parse_args(["--config.file", str(path)])).max_open_files == 0
+    args = build_parser().parse_args(["--config.file", str(path), "--read.max-open-files", "100"])
+    assert resolve_config(args).max_open_files == 100
+    for bad in ("-1", "many", "2000000"):
+        with pytest.raises(ConfigError) as info:
+            resolve_config(build_parser().parse_args(["--read.max-open-files", bad]))
+        assert info.value.key == "--read.max-open-files"
+    path = write(tmp_path, "read:\n  max_open_files: yes\n")
+    with pytest.raises(ConfigError) as info:
+        resolve_config(build_parser().parse_args(["--config.file", str(path)]))
+    assert info.value.key == "read.max_open_files"
 
 
 def test_version_and_default_port() -> None:

@@ -17,12 +17,14 @@ from . import __version__
 from .config import (
     COLLECTORS,
     DEFAULT_LISTEN,
+    DEFAULT_MAX_OPEN_FILES,
     DEFAULT_READ_THREADS,
     LOG_LEVELS,
     Config,
     ConfigError,
     check_listen,
     check_log_level,
+    check_open_files,
     check_read_threads,
     check_regex,
     check_seconds,
@@ -53,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--web.read-threads",
         dest="read_threads",
         help=f"devices read in parallel, 1-64 (default {DEFAULT_READ_THREADS}; more hides firmware latency)",
+    )
+    add(
+        "--read.max-open-files",
+        dest="max_open_files",
+        help=f"per-scrape sysfs files kept open between scrapes, 0 for none (default {DEFAULT_MAX_OPEN_FILES})",
     )
     add("--path.sysfs", dest="sysfs", help="sysfs mount point (default /sys)")
     add("--path.ethtool", dest="ethtool_dir", help="read `ethtool -S X` captures from DIR/X instead of the ioctl")
@@ -95,6 +102,10 @@ def resolve_config(args: argparse.Namespace) -> Config:
         # Not argparse's type=int: a bad value is reported as a ConfigError like every other setting.
         value = int(text) if text.isdigit() else text
         flag["read_threads"] = check_read_threads("command line", "--web.read-threads", value)
+    if args.max_open_files is not None:
+        text = args.max_open_files.strip()
+        value = int(text) if text.isdigit() else text
+        flag["max_open_files"] = check_open_files("command line", "--read.max-open-files", value)
     if args.sysfs is not None:
         flag["sysfs"] = Path(args.sysfs)
     if args.ethtool_dir is not None:

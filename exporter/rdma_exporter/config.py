@@ -21,8 +21,11 @@ COLLECTORS: Final = ("infiniband", "netdev", "ethtool", "pcie", "expected")
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 # Reader threads: engine.DEFAULT_PARALLELISM (not imported: the engine pulls in every parser), at most
 # engine.HARD_MAX_WORKERS.
-DEFAULT_READ_THREADS: Final = 2
+DEFAULT_READ_THREADS: Final = 4
 MAX_READ_THREADS: Final = 64
+# Per-scrape sysfs files kept open between scrapes, all devices together (~4 KB of kernel memory each).
+DEFAULT_MAX_OPEN_FILES: Final = 4096
+MAX_OPEN_FILES: Final = 1_000_000
 
 
 class ConfigError(Exception):
@@ -48,6 +51,7 @@ class Config:
     log_level: str = "info"
     scrape_timeout: float = 8.0
     read_threads: int = DEFAULT_READ_THREADS
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES
     # Per-collector settings (e.g. the ethtool collector's extra stat patterns), validated by
     # the collector that owns them.
     collector_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -113,6 +117,12 @@ def check_read_threads(source: str, key: str, value: Any) -> int:
     return value
 
 
+def check_open_files(source: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OPEN_FILES:
+        raise ConfigError(source, key, f"expected an integer from 0 to {MAX_OPEN_FILES}, got {value!r}")
+    return value
+
+
 def check_bool(source: str, key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(source, key, f"expected true or false, got {value!r}")
@@ -127,6 +137,7 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[str, str, Any], Any]]]] = {
     "web.config_file": ("web_config_file", check_path),
     "web.scrape_timeout_seconds": ("scrape_timeout", check_seconds),
     "web.read_threads": ("read_threads", check_read_threads),
+    "read.max_open_files": ("max_open_files", check_open_files),
     "path.sysfs": ("sysfs", check_path),
     "path.ethtool": ("ethtool_dir", check_path),
     "devices.include": ("device_include", check_regex),

@@ -15,6 +15,7 @@ import math
 import os
 import queue
 import re
+import resource
 import selectors
 import signal
 import socket
@@ -40,6 +41,7 @@ from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
 from .config import Config, ConfigError
 from .hotplug import HotplugMonitor, start_monitor
+from .parse.reader import FileBudget
 from .webconfig import WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
@@ -644,13 +646,36 @@ def sd_notify(state: str) -> None:
         sock.sendto(state.encode(), address)
 
 
+# File descriptors kept free for sockets, the udev monitor and files opened per read.
+FD_RESERVE: Final = 512
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE towards the hard limit to fit `wanted` kept files plus a reserve;
+    return how many files may be kept open (systemd's default soft limit is 1024, the hard one 512K)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit to %d: %s", target, exc)
+    room = wanted if soft == resource.RLIM_INFINITY else max(0, min(wanted, soft - FD_RESERVE))
+    if room < wanted:
+        log.warning("open-file limit %d: keeping %d sysfs files open instead of %d", soft, room, wanted)
+    return room
+
+
 class Daemon:
     """The running exporter: server, current collector, hotplug monitor and signal handling."""
 
     def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
         self._reload_source = reload
         self._reload_lock = threading.Lock()
-        self.reads = DeviceReads(WorkerPool(parallelism=config.read_threads))
+        budget = FileBudget(raise_fd_limit(config.max_open_files))
+        self.reads = DeviceReads(WorkerPool(parallelism=config.read_threads), budget)
         web = load_web_config(config.web_config_file)
         collector = build_collector(config, reads=self.reads)
         self.exporter = Exporter(Serving(config, collector, web))
@@ -709,6 +734,7 @@ class Daemon:
         logging.getLogger().setLevel(log_level(config.log_level))
         # The pool is shared across reloads; surplus threads exit as they finish their jobs.
         self.reads.pool.parallelism = config.read_threads
+        self.reads.budget.limit = raise_fd_limit(config.max_open_files)  # files over a lowered cap close as they fail
         self.exporter.serving = Serving(config, collector, web)
         log.info("reloaded %s (%s)", config.config_file or "configuration", web.describe())
         return True

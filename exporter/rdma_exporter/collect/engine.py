@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -34,17 +34,22 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, read_device_info
-from ..parse.reader import REASON_IO, REASON_TIMEOUT, ReadErrors, SysfsReader
+from ..parse.reader import REASON_IO, REASON_TIMEOUT, FileBudget, OpenFiles, ReadErrors, SysfsReader, is_sysfs
 from .base import FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source
 
 log = logging.getLogger(__name__)
 
 INVENTORY: Final = "inventory"
 
-# Reads in flight at once (`--web.read-threads`). Real mlx5 counter reads are firmware commands of
-# ~0.1-1 ms each, so a few devices in parallel hide that latency; on CPU-bound reads more threads only
-# fight over the GIL (8 made fixture scrapes 50% slower than 1, bench/PROFILE.md).
-DEFAULT_PARALLELISM: Final = 2
+# Most devices read in parallel (`--web.read-threads`). Real mlx5 counter reads can be firmware commands
+# of ~0.1-1 ms each, which parallel devices hide; on reads that cost only CPU a second thread just fights
+# over the GIL (8 threads made fixture scrapes 50% slower than 1, bench/PROFILE.md). So the pool runs
+# one job at a time and adds threads only while a job is slow (SPILL_AFTER_SECONDS).
+DEFAULT_PARALLELISM: Final = 4
+# A job running longer than this lets one more reader thread start on the queue (WorkerPool).
+SPILL_AFTER_SECONDS: Final = 0.02
+# Per-scrape files kept open, all devices together (config.DEFAULT_MAX_OPEN_FILES, `--read.max-open-files`).
+DEFAULT_MAX_OPEN_FILES: Final = 4096
 # However many devices are stuck, the pool never holds more threads than this.
 HARD_MAX_WORKERS: Final = 64
 # Idle pool threads exit after this, so a quiet exporter holds no reader threads.
@@ -291,7 +296,8 @@ class DeviceJob:
             return dict(self.outcomes), self.current
 
     def run(self) -> None:
-        self.started = time.monotonic()
+        if self.started is None:
+            self.started = time.monotonic()
         try:
             self._work(self)
         except Exception:  # the work function handles source errors; this is a bug, not a device fault
@@ -312,9 +318,15 @@ class DeviceJob:
 class WorkerPool:
     """Daemon threads that run device jobs, created on demand and ended when idle.
 
-    At most `parallelism` jobs run at once, plus one thread per abandoned job (a job some scrape gave
-    up waiting for, probably blocked in the kernel), and never more than `hard_max` threads. Threads
-    are daemons so that a read blocked forever cannot stop the process from exiting.
+    Jobs run one at a time while they are quick: on reads that cost only CPU (files served from memory,
+    the driver's counter cache), a second thread would just take turns at the GIL and make every read
+    slower. When the running job has taken longer than `spill_after` (firmware latency, a stuck read),
+    one more thread starts on the queue, up to `parallelism` at once. The scrape waiting for the jobs is
+    the watchdog: it calls `rebalance()` while it waits.
+
+    Besides, every abandoned job (one some scrape gave up waiting for, probably blocked in the kernel)
+    lets one more thread in, and there are never more than `hard_max` threads. Threads are daemons so
+    that a read blocked forever cannot stop the process from exiting.
     """
 
     def __init__(
@@ -322,12 +334,15 @@ class WorkerPool:
         parallelism: int = DEFAULT_PARALLELISM,
         hard_max: int = HARD_MAX_WORKERS,
         idle_seconds: float = WORKER_IDLE_SECONDS,
+        spill_after: float = SPILL_AFTER_SECONDS,
     ) -> None:
         self.parallelism = max(1, min(parallelism, hard_max))
         self.hard_max = hard_max
         self.idle_seconds = idle_seconds
+        self.spill_after = spill_after
         self._cond = threading.Condition()
         self._queue: deque[DeviceJob] = deque()
+        self._running: set[DeviceJob] = set()
         self._threads = 0
         self._idle = 0
         self._abandoned = 0
@@ -342,13 +357,25 @@ class WorkerPool:
         return self._abandoned
 
     def _capacity(self) -> int:
-        return min(self.hard_max, self.parallelism + self._abandoned)
+        """Jobs that may run now: one, plus one per running job that is slow, plus the abandoned ones."""
+        now = time.monotonic()
+        slow = sum(
+            1
+            for job in self._running
+            if not job.abandoned and job.started is not None and now - job.started >= self.spill_after
+        )
+        return min(self.hard_max, min(self.parallelism, 1 + slow) + self._abandoned)
 
     def submit(self, job: DeviceJob) -> None:
         with self._cond:
             self._queue.append(job)
-            self._spawn_if_needed()
-            self._cond.notify()
+            self._wake()
+
+    def rebalance(self) -> None:
+        """Let another thread take queued jobs if a running one has become slow."""
+        with self._cond:
+            if self._queue:
+                self._wake()
 
     def abandon(self, job: DeviceJob) -> None:
         """A scrape stopped waiting for `job`: drop it if it has not started, else let another thread in."""
@@ -364,13 +391,18 @@ class WorkerPool:
             else:
                 job.abandoned = True
                 self._abandoned += 1
-                self._spawn_if_needed()
+                self._wake()
                 cancel = False
         if cancel:
             job.cancel()
 
-    def _spawn_if_needed(self) -> None:
-        if self._queue and self._idle == 0 and self._threads < self._capacity():
+    def _wake(self) -> None:
+        """Under _cond: get queued jobs running, within capacity (an idle thread first, else a new one)."""
+        if not self._queue or len(self._running) >= self._capacity():
+            return
+        if self._idle:
+            self._cond.notify()
+        elif self._threads < self.hard_max:
             self._threads += 1
             self._serial += 1
             threading.Thread(target=self._worker, name=f"rdma-read-{self._serial}", daemon=True).start()
@@ -378,7 +410,7 @@ class WorkerPool:
     def _worker(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
+                while not self._queue or len(self._running) >= self._capacity():
                     self._idle += 1
                     woken = self._cond.wait(self.idle_seconds)
                     self._idle -= 1
@@ -387,8 +419,11 @@ class WorkerPool:
                         return
                 job = self._queue.popleft()
                 job.running = True
+                job.started = time.monotonic()
+                self._running.add(job)
             job.run()
             with self._cond:
+                self._running.discard(job)
                 if job.abandoned:
                     self._abandoned -= 1
                 if self._threads > self._capacity() and not self._queue:
@@ -397,16 +432,19 @@ class WorkerPool:
 
 
 class DeviceReads:
-    """The pool plus the one outstanding job per device directory.
+    """The pool, the one outstanding job per device directory, and each device's kept-open files.
 
     Shared by every collector of the process (one per config reload), so a device that is stuck keeps
-    holding one thread across reloads instead of one per collector.
+    holding one thread across reloads instead of one per collector. A device's `OpenFiles` is used only
+    by its job, and closed only when the device has no job outstanding, so no fd is closed under a read.
     """
 
-    def __init__(self, pool: WorkerPool | None = None) -> None:
+    def __init__(self, pool: WorkerPool | None = None, budget: FileBudget | None = None) -> None:
         self.pool = pool or WorkerPool()
+        self.budget = budget or FileBudget(DEFAULT_MAX_OPEN_FILES)
         self._lock = threading.Lock()
         self._outstanding: dict[str, DeviceJob] = {}
+        self._files: dict[str, OpenFiles] = {}
 
     def start(self, key: str, device: str, work: Callable[[DeviceJob], None]) -> tuple[DeviceJob, bool]:
         """Submit a job for `key` (a device directory): (new job, True), or (unfinished job, False)."""
@@ -422,6 +460,30 @@ class DeviceReads:
     def outstanding(self) -> int:
         with self._lock:
             return len(self._outstanding)
+
+    def files(self, key: str, *, verify: bool) -> OpenFiles:
+        """The kept-open files of device directory `key`; only its running job may call this."""
+        with self._lock:
+            files = self._files.get(key)
+            if files is None:
+                files = self._files[key] = OpenFiles(self.budget, verify=verify)
+            return files
+
+    def open_files(self) -> int:
+        with self._lock:
+            return sum(len(files) for files in self._files.values())
+
+    def prune(self, prefix: str, listed: Collection[str]) -> None:
+        """Close the kept files of devices under `prefix` that are no longer listed and not being read."""
+        with self._lock:
+            gone = [
+                key
+                for key in self._files
+                if key.startswith(prefix) and key not in listed and key not in self._outstanding
+            ]
+            closing = [self._files.pop(key) for key in gone]
+        for files in closing:
+            files.close()
 
     def give_up(self, job: DeviceJob) -> None:
         self.pool.abandon(job)
@@ -502,6 +564,9 @@ class RdmaCollector(Collector):
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
         self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
+        # Kept-open files of a fixture tree (not sysfs) may outlive their paths: check them (OpenFiles).
+        self._verify_files = not is_sysfs(sys_root)
+        self._class_key = os.fspath(sys_root / CLASS_DIR) + os.sep
         # Series text of the previous scrape, reused by FamilySet.render_text.
         self.prefixes = SeriesPrefixes()
 
@@ -527,9 +592,14 @@ class RdmaCollector(Collector):
                 current = self._round = self._start_round(mine)
             else:
                 current.deadline = max(current.deadline, mine)
+        pool = self.reads.pool
         for job in current.jobs.values():
-            remaining = mine - time.monotonic()
-            if remaining <= 0 or not job.done.wait(remaining):
+            while True:
+                remaining = mine - time.monotonic()
+                if remaining <= 0 or job.done.wait(min(remaining, pool.spill_after)):
+                    break
+                pool.rebalance()  # this job (or one before it) is slow: let another thread help
+            if remaining <= 0:
                 break
         return self._assemble(current)
 
@@ -542,8 +612,9 @@ class RdmaCollector(Collector):
         self._record_errors(INVENTORY, errors)
         jobs: dict[str, DeviceJob] = {}
         skipped: dict[str, DeviceJob] = {}
+        self.reads.prune(self._class_key, {self._class_key + entry.name for entry in entries})
         for entry in entries:
-            key = os.fspath(self.sys_root / CLASS_DIR / entry.name)
+            key = self._class_key + entry.name
             job, new = self.reads.start(key, entry.name, lambda job, entry=entry: self._read_device(job, entry))
             (jobs if new else skipped)[entry.name] = job
         return _Round(deadline, entries, jobs, skipped, time.perf_counter() - started, ok)
@@ -551,7 +622,9 @@ class RdmaCollector(Collector):
     def _read_device(self, job: DeviceJob, entry: DeviceEntry) -> None:
         """Runs in a pool thread: static info if not cached, then each source's reads, in order."""
         info = entry.info
+        files = self.reads.files(job.key, verify=self._verify_files)
         if info is None:
+            files.close()  # new static info may name other files (or the device is a new one)
             started = time.perf_counter()
             try:
                 info = read_device_info(self.sys_root, entry.name, SysfsReader(entry.name, job.info_errors))
@@ -571,7 +644,7 @@ class RdmaCollector(Collector):
             errors = ReadErrors()
             started = time.perf_counter()
             try:
-                value = source.read(self._contexts[source.name], info, SysfsReader(entry.name, errors))
+                value = source.read(self._contexts[source.name], info, SysfsReader(entry.name, errors, files))
                 ok = True
             except Exception as exc:  # one broken device must not take the others down
                 log.warning("collector %s failed on device %s: %s", source.name, entry.name, exc)

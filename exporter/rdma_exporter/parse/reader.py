@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -79,6 +80,103 @@ class ReadErrors:
         return sum(self.counts.values())
 
 
+class FileBudget:
+    """How many attribute files all devices together may keep open (each costs an fd and ~4 KB of kernel
+    memory for the seq_file buffer), shared by every device's `OpenFiles`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(0, limit)
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.used >= self.limit:
+                return False
+            self.used += 1
+            return True
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self.used -= count
+
+
+class OpenFiles:
+    """One device's attribute files, kept open between scrapes and re-read with one pread at offset 0.
+
+    Sysfs runs the attribute's show() again for every read at offset 0, so a kept file gives a fresh
+    value for one syscall instead of three (open, read, close). A kernfs node that was removed answers
+    ENODEV: on any error the fd is dropped and the path opened afresh, which finds a re-created device or
+    reports the real error. Only the thread running the device's job may use it (the engine guarantees
+    one job per device at a time).
+
+    On a tree that is not sysfs (fixtures), a file deleted or replaced under a kept fd stays readable:
+    `verify` adds an fstat per read to notice that (st_nlink 0) and go back to the path.
+    """
+
+    __slots__ = ("_budget", "_fds", "verify")
+
+    def __init__(self, budget: FileBudget, *, verify: bool = False) -> None:
+        self._fds: dict[str, int] = {}
+        self._budget = budget
+        self.verify = verify
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def read(self, path: str) -> bytes:
+        """The first page of `path`; raises OSError like open/read would."""
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                if not self.verify or os.fstat(fd).st_nlink:
+                    return os.pread(fd, _READ_LIMIT, 0)
+            except OSError:
+                pass
+            self._drop(path, fd)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, _READ_LIMIT)  # not pread: a fixture may put a FIFO here to stall the read
+        except OSError:
+            os.close(fd)
+            raise
+        if self._budget.take():
+            self._fds[path] = fd
+        else:
+            os.close(fd)
+        return data
+
+    def _drop(self, path: str, fd: int) -> None:
+        del self._fds[path]
+        os.close(fd)
+        self._budget.give(1)
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+        self._budget.give(len(fds))
+
+
+def is_sysfs(path: str | os.PathLike[str]) -> bool:
+    """True if `path` lies on a sysfs mount (by /proc/self/mountinfo; False when that cannot be read)."""
+    target = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if " - " not in line or len(fields) < 5:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, fstype = point, line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        return False
+    return fstype == "sysfs"
+
+
 class SysfsReader:
     """Reads attribute files, recording failures against a device.
 
@@ -86,13 +184,15 @@ class SysfsReader:
     attributed without passing the device name to every call.
     """
 
-    __slots__ = ("device", "errors", "opened")
+    __slots__ = ("device", "errors", "files", "opened")
 
-    def __init__(self, device: str, errors: ReadErrors | None = None) -> None:
+    def __init__(self, device: str, errors: ReadErrors | None = None, files: OpenFiles | None = None) -> None:
         self.device = device
         self.errors = errors if errors is not None else ReadErrors()
-        # Count of files opened, for the benchmark's "files opened per scrape" figures and tests.
+        # Count of files read, for the benchmark's "files read per scrape" figures and tests.
         self.opened = 0
+        # Per-scrape reads of a device go through its kept-open files; static reads pass none.
+        self.files = files
 
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
         self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
@@ -108,20 +208,15 @@ class SysfsReader:
         """
         self.opened += 1
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            if self.files is not None:
+                raw = self.files.read(path if type(path) is str else os.fspath(path))
+            else:
+                raw = _read_once(path)
         except OSError as exc:
             if (optional and exc.errno == errno.ENOENT) or exc.errno in absent_errnos:
                 return None
             self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
             return None
-        try:
-            raw = os.read(fd, _READ_LIMIT)
-        except OSError as exc:
-            if exc.errno not in absent_errnos:
-                self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
-            return None
-        finally:
-            os.close(fd)
         try:
             value = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
@@ -149,6 +244,14 @@ class SysfsReader:
         if parsed is None:
             self.fail(REASON_MALFORMED, path, f"not an unsigned integer: {value[:40]!r}")
         return parsed
+
+
+def _read_once(path: str | os.PathLike[str]) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, _READ_LIMIT)
+    finally:
+        os.close(fd)
 
 
 def parse_uint(value: str, *, base: int = 10) -> int | None:
