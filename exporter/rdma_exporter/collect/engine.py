@@ -639,6 +639,7 @@ class RdmaCollector(Collector):
         job.info_done = True
         if info is None:
             return
+        files.begin()
         for source in self.sources:
             job.begin(source.name)
             errors = ReadErrors()

@@ -7,6 +7,7 @@ devices (`mlx5_bond_0`), which map to the bond master.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ class Netdev:
     ecn: dict[tuple[str, int], bool]  # (role "np"|"rp", priority) -> enabled, MLNX_OFED ecn/roce_*/enable/N
 
 
-def _no_value_attr(path: Path, reader: SysfsReader) -> str | None:
+def _no_value_attr(path: str | Path, reader: SysfsReader) -> str | None:
     """An attribute that may be absent or answer "no value in this state" (NO_VALUE_ERRNOS): None, no error."""
     return reader.text(path, optional=True, absent_errnos=NO_VALUE_ERRNOS)
 
@@ -75,7 +76,7 @@ def parse_speed(text: str) -> int | None:
     return mbps * 1_000_000
 
 
-def _speed(path: Path, reader: SysfsReader) -> int | None:
+def _speed(path: str | Path, reader: SysfsReader) -> int | None:
     text = _no_value_attr(path, reader)
     if text is None:
         return None
@@ -87,7 +88,7 @@ def _speed(path: Path, reader: SysfsReader) -> int | None:
     return parse_speed(text)
 
 
-def _carrier(path: Path, reader: SysfsReader) -> bool | None:
+def _carrier(path: str | Path, reader: SysfsReader) -> bool | None:
     text = _no_value_attr(path, reader)
     if text is None:
         return None
@@ -97,8 +98,9 @@ def _carrier(path: Path, reader: SysfsReader) -> bool | None:
     return text == "1"
 
 
-def _ecn(ecn_dir: Path, reader: SysfsReader) -> dict[tuple[str, int], bool]:
-    states: dict[tuple[str, int], bool] = {}
+def _ecn_layout(ecn_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int, str], ...]:
+    """(role, priority, file) of every ECN enable switch; which exist is fixed by the driver."""
+    layout: list[tuple[str, int, str]] = []
     for directory, role in ECN_ROLES.items():
         enable_dir = ecn_dir / directory / "enable"
         for entry in list_dir(enable_dir, reader):
@@ -106,20 +108,29 @@ def _ecn(ecn_dir: Path, reader: SysfsReader) -> dict[tuple[str, int], bool]:
             if priority is None or priority > MAX_PRIORITY:
                 reader.fail(REASON_MALFORMED, enable_dir / entry, "not a priority 0-7")
                 continue
-            value = reader.uint(enable_dir / entry)
-            if value is None:
-                continue
-            if value > 1:
-                reader.fail(REASON_MALFORMED, enable_dir / entry, f"enable is not 0/1: {value}")
-                continue
-            states[(role, priority)] = value == 1
+            layout.append((role, priority, f"ecn/{directory}/enable/{entry}"))
+    return tuple(layout)
+
+
+def _ecn(net_dir: str, layout: tuple[tuple[str, int, str], ...], reader: SysfsReader) -> dict[tuple[str, int], bool]:
+    states: dict[tuple[str, int], bool] = {}
+    for role, priority, file in layout:
+        path = f"{net_dir}/{file}"
+        value = reader.uint(path)
+        if value is None:
+            continue
+        if value > 1:
+            reader.fail(REASON_MALFORMED, path, f"enable is not 0/1: {value}")
+            continue
+        states[(role, priority)] = value == 1
     return states
 
 
-def _statistics(stats_dir: Path, reader: SysfsReader) -> dict[str, int]:
+def _statistics(stats_dir: str, files: tuple[str, ...], reader: SysfsReader) -> dict[str, int]:
     values: dict[str, int] = {}
-    for name in list_dir(stats_dir, reader):
-        value = reader.uint(stats_dir / name)
+    uint = reader.uint
+    for name in files:
+        value = uint(f"{stats_dir}/{name}")
         if value is not None:
             values[name] = value
     return values
@@ -146,6 +157,10 @@ class NetdevIdentity:
     bond_mode: str | None
     bond_slaves: tuple[str, ...]
     master: str | None
+    # Which statistics files and ECN switches exist is fixed by the kernel and driver; their values are
+    # read every scrape.
+    statistics_files: tuple[str, ...] = ()
+    ecn_layout: tuple[tuple[str, int, str], ...] = ()  # (role, priority, file relative to the netdev)
 
 
 def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> NetdevIdentity | None:
@@ -171,6 +186,8 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
         bond_mode=mode,
         bond_slaves=slaves,
         master=link_name(net_dir / "master"),
+        statistics_files=tuple(list_dir(net_dir / "statistics", reader)),
+        ecn_layout=_ecn_layout(net_dir / "ecn", reader),
     )
 
 
@@ -179,29 +196,29 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
 
     MTU and the ECN enables are runtime configuration that changes without a uevent, so they are here.
     """
-    net_dir = sys_root / NET_DIR / identity.name
-    if not net_dir.is_dir():
+    net_dir = f"{os.fspath(sys_root)}/{NET_DIR}/{identity.name}"
+    if not os.path.isdir(net_dir):
         return None
-    duplex = _no_value_attr(net_dir / "duplex", reader)
+    duplex = _no_value_attr(f"{net_dir}/duplex", reader)
     return Netdev(
         name=identity.name,
         ifindex=identity.ifindex,
         type=identity.type,
         address=identity.address,
-        operstate=reader.text(net_dir / "operstate", optional=True),
-        carrier=_carrier(net_dir / "carrier", reader),
-        carrier_changes=reader.uint(net_dir / "carrier_changes", optional=True),
-        carrier_up_count=reader.uint(net_dir / "carrier_up_count", optional=True),
-        carrier_down_count=reader.uint(net_dir / "carrier_down_count", optional=True),
-        speed_bps=_speed(net_dir / "speed", reader),
+        operstate=reader.text(f"{net_dir}/operstate", optional=True),
+        carrier=_carrier(f"{net_dir}/carrier", reader),
+        carrier_changes=reader.uint(f"{net_dir}/carrier_changes", optional=True),
+        carrier_up_count=reader.uint(f"{net_dir}/carrier_up_count", optional=True),
+        carrier_down_count=reader.uint(f"{net_dir}/carrier_down_count", optional=True),
+        speed_bps=_speed(f"{net_dir}/speed", reader),
         duplex=duplex if duplex and duplex != "unknown" else None,
-        mtu=reader.uint(net_dir / "mtu", optional=True),
-        statistics=_statistics(net_dir / "statistics", reader),
+        mtu=reader.uint(f"{net_dir}/mtu", optional=True),
+        statistics=_statistics(f"{net_dir}/statistics", identity.statistics_files, reader),
         is_bond_master=identity.is_bond_master,
         bond_mode=identity.bond_mode,
         bond_slaves=identity.bond_slaves,
         master=identity.master,
-        ecn=_ecn(net_dir / "ecn", reader),
+        ecn=_ecn(net_dir, identity.ecn_layout, reader),
     )
 
 

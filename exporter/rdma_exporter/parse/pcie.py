@@ -126,7 +126,7 @@ def parse_aer(text: str) -> AerFile:
     return AerFile(counts, total, tuple(malformed))
 
 
-def _speed(path: Path, reader: SysfsReader) -> float | None:
+def _speed(path: str | Path, reader: SysfsReader) -> float | None:
     text = reader.text(path, optional=True)
     if text is None:
         return None
@@ -136,7 +136,7 @@ def _speed(path: Path, reader: SysfsReader) -> float | None:
     return speed
 
 
-def _width(path: Path, reader: SysfsReader) -> int | None:
+def _width(path: str | Path, reader: SysfsReader) -> int | None:
     width = reader.uint(path, optional=True)
     if width is None or width in _UNKNOWN_WIDTHS:
         return None
@@ -160,6 +160,7 @@ class PcieIdentity:
     via_physfn: bool
     max_speed_gts: float | None
     max_width: int | None
+    aer_files: tuple[tuple[str, str], ...] = ()  # (severity, file) of the AER files the function has
 
 
 def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | None:
@@ -182,33 +183,37 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
         via_physfn=via_physfn,
         max_speed_gts=_speed(link_dir / "max_link_speed", reader),
         max_width=_width(link_dir / "max_link_width", reader),
+        aer_files=tuple((sev, file) for sev, file in AER_FILES.items() if (pci_dir / file).exists()),
     )
 
 
 def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) -> PcieLink | None:
     """Trained link and AER counters of a PCI function whose identity is known; None if it is gone."""
-    if not pci_dir.is_dir():
+    function_dir = os.fspath(pci_dir)
+    if not os.path.isdir(function_dir):
         return None
     aer: dict[tuple[str, str], int] = {}
     totals: dict[str, int] = {}
-    for severity, file in AER_FILES.items():
-        text = reader.text(pci_dir / file, optional=True)
+    for severity, file in identity.aer_files:
+        path = f"{function_dir}/{file}"
+        text = reader.text(path, optional=True)
         if text is None:
             continue
         parsed = parse_aer(text)
         for line in parsed.malformed:
-            reader.fail(REASON_MALFORMED, pci_dir / file, f"not 'Name count': {line[:40]!r}")
+            reader.fail(REASON_MALFORMED, path, f"not 'Name count': {line[:40]!r}")
         for name, value in parsed.counts.items():
             aer[(severity, name)] = value
         if parsed.total is not None:
             totals[severity] = parsed.total
+    link_dir = os.fspath(identity.link_dir)
     return PcieLink(
         address=identity.address,
         link_address=identity.link_address,
         via_physfn=identity.via_physfn,
-        current_speed_gts=_speed(identity.link_dir / "current_link_speed", reader),
+        current_speed_gts=_speed(f"{link_dir}/current_link_speed", reader),
         max_speed_gts=identity.max_speed_gts,
-        current_width=_width(identity.link_dir / "current_link_width", reader),
+        current_width=_width(f"{link_dir}/current_link_width", reader),
         max_width=identity.max_width,
         aer=aer,
         aer_totals=totals,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -101,6 +102,23 @@ class FileBudget:
             self.used -= count
 
 
+class _KeptDir:
+    """A directory of kept files on a tree that is not sysfs, as it was when its first file was kept."""
+
+    __slots__ = ("inode", "mtime_ns", "paths", "settled")
+
+    def __init__(self, inode: int, mtime_ns: int) -> None:
+        self.inode = inode
+        self.mtime_ns = mtime_ns
+        self.settled = False
+        self.paths: list[str] = []
+
+
+# A directory whose mtime is older than this is "settled": any later unlink or rename in it moves its
+# mtime past the recorded one, even with the coarse (jiffy) timestamps of file systems.
+_SETTLE_NS: Final = 2_000_000_000
+
+
 class OpenFiles:
     """One device's attribute files, kept open between scrapes and re-read with one pread at offset 0.
 
@@ -110,52 +128,99 @@ class OpenFiles:
     reports the real error. Only the thread running the device's job may use it (the engine guarantees
     one job per device at a time).
 
-    On a tree that is not sysfs (fixtures), a file deleted or replaced under a kept fd stays readable:
-    `verify` adds an fstat per read to notice that (st_nlink 0) and go back to the path.
+    On a tree that is not sysfs (fixtures), a file deleted or replaced under a kept fd stays readable, so
+    `verify` makes `begin()` stat each directory of kept files once per scrape and drop the files of a
+    directory that changed. Until a directory has been quiet for two seconds its mtime cannot prove that
+    (timestamps are coarse), so meanwhile each read of its files checks st_nlink with an fstat.
     """
 
-    __slots__ = ("_budget", "_fds", "verify")
+    __slots__ = ("_budget", "_check", "_dirs", "_fds", "verify")
 
     def __init__(self, budget: FileBudget, *, verify: bool = False) -> None:
         self._fds: dict[str, int] = {}
         self._budget = budget
         self.verify = verify
+        self._dirs: dict[str, _KeptDir] = {}
+        self._check: set[str] = set()  # kept paths in directories that have not settled
 
     def __len__(self) -> int:
         return len(self._fds)
+
+    def begin(self) -> None:
+        """Before a scrape's reads: on a non-sysfs tree, forget files whose directory changed."""
+        if not self.verify or not self._dirs:
+            return
+        now = time.time_ns()
+        for directory, kept in list(self._dirs.items()):
+            try:
+                stat = os.stat(directory)
+            except OSError:
+                self._drop_dir(directory)
+                continue
+            if stat.st_ino != kept.inode or stat.st_mtime_ns != kept.mtime_ns:
+                self._drop_dir(directory)
+            elif not kept.settled and now - stat.st_mtime_ns > _SETTLE_NS:
+                kept.settled = True
+                self._check.difference_update(kept.paths)
 
     def read(self, path: str) -> bytes:
         """The first page of `path`; raises OSError like open/read would."""
         fd = self._fds.get(path)
         if fd is not None:
             try:
-                if not self.verify or os.fstat(fd).st_nlink:
+                if path not in self._check or os.fstat(fd).st_nlink:
                     return os.pread(fd, _READ_LIMIT, 0)
             except OSError:
                 pass
-            self._drop(path, fd)
+            self._drop(path)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = os.read(fd, _READ_LIMIT)  # not pread: a fixture may put a FIFO here to stall the read
         except OSError:
             os.close(fd)
             raise
-        if self._budget.take():
+        if self._keep(path) and self._budget.take():
             self._fds[path] = fd
         else:
             os.close(fd)
         return data
 
-    def _drop(self, path: str, fd: int) -> None:
-        del self._fds[path]
+    def _keep(self, path: str) -> bool:
+        """May `path` be kept? On a non-sysfs tree, only if its directory can be watched."""
+        if not self.verify:
+            return True
+        directory = os.path.dirname(path)
+        kept = self._dirs.get(directory)
+        if kept is None:
+            try:
+                stat = os.stat(directory)
+            except OSError:
+                return False
+            kept = self._dirs[directory] = _KeptDir(stat.st_ino, stat.st_mtime_ns)
+        kept.paths.append(path)
+        if not kept.settled:
+            self._check.add(path)
+        return True
+
+    def _drop(self, path: str) -> None:
+        fd = self._fds.pop(path)
         os.close(fd)
         self._budget.give(1)
+        self._check.discard(path)
+
+    def _drop_dir(self, directory: str) -> None:
+        kept = self._dirs.pop(directory)
+        for path in kept.paths:
+            if path in self._fds:
+                self._drop(path)
 
     def close(self) -> None:
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
         self._budget.give(len(fds))
+        self._dirs.clear()
+        self._check.clear()
 
 
 def is_sysfs(path: str | os.PathLike[str]) -> bool:
