@@ -127,7 +127,7 @@ class FamilySet:
         entry = self._rows.get(spec.name)
         if entry is None:
             entry = self._rows[spec.name] = (spec, [])
-        entry[1].append((tuple(labels), value))
+        entry[1].append((labels if type(labels) is tuple else tuple(labels), value))
 
     def __iter__(self) -> Iterator[Metric]:
         for spec, rows in self._rows.values():
@@ -157,9 +157,11 @@ class FamilySet:
                 if prefix is None:
                     prefix = _prefix(name, order, labels)
                 kept[labels] = prefix
-                append(prefix)
-                append(format_value(value))
-                append("\n")
+                # format_value inlined for its common case, small integer counts (this loop runs per series)
+                if type(value) is int and 0 <= value < 1_000_000:
+                    append(f"{prefix}{value}.0\n")
+                else:
+                    append(f"{prefix}{format_value(value)}\n")
             new[name] = kept
         if cache is not None:
             cache._by_name = new

@@ -278,6 +278,7 @@ class DeviceJob:
         self.outcomes: dict[str, SourceOutcome] = {}
         self.current: tuple[str, float] | None = None  # source being read and since when
         self.on_done: Callable[[DeviceJob], None] | None = None
+        self.on_round_done: Callable[[], None] | None = None  # set before submission, by the round
 
     def since(self) -> float:
         return self.started if self.started is not None else self.submitted
@@ -313,6 +314,8 @@ class DeviceJob:
         self.done.set()
         if self.on_done is not None:
             self.on_done(self)
+        if self.on_round_done is not None:
+            self.on_round_done()
 
 
 class WorkerPool:
@@ -446,14 +449,24 @@ class DeviceReads:
         self._outstanding: dict[str, DeviceJob] = {}
         self._files: dict[str, OpenFiles] = {}
 
-    def start(self, key: str, device: str, work: Callable[[DeviceJob], None]) -> tuple[DeviceJob, bool]:
-        """Submit a job for `key` (a device directory): (new job, True), or (unfinished job, False)."""
+    def start(
+        self,
+        key: str,
+        device: str,
+        work: Callable[[DeviceJob], None],
+        on_round_done: Callable[[], None] | None = None,
+    ) -> tuple[DeviceJob, bool]:
+        """Submit a job for `key` (a device directory): (new job, True), or (unfinished job, False).
+
+        `on_round_done` is called when a new job completes (or is cancelled), not for an unfinished one.
+        """
         with self._lock:
             previous = self._outstanding.get(key)
             if previous is not None:
                 return previous, False
             job = self._outstanding[key] = DeviceJob(key, device, work)
         job.on_done = self._finished
+        job.on_round_done = on_round_done
         self.pool.submit(job)
         return job, True
 
@@ -523,12 +536,24 @@ class _Round:
     inventory_seconds: float
     inventory_ok: bool
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set when every job of the round has ended: scrapes wait on this once, not on each job in turn
+    # (each wake-up would take the GIL from the reader thread).
+    all_done: threading.Event = field(default_factory=threading.Event)
+    pending: int = 0
+    # Not `lock`: _assemble holds that while it cancels jobs, which ends them.
+    pending_lock: threading.Lock = field(default_factory=threading.Lock)
     result: FamilySet | None = None
     counted: set[tuple[str, str]] = field(default_factory=set)  # (collector, device) errors already counted
     logged: bool = False
 
     def complete(self) -> bool:
         return all(job.done.is_set() for job in self.jobs.values())
+
+    def job_ended(self) -> None:
+        with self.pending_lock:
+            self.pending -= 1
+            if self.pending <= 0:
+                self.all_done.set()
 
 
 @dataclass
@@ -593,14 +618,11 @@ class RdmaCollector(Collector):
             else:
                 current.deadline = max(current.deadline, mine)
         pool = self.reads.pool
-        for job in current.jobs.values():
-            while True:
-                remaining = mine - time.monotonic()
-                if remaining <= 0 or job.done.wait(min(remaining, pool.spill_after)):
-                    break
-                pool.rebalance()  # this job (or one before it) is slow: let another thread help
-            if remaining <= 0:
+        while True:
+            remaining = mine - time.monotonic()
+            if remaining <= 0 or current.all_done.wait(min(remaining, pool.spill_after)):
                 break
+            pool.rebalance()  # a job is slow: let another thread take the queue
         return self._assemble(current)
 
     # The round is started under _round_lock: listing is one getdents, everything else is a job.
@@ -612,12 +634,21 @@ class RdmaCollector(Collector):
         self._record_errors(INVENTORY, errors)
         jobs: dict[str, DeviceJob] = {}
         skipped: dict[str, DeviceJob] = {}
+        rnd = _Round(deadline, entries, jobs, skipped, 0.0, ok, pending=len(entries) + 1)
         self.reads.prune(self._class_key, {self._class_key + entry.name for entry in entries})
         for entry in entries:
             key = self._class_key + entry.name
-            job, new = self.reads.start(key, entry.name, lambda job, entry=entry: self._read_device(job, entry))
-            (jobs if new else skipped)[entry.name] = job
-        return _Round(deadline, entries, jobs, skipped, time.perf_counter() - started, ok)
+            job, new = self.reads.start(
+                key, entry.name, lambda job, entry=entry: self._read_device(job, entry), rnd.job_ended
+            )
+            if new:
+                jobs[entry.name] = job
+            else:
+                skipped[entry.name] = job
+                rnd.job_ended()  # nothing to wait for
+        rnd.job_ended()  # the round's own share: all_done cannot be set while jobs are still being added
+        rnd.inventory_seconds = time.perf_counter() - started
+        return rnd
 
     def _read_device(self, job: DeviceJob, entry: DeviceEntry) -> None:
         """Runs in a pool thread: static info if not cached, then each source's reads, in order."""

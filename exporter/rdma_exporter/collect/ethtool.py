@@ -285,7 +285,7 @@ class EthtoolSource:
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
-        if not self._enabled(ctx):
+        if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
             return EthtoolReading(())
         locality = Locality(ctx.sys_root, device, reader)
         done: set[str] = set()

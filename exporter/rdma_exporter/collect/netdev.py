@@ -40,31 +40,33 @@ class Locality:
     """
 
     def __init__(self, sys_root: Path, device: DeviceInfo, reader: SysfsReader) -> None:
-        self._sys_root = sys_root
+        # Plain string paths: this runs for every device on every scrape.
+        root = os.fspath(sys_root)
+        self._net = f"{root}/{NET_DIR}/"
         self._device = device.name
         self._info = device
         self._reader = reader
         # The netdevs of the device's own PCI function are local without further reads.
-        self._own = frozenset(list_dir(sys_root / CLASS_DIR / device.name / "device" / "net", reader))
+        self._own = frozenset(list_dir(f"{root}/{CLASS_DIR}/{device.name}/device/net", reader))
 
-    def net_dir(self, name: str) -> Path:
-        return self._sys_root / NET_DIR / name
+    def net_dir(self, name: str) -> str:
+        return self._net + name
 
     def exists(self, name: str) -> bool:
-        return os.path.isdir(self.net_dir(name))
+        return os.path.isdir(self._net + name)
 
     def is_bond(self, name: str) -> bool:
-        return os.path.isdir(self.net_dir(name) / "bonding")
+        return os.path.isdir(f"{self._net}{name}/bonding")
 
     def is_physical(self, name: str) -> bool:
         """Backed by hardware (a `device` link); software uppers such as VLANs and macvlans are not."""
-        return os.path.exists(self.net_dir(name) / "device")
+        return os.path.exists(f"{self._net}{name}/device")
 
     def bond_slaves(self, name: str) -> list[str]:
         identity = self._info.netdev(name)
         if identity is not None and identity.is_bond_master:
             return list(identity.bond_slaves)  # static, refreshed with the device's info
-        text = self._reader.text(self.net_dir(name) / "bonding" / "slaves", optional=True)
+        text = self._reader.text(f"{self._net}{name}/bonding/slaves", optional=True)
         return text.split() if text else []
 
     def lowers(self, name: str) -> list[str]:
@@ -88,7 +90,7 @@ class Locality:
         anchor = self.anchor(name)
         if anchor in self._own:
             return True
-        rdma = list_dir(self.net_dir(anchor) / "device" / "infiniband", self._reader)
+        rdma = list_dir(f"{self._net}{anchor}/device/infiniband", self._reader)
         return not rdma or self._device in rdma
 
 

@@ -255,7 +255,17 @@ def parse_stats_text(text: str, malformed: list[str] | None = None) -> dict[str,
     that is not `name: u64` is skipped and appended to `malformed` (when given), so the caller can count
     it under the `malformed` reason. A repeated name keeps its first value.
     """
+    stats, bad = _parse_stats_text(text)
+    if malformed is not None:
+        malformed.extend(bad)
+    return dict(stats)
+
+
+# Captures are re-read every scrape and rarely change: parse each distinct text once.
+@lru_cache(maxsize=64)
+def _parse_stats_text(text: str) -> tuple[dict[str, int], tuple[str, ...]]:
     stats: dict[str, int] = {}
+    malformed: list[str] = []
     for raw in text.splitlines():
         line = raw.strip()
         if not line or raw.startswith("#"):
@@ -264,17 +274,15 @@ def parse_stats_text(text: str, malformed: list[str] | None = None) -> dict[str,
         if not sep:
             if line.endswith(":") and raw[:1] not in (" ", "\t"):
                 continue  # section header such as "NIC statistics:"
-            if malformed is not None:
-                malformed.append(raw)
+            malformed.append(raw)
             continue
         name = name.strip()
         parsed = parse_uint(value)
         if not name or parsed is None:
-            if malformed is not None:
-                malformed.append(raw)
+            malformed.append(raw)
             continue
         stats.setdefault(name, parsed)
-    return stats
+    return stats, tuple(malformed)
 
 
 def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = None) -> dict[str, int]:
@@ -503,20 +511,31 @@ def curate(stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] =
     """
     out: list[CuratedStat] = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    patterns = tuple(extra_patterns)
     for name, value in stats.items():
         if not 0 <= value < 2**64:
             continue
-        curated = _curated(name)
-        if curated is not None:
-            key, labels, kind, scale = curated
-        elif _LANE_ANYWHERE.search(name) or any(p.search(name) for p in extra_patterns):
-            key, labels = generic_key(name)
-            kind, scale = COUNTER, 1.0
-        else:
+        decided = _decide(name, patterns)
+        if decided is None:
             continue
+        key, labels, kind, scale = decided
         if (key, labels) in seen:
             continue
         seen.add((key, labels))
         out.append(CuratedStat(key, value, labels, kind, scale, name))
     return out
+
+
+# A driver reports the same names every scrape (mlx5: about a thousand per netdev): decide each once.
+@lru_cache(maxsize=32768)
+def _decide(
+    name: str, extra_patterns: tuple[re.Pattern[str], ...]
+) -> tuple[str, tuple[tuple[str, str], ...], Kind, float] | None:
+    curated = _curated(name)
+    if curated is not None:
+        return curated
+    if _LANE_ANYWHERE.search(name) or any(p.search(name) for p in extra_patterns):
+        key, labels = generic_key(name)
+        return key, labels, COUNTER, 1.0
+    return None
 

@@ -390,16 +390,6 @@ def _netdev_identities(sys_root: Path, ports: list[PortInfo], reader: SysfsReade
 # Per-scrape reads build paths as plain strings: pathlib joins cost more than the pread of a kept file.
 
 
-def _read_values(directory: str, files: tuple[str, ...], reader: SysfsReader) -> dict[str, int]:
-    values: dict[str, int] = {}
-    uint = reader.uint
-    for name in files:
-        value = uint(f"{directory}/{name}")
-        if value is not None:
-            values[name] = value
-    return values
-
-
 def _read_state(path: str, reader: SysfsReader, names: dict[int, str]) -> tuple[int, str] | None:
     text = reader.text(path)
     if text is None:
@@ -426,11 +416,11 @@ def read_port_snapshot(device_dir: str | Path, info: PortInfo, reader: SysfsRead
         # RoCE ports have no subnet manager; their lid files read 0 and mean nothing.
         snapshot.lid = reader.uint(f"{port_dir}/lid", optional=True, base=0)
         snapshot.sm_lid = reader.uint(f"{port_dir}/sm_lid", optional=True, base=0)
-    snapshot.counters = _read_values(f"{port_dir}/counters", info.counter_files, reader)
+    snapshot.counters = reader.uints(f"{port_dir}/counters", info.counter_files)
     if info.counter_ext_files:
-        snapshot.counters_ext = _read_values(f"{port_dir}/counters_ext", info.counter_ext_files, reader)
+        snapshot.counters_ext = reader.uints(f"{port_dir}/counters_ext", info.counter_ext_files)
     if info.hw_counter_files:
-        snapshot.hw_counters = _read_values(f"{port_dir}/hw_counters", info.hw_counter_files, reader)
+        snapshot.hw_counters = reader.uints(f"{port_dir}/hw_counters", info.hw_counter_files)
     return snapshot
 
 
@@ -439,6 +429,6 @@ def read_device_snapshot(sys_root: Path, info: DeviceInfo, reader: SysfsReader) 
     device_dir = f"{os.fspath(sys_root)}/{CLASS_DIR}/{info.name}"
     snapshot = DeviceSnapshot(info=info)
     if info.hw_counter_files:
-        snapshot.hw_counters = _read_values(f"{device_dir}/hw_counters", info.hw_counter_files, reader)
+        snapshot.hw_counters = reader.uints(f"{device_dir}/hw_counters", info.hw_counter_files)
     snapshot.ports = [read_port_snapshot(device_dir, port, reader) for port in info.ports]
     return snapshot

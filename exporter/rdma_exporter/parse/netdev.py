@@ -126,16 +126,6 @@ def _ecn(net_dir: str, layout: tuple[tuple[str, int, str], ...], reader: SysfsRe
     return states
 
 
-def _statistics(stats_dir: str, files: tuple[str, ...], reader: SysfsReader) -> dict[str, int]:
-    values: dict[str, int] = {}
-    uint = reader.uint
-    for name in files:
-        value = uint(f"{stats_dir}/{name}")
-        if value is not None:
-            values[name] = value
-    return values
-
-
 def _valid_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
 
@@ -213,7 +203,7 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
         speed_bps=_speed(f"{net_dir}/speed", reader),
         duplex=duplex if duplex and duplex != "unknown" else None,
         mtu=reader.uint(f"{net_dir}/mtu", optional=True),
-        statistics=_statistics(f"{net_dir}/statistics", identity.statistics_files, reader),
+        statistics=reader.uints(f"{net_dir}/statistics", identity.statistics_files),
         is_bond_master=identity.is_bond_master,
         bond_mode=identity.bond_mode,
         bond_slaves=identity.bond_slaves,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
@@ -98,10 +99,12 @@ def pcie_generation(speed_gts: float | None) -> int | None:
     return GENERATIONS.get(round(speed_gts, 1))
 
 
+@lru_cache(maxsize=1024)
 def parse_aer(text: str) -> AerFile:
     """Parse an aer_dev_* file: `Name value` lines; `TOTAL_ERR_*` is kept apart from the per-type ones.
 
     Lines that are not `identifier u64` are returned in `malformed`; a repeated name keeps its first value.
+    The counts almost never move, so parses are cached by text; the result must not be modified.
     """
     counts: dict[str, int] = {}
     total: int | None = None

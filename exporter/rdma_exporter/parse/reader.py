@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -271,17 +271,22 @@ class SysfsReader:
         `node_desc`) are not errors: absence is a fact about the device, not a failed read.
         An open or read failing with an errno in `absent_errnos` (usually NO_VALUE_ERRNOS) is absence too.
         """
+        raw = self._raw(path, optional, absent_errnos)
+        return None if raw is None else self._decode(path, raw)
+
+    def _raw(self, path: str | os.PathLike[str], optional: bool, absent_errnos: Collection[int]) -> bytes | None:
         self.opened += 1
         try:
             if self.files is not None:
-                raw = self.files.read(path if type(path) is str else os.fspath(path))
-            else:
-                raw = _read_once(path)
+                return self.files.read(path if type(path) is str else os.fspath(path))
+            return _read_once(path)
         except OSError as exc:
             if (optional and exc.errno == errno.ENOENT) or exc.errno in absent_errnos:
                 return None
             self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
             return None
+
+    def _decode(self, path: str | os.PathLike[str], raw: bytes) -> str | None:
         try:
             value = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
@@ -302,13 +307,55 @@ class SysfsReader:
         absent_errnos: Collection[int] = (),
     ) -> int | None:
         """Read an unsigned integer attribute (decimal by default; base 0 accepts a 0x prefix)."""
-        value = self.text(path, optional=optional, absent_errnos=absent_errnos)
+        raw = self._raw(path, optional, absent_errnos)
+        if raw is None:
+            return None
+        # Fast path for the common case, a plain decimal counter ("123\n"); int() itself would also
+        # accept signs, underscores and surrounding blanks, which the slow path rejects or tolerates.
+        if base == 10 and raw[-1:] == b"\n" and raw[:-1].isdigit():
+            parsed = int(raw)
+            if parsed <= U64_MAX:
+                return parsed
+        value = self._decode(path, raw)
         if value is None:
             return None
         parsed = parse_uint(value, base=base)
         if parsed is None:
             self.fail(REASON_MALFORMED, path, f"not an unsigned integer: {value[:40]!r}")
         return parsed
+
+
+    def uints(self, directory: str, names: Iterable[str]) -> dict[str, int]:
+        """`uint` of every `directory/name`, by name, leaving out what could not be read.
+
+        The loop over a counters directory is the hot path of a scrape: a kept file holding a plain
+        decimal is read and parsed inline; anything else (first read, an error, odd content) goes
+        through `uint`, which handles and counts it.
+        """
+        values: dict[str, int] = {}
+        files = self.files
+        fds = files._fds if files is not None else {}
+        check = files._check if files is not None else set()
+        fast = 0
+        for name in names:
+            path = f"{directory}/{name}"
+            fd = fds.get(path)
+            if fd is not None and path not in check:
+                try:
+                    raw = os.pread(fd, _READ_LIMIT, 0)
+                except OSError:
+                    raw = b""
+                if raw[-1:] == b"\n" and raw[:-1].isdigit():
+                    value = int(raw)
+                    if value <= U64_MAX:
+                        values[name] = value
+                        fast += 1
+                        continue
+            value = self.uint(path)
+            if value is not None:
+                values[name] = value
+        self.opened += fast
+        return values
 
 
 def _read_once(path: str | os.PathLike[str]) -> bytes:
@@ -333,7 +380,7 @@ def parse_uint(value: str, *, base: int = 10) -> int | None:
     return parsed
 
 
-def list_dir(path: Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
+def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
     """Sorted entry names of a directory; a missing optional directory is an empty list, not an error."""
     try:
         return sorted(os.listdir(path))
