@@ -348,6 +348,7 @@ class WorkerPool:
         self._running: set[DeviceJob] = set()
         self._threads = 0
         self._idle = 0
+        self._starting = 0  # threads spawned that have not reached the queue yet
         self._abandoned = 0
         self._serial = 0
 
@@ -400,17 +401,22 @@ class WorkerPool:
             job.cancel()
 
     def _wake(self) -> None:
-        """Under _cond: get queued jobs running, within capacity (an idle thread first, else a new one)."""
-        if not self._queue or len(self._running) >= self._capacity():
+        """Under _cond: get queued jobs running, within capacity (idle threads first, else a new one)."""
+        can_start = min(len(self._queue), self._capacity() - len(self._running))
+        if can_start <= 0:
             return
         if self._idle:
-            self._cond.notify()
-        elif self._threads < self.hard_max:
+            self._cond.notify(min(can_start, self._idle))
+        # A thread just spawned has not reached the queue yet: count it, or each submit would spawn one.
+        if self._idle + self._starting < can_start and self._threads < self.hard_max:
             self._threads += 1
+            self._starting += 1
             self._serial += 1
             threading.Thread(target=self._worker, name=f"rdma-read-{self._serial}", daemon=True).start()
 
     def _worker(self) -> None:
+        with self._cond:
+            self._starting -= 1
         while True:
             with self._cond:
                 while not self._queue or len(self._running) >= self._capacity():

@@ -261,8 +261,9 @@ def parse_stats_text(text: str, malformed: list[str] | None = None) -> dict[str,
     return dict(stats)
 
 
-# Captures are re-read every scrape and rarely change: parse each distinct text once.
-@lru_cache(maxsize=64)
+# Captures are re-read every scrape and rarely change: parse each distinct text once. A text with all
+# per-queue stats can be 100 KB, so keep only a few.
+@lru_cache(maxsize=8)
 def _parse_stats_text(text: str) -> tuple[dict[str, int], tuple[str, ...]]:
     stats: dict[str, int] = {}
     malformed: list[str] = []
@@ -527,7 +528,7 @@ def curate(stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] =
 
 
 # A driver reports the same names every scrape (mlx5: about a thousand per netdev): decide each once.
-@lru_cache(maxsize=32768)
+@lru_cache(maxsize=16384)
 def _decide(
     name: str, extra_patterns: tuple[re.Pattern[str], ...]
 ) -> tuple[str, tuple[tuple[str, str], ...], Kind, float] | None:

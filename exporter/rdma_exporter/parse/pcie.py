@@ -99,7 +99,7 @@ def pcie_generation(speed_gts: float | None) -> int | None:
     return GENERATIONS.get(round(speed_gts, 1))
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=512)
 def parse_aer(text: str) -> AerFile:
     """Parse an aer_dev_* file: `Name value` lines; `TOTAL_ERR_*` is kept apart from the per-type ones.
 

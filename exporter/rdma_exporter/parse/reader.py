@@ -179,10 +179,12 @@ class OpenFiles:
         except OSError:
             os.close(fd)
             raise
-        if self._keep(path) and self._budget.take():
-            self._fds[path] = fd
-        else:
-            os.close(fd)
+        if self._budget.take():
+            if self._keep(path):
+                self._fds[path] = fd
+                return data
+            self._budget.give(1)
+        os.close(fd)
         return data
 
     def _keep(self, path: str) -> bool:

@@ -1,0 +1,257 @@
+"""Kept-open attribute files (parse.reader.OpenFiles), the reader pool that adds threads only for slow
+jobs, and the engine's handling of both: values stay fresh, replaced or removed files are noticed,
+the file budget holds, and a vanished device's files are closed."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from rdma_exporter.collect.engine import DeviceJob, DeviceReads, WorkerPool
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import FD_RESERVE, build_collector, build_registry, raise_fd_limit
+from rdma_exporter.parse.reader import FileBudget, OpenFiles, ReadErrors, SysfsReader, is_sysfs
+from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+from conftest import samples
+
+
+def age(path: Path, seconds: float = 60.0) -> None:
+    """Backdate a directory's mtime, as if the tree had been quiet for a while (a settled directory)."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_kept_file_is_reread_in_place_and_counts_against_the_budget(tmp_path: Path) -> None:
+    counter = tmp_path / "port_xmit_data"
+    counter.write_text("10\n")
+    budget = FileBudget(8)
+    files = OpenFiles(budget)
+    assert files.read(str(counter)) == b"10\n"
+    assert len(files) == 1 and budget.used == 1
+    with counter.open("r+") as handle:  # the same inode, as a sysfs attribute keeps its inode
+        handle.write("11\n")
+    assert files.read(str(counter)) == b"11\n"
+    assert len(files) == 1 and budget.used == 1  # no second fd
+    files.close()
+    assert len(files) == 0 and budget.used == 0
+
+
+def test_files_over_the_budget_are_read_but_not_kept(tmp_path: Path) -> None:
+    paths = []
+    for n in range(3):
+        path = tmp_path / f"c{n}"
+        path.write_text(f"{n}\n")
+        paths.append(str(path))
+    budget = FileBudget(2)
+    first, second = OpenFiles(budget), OpenFiles(budget)
+    assert first.read(paths[0]) == b"0\n" and second.read(paths[1]) == b"1\n"
+    assert second.read(paths[2]) == b"2\n"  # budget spent: opened, read, closed
+    assert (len(first), len(second), budget.used) == (1, 1, 2)
+    first.close()
+    assert second.read(paths[2]) == b"2\n"
+    assert (len(second), budget.used) == (2, 2)
+
+
+def test_reads_beyond_the_budget_leave_nothing_behind(tmp_path: Path) -> None:
+    path = tmp_path / "rate"
+    path.write_text("400 Gb/sec (4X NDR)\n")
+    files = OpenFiles(FileBudget(0), verify=True)
+    for _ in range(5):
+        files.begin()
+        assert files.read(str(path)) == b"400 Gb/sec (4X NDR)\n"
+    assert len(files) == 0 and not files._dirs and not files._check  # nothing grows per scrape
+
+
+def test_a_failing_kept_fd_is_dropped_and_the_path_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state"
+    path.write_text("4: ACTIVE\n")
+    files = OpenFiles(FileBudget(8))
+    files.read(str(path))
+    real_pread = os.pread
+    calls = []
+
+    def gone_once(fd: int, size: int, offset: int) -> bytes:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.ENODEV, "No such device")  # what a removed kernfs node answers
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", gone_once)
+    assert files.read(str(path)) == b"4: ACTIVE\n"  # re-opened by path, not an error
+    assert len(files) == 1
+
+
+def test_unsettled_directory_notices_a_replaced_file_on_every_read(tmp_path: Path) -> None:
+    path = tmp_path / "symbol_error"
+    path.write_text("1\n")
+    files = OpenFiles(FileBudget(8), verify=True)
+    files.begin()
+    assert files.read(str(path)) == b"1\n"
+    replacement = tmp_path / "new"
+    replacement.write_text("2\n")
+    os.replace(replacement, path)  # the kept fd now points at an unlinked inode
+    assert files.read(str(path)) == b"2\n"
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        files.read(str(path))
+
+
+def test_settled_directory_is_checked_once_per_scrape(tmp_path: Path) -> None:
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    (counters / "a").write_text("1\n")
+    (counters / "b").write_text("2\n")
+    age(counters)
+    files = OpenFiles(FileBudget(8), verify=True)
+    files.begin()
+    assert files.read(str(counters / "a")) == b"1\n" and files.read(str(counters / "b")) == b"2\n"
+    files.begin()  # the directory is old enough: its mtime now proves the files unchanged
+    assert files._check == set()
+    (counters / "b").unlink()
+    (counters / "b").write_text("3\n")
+    files.begin()  # the directory changed: its kept files are dropped and reopened by path
+    assert files.read(str(counters / "b")) == b"3\n"
+    assert files.read(str(counters / "a")) == b"1\n"
+
+
+def test_uints_fast_path_and_fallback_agree(tmp_path: Path) -> None:
+    contents = {
+        "plain": "5\n",
+        "zero": "0\n",
+        "big": "18446744073709551615\n",
+        "too_big": "18446744073709551616\n",
+        "signed": "+5\n",
+        "underscore": "1_000\n",
+        "garbage": "x\n",
+        "no_pma": "N/A (no PMA)\n",
+        "blank_padded": " 7 \n",
+        "no_newline": "8",
+    }
+    for name, text in contents.items():
+        (tmp_path / name).write_text(text)
+    expected = {"plain": 5, "zero": 0, "big": 2**64 - 1, "blank_padded": 7, "no_newline": 8}
+
+    plain_errors = ReadErrors()
+    assert SysfsReader("d", plain_errors).uints(str(tmp_path), sorted(contents)) == expected
+    kept_errors = ReadErrors()
+    files = OpenFiles(FileBudget(64))
+    for _ in range(2):  # the second pass reads kept files through the fast path
+        kept_errors = ReadErrors()
+        reader = SysfsReader("d", kept_errors, files)
+        assert reader.uints(str(tmp_path), sorted(contents)) == expected
+        assert reader.opened == len(contents)
+    assert kept_errors.counts == plain_errors.counts == {("d", "malformed"): 4, ("d", "unsupported"): 1}
+
+
+def test_is_sysfs(tmp_path: Path) -> None:
+    assert not is_sysfs(tmp_path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
+        sys_mounted = any(line.split()[4] == "/sys" and " - sysfs " in line for line in mounts)
+    if sys_mounted:
+        assert is_sysfs("/sys/class")
+
+
+# --- the pool -----------------------------------------------------------------------------------------
+
+
+def run_jobs(pool: WorkerPool, jobs: list[DeviceJob], timeout: float = 5.0) -> None:
+    """Wait for `jobs` as a scrape does: the waiting thread calls rebalance() while it waits."""
+    for job in jobs:
+        pool.submit(job)
+    end = time.monotonic() + timeout
+    while not all(job.done.is_set() for job in jobs):
+        assert time.monotonic() < end, "jobs did not finish"
+        time.sleep(pool.spill_after / 2)
+        pool.rebalance()
+
+
+def test_quick_jobs_share_one_thread() -> None:
+    pool = WorkerPool(parallelism=4)
+    names: list[str] = []
+    jobs = [DeviceJob(f"k{n}", f"d{n}", lambda job: names.append(threading.current_thread().name)) for n in range(8)]
+    run_jobs(pool, jobs)
+    assert len(names) == 8 and len(set(names)) == 1
+    assert pool.threads == 1
+
+
+def test_a_slow_job_lets_another_thread_take_the_queue() -> None:
+    pool = WorkerPool(parallelism=4, spill_after=0.02)
+    release = threading.Event()
+    finished: dict[str, float] = {}
+    threads: set[str] = set()
+    started = time.monotonic()
+
+    def slow(job: DeviceJob) -> None:
+        threads.add(threading.current_thread().name)
+        release.wait(5)
+        finished[job.device] = time.monotonic() - started
+
+    def quick(job: DeviceJob) -> None:
+        threads.add(threading.current_thread().name)
+        finished[job.device] = time.monotonic() - started
+
+    jobs = [DeviceJob("k0", "slow", slow), DeviceJob("k1", "quick", quick)]
+    threading.Timer(1.0, release.set).start()
+    run_jobs(pool, jobs)
+    assert finished["quick"] < 0.5 < finished["slow"]  # not queued behind the slow one
+    assert len(threads) == 2
+
+
+# --- the engine and the daemon ------------------------------------------------------------------------
+
+
+def scrape(collector: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return samples(generate_latest(build_registry(collector)).decode())  # type: ignore[arg-type]
+
+
+def test_removed_device_closes_its_files_and_returns_the_budget(tmp_path: Path) -> None:
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    reads = DeviceReads(WorkerPool(), FileBudget(10_000))
+    collector = build_collector(replace(Config(), sysfs=root), reads=reads)
+    scrape(collector)
+    both = reads.open_files()
+    assert both > 0 and reads.budget.used == both
+    (root / "class" / "infiniband" / "mlx5_1").unlink()
+    scrape(collector)
+    one = reads.open_files()
+    assert 0 < one < both and reads.budget.used == one
+
+
+def test_settled_tree_sees_files_replaced_between_scrapes(tmp_path: Path) -> None:
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    counters = (root / "class" / "infiniband" / "mlx5_0").resolve() / "ports" / "1" / "counters"
+    for directory, _, _ in os.walk(root):
+        age(Path(directory))
+    collector = build_collector(replace(Config(), sysfs=root), reads=DeviceReads(WorkerPool(), FileBudget(10_000)))
+    key = ("rdma_port_symbol_errors_total", (("device", "mlx5_0"), ("port", "1")))
+    first = scrape(collector)[key]
+    scrape(collector)  # every directory now counts as settled
+    replacement = counters / "symbol_error.new"
+    replacement.write_text(f"{int(first) + 5}\n")
+    os.replace(replacement, counters / "symbol_error")
+    assert scrape(collector)[key] == first + 5
+    (counters / "symbol_error").unlink()
+    assert key not in scrape(collector)
+
+
+def test_fd_limit_is_raised_to_fit_the_kept_files() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        room = raise_fd_limit(100)
+        now, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert room == 100 and now >= 100 + FD_RESERVE
+        if hard != resource.RLIM_INFINITY:
+            assert raise_fd_limit(hard) == hard - FD_RESERVE  # capped by the hard limit, minus the reserve
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
