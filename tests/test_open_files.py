@@ -45,6 +45,15 @@ def test_kept_file_is_reread_in_place_and_counts_against_the_budget(tmp_path: Pa
     assert len(files) == 0 and budget.used == 0
 
 
+def test_a_long_kept_file_is_read_whole(tmp_path: Path) -> None:
+    aer = tmp_path / "aer_dev_correctable"
+    text = "".join(f"Type{n} {n}\n" for n in range(100))  # longer than the first, small read
+    aer.write_text(text)
+    files = OpenFiles(FileBudget(8))
+    assert files.read(str(aer)).decode() == text
+    assert files.read(str(aer)).decode() == text  # kept: pread, small read, then the whole page
+
+
 def test_files_over_the_budget_are_read_but_not_kept(tmp_path: Path) -> None:
     paths = []
     for n in range(3):
@@ -255,3 +264,13 @@ def test_fd_limit_is_raised_to_fit_the_kept_files() -> None:
             assert raise_fd_limit(hard) == hard - FD_RESERVE  # capped by the hard limit, minus the reserve
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_large_answers_return_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_exporter import daemon
+
+    calls: list[int] = []
+    monkeypatch.setattr(daemon, "_TRIM", lambda: calls.append(1))
+    daemon.release_memory(daemon.Response(200, b"x" * daemon.TRIM_AFTER_BYTES, "text/plain"))
+    daemon.release_memory(daemon.Response(200, b"ok", "text/plain"))  # /healthz and friends: not worth it
+    assert calls == [1]

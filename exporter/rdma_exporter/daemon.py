@@ -8,6 +8,7 @@ bad file (the running config is kept) and SIGTERM (in-flight requests finish, th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gzip
 import html
 import logging
@@ -22,6 +23,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -248,6 +250,7 @@ class HttpServer:
         handler: Handler,
         *,
         tls: Callable[[], ssl.SSLContext | None] = lambda: None,
+        after_response: Callable[[Response], None] | None = None,
         peer_allowed: Callable[[Mapping[str, Any] | None], bool] = lambda cert: True,
         headers: Callable[[], Mapping[str, str]] = dict,
         workers: int = HTTP_WORKERS,
@@ -266,6 +269,7 @@ class HttpServer:
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._handler = handler
+        self._after_response = after_response  # runs on the worker once the answer is sent
         self._tls = tls
         self._peer_allowed = peer_allowed
         self._headers = headers
@@ -527,23 +531,27 @@ class HttpServer:
             log.exception("handling %s %s failed", request.method, request.path)
             response = text_response(500, "internal error, see the exporter log", close=True)
         keep = request.keep_alive and not response.close and not conn.eof and not self._stopping.is_set()
-        data = render_response(
-            response, head_only=request.method == "HEAD", keep_alive=keep, extra=self._headers()
-        )
+        head = render_response(response, head_only=True, keep_alive=keep, extra=self._headers())
+        # Head and body are sent as they are: joining them would copy a body of megabytes once more.
+        parts = [head] if request.method == "HEAD" else [head, response.body]
         deadline = time.monotonic() + self.write_timeout
-        view = memoryview(data)
         sock = conn.sock
         try:
             # One deadline for the whole answer: a client reading one byte a second cannot hold a worker.
-            while view:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                sock.settimeout(remaining)
-                sent = sock.send(view[:65536])
-                view = view[sent:]
+            for part in parts:
+                view = memoryview(part)
+                while view:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    sock.settimeout(remaining)
+                    sent = sock.send(view[:65536])
+                    view = view[sent:]
         except (OSError, ssl.SSLError):
             return False
+        finally:
+            if self._after_response is not None:
+                self._after_response(response)
         return keep
 
 
@@ -585,9 +593,16 @@ class Exporter:
 
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
-        # Scrapes that shared one collection get the same FamilySet: encode (and gzip) it once.
-        self._encoded: tuple[FamilySet | None, dict[bool, bytes]] = (None, {})
+        # Scrapes that shared one collection get the same FamilySet: encode (and gzip) it once. Only a weak
+        # reference: the bodies must not keep a finished scrape's rows alive into the next scrape.
+        self._encoded: tuple[weakref.ref[FamilySet] | None, dict[bool, bytes]] = (None, {})
         self._encoded_lock = threading.Lock()
+
+    def _forget(self, gone: weakref.ref[FamilySet]) -> None:
+        # The collection was dropped (a new scrape started its own): drop its encoded bodies with it.
+        with self._encoded_lock:
+            if self._encoded[0] is gone:
+                self._encoded = (None, {})
 
     def handle(self, request: Request) -> Response:
         serving = self.serving  # one read: a reload during this request does not mix configs
@@ -613,14 +628,15 @@ class Exporter:
         compress = "gzip" in encodings
         with self._encoded_lock:
             cached_for, bodies = self._encoded
-            body = bodies.get(compress) if cached_for is families else None
+            body = bodies.get(compress) if cached_for is not None and cached_for() is families else None
         if body is None:
             body = families.render_text()
             if compress:
                 body = gzip.compress(body, compresslevel=6)
             with self._encoded_lock:
-                if self._encoded[0] is not families:
-                    self._encoded = (families, {})
+                cached_for = self._encoded[0]
+                if cached_for is None or cached_for() is not families:
+                    self._encoded = (weakref.ref(families, self._forget), {})
                 self._encoded[1][compress] = body
         headers = [("Vary", "Accept-Encoding")]
         if compress:
@@ -644,6 +660,31 @@ def sd_notify(state: str) -> None:
     address = "\0" + path[1:] if path.startswith("@") else path
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.sendto(state.encode(), address)
+
+
+# A scrape of many devices allocates and frees megabytes; glibc keeps freed pages mapped in its arenas,
+# so resident memory would settle near the sum of the scrapes' peaks. Returning them after each large
+# answer (malloc_trim, a few hundred microseconds, after the answer is sent) keeps RSS near the live set.
+TRIM_AFTER_BYTES: Final = 256 * 1024
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0), or None where there is none (musl, other platforms)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+_TRIM = _malloc_trim()
+
+
+def release_memory(response: Response) -> None:
+    if _TRIM is not None and len(response.body) >= TRIM_AFTER_BYTES:
+        _TRIM()
 
 
 # File descriptors kept free for sockets, the udev monitor and files opened per read.
@@ -686,6 +727,7 @@ class Daemon:
             parse_listen(config.listen_address),
             self.exporter.handle,
             tls=lambda: self.exporter.serving.web.ssl_context,
+            after_response=release_memory,
             peer_allowed=lambda cert: self.exporter.serving.web.peer_allowed(cert),
             headers=lambda: self.exporter.serving.web.headers,
         )

@@ -141,17 +141,17 @@ class FamilySet:
 
     def render_text(self) -> bytes:
         """Text format 0.0.4, byte-identical to prometheus_client's `generate_latest` of these families."""
-        out: list[str] = []
-        append = out.append
+        chunks: list[bytes] = []
         cache = self._prefixes
         old = cache._by_name if cache is not None else {}
         new: dict[str, dict[tuple[str, ...], str]] = {}
         for spec, rows in self._rows.values():
             header, order = _layout(spec)
-            append(header)
             name = spec.name
             seen = old.get(name, {})
             kept: dict[tuple[str, ...], str] = {}
+            lines = [header]
+            append = lines.append
             for labels, value in rows:
                 prefix = seen.get(labels)
                 if prefix is None:
@@ -163,9 +163,11 @@ class FamilySet:
                 else:
                     append(f"{prefix}{format_value(value)}\n")
             new[name] = kept
+            # One family at a time: the peak is one family's lines, not the whole scrape's twice over.
+            chunks.append("".join(lines).encode("utf-8"))
         if cache is not None:
             cache._by_name = new
-        return "".join(out).encode("utf-8")
+        return b"".join(chunks)
 
 
 @dataclass(frozen=True, slots=True)
