@@ -5,6 +5,7 @@ the file budget holds, and a vanished device's files are closed."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import resource
 import threading
@@ -43,6 +44,27 @@ def test_kept_file_is_reread_in_place_and_counts_against_the_budget(tmp_path: Pa
     assert len(files) == 1 and budget.used == 1  # no second fd
     files.close()
     assert len(files) == 0 and budget.used == 0
+
+
+def test_dropped_files_close_their_fds(tmp_path: Path) -> None:
+    path = tmp_path / "port_rcv_data"
+    path.write_text("1\n")
+    budget = FileBudget(8)
+    files = OpenFiles(budget)
+    files.read(str(path))
+    (fd,) = files._fds.values()
+    inode = path.stat().st_ino
+    del files
+    gc.collect()
+    try:
+        released = os.fstat(fd).st_ino != inode  # the number may already serve another file
+    except OSError:
+        released = True
+    assert released and budget.used == 0
+
+
+def test_readers_without_a_budget_of_their_own_share_one() -> None:
+    assert DeviceReads().budget is DeviceReads().budget  # kept fds are bounded per process
 
 
 def test_a_long_kept_file_is_read_whole(tmp_path: Path) -> None:
@@ -274,3 +296,14 @@ def test_large_answers_return_freed_memory(monkeypatch: pytest.MonkeyPatch) -> N
     daemon.release_memory(daemon.Response(200, b"x" * daemon.TRIM_AFTER_BYTES, "text/plain"))
     daemon.release_memory(daemon.Response(200, b"ok", "text/plain"))  # /healthz and friends: not worth it
     assert calls == [1]
+
+
+def test_default_budget_leaves_room_under_a_low_fd_limit() -> None:
+    from rdma_exporter.collect.engine import default_file_budget
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # systemd's and many shells' default
+        assert default_file_budget() == 448
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import re
+import resource
 import threading
 import time
 from collections import Counter, deque
@@ -440,6 +441,27 @@ class WorkerPool:
                     return
 
 
+def default_file_budget() -> int:
+    """Kept files for a process that did not size its fd limit (the daemon does): half the soft limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_OPEN_FILES
+    return max(0, min(DEFAULT_MAX_OPEN_FILES, soft // 2 - 64))
+
+
+_shared_budget: FileBudget | None = None
+_budget_lock = threading.Lock()  # not _shared_lock: shared_reads() builds a DeviceReads while holding it
+
+
+def shared_budget() -> FileBudget:
+    """One budget for every DeviceReads that was not given its own: kept fds are a process resource."""
+    global _shared_budget
+    with _budget_lock:
+        if _shared_budget is None:
+            _shared_budget = FileBudget(default_file_budget())
+        return _shared_budget
+
+
 class DeviceReads:
     """The pool, the one outstanding job per device directory, and each device's kept-open files.
 
@@ -450,7 +472,7 @@ class DeviceReads:
 
     def __init__(self, pool: WorkerPool | None = None, budget: FileBudget | None = None) -> None:
         self.pool = pool or WorkerPool()
-        self.budget = budget or FileBudget(DEFAULT_MAX_OPEN_FILES)
+        self.budget = budget or shared_budget()
         self._lock = threading.Lock()
         self._outstanding: dict[str, DeviceJob] = {}
         self._files: dict[str, OpenFiles] = {}

@@ -7,6 +7,7 @@ the `rdma_exporter_file_read_errors_total` counter. No Prometheus imports here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -226,7 +227,12 @@ class OpenFiles:
             os.close(fd)
         self._budget.give(len(fds))
         self._dirs.clear()
-        self._check.clear()
+        self._check = set()
+
+    def __del__(self) -> None:
+        # A collector dropped without closing (a reload, a test) must not leak its fds.
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 def is_sysfs(path: str | os.PathLike[str]) -> bool:
