@@ -307,3 +307,24 @@ def test_default_budget_leaves_room_under_a_low_fd_limit() -> None:
         assert default_file_budget() == 448
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/class/net/lo/statistics/tx_packets"), reason="no sysfs loopback")
+def test_real_sysfs_kept_file_gives_fresh_values() -> None:
+    """The kernel behaviour the design rests on: pread at offset 0 re-runs show() on a kept sysfs fd."""
+    import socket
+
+    path = "/sys/class/net/lo/statistics/tx_packets"
+    assert is_sysfs(path)
+    files = OpenFiles(FileBudget(4))
+    before = int(files.read(path))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, socket.socket(
+        socket.AF_INET, socket.SOCK_DGRAM
+    ) as sender:
+        receiver.bind(("127.0.0.1", 0))
+        for _ in range(20):
+            sender.sendto(b"x", receiver.getsockname())
+    after = int(files.read(path))
+    assert len(files) == 1  # the same kept fd answered both reads
+    assert after >= before + 20
+    files.close()

@@ -180,11 +180,11 @@ class OpenFiles:
             self._drop(path)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            data = os.read(fd, _READ_LIMIT)  # not pread: a fixture may put a FIFO here to stall the read
+            data = _read_fd(fd)  # not pread: a fixture may put a FIFO here to stall the read
         except OSError:
             os.close(fd)
             raise
-        if self._budget.take():
+        if self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
             if self._keep(path):
                 self._fds[path] = fd
                 return data
@@ -370,10 +370,18 @@ class SysfsReader:
         return values
 
 
+def _read_fd(fd: int) -> bytes:
+    """Up to _READ_LIMIT bytes from the current offset: a small read first, the rest only if needed."""
+    data = os.read(fd, _SMALL_READ)
+    if len(data) == _SMALL_READ:
+        data += os.read(fd, _READ_LIMIT - _SMALL_READ)
+    return data
+
+
 def _read_once(path: str | os.PathLike[str]) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return os.read(fd, _READ_LIMIT)
+        return _read_fd(fd)
     finally:
         os.close(fd)
 
