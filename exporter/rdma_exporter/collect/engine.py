@@ -313,10 +313,14 @@ class DeviceJob:
 
     def _complete(self) -> None:
         self.done.set()
-        if self.on_done is not None:
-            self.on_done(self)
-        if self.on_round_done is not None:
-            self.on_round_done()
+        # Drop the callbacks once called: the round holds its jobs, so a job holding the round would make
+        # every scrape's readings a reference cycle, freed only whenever the cyclic GC next runs.
+        on_done, self.on_done = self.on_done, None
+        on_round_done, self.on_round_done = self.on_round_done, None
+        if on_done is not None:
+            on_done(self)
+        if on_round_done is not None:
+            on_round_done()
 
 
 class WorkerPool:
