@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gzip
 import html
 import logging
 import math
@@ -24,6 +23,7 @@ import ssl
 import threading
 import time
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -146,10 +146,20 @@ class Request:
 @dataclass
 class Response:
     status: int
-    body: bytes = b""
+    # A scrape's body is one chunk per metric family, sent as they are: joining them would hold a second
+    # copy of a multi-megabyte answer.
+    body: bytes | tuple[bytes, ...] = b""
     content_type: str = "text/plain; charset=utf-8"
     headers: list[tuple[str, str]] = field(default_factory=list)
     close: bool = False
+
+    @property
+    def parts(self) -> tuple[bytes, ...]:
+        return self.body if isinstance(self.body, tuple) else (self.body,)
+
+    @property
+    def length(self) -> int:
+        return sum(len(part) for part in self.parts)
 
 
 def text_response(status: int, message: str, **kwargs: Any) -> Response:
@@ -211,13 +221,13 @@ def render_response(response: Response, *, head_only: bool, keep_alive: bool, ex
         f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}",
         f"Server: rdma-exporter/{__version__}",
         f"Content-Type: {response.content_type}",
-        f"Content-Length: {len(response.body)}",
+        f"Content-Length: {response.length}",
         "Connection: " + ("keep-alive" if keep_alive else "close"),
     ]
     lines += [f"{name}: {value}" for name, value in response.headers]
     lines += [f"{name}: {value}" for name, value in extra.items()]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + response.body
+    return head if head_only else head + b"".join(response.parts)
 
 
 class _Conn:
@@ -533,7 +543,7 @@ class HttpServer:
         keep = request.keep_alive and not response.close and not conn.eof and not self._stopping.is_set()
         head = render_response(response, head_only=True, keep_alive=keep, extra=self._headers())
         # Head and body are sent as they are: joining them would copy a body of megabytes once more.
-        parts = [head] if request.method == "HEAD" else [head, response.body]
+        parts = [head] if request.method == "HEAD" else [head, *response.parts]
         deadline = time.monotonic() + self.write_timeout
         sock = conn.sock
         try:
@@ -588,6 +598,12 @@ def scrape_timeout(config: Config, header: str | None) -> float:
     return timeout
 
 
+def gzip_chunks(chunks: tuple[bytes, ...]) -> bytes:
+    """One gzip member of the chunks, compressed as they come (no joined copy of the plain text)."""
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: gzip header and trailer
+    return b"".join([*(compressor.compress(chunk) for chunk in chunks), compressor.flush()])
+
+
 class Exporter:
     """Routes requests: the metrics path, `/` and `/healthz`; everything else is 404."""
 
@@ -595,7 +611,7 @@ class Exporter:
         self.serving = serving
         # Scrapes that shared one collection get the same FamilySet: encode (and gzip) it once. Only a weak
         # reference: the bodies must not keep a finished scrape's rows alive into the next scrape.
-        self._encoded: tuple[weakref.ref[FamilySet] | None, dict[bool, bytes]] = (None, {})
+        self._encoded: tuple[weakref.ref[FamilySet] | None, dict[bool, bytes | tuple[bytes, ...]]] = (None, {})
         self._encoded_lock = threading.Lock()
 
     def _forget(self, gone: weakref.ref[FamilySet]) -> None:
@@ -630,9 +646,8 @@ class Exporter:
             cached_for, bodies = self._encoded
             body = bodies.get(compress) if cached_for is not None and cached_for() is families else None
         if body is None:
-            body = families.render_text()
-            if compress:
-                body = gzip.compress(body, compresslevel=6)
+            chunks = families.render_chunks()
+            body = gzip_chunks(chunks) if compress else chunks
             with self._encoded_lock:
                 cached_for = self._encoded[0]
                 if cached_for is None or cached_for() is not families:
@@ -683,7 +698,7 @@ _TRIM = _malloc_trim()
 
 
 def release_memory(response: Response) -> None:
-    if _TRIM is not None and len(response.body) >= TRIM_AFTER_BYTES:
+    if _TRIM is not None and response.length >= TRIM_AFTER_BYTES:
         _TRIM()
 
 

@@ -141,6 +141,10 @@ class FamilySet:
 
     def render_text(self) -> bytes:
         """Text format 0.0.4, byte-identical to prometheus_client's `generate_latest` of these families."""
+        return b"".join(self.render_chunks())
+
+    def render_chunks(self) -> tuple[bytes, ...]:
+        """`render_text` one family per chunk, for a writer that sends them without joining them first."""
         chunks: list[bytes] = []
         cache = self._prefixes
         old = cache._by_name if cache is not None else {}
@@ -167,7 +171,7 @@ class FamilySet:
             chunks.append("".join(lines).encode("utf-8"))
         if cache is not None:
             cache._by_name = new
-        return b"".join(chunks)
+        return tuple(chunks)
 
 
 @dataclass(frozen=True, slots=True)

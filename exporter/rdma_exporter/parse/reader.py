@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -166,6 +167,8 @@ class OpenFiles:
             elif not kept.settled and now - stat.st_mtime_ns > _SETTLE_NS:
                 kept.settled = True
                 self._check.difference_update(kept.paths)
+                if not self._check:
+                    self._check = set()  # an emptied set keeps its table
 
     def read(self, path: str) -> bytes:
         """The first page of `path`; raises OSError like open/read would."""
@@ -401,9 +404,13 @@ def parse_uint(value: str, *, base: int = 10) -> int | None:
 
 
 def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
-    """Sorted entry names of a directory; a missing optional directory is an empty list, not an error."""
+    """Sorted entry names of a directory; a missing optional directory is an empty list, not an error.
+
+    Names are interned: every device lists the same counter files, and the cached static info of a
+    node with 128 functions would otherwise hold 128 copies of each name.
+    """
     try:
-        return sorted(os.listdir(path))
+        return sorted(map(sys.intern, os.listdir(path)))
     except OSError as exc:
         if optional and exc.errno == errno.ENOENT:
             return []
