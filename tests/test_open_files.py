@@ -52,7 +52,7 @@ def test_dropped_files_close_their_fds(tmp_path: Path) -> None:
     budget = FileBudget(8)
     files = OpenFiles(budget)
     files.read(str(path))
-    (fd,) = files._fds.values()
+    (fd,) = files._dirs[str(tmp_path)].fds.values()
     inode = path.stat().st_ino
     del files
     gc.collect()
@@ -99,7 +99,7 @@ def test_reads_beyond_the_budget_leave_nothing_behind(tmp_path: Path) -> None:
     for _ in range(5):
         files.begin()
         assert files.read(str(path)) == b"400 Gb/sec (4X NDR)\n"
-    assert len(files) == 0 and not files._dirs and not files._check  # nothing grows per scrape
+    assert len(files) == 0 and not files._dirs  # nothing grows per scrape
 
 
 def test_a_failing_kept_fd_is_dropped_and_the_path_opened_again(
@@ -147,8 +147,9 @@ def test_settled_directory_is_checked_once_per_scrape(tmp_path: Path) -> None:
     files = OpenFiles(FileBudget(8), verify=True)
     files.begin()
     assert files.read(str(counters / "a")) == b"1\n" and files.read(str(counters / "b")) == b"2\n"
+    assert files.trusted(str(counters)) is None  # just kept: each read checks its file
     files.begin()  # the directory is old enough: its mtime now proves the files unchanged
-    assert files._check == set()
+    assert files.trusted(str(counters)) is not None
     (counters / "b").unlink()
     (counters / "b").write_text("3\n")
     files.begin()  # the directory changed: its kept files are dropped and reopened by path

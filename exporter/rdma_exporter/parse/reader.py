@@ -108,15 +108,16 @@ class FileBudget:
 
 
 class _KeptDir:
-    """A directory of kept files on a tree that is not sysfs, as it was when its first file was kept."""
+    """The kept files of one directory, by name; on a non-sysfs tree also the directory as it was when
+    its first file was kept (inode, mtime), to notice files deleted or replaced since."""
 
-    __slots__ = ("inode", "mtime_ns", "paths", "settled")
+    __slots__ = ("fds", "inode", "mtime_ns", "settled")
 
-    def __init__(self, inode: int, mtime_ns: int) -> None:
+    def __init__(self, inode: int = 0, mtime_ns: int = 0, *, settled: bool = True) -> None:
+        self.fds: dict[str, int] = {}
         self.inode = inode
         self.mtime_ns = mtime_ns
-        self.settled = False
-        self.paths: list[str] = []
+        self.settled = settled
 
 
 # A directory whose mtime is older than this is "settled": any later unlink or rename in it moves its
@@ -131,7 +132,7 @@ class OpenFiles:
     value for one syscall instead of three (open, read, close). A kernfs node that was removed answers
     ENODEV: on any error the fd is dropped and the path opened afresh, which finds a re-created device or
     reports the real error. Only the thread running the device's job may use it (the engine guarantees
-    one job per device at a time).
+    one job per device at a time). Files are kept by directory, then by (interned) name.
 
     On a tree that is not sysfs (fixtures), a file deleted or replaced under a kept fd stays readable, so
     `verify` makes `begin()` stat each directory of kept files once per scrape and drop the files of a
@@ -139,17 +140,15 @@ class OpenFiles:
     (timestamps are coarse), so meanwhile each read of its files checks st_nlink with an fstat.
     """
 
-    __slots__ = ("_budget", "_check", "_dirs", "_fds", "verify")
+    __slots__ = ("_budget", "_dirs", "verify")
 
     def __init__(self, budget: FileBudget, *, verify: bool = False) -> None:
-        self._fds: dict[str, int] = {}
         self._budget = budget
         self.verify = verify
         self._dirs: dict[str, _KeptDir] = {}
-        self._check: set[str] = set()  # kept paths in directories that have not settled
 
     def __len__(self) -> int:
-        return len(self._fds)
+        return sum(len(kept.fds) for kept in self._dirs.values())
 
     def begin(self) -> None:
         """Before a scrape's reads: on a non-sysfs tree, forget files whose directory changed."""
@@ -166,21 +165,27 @@ class OpenFiles:
                 self._drop_dir(directory)
             elif not kept.settled and now - stat.st_mtime_ns > _SETTLE_NS:
                 kept.settled = True
-                self._check.difference_update(kept.paths)
-                if not self._check:
-                    self._check = set()  # an emptied set keeps its table
+
+    def trusted(self, directory: str) -> dict[str, int] | None:
+        """The kept fds of `directory` by name, if they can be read without further checks."""
+        kept = self._dirs.get(directory)
+        return kept.fds if kept is not None and kept.settled else None
 
     def read(self, path: str) -> bytes:
         """The first page of `path`; raises OSError like open/read would."""
-        fd = self._fds.get(path)
-        if fd is not None:
+        directory, _, name = path.rpartition("/")
+        kept = self._dirs.get(directory)
+        fd = kept.fds.get(name) if kept is not None else None
+        if fd is not None and kept is not None:
             try:
-                if path not in self._check or os.fstat(fd).st_nlink:
+                if kept.settled or os.fstat(fd).st_nlink:
                     data = os.pread(fd, _SMALL_READ, 0)
                     return data if len(data) < _SMALL_READ else os.pread(fd, _READ_LIMIT, 0)
             except OSError:
                 pass
-            self._drop(path)
+            del kept.fds[name]
+            os.close(fd)
+            self._budget.give(1)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = _read_fd(fd)  # not pread: a fixture may put a FIFO here to stall the read
@@ -188,49 +193,36 @@ class OpenFiles:
             os.close(fd)
             raise
         if self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
-            if self._keep(path):
-                self._fds[path] = fd
+            if kept is None:
+                kept = self._watch(directory)
+            if kept is not None:
+                kept.fds[sys.intern(name)] = fd
                 return data
             self._budget.give(1)
         os.close(fd)
         return data
 
-    def _keep(self, path: str) -> bool:
-        """May `path` be kept? On a non-sysfs tree, only if its directory can be watched."""
+    def _watch(self, directory: str) -> _KeptDir | None:
+        """Start keeping files of `directory`; on a non-sysfs tree, only if it can be watched."""
         if not self.verify:
-            return True
-        directory = os.path.dirname(path)
-        kept = self._dirs.get(directory)
-        if kept is None:
-            try:
-                stat = os.stat(directory)
-            except OSError:
-                return False
-            kept = self._dirs[directory] = _KeptDir(stat.st_ino, stat.st_mtime_ns)
-        kept.paths.append(path)
-        if not kept.settled:
-            self._check.add(path)
-        return True
-
-    def _drop(self, path: str) -> None:
-        fd = self._fds.pop(path)
-        os.close(fd)
-        self._budget.give(1)
-        self._check.discard(path)
+            kept = self._dirs[directory] = _KeptDir()
+            return kept
+        try:
+            stat = os.stat(directory)
+        except OSError:
+            return None
+        kept = self._dirs[directory] = _KeptDir(stat.st_ino, stat.st_mtime_ns, settled=False)
+        return kept
 
     def _drop_dir(self, directory: str) -> None:
         kept = self._dirs.pop(directory)
-        for path in kept.paths:
-            if path in self._fds:
-                self._drop(path)
+        for fd in kept.fds.values():
+            os.close(fd)
+        self._budget.give(len(kept.fds))
 
     def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
-        self._budget.give(len(fds))
-        self._dirs.clear()
-        self._check = set()
+        for directory in list(self._dirs):
+            self._drop_dir(directory)
 
     def __del__(self) -> None:
         # A collector dropped without closing (a reload, a test) must not leak its fds.
@@ -348,14 +340,11 @@ class SysfsReader:
         through `uint`, which handles and counts it.
         """
         values: dict[str, int] = {}
-        files = self.files
-        fds = files._fds if files is not None else {}
-        check = files._check if files is not None else set()
+        fds = self.files.trusted(directory) if self.files is not None else None
         fast = 0
         for name in names:
-            path = f"{directory}/{name}"
-            fd = fds.get(path)
-            if fd is not None and path not in check:
+            fd = fds.get(name) if fds is not None else None
+            if fd is not None:
                 try:
                     raw = os.pread(fd, _SMALL_READ, 0)
                 except OSError:
@@ -366,7 +355,7 @@ class SysfsReader:
                         values[name] = value
                         fast += 1
                         continue
-            value = self.uint(path)
+            value = self.uint(f"{directory}/{name}")
             if value is not None:
                 values[name] = value
         self.opened += fast
