@@ -87,6 +87,16 @@ def test_unit_hardening_settings() -> None:
     assert "$RDMA_EXPORTER_ARGS" in command
 
 
+def test_unit_fd_limit_fits_the_kept_files() -> None:
+    # The syscall filter refuses setrlimit, so the unit itself must leave room for the default budget.
+    from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
+    from rdma_exporter.daemon import FD_RESERVE
+
+    one = {key: values[-1] for key, values in unit_settings(UNIT.read_text()).items()}
+    assert "@resources" in " ".join(unit_settings(UNIT.read_text())["SystemCallFilter"])
+    assert int(one["LimitNOFILE"]) >= DEFAULT_MAX_OPEN_FILES + FD_RESERVE
+
+
 def test_example_configs_load(tmp_path: Path) -> None:
     config = load_config_file(DEPLOY / "systemd" / "rdma-exporter.yml")
     assert config.listen_address == ":9883" and config.scrape_timeout < 10
