@@ -102,12 +102,15 @@ class SeriesPrefixes:
     A device's series keep their labels between scrapes, so only values need formatting. The text is
     shared by every family with the same label names (the dozens of per-port counter families all use
     the same `{device,port}` texts), which keeps the cache at the number of distinct label sets, not
-    series. Each render keeps only what it wrote, so the cache never outgrows the live series. Renders of
-    different scrapes may overlap: each builds its own dicts and swaps them in whole (atomic under the GIL).
+    series. Entries carry the render generation that last used them; a render that used fewer entries
+    than a layout holds drops the others, so the cache never outgrows the live series, and in steady
+    state nothing is reallocated. Renders may overlap: texts are a pure function of their key, and
+    pruning builds a new dict and swaps it in (atomic under the GIL).
     """
 
     def __init__(self) -> None:
-        self._by_layout: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], str]] = {}
+        self._by_layout: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], list[Any]]] = {}
+        self._generation = 0
 
     def __len__(self) -> int:
         return sum(len(texts) for texts in self._by_layout.values())
@@ -151,34 +154,43 @@ class FamilySet:
     def render_chunks(self) -> tuple[bytes, ...]:
         """`render_text` one family per chunk, for a writer that sends them without joining them first."""
         chunks: list[bytes] = []
-        cache = self._prefixes
-        old = cache._by_layout if cache is not None else {}
-        new: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], str]] = {}
+        cache = self._prefixes if self._prefixes is not None else SeriesPrefixes()
+        cache._generation += 1
+        generation = cache._generation
+        by_layout = cache._by_layout
+        used: dict[tuple[tuple[int, str], ...], int] = {}
         for spec, label_rows, values in self._rows.values():
             header, order = _layout(spec)
             name = spec.name
-            seen = old.get(order, {})
-            kept = new.get(order)
-            if kept is None:
-                kept = new[order] = {}
+            texts = by_layout.get(order)
+            if texts is None:
+                texts = by_layout[order] = {}
+            fresh = used.get(order, 0)
             lines = [header]
             append = lines.append
             for labels, value in zip(label_rows, values, strict=True):
-                text = kept.get(labels)
-                if text is None:
-                    text = seen.get(labels)
-                    if text is None:
-                        text = _label_text(order, labels)
-                    kept[labels] = text
+                entry = texts.get(labels)
+                if entry is None:
+                    entry = texts[labels] = [_label_text(order, labels), generation]
+                    fresh += 1
+                elif entry[1] != generation:
+                    entry[1] = generation
+                    fresh += 1
                 # format_value inlined for its common case, small integer counts (this loop runs per series)
                 if type(value) is int and 0 <= value < 1_000_000:
-                    append(f"{name}{text}{value}.0\n")
+                    append(f"{name}{entry[0]}{value}.0\n")
                 else:
-                    append(f"{name}{text}{format_value(value)}\n")
+                    append(f"{name}{entry[0]}{format_value(value)}\n")
+            used[order] = fresh
             # One family at a time: the peak is one family's lines, not the whole scrape's twice over.
             chunks.append("".join(lines).encode("utf-8"))
-        if cache is not None:
-            cache._by_layout = new
+        for order, texts in list(by_layout.items()):
+            if used.get(order, 0) < len(texts):  # label sets this scrape did not write: forget them
+                kept = {key: entry for key, entry in list(texts.items()) if entry[1] == generation}
+                if kept:
+                    by_layout[order] = kept
+                else:
+                    by_layout.pop(order, None)
         return tuple(chunks)
 
 
