@@ -329,3 +329,103 @@ def test_real_sysfs_kept_file_gives_fresh_values() -> None:
     assert len(files) == 1  # the same kept fd answered both reads
     assert after >= before + 20
     files.close()
+
+
+def test_a_failing_attribute_is_read_once_and_counted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stuck or failing mlx5 counter costs a firmware query per read: no retry through a fresh open.
+    (tmp_path / "good").write_text("1\n")
+    (tmp_path / "bad").write_text("2\n")
+    files = OpenFiles(FileBudget(8))
+    reader = SysfsReader("mlx5_0", ReadErrors(), files)
+    assert reader.uints(str(tmp_path), ["bad", "good"]) == {"bad": 2, "good": 1}
+    bad_fd = files._dirs[str(tmp_path)].fds["bad"]
+    real_pread = os.pread
+    reads: list[int] = []
+
+    def failing(fd: int, size: int, offset: int) -> bytes:
+        reads.append(fd)
+        if fd == bad_fd:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", failing)
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors, files)
+    assert reader.uints(str(tmp_path), ["bad", "good"]) == {"good": 1}
+    assert reads.count(bad_fd) == 1 and errors.counts == {("mlx5_0", "io"): 1}
+    assert "bad" not in files._dirs[str(tmp_path)].fds  # opened afresh next scrape
+
+
+def test_settling_checks_files_replaced_within_one_timestamp_tick(tmp_path: Path) -> None:
+    path = tmp_path / "symbol_error"
+    path.write_text("1\n")
+    files = OpenFiles(FileBudget(8), verify=True)
+    assert files.read(str(path)) == b"1\n"
+    replacement = tmp_path / "new"
+    replacement.write_text("2\n")
+    os.replace(replacement, path)
+    # The directory's mtime as recorded when the file was kept (a coarse clock: the same tick), and old.
+    then = time.time_ns() - 10_000_000_000
+    os.utime(tmp_path, ns=(then, then))
+    kept = files._dirs[str(tmp_path)]
+    kept.mtime_ns = then
+    files.begin()
+    assert kept.settled
+    assert files.read(str(path)) == b"2\n"
+
+
+def test_a_lowered_budget_closes_kept_files_at_the_next_scrape(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("1\n")
+    budget = FileBudget(8)
+    files = OpenFiles(budget)
+    files.read(str(tmp_path / "a"))
+    budget.limit = 0  # a reload with --read.max-open-files=0
+    files.begin()
+    assert len(files) == 0 and budget.used == 0
+    assert files.read(str(tmp_path / "a")) == b"1\n" and len(files) == 0
+
+
+def test_pool_recovers_from_a_thread_that_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = WorkerPool(parallelism=2)
+    real_start = threading.Thread.start
+    failures = [1]
+
+    def start_once_failing(thread: threading.Thread) -> None:
+        if failures:
+            failures.pop()
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_failing)
+    ran: list[str] = []
+    first = DeviceJob("k0", "d0", lambda job: ran.append(job.device))
+    pool.submit(first)  # no thread could start: the job waits in the queue
+    assert not first.done.wait(0.1) and pool.threads == 0
+    run_jobs(pool, [DeviceJob("k1", "d1", lambda job: ran.append(job.device))])
+    assert first.done.wait(2) and sorted(ran) == ["d0", "d1"]
+
+
+def test_encoded_body_cache_can_forget_under_its_own_lock() -> None:
+    # Dereferencing the cache's weak reference under the lock may free the FamilySet right there, which
+    # runs the forget callback on the same thread: the lock must be reentrant or /metrics hangs for good.
+    import weakref
+
+    from rdma_exporter import daemon
+    from rdma_exporter.collect.base import FamilySet
+
+    exporter = daemon.Exporter(None)  # type: ignore[arg-type]
+    families = FamilySet()
+    ref = weakref.ref(families, exporter._forget)
+    exporter._encoded = (ref, {False: b"x"})
+    finished = threading.Event()
+
+    def drop_under_lock() -> None:
+        nonlocal families
+        with exporter._encoded_lock:
+            del families  # the last reference: the callback runs now, on this thread
+        finished.set()
+
+    worker = threading.Thread(target=drop_under_lock, daemon=True)
+    worker.start()
+    assert finished.wait(2), "the forget callback deadlocked on the cache lock"
+    assert exporter._encoded == (None, {})

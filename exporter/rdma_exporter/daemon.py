@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__
 from .collect.base import FamilySet, Source
-from .collect.engine import DeviceFilter, DeviceReads, RdmaCollector, WorkerPool
+from .collect.engine import HARD_MAX_WORKERS, DeviceFilter, DeviceReads, RdmaCollector, WorkerPool
 from .collect.ethtool import EthtoolSource
 from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
@@ -99,6 +99,8 @@ HEAD_TIMEOUT: Final = 10.0  # from the first byte (or the TCP accept, with TLS) 
 WRITE_TIMEOUT: Final = 30.0
 HTTP_WORKERS: Final = 16
 MAX_CONNECTIONS: Final = 512
+# After accept() fails (EMFILE: out of fds), the listener is not watched for this long.
+ACCEPT_PAUSE: Final = 0.5
 # Every Accept header gets the text format 0.0.4, as node_exporter does by default: Prometheus accepts it,
 # and prometheus_client's OpenMetrics writer cost twice its text writer per scrape (bench/PROFILE.md).
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -292,6 +294,7 @@ class HttpServer:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+        self._accept_resume = 0.0  # when accepts paused after EMFILE resume (monotonic), 0 if not paused
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[int, _Conn] = {}  # every open connection, by id(); busy ones too
         self._busy: set[int] = set()
@@ -319,6 +322,9 @@ class HttpServer:
                     else:
                         self._on_ready(key.data, mask)
                 now = time.monotonic()
+                if self._accept_resume and now >= self._accept_resume:
+                    self._accept_resume = 0.0
+                    self._selector.register(self._listener, selectors.EVENT_READ, "listener")
                 if now >= next_sweep:
                     self._sweep(now)
                     next_sweep = now + 0.25
@@ -353,7 +359,10 @@ class HttpServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and friends: keep serving who is connected
-                log.warning("accept failed: %s", exc)
+                # The listener stays readable: stop watching it for a moment instead of spinning on it.
+                log.warning("accept failed, pausing accepts for %.1f s: %s", ACCEPT_PAUSE, exc)
+                self._selector.unregister(self._listener)
+                self._accept_resume = time.monotonic() + ACCEPT_PAUSE
                 return
             now = time.monotonic()
             if len(self._conns) >= self.max_connections and not self._evict_idle():
@@ -612,7 +621,9 @@ class Exporter:
         # Scrapes that shared one collection get the same FamilySet: encode (and gzip) it once. Only a weak
         # reference: the bodies must not keep a finished scrape's rows alive into the next scrape.
         self._encoded: tuple[weakref.ref[FamilySet] | None, dict[bool, bytes | tuple[bytes, ...]]] = (None, {})
-        self._encoded_lock = threading.Lock()
+        # Reentrant: dereferencing the weak reference under the lock can free the FamilySet right there,
+        # which runs _forget on this very thread.
+        self._encoded_lock = threading.RLock()
 
     def _forget(self, gone: weakref.ref[FamilySet]) -> None:
         # The collection was dropped (a new scrape started its own): drop its encoded bodies with it.
@@ -702,14 +713,19 @@ def release_memory(response: Response) -> None:
         _TRIM()
 
 
-# File descriptors kept free for sockets, the udev monitor and files opened per read.
-FD_RESERVE: Final = 512
+# File descriptors kept free for every connection, a file being opened by each possible reader thread,
+# and the listener, epoll, wake pipe, udev monitor, stdio and log handlers.
+FD_RESERVE: Final = MAX_CONNECTIONS + HARD_MAX_WORKERS + 64
 
 
 def raise_fd_limit(wanted: int) -> int:
     """Raise the soft RLIMIT_NOFILE towards the hard limit to fit `wanted` kept files plus a reserve;
     return how many files may be kept open (systemd's default soft limit is 1024, the hard one 512K)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except OSError as exc:  # a seccomp filter that refuses prlimit64 (old systemd @resources)
+        log.warning("cannot read the open-file limit (%s): assuming 1024", exc)
+        return max(0, min(wanted, 1024 - FD_RESERVE))
     need = wanted + FD_RESERVE
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
@@ -791,7 +807,8 @@ class Daemon:
         logging.getLogger().setLevel(log_level(config.log_level))
         # The pool is shared across reloads; surplus threads exit as they finish their jobs.
         self.reads.pool.parallelism = config.read_threads
-        self.reads.budget.limit = raise_fd_limit(config.max_open_files)  # files over a lowered cap close as they fail
+        # A lowered cap takes effect at each device's next read (OpenFiles.begin closes files over it).
+        self.reads.budget.limit = raise_fd_limit(config.max_open_files)
         self.exporter.serving = Serving(config, collector, web)
         log.info("reloaded %s (%s)", config.config_file or "configuration", web.describe())
         return True

@@ -312,13 +312,14 @@ class DeviceJob:
         self._complete()
 
     def _complete(self) -> None:
-        self.done.set()
         # Drop the callbacks once called: the round holds its jobs, so a job holding the round would make
         # every scrape's readings a reference cycle, freed only whenever the cyclic GC next runs.
         on_done, self.on_done = self.on_done, None
         on_round_done, self.on_round_done = self.on_round_done, None
+        # No longer outstanding before it is done: a round starting in between must not see it "stuck".
         if on_done is not None:
             on_done(self)
+        self.done.set()
         if on_round_done is not None:
             on_round_done()
 
@@ -414,10 +415,16 @@ class WorkerPool:
             self._cond.notify(min(can_start, self._idle))
         # A thread just spawned has not reached the queue yet: count it, or each submit would spawn one.
         if self._idle + self._starting < can_start and self._threads < self.hard_max:
+            self._serial += 1
+            thread = threading.Thread(target=self._worker, name=f"rdma-read-{self._serial}", daemon=True)
             self._threads += 1
             self._starting += 1
-            self._serial += 1
-            threading.Thread(target=self._worker, name=f"rdma-read-{self._serial}", daemon=True).start()
+            try:
+                thread.start()
+            except RuntimeError as exc:  # out of tasks or memory (TasksMax=, MemoryMax=): try again later
+                self._threads -= 1
+                self._starting -= 1
+                log.warning("cannot start a reader thread (%d running): %s", self._threads, exc)
 
     def _worker(self) -> None:
         with self._cond:
@@ -515,8 +522,10 @@ class DeviceReads:
             return files
 
     def open_files(self) -> int:
+        """Files kept open now (approximate while jobs run)."""
         with self._lock:
-            return sum(len(files) for files in self._files.values())
+            every = list(self._files.values())
+        return sum(len(files) for files in every)
 
     def prune(self, prefix: str, listed: Collection[str]) -> None:
         """Close the kept files of devices under `prefix` that are no longer listed and not being read."""

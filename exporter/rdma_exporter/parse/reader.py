@@ -120,6 +120,10 @@ class _KeptDir:
         self.settled = settled
 
 
+# A kept fd failing with one of these means the file itself went away (a removed kernfs node answers
+# ENODEV): open the path again, which finds a re-created device or reports the real error.
+REOPEN_ERRNOS: Final = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE, errno.EBADF})
+
 # A directory whose mtime is older than this is "settled": any later unlink or rename in it moves its
 # mtime past the recorded one, even with the coarse (jiffy) timestamps of file systems.
 _SETTLE_NS: Final = 2_000_000_000
@@ -148,10 +152,14 @@ class OpenFiles:
         self._dirs: dict[str, _KeptDir] = {}
 
     def __len__(self) -> int:
-        return sum(len(kept.fds) for kept in self._dirs.values())
+        return sum(len(kept.fds) for kept in list(self._dirs.values()))
 
     def begin(self) -> None:
-        """Before a scrape's reads: on a non-sysfs tree, forget files whose directory changed."""
+        """Before a scrape's reads: give files back if the budget was lowered (a reload), and on a
+        non-sysfs tree forget files whose directory changed."""
+        if self._budget.used > self._budget.limit:
+            self.close()  # reopened within the new budget as they are read
+            return
         if not self.verify or not self._dirs:
             return
         now = time.time_ns()
@@ -164,6 +172,15 @@ class OpenFiles:
             if stat.st_ino != kept.inode or stat.st_mtime_ns != kept.mtime_ns:
                 self._drop_dir(directory)
             elif not kept.settled and now - stat.st_mtime_ns > _SETTLE_NS:
+                # A file replaced within the same timestamp tick as the recorded mtime left no trace on
+                # the directory: check every kept file once before trusting the directory from now on.
+                for name, fd in list(kept.fds.items()):
+                    try:
+                        gone = os.fstat(fd).st_nlink == 0
+                    except OSError:
+                        gone = True
+                    if gone:
+                        self._forget(kept, name)
                 kept.settled = True
 
     def trusted(self, directory: str) -> dict[str, int] | None:
@@ -181,11 +198,12 @@ class OpenFiles:
                 if kept.settled or os.fstat(fd).st_nlink:
                     data = os.pread(fd, _SMALL_READ, 0)
                     return data if len(data) < _SMALL_READ else os.pread(fd, _READ_LIMIT, 0)
-            except OSError:
-                pass
-            del kept.fds[name]
-            os.close(fd)
-            self._budget.give(1)
+            except OSError as exc:
+                self._forget(kept, name)
+                if exc.errno not in REOPEN_ERRNOS:
+                    raise  # the attribute failed (EIO, ETIMEDOUT...): one firmware query, one error
+            else:
+                self._forget(kept, name)  # replaced on a fixture tree: open the path afresh
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = _read_fd(fd)  # not pread: a fixture may put a FIFO here to stall the read
@@ -213,6 +231,16 @@ class OpenFiles:
             return None
         kept = self._dirs[directory] = _KeptDir(stat.st_ino, stat.st_mtime_ns, settled=False)
         return kept
+
+    def forget(self, directory: str, name: str) -> None:
+        """Close the kept file `directory/name`, if any: its next read opens the path afresh."""
+        kept = self._dirs.get(directory)
+        if kept is not None and name in kept.fds:
+            self._forget(kept, name)
+
+    def _forget(self, kept: _KeptDir, name: str) -> None:
+        os.close(kept.fds.pop(name))
+        self._budget.give(1)
 
     def _drop_dir(self, directory: str) -> None:
         kept = self._dirs.pop(directory)
@@ -340,14 +368,22 @@ class SysfsReader:
         through `uint`, which handles and counts it.
         """
         values: dict[str, int] = {}
-        fds = self.files.trusted(directory) if self.files is not None else None
+        files = self.files
+        fds = files.trusted(directory) if files is not None else None
         fast = 0
         for name in names:
             fd = fds.get(name) if fds is not None else None
-            if fd is not None:
+            if fd is not None and files is not None:
                 try:
                     raw = os.pread(fd, _SMALL_READ, 0)
-                except OSError:
+                except OSError as exc:
+                    if exc.errno not in REOPEN_ERRNOS:
+                        # Counted here, not retried through uint(): a failing mlx5 counter is a firmware
+                        # query each time it is read.
+                        files.forget(directory, name)
+                        self.fail(reason_for_errno(exc.errno), f"{directory}/{name}", exc.strerror or str(exc))
+                        fast += 1
+                        continue
                     raw = b""
                 if raw[-1:] == b"\n" and raw[:-1].isdigit() and len(raw) < _SMALL_READ:
                     value = int(raw)
