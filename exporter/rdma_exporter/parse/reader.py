@@ -134,9 +134,11 @@ class OpenFiles:
 
     Sysfs runs the attribute's show() again for every read at offset 0, so a kept file gives a fresh
     value for one syscall instead of three (open, read, close). A kernfs node that was removed answers
-    ENODEV: on any error the fd is dropped and the path opened afresh, which finds a re-created device or
-    reports the real error. Only the thread running the device's job may use it (the engine guarantees
-    one job per device at a time). Files are kept by directory, then by (interned) name.
+    ENODEV: then (REOPEN_ERRNOS) the fd is dropped and the path opened afresh, which finds a re-created
+    device or reports the real error. Any other error is the attribute's own (EIO from firmware): the fd
+    is dropped and the error raised, without a second read. Only the thread running the device's job may
+    use it (the engine guarantees one job per device at a time). Files are kept by directory, then by
+    (interned) name.
 
     On a tree that is not sysfs (fixtures), a file deleted or replaced under a kept fd stays readable, so
     `verify` makes `begin()` stat each directory of kept files once per scrape and drop the files of a
