@@ -56,8 +56,6 @@ class DynamicMetricSpec:
     labels: tuple[str, ...]
 
 
-
-
 def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
