@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,3 +105,29 @@ def captured_copy(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-t
         return copy_tree(SYSFS_FIXTURES / tree / "sys", tmp_path / tree / "sys")
 
     yield make
+
+
+def record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The path of every file parse.reader reads from now on, once per read: each open, and each pread
+    at offset 0 of a kept-open file (os.open/os.pread through a recording stand-in for its `os`)."""
+    from rdma_exporter.parse import reader as reader_module
+
+    reads: list[str] = []
+    paths: dict[int, str] = {}
+
+    def recording_open(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        reads.append(os.fspath(path))
+        fd = os.open(path, flags, *args)
+        paths[fd] = os.fspath(path)
+        return fd
+
+    def recording_pread(fd: int, size: int, offset: int) -> bytes:
+        if offset == 0:
+            reads.append(paths.get(fd, f"<fd {fd}>"))
+        return os.pread(fd, size, offset)
+
+    fake = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os) if not n.startswith("__")})
+    fake.open = recording_open
+    fake.pread = recording_pread
+    monkeypatch.setattr(reader_module, "os", fake)
+    return reads

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -13,9 +11,8 @@ import pytest
 from rdma_exporter import __version__
 from rdma_exporter.cli import build_parser, resolve_config
 from rdma_exporter.config import DEFAULT_PORT, ConfigError, load_config_file
-from rdma_exporter.parse import reader as reader_module
 
-from conftest import SYSFS_FIXTURES, samples, scrape
+from conftest import SYSFS_FIXTURES, record_reads, samples, scrape
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
@@ -154,15 +151,7 @@ def test_disabled_collector_exports_nothing() -> None:
 
 
 def test_excluded_devices_are_never_opened(monkeypatch: pytest.MonkeyPatch) -> None:
-    opened: list[str] = []
-
-    def recording_open(path: str | os.PathLike[str], flags: int, *args: int) -> int:
-        opened.append(os.fspath(path))
-        return os.open(path, flags, *args)
-
-    fake = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os) if not n.startswith("__")})
-    fake.open = recording_open
-    monkeypatch.setattr(reader_module, "os", fake)
+    opened = record_reads(monkeypatch)
     args = build_parser().parse_args(["--devices.exclude", "mlx5_[0-4]", "--devices.include", "mlx5_.*"])
     values = samples(scrape(LEPTON, resolve_config(args)))
     devices = {dict(labels)["device"] for name, labels in values if name == "rdma_device_info"}

@@ -7,7 +7,6 @@ sample tree, with one collector kept across them as the daemon does.
 from __future__ import annotations
 
 import os
-import types
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
@@ -17,8 +16,9 @@ from prometheus_client import generate_latest
 
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry
-from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
+
+from conftest import record_reads
 
 # Identity files: they change only with a uevent (hotplug, driver reload, firmware reset, netdev moves).
 STATIC_NAMES = frozenset(
@@ -50,15 +50,7 @@ def test_second_scrape_opens_no_static_file(tmp_path: Path, monkeypatch: pytest.
     config = replace(Config(), sysfs=sys_root, ethtool_dir=ethtool_dir if ethtool_dir.is_dir() else None)
     registry = build_registry(build_collector(config))
 
-    opened: list[str] = []
-
-    def recording_open(path: str | os.PathLike[str], flags: int, *args: int) -> int:
-        opened.append(os.fspath(path))
-        return os.open(path, flags, *args)
-
-    fake = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os) if not n.startswith("__")})
-    fake.open = recording_open
-    monkeypatch.setattr(reader_module, "os", fake)
+    opened = record_reads(monkeypatch)
 
     def scrape() -> list[PurePosixPath]:
         opened.clear()

@@ -199,7 +199,10 @@ class OpenFiles:
             try:
                 if kept.settled or os.fstat(fd).st_nlink:
                     data = os.pread(fd, _SMALL_READ, 0)
-                    return data if len(data) < _SMALL_READ else os.pread(fd, _READ_LIMIT, 0)
+                    if len(data) == _SMALL_READ:
+                        # The rest continues this read (sysfs serves it from the same show()), not a new one.
+                        data += os.pread(fd, _READ_LIMIT - _SMALL_READ, _SMALL_READ)
+                    return data
             except OSError as exc:
                 self._forget(kept, name)
                 if exc.errno not in REOPEN_ERRNOS:
