@@ -331,6 +331,7 @@ _RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (?:openat|open) resum
 _RESULT: Final = re.compile(r"=\s*(-?\d+)")
 # With -y strace prints each fd argument with its path: pread64(7</sys/.../symbol_error>, ...
 _PREAD_CALL: Final = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+pread64\((\d+)<([^>]*)>")
+_PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
 
 
 def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool, bool]]:
@@ -352,6 +353,9 @@ def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool
     for line in text.splitlines():
         pread = _PREAD_CALL.match(line)
         if pread:
+            offset = _PREAD_OFFSET.search(line)
+            if offset is not None and offset.group(1) != "0":
+                continue  # the rest of a long file: part of the read at offset 0
             fd = int(pread.group(3))
             if fd in fresh:
                 fresh.discard(fd)
