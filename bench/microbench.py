@@ -56,7 +56,7 @@ from rdma_exporter.config import Config  # noqa: E402
 from rdma_exporter.daemon import build_collector, build_registry  # noqa: E402
 from rdma_exporter.parse.infiniband import CLASS_DIR, DeviceInfo  # noqa: E402
 from rdma_exporter.parse.reader import NO_PMA, FileBudget, OpenFiles, ReadErrors, SysfsReader, parse_uint  # noqa: E402
-from rdma_exporter.sample_tree import build_tree, spec_for_devices  # noqa: E402
+from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices  # noqa: E402
 
 
 def timed(fn: Callable[[], Any], iterations: int) -> tuple[float, Any]:
@@ -294,10 +294,10 @@ def inventory_pass(inventory: Any) -> list[DeviceInfo]:
 # --- main --------------------------------------------------------------------------------------------
 
 
-def run(devices: int, iterations: int, use_pyinstrument: bool) -> str:
+def run(devices: int | str, iterations: int, use_pyinstrument: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="rdma-microbench-") as tmp:
         dest = Path(tmp)
-        sys_root = build_tree(dest, spec_for_devices(devices))
+        sys_root = build_tree(dest, SAMPLE_SPEC if devices == "sample" else spec_for_devices(int(devices)))
         ethtool = dest / "ethtool"
         config = Config(sysfs=sys_root, ethtool_dir=ethtool if ethtool.is_dir() else None)
         collector = build_collector(config)
@@ -430,7 +430,7 @@ def run(devices: int, iterations: int, use_pyinstrument: bool) -> str:
         if series - source_series > 100:  # the engine's own metrics come on top of the sources'
             raise AssertionError(f"phases cover {source_series} of the scrape's {series} series")
         report = [
-            f"# In-process scrape of the {devices}-device tree ({series} series, {len(paths)} counter files), "
+            f"# In-process scrape of the {devices} tree ({series} series, {len(paths)} counter files), "
             f"median of {iterations}",
             "",
             "| phase | ms per scrape | share of scrape |",
@@ -453,7 +453,9 @@ def run(devices: int, iterations: int, use_pyinstrument: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--devices", type=int, default=128, help="RDMA devices in the generated tree (default 128)")
+    parser.add_argument(
+        "--devices", default="128", help="RDMA devices in the generated tree, or 'sample' (default 128)"
+    )
     parser.add_argument("--iterations", type=int, default=40, help="scrapes per measurement (default 40)")
     parser.add_argument("--pyinstrument", action="store_true", help="append a pyinstrument profile of the scrape")
     args = parser.parse_args(argv)

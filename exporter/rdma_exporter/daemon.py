@@ -25,7 +25,7 @@ import time
 import weakref
 import zlib
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -230,6 +230,25 @@ def render_response(response: Response, *, head_only: bool, keep_alive: bool, ex
     lines += [f"{name}: {value}" for name, value in extra.items()]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head if head_only else head + b"".join(response.parts)
+
+
+# Sent in blocks of about this size: a send (and its timeout poll) per family chunk cost more than the
+# scrape's file reads, and joining the whole body would copy a multi-megabyte answer once more.
+SEND_BLOCK_BYTES: Final = 256 * 1024
+
+
+def send_blocks(parts: tuple[bytes, ...]) -> Iterator[bytes]:
+    """The parts joined into blocks of at least SEND_BLOCK_BYTES (but the last), in order."""
+    batch: list[bytes] = []
+    size = 0
+    for part in parts:
+        batch.append(part)
+        size += len(part)
+        if size >= SEND_BLOCK_BYTES:
+            yield batch[0] if len(batch) == 1 else b"".join(batch)
+            batch, size = [], 0
+    if batch:
+        yield batch[0] if len(batch) == 1 else b"".join(batch)
 
 
 class _Conn:
@@ -551,20 +570,19 @@ class HttpServer:
             response = text_response(500, "internal error, see the exporter log", close=True)
         keep = request.keep_alive and not response.close and not conn.eof and not self._stopping.is_set()
         head = render_response(response, head_only=True, keep_alive=keep, extra=self._headers())
-        # Head and body are sent as they are: joining them would copy a body of megabytes once more.
-        parts = [head] if request.method == "HEAD" else [head, *response.parts]
+        parts = (head,) if request.method == "HEAD" else (head, *response.parts)
         deadline = time.monotonic() + self.write_timeout
         sock = conn.sock
         try:
             # One deadline for the whole answer: a client reading one byte a second cannot hold a worker.
-            for part in parts:
-                view = memoryview(part)
+            for block in send_blocks(parts):
+                view = memoryview(block)
                 while view:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
                     sock.settimeout(remaining)
-                    sent = sock.send(view[:65536])
+                    sent = sock.send(view)
                     view = view[sent:]
         except (OSError, ssl.SSLError):
             return False

@@ -63,7 +63,7 @@ def _escape_help(text: str) -> str:
 def _escape_value(value: str) -> str:
     # The same as prometheus_client's label value escaping; most values need none, so test first.
     if "\\" in value or "\n" in value or '"' in value:
-        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return value
 
 

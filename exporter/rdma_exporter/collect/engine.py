@@ -820,9 +820,7 @@ class RdmaCollector(Collector):
                 rnd.result = out
             return out
 
-    def _read_io_free(
-        self, source: Source, info: DeviceInfo | None, results: dict[str, dict[str, Any]]
-    ) -> bool:
+    def _read_io_free(self, source: Source, info: DeviceInfo | None, results: dict[str, dict[str, Any]]) -> bool:
         """Evaluate an I/O-free source from cached static info when the device's job cannot."""
         if info is None or not getattr(source, "io_free", False):
             return False

@@ -539,4 +539,3 @@ def _decide(
         key, labels = generic_key(name)
         return key, labels, COUNTER, 1.0
     return None
-
