@@ -65,6 +65,23 @@ def test_render_text_matches_generate_latest(tree: str, tmp_path: Path) -> None:
         assert len(collector.prefixes) == len(label_sets) <= series
 
 
+def test_series_prefixes_forget_label_sets_no_longer_written() -> None:
+    spec = MetricSpec("x_things", "gauge", "Things.", ("device",))
+    prefixes = SeriesPrefixes()
+
+    def render(*devices: str) -> bytes:
+        families = FamilySet(prefixes)
+        for device in devices:
+            families.add(spec, [device], 1)
+        return families.render_text()
+
+    render("mlx5_0", "mlx5_1")
+    assert len(prefixes) == 2
+    for _ in range(SeriesPrefixes.PRUNE_EVERY):  # mlx5_1 removed: gone from the cache within PRUNE_EVERY
+        assert render("mlx5_0") == b'# HELP x_things Things.\n# TYPE x_things gauge\nx_things{device="mlx5_0"} 1.0\n'
+    assert len(prefixes) == 1
+
+
 SPEC_LABELS = ("device", "port", "a_label")
 texts = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(["", "\\", "\n", '"', '\\n"\\\\'])
 values = (

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
@@ -100,15 +100,17 @@ class SeriesPrefixes:
     A device's series keep their labels between scrapes, so only values need formatting. The text is
     shared by every family with the same label names (the dozens of per-port counter families all use
     the same `{device,port}` texts), which keeps the cache at the number of distinct label sets, not
-    series. Entries carry the render generation that last used them; a render that used fewer entries
-    than a layout holds drops the others, so the cache never outgrows the live series, and in steady
-    state nothing is reallocated. Renders may overlap: texts are a pure function of their key, and
-    pruning builds a new dict and swaps it in (atomic under the GIL).
+    series. Every PRUNE_EVERY-th render rebuilds the cache from the label sets it writes, so sets that
+    are gone (a removed device) are dropped within that many scrapes; the renders in between only look
+    texts up, with no per-series bookkeeping. Renders may overlap: texts are a pure function of their
+    key, and the rebuilt cache is swapped in whole (atomic under the GIL).
     """
 
+    PRUNE_EVERY: Final = 32
+
     def __init__(self) -> None:
-        self._by_layout: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], list[Any]]] = {}
-        self._generation = 0
+        self._by_layout: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], str]] = {}
+        self._renders = 0
 
     def __len__(self) -> int:
         return sum(len(texts) for texts in self._by_layout.values())
@@ -153,42 +155,36 @@ class FamilySet:
         """`render_text` one family per chunk, for a writer that sends them without joining them first."""
         chunks: list[bytes] = []
         cache = self._prefixes if self._prefixes is not None else SeriesPrefixes()
-        cache._generation += 1
-        generation = cache._generation
-        by_layout = cache._by_layout
-        used: dict[tuple[tuple[int, str], ...], int] = {}
+        cache._renders += 1
+        previous = cache._by_layout
+        # A pruning render fills a new cache with the texts it uses (from the old one where it can).
+        prune = cache._renders % SeriesPrefixes.PRUNE_EVERY == 1
+        by_layout = {} if prune else previous
         for spec, label_rows, values in self._rows.values():
             header, order = _layout(spec)
             name = spec.name
             texts = by_layout.get(order)
             if texts is None:
                 texts = by_layout[order] = {}
-            fresh = used.get(order, 0)
+            known = previous.get(order, texts) if prune else texts
             lines = [header]
             append = lines.append
             for labels, value in zip(label_rows, values, strict=True):
-                entry = texts.get(labels)
-                if entry is None:
-                    entry = texts[labels] = [_label_text(order, labels), generation]
-                    fresh += 1
-                elif entry[1] != generation:
-                    entry[1] = generation
-                    fresh += 1
+                text = texts.get(labels)
+                if text is None:
+                    text = known.get(labels)
+                    if text is None:
+                        text = _label_text(order, labels)
+                    texts[labels] = text
                 # format_value inlined for its common case, small integer counts (this loop runs per series)
                 if type(value) is int and 0 <= value < 1_000_000:
-                    append(f"{name}{entry[0]}{value}.0\n")
+                    append(f"{name}{text}{value}.0\n")
                 else:
-                    append(f"{name}{entry[0]}{format_value(value)}\n")
-            used[order] = fresh
+                    append(f"{name}{text}{format_value(value)}\n")
             # One family at a time: the peak is one family's lines, not the whole scrape's twice over.
             chunks.append("".join(lines).encode("utf-8"))
-        for order, texts in list(by_layout.items()):
-            if used.get(order, 0) < len(texts):  # label sets this scrape did not write: forget them
-                kept = {key: entry for key, entry in list(texts.items()) if entry[1] == generation}
-                if kept:
-                    by_layout[order] = kept
-                else:
-                    by_layout.pop(order, None)
+        if prune:
+            cache._by_layout = by_layout
         return tuple(chunks)
 
 
