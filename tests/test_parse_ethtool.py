@@ -31,6 +31,7 @@ from rdma_exporter.parse.ethtool import (
     EXTRA_HELP,
     CuratedStat,
     EthtoolError,
+    _decide,
     curate,
     generic_key,
     help_for,
@@ -362,6 +363,26 @@ name_parts = st.sampled_from(
 def test_curate_driver_like_names(stats: dict[str, int]) -> None:
     check_curated(curate(stats))
     check_curated(curate(stats, [re.compile("")]))
+
+
+def curate_one_by_one(stats: dict[str, int], patterns: tuple[re.Pattern[str], ...]) -> list[CuratedStat]:
+    """The definition curate's cached plan must agree with: every name decided in order, first one wins."""
+    out: list[CuratedStat] = []
+    seen: set[object] = set()
+    for name, value in stats.items():
+        decided = _decide(name, patterns) if 0 <= value < 2**64 else None
+        if decided is not None and (decided[0], decided[1]) not in seen:
+            seen.add((decided[0], decided[1]))
+            out.append(CuratedStat(decided[0], value, decided[1], decided[2], decided[3], name))
+    return out
+
+
+@given(st.dictionaries(st.lists(name_parts, min_size=1, max_size=6).map("_".join), stat_values, max_size=30))
+@settings(deadline=None)
+def test_curate_plan_agrees_with_deciding_each_name(stats: dict[str, int]) -> None:
+    for patterns in ((), (re.compile("rx"),)):
+        for _ in range(2):  # the second call runs from the cached plan
+            assert curate(stats, patterns) == curate_one_by_one(stats, patterns)
 
 
 @given(st.text(max_size=2000))

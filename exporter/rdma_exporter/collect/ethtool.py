@@ -232,6 +232,9 @@ def scaled(stat: CuratedStat) -> float:
     return stat.value * stat.unit_scale
 
 
+MAX_SERIES_MEMO: Final = 65536
+
+
 class EthtoolSource:
     """`ethtool -S` statistics of the netdevs of Ethernet (RoCE) ports."""
 
@@ -251,6 +254,8 @@ class EthtoolSource:
         self.call = call
         self.seen = SeenNetdevs()
         self._extra_specs: dict[str, MetricSpec] = {}
+        # (key, labels) -> (spec or None, label values): the same few hundred every scrape.
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[MetricSpec | None, tuple[str, ...]]] = {}
         self._warned = False
 
     @classmethod
@@ -342,8 +347,15 @@ class EthtoolSource:
                 base = [device, str(port), name]
                 series: set[tuple[str, tuple[str, ...]]] = set()
                 for stat in curated:
-                    spec = self._spec(stat)
-                    values = tuple(value for _, value in stat.labels)
+                    series_of = self._series.get((stat.key, stat.labels))
+                    if series_of is None:
+                        if len(self._series) >= MAX_SERIES_MEMO:
+                            self._series.clear()  # bounded even if a driver kept inventing names
+                        series_of = self._series[(stat.key, stat.labels)] = (
+                            self._spec(stat),
+                            tuple(value for _, value in stat.labels),
+                        )
+                    spec, values = series_of
                     # Two extras whose names differ only in a token lint_safe rewrote: keep the first.
                     if spec is not None and (spec.name, values) not in series:
                         series.add((spec.name, values))
