@@ -236,9 +236,10 @@ class Inventory:
         allowed = [name for name in names if self.device_filter.allows(name)]
         self.excluded = len(names) - len(allowed)
         listing = []
+        class_dir = f"{os.fspath(self.sys_root / CLASS_DIR)}/"  # str paths: this runs every scrape
         for name in allowed:
             try:
-                target = os.readlink(self.sys_root / CLASS_DIR / name)
+                target = os.readlink(class_dir + name)
             except OSError:
                 target = ""  # a plain directory (fixture trees): identity is the name alone
             listing.append((name, target))
@@ -671,7 +672,7 @@ class RdmaCollector(Collector):
         started = time.perf_counter()
         errors = ReadErrors()
         entries = self.inventory.scan(errors)
-        ok = os.path.isdir(self.sys_root / CLASS_DIR)
+        ok = os.path.isdir(self._class_key)
         self._record_errors(INVENTORY, errors)
         jobs: dict[str, DeviceJob] = {}
         skipped: dict[str, DeviceJob] = {}
@@ -724,7 +725,7 @@ class RdmaCollector(Collector):
                 errors.add(entry.name, REASON_IO, f"{entry.name}: {exc!r}")
                 value, ok = None, False
             job.finish(source.name, SourceOutcome(value, errors, time.perf_counter() - started, ok))
-        if not os.path.isdir(self.sys_root / CLASS_DIR / entry.name):
+        if not os.path.isdir(job.key):
             self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
 
     def _assemble(self, rnd: _Round) -> FamilySet:
