@@ -14,7 +14,8 @@ loopback ports, warms them up and measures, scraping them alternately so both se
   scrapes; a file read is an open, or a pread of a file kept open from an earlier open (rdma-exporter
   keeps per-scrape sysfs files open); each path is classed as counter, state, static, directory or
   other (see `classify`);
-- on the largest tree, VmRSS after the 500th and the 1000th scrape (--memory-scrapes).
+- on the largest tree, VmRSS at the 500th and the 1000th scrape (--memory-scrapes), each the median
+  of 5 readings taken every 10 scrapes up to it, after a 0.2 s pause.
 
 It prints a Markdown report to stdout (progress goes to stderr) and writes the same numbers as JSON
 (--json, default bench-results.json). Every child process is bounded by timeouts and killed on exit.
@@ -35,6 +36,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,11 @@ sys.path.insert(0, str(ROOT / "exporter"))
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices  # noqa: E402
 
 SCHEMA_VERSION: Final = 1
+# RSS at a memory checkpoint is the median of this many readings, one every RSS_SAMPLE_EVERY scrapes up
+# to it, each after a pause: single readings taken right after an answer scattered by about ±0.5 MB.
+RSS_SAMPLES: Final = 5
+RSS_SAMPLE_EVERY: Final = 10
+RSS_SETTLE_SECONDS: Final = 0.2
 OURS: Final = "rdma_exporter"
 NODE: Final = "node_exporter"
 DEFAULT_DEVICES: Final = "sample,1,8,32,128"
@@ -217,7 +224,8 @@ class Exporter:
     port: int = 0
     scrapes: int = 0
     cold_ms: float | None = None
-    rss_at: dict[int, int] = field(default_factory=dict)
+    rss_at: dict[int, int] = field(default_factory=dict)  # median of the samples taken up to the checkpoint
+    rss_samples: dict[int, list[int]] = field(default_factory=dict)
     last_body: bytes = b""
 
     @property
@@ -275,8 +283,14 @@ class Exporter:
             raise RuntimeError(f"{self.name} answered HTTP {status}")
         self.last_body = body
         self.scrapes += 1
-        if self.scrapes in self.memory_checkpoints:
-            self.rss_at[self.scrapes] = rss_bytes(self.pid)
+        for checkpoint in self.memory_checkpoints:
+            ahead = checkpoint - self.scrapes
+            if 0 <= ahead < RSS_SAMPLES * RSS_SAMPLE_EVERY and ahead % RSS_SAMPLE_EVERY == 0:
+                # Let the exporter finish its work after the answer (freeing, malloc_trim) before reading.
+                time.sleep(RSS_SETTLE_SECONDS)
+                self.rss_samples.setdefault(checkpoint, []).append(rss_bytes(self.pid))
+                if ahead == 0:
+                    self.rss_at[checkpoint] = int(statistics.median(self.rss_samples[checkpoint]))
         return elapsed
 
     def close(self) -> None:
@@ -587,6 +601,9 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
             memory: dict[str, Any] = {"rss_mb_end": rss_bytes(exporter.pid) / 2**20, "scrapes": exporter.scrapes}
             if checkpoints:
                 memory["rss_mb_at"] = {str(k): v / 2**20 for k, v in sorted(exporter.rss_at.items())}
+                memory["rss_mb_samples"] = {
+                    str(k): [round(v / 2**20, 2) for v in values] for k, values in sorted(exporter.rss_samples.items())
+                }
                 mid, end = (exporter.rss_at.get(c) for c in checkpoints)
                 memory["growth_mb_mid_to_end"] = (end - mid) / 2**20 if mid is not None and end is not None else None
             results[exporter.name]["memory"] = memory
