@@ -51,7 +51,9 @@ def scrape(sys_root: Path, config: Config | None = None, **overrides: object) ->
 
 def stable(exposition: str) -> str:
     """Exposition text without the run-dependent sample lines (HELP/TYPE lines stay)."""
-    return "".join(line + "\n" for line in exposition.splitlines() if not line.startswith(VOLATILE_PREFIXES))
+    return "".join(
+        line + "\n" for line in exposition.splitlines() if not line.startswith(VOLATILE_PREFIXES)
+    )
 
 
 def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

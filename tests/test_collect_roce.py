@@ -181,7 +181,9 @@ def fake_nics(tree: Path) -> FakeNics:
 
 
 @pytest.mark.parametrize("device", sorted(ROCE))
-def test_pfc_pause_frames_and_durations_per_priority_and_direction(sample: Path, metrics: Sample, device: str) -> None:
+def test_pfc_pause_frames_and_durations_per_priority_and_direction(
+    sample: Path, metrics: Sample, device: str
+) -> None:
     netdev = ROCE[device]
     raw = capture(sample / "ethtool", netdev)
     port = {"device": device, "port": "1", "netdev": netdev}

@@ -73,9 +73,8 @@ def test_valid_config_and_flag_precedence(tmp_path: Path) -> None:
         "web:\n  listen_address: '127.0.0.1:9999'\n  telemetry_path: /m\n"
         "devices:\n  exclude: 'mlx5_bond_.*'\ncollectors:\n  infiniband: false\nlog:\n  level: debug\n",
     )
-    args = build_parser().parse_args(
-        ["--config.file", str(path), "--web.listen-address", ":1234", "--collector.infiniband"]
-    )
+    args = build_parser().parse_args(["--config.file", str(path), "--web.listen-address", ":1234",
+                                      "--collector.infiniband"])
     config = resolve_config(args)
     assert config.listen_address == ":1234"  # flag beats file
     assert config.telemetry_path == "/m"  # file beats default

@@ -93,7 +93,9 @@ def value(metrics: Samples, name: str, **labels: str) -> float | None:
 def device_series(metrics: Samples, device: str) -> Samples:
     """The device's own series (not the exporter's self-monitoring)."""
     return {
-        key: v for key, v in metrics.items() if not key[0].startswith("rdma_exporter_") and ("device", device) in key[1]
+        key: v
+        for key, v in metrics.items()
+        if not key[0].startswith("rdma_exporter_") and ("device", device) in key[1]
     }
 
 
@@ -143,10 +145,8 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
         again, took = timed_scrape(collector)
         assert took < 0.5, f"a scrape waited {took:.2f} s for a device known to be blocked"
     assert value(again, "rdma_exporter_device_scrape_skipped", device="mlx5_1") == 1
-    assert (
-        value(again, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1", reason="timeout")
-        == 21
-    )
+    assert value(again, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
+                 reason="timeout") == 21
     assert reads.outstanding() == 1
     assert reads.pool.threads <= 4 + 1
     assert threading.active_count() <= threads_before + 1
@@ -170,12 +170,8 @@ def test_blocked_static_attribute_costs_only_that_device(tmp_path: Path, fifos: 
     metrics, took = timed_scrape(collector)
     assert took < 1.4
     assert device_series(metrics, "mlx5_2") == {}
-    assert (
-        value(
-            metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_2", reason="timeout"
-        )
-        == 1
-    )
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_2",
+                 reason="timeout") == 1
     for device in ("mlx5_0", "mlx5_1"):
         assert device_series(metrics, device) == device_series(expected, device)
 
@@ -187,10 +183,8 @@ def test_eio_costs_one_value(tmp_path: Path) -> None:
     counter.unlink()
     counter.symlink_to("/proc/self/mem")  # reading offset 0 of one's own memory fails with EIO
     metrics, _ = timed_scrape(collector_for(root, 5.0))
-    assert (
-        value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_0", reason="io")
-        == 1
-    )
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_0",
+                 reason="io") == 1
     assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
     assert value(metrics, "rdma_port_symbol_errors_total", device="mlx5_0", port="1") is None
     lost = {key for key in device_series(expected, "mlx5_0") if key not in device_series(metrics, "mlx5_0")}
@@ -223,12 +217,8 @@ def test_device_removed_in_the_middle_of_a_scrape(tmp_path: Path, fifos: Fifos) 
     metrics, took = timed_scrape(collector)
     unplugger.join(5)
     assert took < 2.0
-    assert (
-        value(
-            metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_2", reason="missing"
-        )
-        >= 1
-    )
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_2",
+                 reason="missing") >= 1
     assert value(metrics, "rdma_port_state_id", device="mlx5_2", port="1") == 4  # read before the removal
     assert value(metrics, "rdma_port_physical_state_id", device="mlx5_2", port="1") is None
     for device in ("mlx5_0", "mlx5_1", "mlx5_3"):
@@ -256,9 +246,8 @@ def test_port_files_change_between_reads(tmp_path: Path, fifos: Fifos) -> None:
     assert value(after, "rdma_port_vl15_dropped_total", device="mlx5_0", port="1") is None
     assert value(after, "rdma_port_receive_errors_total", device="mlx5_0", port="1") is None
     errors = {
-        reason: value(
-            after, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_0", reason=reason
-        )
+        reason: value(after, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_0",
+                      reason=reason)
         for reason in ("missing", "malformed")
     }
     assert errors == {"missing": 1, "malformed": 1}
@@ -348,7 +337,8 @@ def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> 
     assert value(full, "rdma_exporter_scrape_collector_success", collector="slow") == 1
     assert value(full, "test_slow_reads", device="mlx5_1") == 1
     # The short scrape's timeout was counted once, and stays counted.
-    assert value(full, "rdma_exporter_file_read_errors_total", collector="slow", device="mlx5_1", reason="timeout") == 1
+    assert value(full, "rdma_exporter_file_read_errors_total", collector="slow", device="mlx5_1",
+                 reason="timeout") == 1
 
 
 class _Registry:

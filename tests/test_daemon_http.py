@@ -423,66 +423,25 @@ def _openssl(*args: str | Path, cwd: Path) -> None:
 
 def _ca(name: str, cwd: Path) -> None:
     _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.crt",
-        "-days",
-        "2",
-        "-subj",
-        f"/CN={name}",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
         cwd=cwd,
     )
 
 
 def _leaf(name: str, ca: str, san: str, usage: str, cwd: Path) -> None:
     _openssl(
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        f"{name}.key",
-        "-out",
-        f"{name}.csr",
-        "-subj",
-        f"/CN={name}",
-        cwd=cwd,
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd,
     )
     (cwd / f"{name}.ext").write_text(
         f"subjectAltName={san}\nextendedKeyUsage={usage}\nkeyUsage=critical,digitalSignature\n"
         "basicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
     )
     _openssl(
-        "x509",
-        "-req",
-        "-in",
-        f"{name}.csr",
-        "-CA",
-        f"{ca}.crt",
-        "-CAkey",
-        f"{ca}.key",
-        "-CAcreateserial",
-        "-out",
-        f"{name}.crt",
-        "-days",
-        "2",
-        "-extfile",
-        f"{name}.ext",
-        cwd=cwd,
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+        "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=cwd,
     )
 
 
@@ -497,16 +456,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     _leaf("intruder", "ca", "DNS:intruder", "clientAuth", d)
     _leaf("rogue", "rogue-ca", "DNS:prometheus", "clientAuth", d)
     return Pki(
-        d,
-        d / "ca.crt",
-        d / "server.crt",
-        d / "server.key",
-        d / "client.crt",
-        d / "client.key",
-        d / "intruder.crt",
-        d / "intruder.key",
-        d / "rogue.crt",
-        d / "rogue.key",
+        d, d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key",
+        d / "intruder.crt", d / "intruder.key", d / "rogue.crt", d / "rogue.key",
     )
 
 
@@ -544,9 +495,7 @@ def test_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path
     if shutil.which("curl"):
         curl = subprocess.run(
             ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
-            capture_output=True,
-            text=True,
-            timeout=20,
+            capture_output=True, text=True, timeout=20,
         )
         assert curl.stdout == "ok\n", curl.stderr
     assert "(HTTPS)" in daemon.log()
@@ -576,27 +525,14 @@ def test_mutual_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     assert refused(daemon.port, client_context(pki, "intruder"))  # trusted CA, SAN not allowed
     if shutil.which("curl"):
         ok = subprocess.run(
-            [
-                "curl",
-                "-sS",
-                "--cacert",
-                str(pki.ca),
-                "--cert",
-                str(pki.client_cert),
-                "--key",
-                str(pki.client_key),
-                f"https://127.0.0.1:{daemon.port}/healthz",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=20,
+            ["curl", "-sS", "--cacert", str(pki.ca), "--cert", str(pki.client_cert), "--key", str(pki.client_key),
+             f"https://127.0.0.1:{daemon.port}/healthz"],
+            capture_output=True, text=True, timeout=20,
         )
         assert ok.stdout == "ok\n", ok.stderr
         no_cert = subprocess.run(
             ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
-            capture_output=True,
-            text=True,
-            timeout=20,
+            capture_output=True, text=True, timeout=20,
         )
         assert no_cert.returncode != 0
     assert "client certificates required" in daemon.log()
@@ -622,18 +558,9 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     assert get(daemon.port, "/healthz", context=context, headers=basic("prometheus", "s3cret")).status == 200
     if shutil.which("curl"):
         curl = subprocess.run(
-            [
-                "curl",
-                "-sS",
-                "--cacert",
-                str(pki.ca),
-                "-u",
-                "prometheus:s3cret",
-                f"https://127.0.0.1:{daemon.port}/healthz",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=20,
+            ["curl", "-sS", "--cacert", str(pki.ca), "-u", "prometheus:s3cret",
+             f"https://127.0.0.1:{daemon.port}/healthz"],
+            capture_output=True, text=True, timeout=20,
         )
         assert curl.stdout == "ok\n", curl.stderr
 
@@ -645,49 +572,32 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
         ("tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: {key}\n", "cert_file: /nonexistent.crt"),
         ("tls_server_config:\n  cert_file: {cert}\n  key_file: {other_key}\n", "cannot load"),
         ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS14\n", "min_version"),
-        (
-            "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequestClientCert\n",
-            "client_auth_type",
-        ),
-        (
-            "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
-            "  client_auth_type: RequireAndVerifyClientCert\n",
-            "client_ca_file: required",
-        ),
-        (
-            "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
-            "cipher_suites",
-        ),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequestClientCert\n",
+         "client_auth_type"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+         "  client_auth_type: RequireAndVerifyClientCert\n", "client_ca_file: required"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+         "cipher_suites"),
         ("basic_auth_users:\n  prometheus: plaintext\n", "basic_auth_users.prometheus: expected a bcrypt hash"),
         ("tls_config:\n  cert_file: {cert}\n", "tls_config: unknown key"),
         ("basic_auth_users: [", "invalid YAML"),
     ],
-    ids=[
-        "no-key",
-        "missing-file",
-        "key-mismatch",
-        "version",
-        "unverified-client",
-        "no-ca",
-        "ciphers",
-        "plain-password",
-        "typo",
-        "yaml",
-    ],
+    ids=["no-key", "missing-file", "key-mismatch", "version", "unverified-client", "no-ca", "ciphers",
+         "plain-password", "typo", "yaml"],
 )
 def test_invalid_web_config_stops_startup(
     start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path, body: str, message: str
 ) -> None:
-    config = web_config(tmp_path, body.format(cert=pki.server_cert, key=pki.server_key, other_key=pki.client_key))
+    config = web_config(
+        tmp_path, body.format(cert=pki.server_cert, key=pki.server_key, other_key=pki.client_key)
+    )
     daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config), wait=False)
     assert daemon.proc.wait(30) == 2
     log = daemon.log()
     assert f"invalid web configuration: {config}" in log and message in log, log
     check = subprocess.run(
         [sys.executable, "-m", "rdma_exporter", "--check-config", "--web.config.file", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        capture_output=True, text=True, timeout=30,
     )
     assert check.returncode == 2 and message in check.stderr
 

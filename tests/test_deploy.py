@@ -50,7 +50,9 @@ def installed_unit(tmp_path: Path) -> Path:
 
 def test_unit_passes_systemd_analyze_verify(installed_unit: Path) -> None:
     analyze = require_binary("systemd-analyze")
-    result = subprocess.run([analyze, "verify", str(installed_unit)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [analyze, "verify", str(installed_unit)], capture_output=True, text=True, timeout=120
+    )
     complaints = [line for line in (result.stdout + result.stderr).splitlines() if UNIT.name in line]
     assert result.returncode == 0 and not complaints, result.stdout + result.stderr
 
@@ -98,57 +100,24 @@ def test_example_configs_load(tmp_path: Path) -> None:
     config = load_config_file(DEPLOY / "systemd" / "rdma-exporter.yml")
     assert config.listen_address == ":9883" and config.scrape_timeout < 10
     check = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rdma_exporter",
-            "--check-config",
-            "--config.file",
-            str(DEPLOY / "systemd" / "rdma-exporter.yml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-m", "rdma_exporter", "--check-config", "--config.file",
+         str(DEPLOY / "systemd" / "rdma-exporter.yml")],
+        capture_output=True, text=True, timeout=60,
     )
     assert check.returncode == 0, check.stderr
     env = subprocess.run(
-        [
-            "bash",
-            "-c",
-            f"set -a; . {shlex.quote(str(DEPLOY / 'systemd' / 'rdma-exporter.env'))}; "
-            'echo "${RDMA_EXPORTER_ARGS-unset}"',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        ["bash", "-c", f'set -a; . {shlex.quote(str(DEPLOY / "systemd" / "rdma-exporter.env"))}; '
+         'echo "${RDMA_EXPORTER_ARGS-unset}"'],
+        capture_output=True, text=True, timeout=30,
     )
     assert env.returncode == 0 and env.stdout.strip() != "unset"
 
     # The web config example names the systemd credential paths; with files there it loads.
     openssl = require_binary("openssl")
     subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "tls.key",
-            "-out",
-            "tls.crt",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-        ],
-        cwd=tmp_path,
-        check=True,
-        capture_output=True,
-        timeout=60,
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", "tls.key", "-out", "tls.crt", "-days", "1", "-subj", "/CN=localhost"],
+        cwd=tmp_path, check=True, capture_output=True, timeout=60,
     )
     text = (DEPLOY / "systemd" / "web-config.yml").read_text()
     local = tmp_path / "web-config.yml"

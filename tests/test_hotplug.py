@@ -219,18 +219,8 @@ def uevent_helper(workdir: str) -> None:
     received = monitor.wait_for_events(1, 10)
     after = fw_of(collector, "mlx5_1")
     monitor.stop()
-    print(
-        json.dumps(
-            {
-                "before": before,
-                "cached": cached,
-                "after": after,
-                "received": received,
-                "seen": monitor.seen,
-                "netdev": netdev,
-            }
-        )
-    )
+    print(json.dumps({"before": before, "cached": cached, "after": after, "received": received,
+                      "seen": monitor.seen, "netdev": netdev}))
 
 
 def test_real_uevent_from_a_veth_in_a_network_namespace(tmp_path: Path) -> None:

@@ -99,7 +99,9 @@ def node_exporter_scrape(sys_root: Path) -> str:
 def _compare(sys_root: Path, ethtool_dir: Path | None = None) -> int:
     theirs = samples(node_exporter_scrape(sys_root))
     ours = samples(scrape(sys_root, ethtool_dir=ethtool_dir))
-    our_info = {dict(labels)["device"]: dict(labels) for (name, labels) in ours if name == "rdma_device_info"}
+    our_info = {
+        dict(labels)["device"]: dict(labels) for (name, labels) in ours if name == "rdma_device_info"
+    }
     compared = 0
     problems: list[str] = []
     for (name, labels), value in theirs.items():

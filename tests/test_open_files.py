@@ -319,10 +319,9 @@ def test_real_sysfs_kept_file_gives_fresh_values() -> None:
     assert is_sysfs(path)
     files = OpenFiles(FileBudget(4))
     before = int(files.read(path))
-    with (
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver,
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender,
-    ):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, socket.socket(
+        socket.AF_INET, socket.SOCK_DGRAM
+    ) as sender:
         receiver.bind(("127.0.0.1", 0))
         for _ in range(20):
             sender.sendto(b"x", receiver.getsockname())

@@ -223,7 +223,9 @@ def _failing_os(path_suffix: str, code: int) -> _FailingOs:
         (errno.EACCES, "permission"),
     ],
 )
-def test_kernel_read_errors_cost_only_the_value(monkeypatch: pytest.MonkeyPatch, code: int, reason: str) -> None:
+def test_kernel_read_errors_cost_only_the_value(
+    monkeypatch: pytest.MonkeyPatch, code: int, reason: str
+) -> None:
     monkeypatch.setattr(reader_module, "os", _failing_os("mlx5_0/ports/1/rate", code))
     values = samples(scrape(LEPTON))
     assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
@@ -285,18 +287,8 @@ def test_static_and_snapshot_split() -> None:
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(
-                [
-                    "rate",
-                    "state",
-                    "phys_state",
-                    "link_layer",
-                    "counters/symbol_error",
-                    "counters/port_rcv_data",
-                    "hw_counters/lifespan",
-                    "hw_counters/out_of_buffer",
-                ]
-            ),
+            st.sampled_from(["rate", "state", "phys_state", "link_layer", "counters/symbol_error",
+                             "counters/port_rcv_data", "hw_counters/lifespan", "hw_counters/out_of_buffer"]),
             st.binary(max_size=40),
         ),
         min_size=1,

@@ -73,16 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COLLECTORS:
         group = parser.add_mutually_exclusive_group()
         group.add_argument(
-            f"--collector.{name}",
-            dest=f"collector_{name}",
-            action="store_true",
-            default=None,
+            f"--collector.{name}", dest=f"collector_{name}", action="store_true", default=None,
             help=f"enable the {name} collector (default on)",
         )
         group.add_argument(
-            f"--no-collector.{name}",
-            dest=f"collector_{name}",
-            action="store_false",
+            f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
             help=f"disable the {name} collector",
         )
     return parser

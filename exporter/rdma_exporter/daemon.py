@@ -148,8 +148,8 @@ class Request:
 @dataclass
 class Response:
     status: int
-    # A scrape's body is one chunk per metric family, sent as they are: joining them would hold a second
-    # copy of a multi-megabyte answer.
+    # A scrape's body is one chunk per metric family, sent in blocks of SEND_BLOCK_BYTES: joining the
+    # whole of it would hold a second copy of a multi-megabyte answer.
     body: bytes | tuple[bytes, ...] = b""
     content_type: str = "text/plain; charset=utf-8"
     headers: list[tuple[str, str]] = field(default_factory=list)

@@ -67,16 +67,8 @@ _HTTP_KEYS: Final = frozenset({"http2", "headers"})
 _TOP_KEYS: Final = frozenset({"tls_server_config", "http_server_config", "basic_auth_users"})
 # Headers the server itself must control.
 _RESERVED_HEADERS: Final = frozenset(
-    {
-        "content-length",
-        "content-type",
-        "content-encoding",
-        "connection",
-        "transfer-encoding",
-        "www-authenticate",
-        "date",
-        "server",
-    }
+    {"content-length", "content-type", "content-encoding", "connection", "transfer-encoding", "www-authenticate",
+     "date", "server"}
 )
 _BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 # Spent on unknown users too, so response time does not reveal which user names exist.

@@ -43,7 +43,9 @@ DEVICE_INFO: Final = MetricSpec(
         "pf_pci_address",
     ),
 )
-DEVICE_NUMA: Final = MetricSpec("rdma_device_numa_node", "gauge", "NUMA node of the device's PCI function.", DEVICE)
+DEVICE_NUMA: Final = MetricSpec(
+    "rdma_device_numa_node", "gauge", "NUMA node of the device's PCI function.", DEVICE
+)
 DEVICE_VF: Final = MetricSpec(
     "rdma_device_sriov_virtual_function",
     "gauge",
@@ -160,7 +162,9 @@ def _pma_spec(key: str, *, ext: bool) -> MetricSpec:
 
 
 _PMA_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c.key, ext=False) for c in PMA_COUNTERS.values()}
-_PMA_EXT_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c.key, ext=True) for c in PMA_COUNTERS_EXT.values()}
+_PMA_EXT_SPECS: Final[dict[str, MetricSpec]] = {
+    c.key: _pma_spec(c.key, ext=True) for c in PMA_COUNTERS_EXT.values()
+}
 
 # HELP for hw_counters files whose meaning is documented by the driver vendor. Files not listed are
 # exported all the same, with a generic HELP naming the file.

@@ -210,7 +210,9 @@ class Rate:
         return self.bits_per_second / 8
 
 
-_RATE_PATTERN: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec(?:\s*\(\s*(\d+)X\s*([A-Za-z0-9]*)\s*\))?\s*$")
+_RATE_PATTERN: Final = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec(?:\s*\(\s*(\d+)X\s*([A-Za-z0-9]*)\s*\))?\s*$"
+)
 
 
 def parse_rate(text: str) -> Rate | None:
