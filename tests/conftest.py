@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rdma_exporter.collect.base import FamilySet
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry
 
@@ -47,6 +48,23 @@ def scrape(sys_root: Path, config: Config | None = None, **overrides: object) ->
 
     config = replace(config or Config(), sysfs=sys_root, **overrides)  # type: ignore[arg-type]
     return generate_latest(build_registry(build_collector(config))).decode()
+
+
+class _Families:
+    """A registry collector that yields one scrape's families as they are."""
+
+    def __init__(self, families: FamilySet) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[object]:
+        return iter(self.families)
+
+
+def prometheus_text(families: FamilySet) -> bytes:
+    """The families written by prometheus_client's own writer: the reference our render must match."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))  # type: ignore[arg-type]
+    return generate_latest(registry)
 
 
 def stable(exposition: str) -> str:

@@ -13,7 +13,6 @@ import re
 import struct
 from array import array
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,8 +20,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_exporter.collect import netdev as netdev_collector
@@ -59,7 +57,7 @@ from rdma_exporter.parse.netdev import NetdevIdentity
 from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices
 
-from conftest import FIXTURES, promtool_check_metrics, samples, symlink, write_files
+from conftest import FIXTURES, prometheus_text, promtool_check_metrics, samples, symlink, write_files
 
 ROCE = {"mlx5_8": "enp220s0f0np0", "mlx5_9": "enp220s0f1np1"}
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -584,18 +582,8 @@ def test_read_order_does_not_change_the_exposition(tmp_path: Path) -> None:
     assert "bond0" in texts[0]
 
 
-class _Fixed:
-    def __init__(self, out: FamilySet) -> None:
-        self.out = out
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.out)
-
-
 def render(out: FamilySet) -> str:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(out))  # type: ignore[arg-type]
-    return generate_latest(registry).decode()
+    return prometheus_text(out).decode()
 
 
 # --- configuration of extra stats ---------------------------------------------------------------------------

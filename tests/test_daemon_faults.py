@@ -8,7 +8,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import samples
+from conftest import prometheus_text, samples
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -58,6 +58,21 @@ class Fifos:
         if path.exists():
             path.unlink()
             path.write_bytes(value or b"0\n")
+
+    def answer_when_read(self, path: Path, value: bytes, meanwhile: Callable[[], None]) -> threading.Thread:
+        """A thread that waits until a scrape reads the FIFO `path`, runs `meanwhile`, then answers `value`."""
+
+        def answer() -> None:
+            fd = os.open(path, os.O_WRONLY)  # returns once a reader has opened the FIFO
+            try:
+                meanwhile()
+                os.write(fd, value)
+            finally:
+                os.close(fd)
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        return thread
 
     def release_all(self) -> None:
         for path in self.paths:
@@ -205,15 +220,11 @@ def test_device_removed_in_the_middle_of_a_scrape(tmp_path: Path, fifos: Fifos) 
     gone = device_dir(root, "mlx5_2")
     state = fifos.make(gone / "ports" / "1" / "state")
 
-    def unplug() -> None:
-        fd = os.open(state, os.O_WRONLY)  # returns once the scrape's read of mlx5_2 reached this file
+    def unplug() -> None:  # while the scrape's read of mlx5_2 waits on its port state
         shutil.rmtree(gone)
         (root / "class" / "infiniband" / "mlx5_2").unlink()
-        os.write(fd, b"4: ACTIVE\n")
-        os.close(fd)
 
-    unplugger = threading.Thread(target=unplug)
-    unplugger.start()
+    unplugger = fifos.answer_when_read(state, b"4: ACTIVE\n", unplug)
     metrics, took = timed_scrape(collector)
     unplugger.join(5)
     assert took < 2.0
@@ -257,15 +268,11 @@ def test_port_files_change_between_reads(tmp_path: Path, fifos: Fifos) -> None:
     # During a scrape: files read after the one being read change under it.
     downed = fifos.make(counters / "link_downed")
 
-    def mutate() -> None:
-        fd = os.open(downed, os.O_WRONLY)  # the scrape is now reading link_downed
+    def mutate() -> None:  # while the scrape reads link_downed
         (counters / "symbol_error").write_text("31\n")  # read later in the same scrape
         (counters / "port_xmit_data").unlink()
-        os.write(fd, b"3\n")
-        os.close(fd)
 
-    mutator = threading.Thread(target=mutate)
-    mutator.start()
+    mutator = fifos.answer_when_read(downed, b"3\n", mutate)
     during, _ = timed_scrape(collector)
     mutator.join(5)
     assert value(during, "rdma_port_link_downed_total", device="mlx5_0", port="1") == 3
@@ -326,27 +333,19 @@ def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> 
     thread.start()
     time.sleep(0.05)
     started = time.monotonic()
-    short = samples(generate_latest(_Registry(collector.gather(0.2))).decode())
+    short = samples(prometheus_text(collector.gather(0.2)).decode())
     assert time.monotonic() - started < 0.5
     thread.join(5)
     assert source.calls["mlx5_1"] == 1  # the short scrape joined the collection in flight
     assert value(short, "rdma_exporter_scrape_collector_success", collector="slow") == 0
     assert value(short, "test_slow_reads", device="mlx5_0") == 1
     assert value(short, "test_slow_reads", device="mlx5_1") is None
-    full = samples(generate_latest(_Registry(leader[0])).decode())
+    full = samples(prometheus_text(leader[0]).decode())
     assert value(full, "rdma_exporter_scrape_collector_success", collector="slow") == 1
     assert value(full, "test_slow_reads", device="mlx5_1") == 1
     # The short scrape's timeout was counted once, and stays counted.
     assert value(full, "rdma_exporter_file_read_errors_total", collector="slow", device="mlx5_1",
                  reason="timeout") == 1
-
-
-class _Registry:
-    def __init__(self, families: FamilySet) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Any]:
-        return iter(self.families)
 
 
 def test_threads_stay_bounded_when_every_device_blocks(tmp_path: Path, fifos: Fifos) -> None:

@@ -7,15 +7,12 @@ Both must stay the same text, for every fixture tree and for any help, label val
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 from rdma_exporter.collect.base import FamilySet, MetricSpec, SeriesPrefixes, _layout, format_value
@@ -23,7 +20,7 @@ from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
 from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree
 
-from conftest import CAPTURED_TREES, SYSFS_FIXTURES
+from conftest import CAPTURED_TREES, SYSFS_FIXTURES, prometheus_text
 
 # The trees of test_golden.py.
 GENERATED_TREES = {"sample-8hca": SAMPLE_SPEC, "healthy-8hca": HEALTHY_SPEC}
@@ -33,20 +30,6 @@ def _tree_root(name: str, tmp_path: Path) -> tuple[Path, Path | None]:
     if name in GENERATED_TREES:
         return build_tree(tmp_path / name, GENERATED_TREES[name]), tmp_path / name / "ethtool"
     return SYSFS_FIXTURES / name / "sys", None
-
-
-class _Fixed:
-    def __init__(self, families: FamilySet) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
-
-
-def prometheus_text(families: FamilySet) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(families))  # type: ignore[arg-type]
-    return generate_latest(registry)
 
 
 @pytest.mark.parametrize("tree", CAPTURED_TREES + sorted(GENERATED_TREES))
