@@ -512,24 +512,11 @@ def curate(stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] =
     """
     patterns = tuple(extra_patterns)
     plan = _plan(tuple(stats), patterns)
-    out = [CuratedStat(key, stats[name], labels, kind, scale, name) for name, key, labels, kind, scale in plan]
-    if all(0 <= stat.value < 2**64 for stat in out):
-        return out
-    # A value outside u64 (which neither the ioctl nor parse_stats_text yields) frees its key for a later name.
-    out = []
-    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-    for name, value in stats.items():
-        if not 0 <= value < 2**64:
-            continue
-        decided = _decide(name, patterns)
-        if decided is None:
-            continue
-        key, labels, kind, scale = decided
-        if (key, labels) in seen:
-            continue
-        seen.add((key, labels))
-        out.append(CuratedStat(key, value, labels, kind, scale, name))
-    return out
+    if not all(0 <= stats[name] < 2**64 for name, *_ in plan):
+        # A value outside u64 (which neither the ioctl nor parse_stats_text yields) drops its name, which
+        # frees its key for a later name: plan over the names that remain.
+        plan = _plan(tuple(name for name, value in stats.items() if 0 <= value < 2**64), patterns)
+    return [CuratedStat(key, stats[name], labels, kind, scale, name) for name, key, labels, kind, scale in plan]
 
 
 # A netdev reports the same names, in the same order, every scrape (mlx5: about a thousand, of which a
