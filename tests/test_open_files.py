@@ -4,10 +4,13 @@ the file budget holds, and a vanished device's files are closed."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import gc
 import os
 import resource
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -429,3 +432,38 @@ def test_encoded_body_cache_can_forget_under_its_own_lock() -> None:
     worker.start()
     assert finished.wait(2), "the forget callback deadlocked on the cache lock"
     assert exporter._encoded == (None, {})
+
+
+# Run in a child: the allocator state of the test process is not ours to change or to rely on.
+_MMAP_PROBE = """
+import ctypes, os, sys
+from rdma_exporter import daemon
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = MallInfo2
+fixed = daemon.fix_mmap_threshold() if sys.argv[1] == "fix" else None
+big = bytearray(4 << 20)
+del big  # glibc raises a dynamic threshold to this size here
+before = mallinfo2().hblkhd
+block = bytearray(300 << 10)  # the size of a large family's text
+print(fixed, mallinfo2().hblkhd - before)
+"""
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc 2.33 or later")
+def test_mmap_threshold_stays_fixed_after_large_blocks_are_freed() -> None:
+    def mapped_growth(mode: str) -> tuple[str, int]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        out = subprocess.run(
+            [sys.executable, "-c", _MMAP_PROBE, mode], env=env, capture_output=True, text=True, check=True, timeout=60
+        ).stdout.split()
+        return out[0], int(out[1])
+
+    # Default glibc behaviour: after a 4 MB block is freed, a 300 KB one comes from the heap.
+    assert mapped_growth("default") == ("None", 0)
+    fixed, grown = mapped_growth("fix")
+    assert fixed == "True" and grown >= 300 << 10
