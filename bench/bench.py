@@ -15,7 +15,8 @@ loopback ports, warms them up and measures, scraping them alternately so both se
   keeps per-scrape sysfs files open); each path is classed as counter, state, static, directory or
   other (see `classify`);
 - on the largest tree, VmRSS at the 500th and the 1000th scrape (--memory-scrapes), each the median
-  of 5 readings taken every 10 scrapes up to it, after a 0.2 s pause.
+  of 5 readings taken every 10 scrapes up to it, after a 0.2 s pause; growth between the two is the
+  least-squares slope of every reading in between (51 of them by default), with its standard error.
 
 It prints a Markdown report to stdout (progress goes to stderr) and writes the same numbers as JSON
 (--json, default bench-results.json). Every child process is bounded by timeouts and killed on exit.
@@ -55,6 +56,8 @@ from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_fo
 SCHEMA_VERSION: Final = 1
 # RSS at a memory checkpoint is the median of this many readings, one every RSS_SAMPLE_EVERY scrapes up
 # to it, each after a pause: single readings taken right after an answer scattered by about ±0.5 MB.
+# Readings continue every RSS_SAMPLE_EVERY scrapes between the checkpoints: growth is fitted over all of
+# them, because two medians of a bimodal reading could differ by a whole mode with nothing growing.
 RSS_SAMPLES: Final = 5
 RSS_SAMPLE_EVERY: Final = 10
 RSS_SETTLE_SECONDS: Final = 0.2
@@ -224,8 +227,7 @@ class Exporter:
     port: int = 0
     scrapes: int = 0
     cold_ms: float | None = None
-    rss_at: dict[int, int] = field(default_factory=dict)  # median of the samples taken up to the checkpoint
-    rss_samples: dict[int, list[int]] = field(default_factory=dict)
+    rss_readings: list[tuple[int, int]] = field(default_factory=list)  # (scrapes served, VmRSS bytes)
     last_body: bytes = b""
 
     @property
@@ -283,19 +285,43 @@ class Exporter:
             raise RuntimeError(f"{self.name} answered HTTP {status}")
         self.last_body = body
         self.scrapes += 1
-        for checkpoint in self.memory_checkpoints:
-            ahead = checkpoint - self.scrapes
-            if 0 <= ahead < RSS_SAMPLES * RSS_SAMPLE_EVERY and ahead % RSS_SAMPLE_EVERY == 0:
-                # Let the exporter finish its work after the answer (freeing, malloc_trim) before reading.
-                time.sleep(RSS_SETTLE_SECONDS)
-                self.rss_samples.setdefault(checkpoint, []).append(rss_bytes(self.pid))
-                if ahead == 0:
-                    self.rss_at[checkpoint] = int(statistics.median(self.rss_samples[checkpoint]))
+        if self._reads_rss():
+            # Let the exporter finish its work after the answer (freeing, malloc_trim) before reading.
+            time.sleep(RSS_SETTLE_SECONDS)
+            self.rss_readings.append((self.scrapes, rss_bytes(self.pid)))
         return elapsed
+
+    def _reads_rss(self) -> bool:
+        if not self.memory_checkpoints:
+            return False
+        mid, end = self.memory_checkpoints
+        first = mid - (RSS_SAMPLES - 1) * RSS_SAMPLE_EVERY
+        return first <= self.scrapes <= end and ((self.scrapes - mid) % RSS_SAMPLE_EVERY == 0 or self.scrapes == end)
+
+    def rss_at(self, checkpoint: int) -> int | None:
+        """Median of the readings in the RSS_SAMPLES * RSS_SAMPLE_EVERY scrapes up to `checkpoint`."""
+        near = [rss for n, rss in self.rss_readings if checkpoint - RSS_SAMPLES * RSS_SAMPLE_EVERY < n <= checkpoint]
+        return int(statistics.median(near)) if near else None
 
     def close(self) -> None:
         if self.proc is not None:
             stop(self.proc)
+
+
+def rss_growth(readings: Sequence[tuple[int, int]], span: int) -> tuple[float, float | None]:
+    """Least-squares growth of RSS over `span` scrapes, in MB, and its standard error (None under 3 readings)."""
+    xs = [float(n) for n, _ in readings]
+    ys = [rss / 2**20 for _, rss in readings]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    if len(xs) < 3:
+        return slope * span, None
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    return slope * span, (residual / (len(xs) - 2) / sxx) ** 0.5 * span
+
 
 
 # --- measurements ------------------------------------------------------------------------------------
@@ -600,12 +626,18 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
         for exporter in exporters:
             memory: dict[str, Any] = {"rss_mb_end": rss_bytes(exporter.pid) / 2**20, "scrapes": exporter.scrapes}
             if checkpoints:
-                memory["rss_mb_at"] = {str(k): v / 2**20 for k, v in sorted(exporter.rss_at.items())}
-                memory["rss_mb_samples"] = {
-                    str(k): [round(v / 2**20, 2) for v in values] for k, values in sorted(exporter.rss_samples.items())
-                }
-                mid, end = (exporter.rss_at.get(c) for c in checkpoints)
-                memory["growth_mb_mid_to_end"] = (end - mid) / 2**20 if mid is not None and end is not None else None
+                at = {c: exporter.rss_at(c) for c in checkpoints}
+                memory["rss_mb_at"] = {str(c): v / 2**20 for c, v in at.items() if v is not None}
+                memory["rss_mb_readings"] = [[n, round(rss / 2**20, 3)] for n, rss in exporter.rss_readings]
+                mid, end = checkpoints
+                between = [(n, rss) for n, rss in exporter.rss_readings if mid <= n <= end]
+                growth, error = rss_growth(between, end - mid) if between else (None, None)
+                memory["growth_mb_mid_to_end"] = growth
+                memory["growth_mb_standard_error"] = error
+                memory["growth_readings"] = len(between)
+                memory["growth_mb_of_medians"] = (
+                    (at[end] - at[mid]) / 2**20 if at[mid] is not None and at[end] is not None else None
+                )
             results[exporter.name]["memory"] = memory
     finally:
         for exporter in exporters:
@@ -710,10 +742,15 @@ def evaluate_targets(
             f"{rss:.1f} MB",
         )
         growth = memory.get("growth_mb_mid_to_end")
+        error = memory.get("growth_mb_standard_error")
+        measured = "n/a" if growth is None else f"{growth:+.2f} MB"
+        if growth is not None and error is not None:
+            measured += f" ± {error:.2f} (fit over {memory['growth_readings']} readings)"
+        # Met only if the fitted growth stays under the tolerance by two standard errors as well.
         add(
             f"no RSS growth between scrapes {min(at, key=int)} and {last} (tolerance {growth_tolerance_mb:g} MB)",
-            None if growth is None else growth <= growth_tolerance_mb,
-            "n/a" if growth is None else f"{growth:+.2f} MB",
+            None if growth is None or error is None else growth + 2 * error <= growth_tolerance_mb,
+            measured,
         )
     big = [t for t in trees if t["tree"].isdigit() and t["devices"] >= 128]
     if big:

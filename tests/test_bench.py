@@ -5,6 +5,7 @@ Timings depend on the machine, so nothing here asserts a number; bench/RESULTS.m
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -61,8 +62,11 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
         assert measured["fabric_series"] > 0
         # Both serve the tree's one port, so both open at least one counter file per scrape.
         assert measured["files_per_scrape"]["counter"] > 0
-    # The only tree is also the memory tree: RSS at half and all of --memory-scrapes.
-    assert len(tree["exporters"]["rdma_exporter"]["memory"]["rss_mb_at"]) == 2
+    # The only tree is also the memory tree: RSS at half and all of --memory-scrapes, and the readings
+    # in between that the growth is fitted over (quick: 24 scrapes, readings at 12, 22 and 24).
+    memory = tree["exporters"]["rdma_exporter"]["memory"]
+    assert len(memory["rss_mb_at"]) == 2
+    assert memory["growth_readings"] == 3 and memory["growth_mb_standard_error"] is not None
     assert {"p50", "fabric_series"} <= tree["ours_over_node_exporter"].keys()
     assert all({"target", "met", "measured"} <= t.keys() for t in report["targets"])
 
@@ -77,3 +81,29 @@ def test_unknown_tree_is_rejected(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "'big'" in result.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def _bench_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("bench_under_test", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rss_growth_is_the_fitted_slope_not_the_difference_of_two_readings() -> None:
+    rss_growth = _bench_module().rss_growth
+    mb = 2**20
+    # Steady growth of 1 MB per 1000 scrapes: 0.5 MB over 500, exactly.
+    growth, error = rss_growth([(n, 100 * mb + n * mb // 1000) for n in range(500, 1001, 10)], 500)
+    assert abs(growth - 0.5) < 1e-3 and error is not None and error < 1e-3
+    # Flipping between two levels 0.6 MB apart, with nothing growing: the end readings alone differ by a
+    # whole level (the old estimate), the fit over all of them by almost nothing.
+    flips = [(n, 100 * mb + (0 if (n // 10) % 2 else 600 * 2**10)) for n in range(500, 1000, 10)]
+    assert (flips[0][1] - flips[-1][1]) / 2**10 == 600
+    growth, error = rss_growth(flips, 500)
+    assert abs(growth) < 0.05 and error is not None and error < 0.2
+    # The same flipping on top of a steady 0.5 MB per 500 scrapes is still seen as that growth.
+    growth, _ = rss_growth([(n, rss + (n - 500) * mb // 1000) for n, rss in flips], 500)
+    assert abs(growth - 0.5) < 0.05
