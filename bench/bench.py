@@ -323,7 +323,6 @@ def rss_growth(readings: Sequence[tuple[int, int]], span: int) -> tuple[float, f
     return slope * span, (residual / (len(xs) - 2) / sxx) ** 0.5 * span
 
 
-
 # --- measurements ------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from conftest import require_binary
 
@@ -83,7 +84,7 @@ def test_unknown_tree_is_rejected(tmp_path: Path) -> None:
     assert not (tmp_path / "x.json").exists()
 
 
-def _bench_module():  # type: ignore[no-untyped-def]
+def _bench_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_under_test", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
