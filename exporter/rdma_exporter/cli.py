@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _integer(text: str) -> int | str:
+    """A flag's digits as an int, anything else as given. Not argparse's type=int: a bad value is
+    reported by the setting's check as a ConfigError, like every other setting."""
+    text = text.strip()
+    return int(text) if text.isdigit() else text
+
+
 def resolve_config(args: argparse.Namespace) -> Config:
     """Defaults < config file < explicit flags; every invalid value raises ConfigError."""
     config = Config()
@@ -98,13 +105,9 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.scrape_timeout is not None:
         flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", args.scrape_timeout)
     if args.read_threads is not None:
-        text = args.read_threads.strip()
-        # Not argparse's type=int: a bad value is reported as a ConfigError like every other setting.
-        value = int(text) if text.isdigit() else text
-        flag["read_threads"] = check_read_threads("command line", "--web.read-threads", value)
+        flag["read_threads"] = check_read_threads("command line", "--web.read-threads", _integer(args.read_threads))
     if args.max_open_files is not None:
-        text = args.max_open_files.strip()
-        value = int(text) if text.isdigit() else text
+        value = _integer(args.max_open_files)
         flag["max_open_files"] = check_open_files("command line", "--read.max-open-files", value)
     if args.sysfs is not None:
         flag["sysfs"] = Path(args.sysfs)

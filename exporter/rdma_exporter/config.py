@@ -111,16 +111,18 @@ def check_seconds(source: str, key: str, value: Any) -> float:
     return float(value)
 
 
-def check_read_threads(source: str, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_READ_THREADS:
-        raise ConfigError(source, key, f"expected an integer from 1 to {MAX_READ_THREADS}, got {value!r}")
+def _check_int(source: str, key: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(source, key, f"expected an integer from {low} to {high}, got {value!r}")
     return value
+
+
+def check_read_threads(source: str, key: str, value: Any) -> int:
+    return _check_int(source, key, value, 1, MAX_READ_THREADS)
 
 
 def check_open_files(source: str, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OPEN_FILES:
-        raise ConfigError(source, key, f"expected an integer from 0 to {MAX_OPEN_FILES}, got {value!r}")
-    return value
+    return _check_int(source, key, value, 0, MAX_OPEN_FILES)
 
 
 def check_bool(source: str, key: str, value: Any) -> bool:
