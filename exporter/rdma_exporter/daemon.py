@@ -712,18 +712,19 @@ def sd_notify(state: str) -> None:
 TRIM_AFTER_BYTES: Final = 256 * 1024
 
 
-def _malloc_trim() -> Callable[[], object] | None:
-    """glibc's malloc_trim(0), or None where there is none (musl, other platforms)."""
+def _glibc(name: str, *argtypes: type[Any]) -> Any | None:
+    """The C library's function `name` returning int, or None where there is none (musl, other platforms)."""
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return lambda: trim(0)
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function
 
 
-_TRIM = _malloc_trim()
+_MALLOC_TRIM = _glibc("malloc_trim", ctypes.c_size_t)
+_TRIM: Callable[[], object] | None = None if _MALLOC_TRIM is None else lambda: _MALLOC_TRIM(0)
 
 
 def release_memory(response: Response) -> None:
@@ -745,13 +746,8 @@ def fix_mmap_threshold() -> bool:
     glibc mallopt."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False  # the operator's setting, which also pins it
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    mallopt = _glibc("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 # File descriptors kept free for every connection, a file being opened by each possible reader thread,
