@@ -364,7 +364,6 @@ class SysfsReader:
             self.fail(REASON_MALFORMED, path, f"not an unsigned integer: {value[:40]!r}")
         return parsed
 
-
     def uints(self, directory: str, names: Iterable[str]) -> dict[str, int]:
         """`uint` of every `directory/name`, by name, leaving out what could not be read.
 
