@@ -308,21 +308,6 @@ class Exporter:
             stop(self.proc)
 
 
-def rss_growth(readings: Sequence[tuple[int, int]], span: int) -> tuple[float, float | None]:
-    """Least-squares growth of RSS over `span` scrapes, in MB, and its standard error (None under 3 readings)."""
-    xs = [float(n) for n, _ in readings]
-    ys = [rss / 2**20 for _, rss in readings]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    if sxx == 0:
-        return 0.0, None
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
-    if len(xs) < 3:
-        return slope * span, None
-    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True))
-    return slope * span, (residual / (len(xs) - 2) / sxx) ** 0.5 * span
-
-
 # --- measurements ------------------------------------------------------------------------------------
 
 
@@ -658,6 +643,7 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | None:
+    """Least-squares line: slope, intercept, R² and, from 3 points on, the slope's standard error."""
     if len(set(xs)) < 2:
         return None
     n = len(xs)
@@ -667,7 +653,19 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | N
     intercept = my - slope * mx
     ss_tot = sum((y - my) ** 2 for y in ys)
     ss_res = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys, strict=True))
-    return {"slope": slope, "intercept": intercept, "r2": 1 - ss_res / ss_tot if ss_tot else 1.0}
+    fit = {"slope": slope, "intercept": intercept, "r2": 1 - ss_res / ss_tot if ss_tot else 1.0}
+    if n > 2:
+        fit["slope_se"] = (ss_res / (n - 2) / sxx) ** 0.5
+    return fit
+
+
+def rss_growth(readings: Sequence[tuple[int, int]], span: int) -> tuple[float, float | None]:
+    """Fitted growth of RSS over `span` scrapes, in MB, and its standard error (None under 3 readings)."""
+    fit = linear_fit([float(n) for n, _ in readings], [rss / 2**20 for _, rss in readings])
+    if fit is None:
+        return 0.0, None
+    error = fit.get("slope_se")
+    return fit["slope"] * span, None if error is None else error * span
 
 
 def scaling(trees: list[dict[str, Any]]) -> dict[str, Any]:
