@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -266,6 +266,51 @@ class _Conn:
 
 
 Handler = Callable[[Request], Response]
+Job = tuple[_Conn, Request]
+T = TypeVar("T")
+
+
+class LastIdleFirst(Generic[T]):
+    """Jobs for a fixed set of worker threads, each handed to the worker that went idle most recently.
+
+    With one shared FIFO queue the workers take turns, so Prometheus scraping every 15 s walks through
+    all of them; each thread's glibc tcache keeps up to ~230 KB of freed blocks, and one more of the 16
+    filled a little with every turn: RSS crept by ~0.1 MB per 500 scrapes for thousands of scrapes. With
+    the most recent idler first, sequential scrapes run on one warm thread and the others stay untouched
+    until requests really overlap.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[T | None]] = []  # the inboxes of waiting workers, newest last
+        self._backlog: deque[T] = deque()  # jobs that arrived while every worker was busy
+        self._closed = False
+
+    def put(self, job: T) -> None:
+        with self._lock:
+            if not self._idle:
+                self._backlog.append(job)
+                return
+            inbox = self._idle.pop()
+        inbox.put(job)
+
+    def get(self, inbox: queue.SimpleQueue[T | None]) -> T | None:
+        """The next job for the worker that owns `inbox` (blocks); None once closed and nothing is left."""
+        with self._lock:
+            if self._backlog:
+                return self._backlog.popleft()
+            if self._closed:
+                return None
+            self._idle.append(inbox)
+        return inbox.get()
+
+    def close(self) -> None:
+        """Workers finish the jobs already received, then get None."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
 
 
 class HttpServer:
@@ -318,7 +363,7 @@ class HttpServer:
         self._conns: dict[int, _Conn] = {}  # every open connection, by id(); busy ones too
         self._busy: set[int] = set()
         self._returned: deque[tuple[_Conn, bool]] = deque()
-        self._jobs: queue.SimpleQueue[tuple[_Conn, Request] | None] = queue.SimpleQueue()
+        self._jobs: LastIdleFirst[Job] = LastIdleFirst()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._workers = [
@@ -361,8 +406,7 @@ class HttpServer:
         self.stop()
         end = time.monotonic() + grace
         self._stopped.wait(grace)
-        for _ in self._workers:
-            self._jobs.put(None)
+        self._jobs.close()
         for thread in self._workers:
             thread.join(max(0.0, end - time.monotonic()))
         for conn in list(self._conns.values()):
@@ -549,11 +593,9 @@ class HttpServer:
     # -- worker threads --
 
     def _work(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            conn, request = item
+        inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        while (job := self._jobs.get(inbox)) is not None:
+            conn, request = job
             keep = False
             try:
                 keep = self._serve(conn, request)
