@@ -362,11 +362,17 @@ def test_sequential_requests_run_on_one_worker_and_overlapping_ones_in_parallel(
             time.sleep(0.2)
         return Response(200, b"ok")
 
-    with InProcessServer(handler, workers=4) as server:
+    cleaned_by: list[int] = []
+
+    def after_response(response: Response) -> None:
+        cleaned_by.append(threading.get_ident())
+
+    with InProcessServer(handler, workers=4, after_response=after_response) as server:  # type: ignore[arg-type]
         for _ in range(40):
             assert get(server.port, "/").status == 200
             time.sleep(0.02)  # a scrape interval: the worker is back waiting before the next request
         assert len(set(served_by)) == 1
+        assert cleaned_by == served_by  # each answer's clean-up ran, on the worker that sent it
         with ThreadPoolExecutor(6) as pool:
             assert [r.status for r in pool.map(lambda _: get(server.port, "/together"), range(3))] == [200] * 3
             # More requests than workers: the rest wait and are answered when a worker is free.

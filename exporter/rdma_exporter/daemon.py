@@ -294,15 +294,19 @@ class LastIdleFirst(Generic[T]):
             inbox = self._idle.pop()
         inbox.put(job)
 
-    def get(self, inbox: queue.SimpleQueue[T | None]) -> T | None:
-        """The next job for the worker that owns `inbox` (blocks); None once closed and nothing is left."""
+    def get(self, inbox: queue.SimpleQueue[T | None], meanwhile: Callable[[], object] = lambda: None) -> T | None:
+        """The next job for the worker that owns `inbox` (blocks); None once closed and nothing is left.
+
+        `meanwhile` runs once the worker can be found, before it waits: the clean-up after an answer, during
+        which a request sent right after that answer waits in the inbox instead of waking a cold thread.
+        """
         with self._lock:
-            if self._backlog:
-                return self._backlog.popleft()
-            if self._closed:
-                return None
-            self._idle.append(inbox)
-        return inbox.get()
+            job = self._backlog.popleft() if self._backlog else None
+            waiting = job is None and not self._closed
+            if waiting:
+                self._idle.append(inbox)
+        meanwhile()
+        return inbox.get() if waiting else job
 
     def close(self) -> None:
         """Workers finish the jobs already received, then get None."""
@@ -345,7 +349,7 @@ class HttpServer:
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._handler = handler
-        self._after_response = after_response  # runs on the worker once the answer is sent
+        self._after_response = after_response  # runs on the worker after the answer, before it waits
         self._tls = tls
         self._peer_allowed = peer_allowed
         self._headers = headers
@@ -594,17 +598,28 @@ class HttpServer:
 
     def _work(self) -> None:
         inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        while (job := self._jobs.get(inbox)) is not None:
+        sent: Response | None = None
+
+        def after_sent() -> None:
+            nonlocal sent
+            if sent is not None and self._after_response is not None:
+                try:
+                    self._after_response(sent)
+                except Exception:
+                    log.exception("clean-up after an answer failed")
+            sent = None
+
+        while (job := self._jobs.get(inbox, after_sent)) is not None:
             conn, request = job
             keep = False
             try:
-                keep = self._serve(conn, request)
+                keep, sent = self._serve(conn, request)
             except Exception:  # a handler bug costs one request, not a worker
                 log.exception("request %s %s from %s failed", request.method, request.target, request.peer)
             self._returned.append((conn, keep))
             self._wake()
 
-    def _serve(self, conn: _Conn, request: Request) -> bool:
+    def _serve(self, conn: _Conn, request: Request) -> tuple[bool, Response]:
         try:
             response = self._handler(request)
         except Exception:
@@ -622,16 +637,13 @@ class HttpServer:
                 while view:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        return False
+                        return False, response
                     sock.settimeout(remaining)
                     sent = sock.send(view)
                     view = view[sent:]
         except (OSError, ssl.SSLError):
-            return False
-        finally:
-            if self._after_response is not None:
-                self._after_response(response)
-        return keep
+            return False, response
+        return keep, response
 
 
 # --- the exporter's endpoints --------------------------------------------------------------------------
