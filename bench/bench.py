@@ -542,8 +542,6 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
     checkpoints = (args.memory_scrapes // 2, args.memory_scrapes) if memory_tree else ()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "exporter"), env.get("PYTHONPATH")]))
-    # Measure the exporter as deploy/ runs it (the systemd unit and the DaemonSet set this).
-    env.setdefault("MALLOC_ARENA_MAX", "2")
 
     def ours_cmd(port: int) -> list[str]:
         cmd = [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(sys_root)]

@@ -457,16 +457,49 @@ print(fixed, mallinfo2().hblkhd - before)
 """
 
 
+def run_allocator_probe(script: str, mode: str) -> list[str]:
+    """Run `script` in a child with glibc's allocator at its defaults (no MALLOC_* or tunables)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, mode], env=env, capture_output=True, text=True, check=True, timeout=60
+    )
+    return done.stdout.split()
+
+
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc 2.33 or later")
 def test_mmap_threshold_stays_fixed_after_large_blocks_are_freed() -> None:
-    def mapped_growth(mode: str) -> tuple[str, int]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-        out = subprocess.run(
-            [sys.executable, "-c", _MMAP_PROBE, mode], env=env, capture_output=True, text=True, check=True, timeout=60
-        ).stdout.split()
-        return out[0], int(out[1])
-
     # Default glibc behaviour: after a 4 MB block is freed, 300 KB ones come from the heap.
-    assert mapped_growth("default") == ("None", 0)
-    fixed, grown = mapped_growth("fix")
-    assert fixed == "True" and grown >= 300 << 10
+    assert run_allocator_probe(_MMAP_PROBE, "default") == ["None", "0"]
+    fixed, grown = run_allocator_probe(_MMAP_PROBE, "fix")
+    assert fixed == "True" and int(grown) >= 300 << 10
+
+
+_ARENA_PROBE = """
+import ctypes, os, sys, tempfile, threading
+from rdma_exporter import daemon
+
+one = daemon.use_one_malloc_arena() if sys.argv[1] == "one" else None
+threads = [threading.Thread(target=lambda: [bytearray(2000) for _ in range(100)]) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "malloc.xml")
+    stream = libc.fopen(path.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print(one, open(path).read().count("<heap nr="))
+"""
+
+
+def test_threads_share_one_malloc_arena() -> None:
+    # Default glibc behaviour: a thread's first malloc gives it an arena of its own.
+    default, heaps = run_allocator_probe(_ARENA_PROBE, "default")
+    assert default == "None" and int(heaps) >= 2
+    assert run_allocator_probe(_ARENA_PROBE, "one") == ["True", "1"]
