@@ -168,6 +168,8 @@ class Inventory:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sys_root = sys_root
+        # The class directory as a str with its separator: device paths are built from it every scrape.
+        self.class_dir = os.fspath(sys_root / CLASS_DIR) + os.sep
         self.device_filter = device_filter or DeviceFilter()
         self.rescan_each_scrape = rescan_each_scrape
         self._clock = clock
@@ -236,10 +238,9 @@ class Inventory:
         allowed = [name for name in names if self.device_filter.allows(name)]
         self.excluded = len(names) - len(allowed)
         listing = []
-        class_dir = f"{os.fspath(self.sys_root / CLASS_DIR)}/"  # str paths: this runs every scrape
         for name in allowed:
             try:
-                target = os.readlink(class_dir + name)
+                target = os.readlink(self.class_dir + name)
             except OSError:
                 target = ""  # a plain directory (fixture trees): identity is the name alone
             listing.append((name, target))
@@ -633,7 +634,6 @@ class RdmaCollector(Collector):
         self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
         # Kept-open files of a fixture tree (not sysfs) may outlive their paths: check them (OpenFiles).
         self._verify_files = not is_sysfs(sys_root)
-        self._class_key = os.fspath(sys_root / CLASS_DIR) + os.sep
         # Series text of the previous scrape, reused by FamilySet.render_text.
         self.prefixes = SeriesPrefixes()
 
@@ -672,14 +672,15 @@ class RdmaCollector(Collector):
         started = time.perf_counter()
         errors = ReadErrors()
         entries = self.inventory.scan(errors)
-        ok = os.path.isdir(self._class_key)
+        class_dir = self.inventory.class_dir
+        ok = os.path.isdir(class_dir)
         self._record_errors(INVENTORY, errors)
         jobs: dict[str, DeviceJob] = {}
         skipped: dict[str, DeviceJob] = {}
         rnd = _Round(deadline, entries, jobs, skipped, 0.0, ok, pending=len(entries) + 1)
-        self.reads.prune(self._class_key, {self._class_key + entry.name for entry in entries})
+        self.reads.prune(class_dir, {class_dir + entry.name for entry in entries})
         for entry in entries:
-            key = self._class_key + entry.name
+            key = class_dir + entry.name
             job, new = self.reads.start(
                 key, entry.name, lambda job, entry=entry: self._read_device(job, entry), rnd.job_ended
             )
