@@ -680,8 +680,8 @@ def scrape_timeout(config: Config, header: str | None) -> float:
 
 
 # zlib level for gzipped answers. The exposition is repetitive text that compresses well at any level:
-# on the sample tree's 181 KB answer level 1 takes 0.63 ms for 20.0 KB, the default level 6 2.17 ms for
-# 17.2 KB. Every scrape by a Prometheus server asks for gzip, so the faster level is paid at each one.
+# compressing the sample tree's 181 KB answer family by family takes 0.77 ms at level 1 (20.0 KB) and
+# 1.69 ms at the default level 6 (17.2 KB). Every scrape by a Prometheus server asks for gzip.
 GZIP_LEVEL: Final = 1
 
 
