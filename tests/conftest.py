@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,14 @@ def prometheus_text(families: FamilySet) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))  # type: ignore[arg-type]
     return generate_latest(registry)
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll `condition` until it holds; fail the test after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "condition not reached in time"
+        time.sleep(0.02)
 
 
 def stable(exposition: str) -> str:

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -24,7 +23,7 @@ from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import prometheus_text, samples
+from conftest import prometheus_text, samples, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -122,13 +121,6 @@ def baseline(tmp_path: Path, devices: int) -> Samples:
 
 def sources_of(collector: RdmaCollector) -> list[str]:
     return [source.name for source in collector.sources]
-
-
-def wait_until(condition: Any, timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fifos) -> None:

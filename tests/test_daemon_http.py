@@ -41,7 +41,7 @@ from rdma_exporter.daemon import (
 )
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import require_binary, samples
+from conftest import require_binary, samples, wait_until
 
 # --- helpers ----------------------------------------------------------------------------------------------
 
@@ -370,7 +370,8 @@ def test_sequential_requests_run_on_one_worker_and_overlapping_ones_in_parallel(
     with InProcessServer(handler, workers=4, after_response=after_response) as server:  # type: ignore[arg-type]
         for _ in range(40):
             assert get(server.port, "/").status == 200
-            time.sleep(0.02)  # a scrape interval: the worker is back waiting before the next request
+            # As between two scrapes: the worker is back waiting (its clean-up runs once it is findable).
+            wait_until(lambda: len(cleaned_by) == len(served_by))
         assert len(set(served_by)) == 1
         assert cleaned_by == served_by  # each answer's clean-up ran, on the worker that sent it
         with ThreadPoolExecutor(6) as pool:
