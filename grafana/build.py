@@ -102,7 +102,10 @@ def datasource_variable() -> Json:
     }
 
 
-def query_variable(name: str, label: str, query: str, all_value: str | None = ".+", description: str = "") -> Json:
+def query_variable(name: str, label: str, query: str, all_value: str | None = ".+", description: str = "",
+                   *, single: bool = False) -> Json:  # fmt: skip
+    """A label_values variable, multi-select with All; `single` for one value at a time (Grafana starts on
+    the first one listed)."""
     variable: Json = {
         "name": name,
         "label": label,
@@ -111,23 +114,24 @@ def query_variable(name: str, label: str, query: str, all_value: str | None = ".
         "datasource": DS,
         "query": query,
         "definition": query,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "current": {} if single else {"selected": True, "text": ["All"], "value": ["$__all"]},
         "hide": 0,
-        "includeAll": True,
-        "multi": True,
+        "includeAll": not single,
+        "multi": not single,
         "options": [],
         "refresh": 2,  # on time range change: nodes come and go
         "regex": "",
         "skipUrlSync": False,
         "sort": 1,
     }
-    if all_value is not None:
+    if all_value is not None and not single:
         variable["allValue"] = all_value
     return variable
 
 
-def standard_variables(ports_filter: str = "") -> list[Json]:
-    """datasource, job, cluster, instance, device, port. `ports_filter` narrows the device/port lists."""
+def standard_variables(ports_filter: str = "", *, one_node: bool = False) -> list[Json]:
+    """datasource, job, cluster, instance, device, port. `ports_filter` narrows the device/port lists;
+    `one_node` makes the instance a single choice."""
     extra = f", {ports_filter}" if ports_filter else ""
     return [
         datasource_variable(),
@@ -135,6 +139,10 @@ def standard_variables(ports_filter: str = "") -> list[Json]:
             "job",
             "Job",
             "label_values(rdma_exporter_build_info, job)",
+            # Not the linter's ".+": `up` and `scrape_duration_seconds` exist for every job Prometheus
+            # scrapes, so All must mean the jobs listed, or the instance list and the exporter panels
+            # fill with node_exporter, kubelet and Prometheus's own targets.
+            all_value=None,
             description="Prometheus jobs that scrape rdma-exporter.",
         ),
         query_variable(
@@ -149,6 +157,7 @@ def standard_variables(ports_filter: str = "") -> list[Json]:
             "Instance",
             'label_values(up{job=~"$job", cluster=~"$cluster"}, instance)',
             description="Exporter targets (nodes), including those that cannot be scraped right now.",
+            single=one_node,
         ),
         query_variable(
             "device",
@@ -1009,18 +1018,20 @@ def node_detail() -> Json:
             "Identity of each RDMA device: HCA type, board, firmware, GUIDs, PCI address, driver and NUMA node "
             "(the value). Compare firmware across a fleet before blaming a cable.",
             "none",
-            [target(f"{sel('rdma_device_numa_node', DEVICE)} * {ON_DEVICE} group_left (hca_type, board_id, fw_ver, "
-                    f"node_guid, sys_image_guid, pci_address, driver, node_desc) {sel('rdma_device_info', DEVICE)}",
-                    instant=True, table=True)],
-            rename={"Value": "NUMA node"},
-            hide=("cluster",),
+            # Two queries merged, not a join: a device without a NUMA node (-1: single-socket hosts, VMs)
+            # has no rdma_device_numa_node and must still be listed.
+            targets((sel("rdma_device_info", DEVICE), ""), (sel("rdma_device_numa_node", DEVICE), ""),
+                    instant=True, table=True),
+            rename={"Value #B": "NUMA node"},
+            hide=("cluster", "Value #A"),
         ), 14, 7),
         (table(
             "Ports",
             "Link layer and per-lane speed generation (SDR ... XDR) of each port.",
             "none",
-            [target(f"{sel('rdma_port_info')} * {ON_PORT} group_left (speed) {sel('rdma_port_lane_speed_info')}",
-                    instant=True, table=True)],
+            # A port without a link (DOWN) has no lane speed; `or` keeps it in the table.
+            [target(f"{sel('rdma_port_info')} * {ON_PORT} group_left (speed) {sel('rdma_port_lane_speed_info')} "
+                    f"or {ON_PORT} {sel('rdma_port_info')}", instant=True, table=True)],
             hide=("cluster", "Value"),
         ), 5, 7),
         (table(
@@ -1081,7 +1092,7 @@ def node_detail() -> Json:
         "RDMA / Node detail",
         "One node's RDMA fabric: port states, link rate/width and PCIe against expectations, throughput, "
         "errors, link events, transport retries, device identity and exporter health.",
-        standard_variables(),
+        standard_variables(one_node=True),
         items,
         time_from="now-3h",
     )

@@ -298,7 +298,11 @@ def test_template_variables(path: Path) -> None:
         assert variable["type"] == "query", name
         assert variable["datasource"] == DS, f"{name}: must use $datasource"
         assert variable["refresh"] == 2, f"{name}: template-on-time-change-reload"
-        assert variable["multi"] and variable["includeAll"], f"{name}: multi-select with All"
+        if (path.stem, name) == ("node-detail", "instance"):
+            # One node: a single choice, so the page never loads the whole fleet's ports.
+            assert not variable["multi"] and not variable["includeAll"] and "allValue" not in variable
+        else:
+            assert variable["multi"] and variable["includeAll"], f"{name}: multi-select with All"
         assert variable["label"], name
         match = LABEL_VALUES.match(variable["query"])
         assert match, f"{name}: label_values(selector, label) expected, got {variable['query']!r}"
@@ -312,7 +316,11 @@ def test_template_variables(path: Path) -> None:
     by_name = {v["name"]: v for v in variables}
     for name in ("job", "instance"):  # template-job-rule, template-instance-rule
         assert by_name[name]["label"] == name.title()
-        assert by_name[name]["allValue"] == ".+"
+    # Unlike the linter's ".+", All of job is the jobs listed: `up` and `scrape_duration_seconds` exist for
+    # every job Prometheus scrapes, and ".+" would fill the instance list with all of them.
+    assert "allValue" not in by_name["job"]
+    if path.stem != "node-detail":
+        assert by_name["instance"]["allValue"] == ".+"
     # The cluster label is optional: All must also match series without it.
     assert by_name["cluster"]["allValue"] == ".*"
 
@@ -530,9 +538,12 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
     tmp = tmp_path_factory.mktemp("dashboards")
     build_tree(tmp / "tree", SAMPLE_SPEC)
     # One unreadable counter, so that the read-error panel has a series to show.
-    (tmp / "tree" / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters" / "VL15_dropped").write_text(
-        "garbage\n"
-    )
+    infiniband = tmp / "tree" / "sys" / "class" / "infiniband"
+    (infiniband / "mlx5_0" / "ports" / "1" / "counters" / "VL15_dropped").write_text("garbage\n")
+    # A device without a NUMA node (single-socket hosts, VMs) and a port whose lane generation this
+    # exporter does not know: both must still be listed in the node's identity tables.
+    (infiniband / "mlx5_1" / "device" / "numa_node").write_text("-1\n")
+    (infiniband / "mlx5_2" / "ports" / "1" / "rate").write_text("400 Gb/sec (4X ZDR)\n")
     config = tmp / "rdma-exporter.yml"
     config.write_text(EXPECTED_TOPOLOGY)
     address = f"127.0.0.1:{free_port()}"
@@ -670,6 +681,33 @@ def test_every_panel_query_returns_data(stack: Stack) -> None:
         if pending:
             time.sleep(1)
     assert not problems, "\n".join(f"{where}: {why}" for where, why in sorted(problems.items()))
+
+
+IDENTITY_TABLES = (("Devices", "rdma_device_info", ("device",)), ("Ports", "rdma_port_info", ("device", "port")))
+
+
+def test_identity_tables_list_every_device_and_port(stack: Stack) -> None:
+    """The node's Devices and Ports tables show every device and port, also one without a NUMA node or a
+    known lane speed (a join on those would drop exactly the odd one out)."""
+    board = load(GRAFANA / "dashboards" / "node-detail.json")
+    variables = board["templating"]["list"]
+    families = list(text_string_to_metric_families(stack.exposition))
+    for title, name, keys in IDENTITY_TABLES:
+        exposed = {tuple(s.labels[k] for k in keys) for f in families for s in f.samples if s.name == name}
+        assert len(exposed) >= 10, name
+        item = next(item for item in panels(board) if item["title"] == title)
+
+        def left_out(
+            item: dict[str, Any] = item, keys: tuple[str, ...] = keys, exposed: set[tuple[str, ...]] = exposed
+        ) -> set[tuple[str, ...]]:
+            listed: set[tuple[str, ...]] = set()
+            for tgt in item["targets"]:
+                answer = stack.query(substitute(tgt["expr"], variables))
+                assert answer["status"] == "success", answer
+                listed |= {tuple(r["metric"][k] for k in keys) for r in answer["data"]["result"]}
+            return exposed - listed
+
+        wait_until(f"{title} to list every {name}", lambda f=left_out: not f(), DEADLINE, [])  # the first scrapes
 
 
 def test_every_recording_rule_has_a_consumer() -> None:
