@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rdma_exporter import __version__
-from rdma_exporter.cli import build_parser, resolve_config
-from rdma_exporter.config import DEFAULT_PORT, ConfigError, load_config_file
+from rdma_exporter.cli import build_parser, resolve_config, use_sample_tree
+from rdma_exporter.config import DEFAULT_PORT, Config, ConfigError, load_config_file
 
 from conftest import SYSFS_FIXTURES, record_reads, samples, scrape
 
@@ -192,3 +192,17 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
         process.terminate()
         _, stderr = process.communicate(timeout=15)
     assert "sample tree of an 8-HCA GPU node" in stderr
+
+
+def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:
+    """A deployed exporter (a config file or --path.sysfs) on a node without class/infiniband, e.g. its
+    modules failed to load, serves that node's empty tree, never the sample's devices."""
+    empty = Config(sysfs=tmp_path / "sys")
+    assert use_sample_tree(empty, forced=False, configured=True) is empty
+    default = Config()
+    if (default.sysfs / "class" / "infiniband").is_dir():
+        pytest.skip("this machine has RDMA devices: the bare run serves them")
+    assert use_sample_tree(default, forced=False, configured=True) is default
+    served = use_sample_tree(default, forced=False, configured=False)
+    assert (served.sysfs / "class" / "infiniband" / "mlx5_0").is_dir()
+    assert use_sample_tree(empty, forced=True, configured=True).sysfs != empty.sysfs

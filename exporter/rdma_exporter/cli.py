@@ -136,9 +136,14 @@ def setup_logging(level: str) -> None:
     )
 
 
-def use_sample_tree(config: Config, forced: bool) -> Config:
-    """Without RDMA hardware, build the bundled sample tree so that a first run shows real output."""
-    if not forced and (config.sysfs / "class" / "infiniband").is_dir():
+def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
+    """Without RDMA hardware, build the bundled sample tree so that a first run shows real output.
+
+    Only a bare first run gets it (`configured` is False: neither --path.sysfs nor --config.file). A
+    deployed exporter on a node whose RDMA modules failed to load must report no devices, not the
+    sample's eight healthy-looking HCAs under this node's name.
+    """
+    if not forced and (configured or (config.sysfs / "class" / "infiniband").is_dir()):
         return config
     if not forced and config.sysfs != Path("/sys"):
         return config  # an explicit tree is served as it is, even without RDMA devices
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rdma-exporter: configuration OK ({source}; web: {web.describe()})")
         return 0
     setup_logging(config.log_level)
-    served = use_sample_tree(config, args.sample)
+    served = use_sample_tree(config, args.sample, args.sysfs is not None or args.config_file is not None)
     # A reload re-reads the config file and re-applies the flags; the sample tree, if any, stays.
     sample = {"sysfs": served.sysfs, "ethtool_dir": served.ethtool_dir} if served is not config else {}
     if os.geteuid() == 0:
