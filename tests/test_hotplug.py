@@ -72,7 +72,8 @@ def test_udev_mode_lists_devices_only_when_told(tree: Path, tmp_path: Path) -> N
     link.symlink_to(target)  # the HCA appears...
     assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}  # ...but nobody said so yet
     added = Event("add", "infiniband", "mlx5_3", "/devices/pci0000:c0/0000:c0:00.0/infiniband/mlx5_3")
-    assert apply_event(collector.inventory, added) == "device mlx5_3"
+    # The PFs are re-read too: the newcomer may be one of their VFs.
+    assert apply_event(collector.inventory, added) == "device mlx5_3, device mlx5_0, device mlx5_1, device mlx5_2"
     assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
 
     link.unlink()
@@ -80,6 +81,29 @@ def test_udev_mode_lists_devices_only_when_told(tree: Path, tmp_path: Path) -> N
     metrics = scrape_samples(collector)
     assert not [key for key in metrics if ("device", "mlx5_3") in key[1]]  # no stale series
     assert metrics[("rdma_exporter_devices", ())] == 3
+
+
+def sriov_vfs_of(collector: RdmaCollector, device: str) -> float:
+    return scrape_samples(collector)[("rdma_device_sriov_vfs", (("device", device),))]
+
+
+def test_a_device_coming_or_going_refreshes_the_vf_count_of_physical_functions(tree: Path) -> None:
+    # Writing sriov_numvfs sends only a pci event; the VF's RDMA device then appears (infiniband add).
+    collector = udev_collector(tree)
+    assert sriov_vfs_of(collector, "mlx5_0") == 0
+    pci = collector.inventory.cached()["mlx5_0"].pci_address
+    (real_dir(tree, "mlx5_0") / "device" / "sriov_numvfs").write_text("1\n")
+    assert sriov_vfs_of(collector, "mlx5_0") == 0  # cached: nobody said anything yet
+    added = Event("add", "infiniband", "mlx5_4", f"/devices/pci0000:00/0000:00:02.0/{pci}/infiniband/mlx5_4")
+    assert apply_event(collector.inventory, added) == "device mlx5_4, device mlx5_0, device mlx5_1, " + (
+        "device mlx5_2, device mlx5_3"
+    )
+    assert sriov_vfs_of(collector, "mlx5_0") == 1
+    (real_dir(tree, "mlx5_0") / "device" / "sriov_numvfs").write_text("0\n")
+    apply_event(collector.inventory, Event("remove", "infiniband", "mlx5_4"))
+    assert sriov_vfs_of(collector, "mlx5_0") == 0
+    # A change event is about that device alone.
+    assert apply_event(collector.inventory, Event("change", "infiniband", "mlx5_1")) == "device mlx5_1"
 
 
 def test_change_event_refreshes_static_attributes(tree: Path) -> None:

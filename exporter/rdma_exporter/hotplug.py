@@ -4,7 +4,8 @@ A VF or a whole HCA can appear or vanish at any time, and a driver reload or a n
 static attributes that the engine caches. The monitor listens to uevents of the `infiniband`,
 `infiniband_verbs` and `net` subsystems and tells the inventory what to forget:
 
-- infiniband add/remove/change/move: that RDMA device (relist, re-read its static info);
+- infiniband add/remove/change/move: that RDMA device (relist, re-read its static info); on add/remove
+  also the SR-IOV physical functions, whose count of VFs may be what changed;
 - infiniband_verbs (uverbsN, re-created on driver reload): every device, since the event names none;
 - net: the RDMA devices that own the netdev (by its name, old name on a rename, or its PCI function);
   netdevs of no RDMA device (container veths, bridges) change nothing.
@@ -64,7 +65,18 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         return None
     if event.subsystem == "infiniband":
         inventory.invalidate(event.name)
-        return f"device {event.name}"
+        if event.action not in ("add", "remove"):
+            return f"device {event.name}"
+        # A device that comes or goes may be a VF: its PF's sriov_numvfs changed, and writing that file
+        # sends only a `pci` event. PFs are the devices with the attribute at all (VFs have none).
+        pfs = sorted(
+            device
+            for device, info in inventory.cached().items()
+            if device != event.name and info.sriov_numvfs is not None
+        )
+        for device in pfs:
+            inventory.invalidate(device)
+        return ", ".join(f"device {device}" for device in [event.name, *pfs])
     if event.subsystem == "infiniband_verbs":
         inventory.invalidate()
         return "all devices"
