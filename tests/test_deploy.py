@@ -42,7 +42,7 @@ def installed_unit(tmp_path: Path) -> Path:
     """The unit with ExecStart pointing at this machine's rdma-exporter: verify checks the binary exists."""
     binary = shutil.which("rdma-exporter")
     binary = str(Path(binary).resolve()) if binary else sys.executable
-    text = UNIT.read_text().replace("/usr/local/bin/rdma-exporter", binary)
+    text = UNIT.read_text().replace("/opt/rdma-exporter/bin/rdma-exporter", binary)
     unit = tmp_path / UNIT.name
     unit.write_text(text)
     return unit
