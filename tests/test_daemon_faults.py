@@ -392,3 +392,66 @@ def test_stuck_device_is_still_present_for_the_expected_topology(tmp_path: Path,
         assert value(metrics, "rdma_expected_port_present", device="mlx5_2", port="1") == 1, attempt
         assert value(metrics, "rdma_exporter_scrape_collector_success", collector="expected") == 1
         assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
+
+
+def test_device_stuck_in_its_static_read_is_present_with_ports_unknown(tmp_path: Path, fifos: Fifos) -> None:
+    # Listed but its static info never came (first scrape, or a udev re-read stuck in firmware): the
+    # device is there, so not "missing"; which ports it has is unknown, so they are not reported at all.
+    from rdma_exporter.config import load_config_file
+
+    root = make_tree(tmp_path, 3)
+    config_file = tmp_path / "expected.yml"
+    config_file.write_text("collector:\n  expected:\n    ports:\n      - devices: 'mlx5_[0-3]'\n        port: 1\n")
+    config = replace(load_config_file(config_file), sysfs=root, scrape_timeout=1.0)
+    fifo = fifos.make(device_dir(root, "mlx5_2") / "fw_ver")
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    collector = build_collector(config, reads=reads)
+    for attempt in range(3):  # the timed-out scrape, then scrapes that skip the stuck device
+        metrics, _ = timed_scrape(collector)
+        assert value(metrics, "rdma_expected_device_present", device="mlx5_2") == 1, attempt
+        assert value(metrics, "rdma_expected_port_present", device="mlx5_2", port="1") is None, attempt
+        assert value(metrics, "rdma_expected_port_info", device="mlx5_2", port="1", link_layer="") == 1
+        for device in ("mlx5_0", "mlx5_1"):
+            assert value(metrics, "rdma_expected_device_present", device=device) == 1
+            assert value(metrics, "rdma_expected_port_present", device=device, port="1") == 1
+        # Really missing is still missing.
+        assert value(metrics, "rdma_expected_device_present", device="mlx5_3") == 0
+        assert value(metrics, "rdma_expected_port_present", device="mlx5_3", port="1") == 0
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="expected") == 1
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
+        assert not [
+            labels
+            for (name, labels), _ in metrics.items()
+            if name == "rdma_exporter_file_read_errors_total" and ("collector", "expected") in labels
+        ], attempt
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_2",
+                 reason="timeout") == 3
+
+    # The firmware answers: the ports are known again.
+    fifos.release(fifo, b"20.39.1002\n")
+    wait_until(lambda: reads.outstanding() == 0)
+    healed, _ = timed_scrape(collector)
+    assert value(healed, "rdma_expected_port_present", device="mlx5_2", port="1") == 1
+
+
+def test_udev_reread_stuck_keeps_the_device_present(tmp_path: Path, fifos: Fifos) -> None:
+    # udev mode: the device's info was known, then an event invalidated it and the re-read blocks.
+    from rdma_exporter.config import load_config_file
+
+    root = make_tree(tmp_path, 2)
+    config_file = tmp_path / "expected.yml"
+    config_file.write_text("collector:\n  expected:\n    ports:\n      - devices: 'mlx5_[0-1]'\n")
+    config = replace(load_config_file(config_file), sysfs=root, scrape_timeout=1.0)
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    collector = build_collector(config, reads=reads)
+    collector.inventory.rescan_each_scrape = False
+    metrics, _ = timed_scrape(collector)
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_1", port="1") == 1
+    fifos.make(device_dir(root, "mlx5_1") / "fw_ver")
+    collector.inventory.invalidate("mlx5_1")
+    for attempt in range(2):
+        metrics, _ = timed_scrape(collector)
+        assert value(metrics, "rdma_expected_device_present", device="mlx5_1") == 1, attempt
+        assert value(metrics, "rdma_expected_port_present", device="mlx5_1", port="1") is None, attempt
+        assert value(metrics, "rdma_exporter_file_read_errors_total", collector="expected", device="mlx5_1",
+                     reason="timeout") is None, attempt

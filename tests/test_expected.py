@@ -266,3 +266,17 @@ def test_source_is_pure() -> None:
     assert ("rdma_expected_port_present", ("mlx5_0", "2"), 0) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
     assert ("rdma_expected_device_present", ("mlx5_0",), 1) in got
+
+
+def test_listed_device_with_unknown_ports_is_present() -> None:
+    """None: the device is listed but its static info is not known yet; its ports are left out, not 0."""
+    from rdma_exporter.collect.base import FamilySet
+
+    source = ExpectedSource([ExpectedPort("mlx5_0", 1), ExpectedPort("mlx5_1", 1)])
+    out = FamilySet()
+    source.expose({"mlx5_0": None}, out)
+    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
+    assert ("rdma_expected_device_present", ("mlx5_0",), 1) in got
+    assert not [row for row in got if row[0] == "rdma_expected_port_present" and row[1][0] == "mlx5_0"]
+    assert ("rdma_expected_device_present", ("mlx5_1",), 0) in got
+    assert ("rdma_expected_port_present", ("mlx5_1", "1"), 0) in got

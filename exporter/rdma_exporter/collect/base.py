@@ -204,8 +204,9 @@ class Source(Protocol):
     that answered into metric families and must not do I/O.
 
     A source whose `read` only looks at the cached `DeviceInfo` sets `io_free = True`: the engine then
-    evaluates it for every listed device with known static info, even one whose reads are stuck, so that
-    (for example) a device in a firmware stall is still reported present.
+    evaluates it for every listed device, even one whose reads are stuck, so that (for example) a device
+    in a firmware stall is still reported present. Its `expose` gets None for a listed device whose static
+    info is not known yet, and no timeout is ever counted against it.
     """
 
     name: str

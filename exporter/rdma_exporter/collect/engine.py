@@ -757,8 +757,10 @@ class RdmaCollector(Collector):
                 if skipped is not None:
                     devices += 1
                     blocked[name] = now - skipped.since()
+                    known = entry.info or skipped.info
                     for source in self.sources:
-                        if self._read_io_free(source, entry.info or skipped.info, results):
+                        if getattr(source, "io_free", False):
+                            success[source.name] &= self._read_io_free(source, name, known, results)
                             continue
                         success[source.name] = False
                         self._count_timeout(rnd, source.name, name)
@@ -770,6 +772,9 @@ class RdmaCollector(Collector):
                         rnd.counted.add((INVENTORY, name))
                         self._record_errors(INVENTORY, job.info_errors)
                     if job.info_failed:
+                        for source in self.sources:  # listed all the same: present, its ports unknown
+                            if getattr(source, "io_free", False):
+                                success[source.name] &= self._read_io_free(source, name, None, results)
                         continue
                 devices += 1
                 if not job.done.is_set() or job.cancelled:
@@ -777,7 +782,8 @@ class RdmaCollector(Collector):
                 outcomes, current = job.snapshot()
                 for source in self.sources:
                     outcome = outcomes.get(source.name)
-                    if outcome is None and self._read_io_free(source, job.info, results):
+                    if outcome is None and getattr(source, "io_free", False):
+                        success[source.name] &= self._read_io_free(source, name, job.info, results)
                         continue
                     if outcome is None:
                         success[source.name] = False
@@ -822,16 +828,24 @@ class RdmaCollector(Collector):
                 rnd.result = out
             return out
 
-    def _read_io_free(self, source: Source, info: DeviceInfo | None, results: dict[str, dict[str, Any]]) -> bool:
-        """Evaluate an I/O-free source from cached static info when the device's job cannot."""
-        if info is None or not getattr(source, "io_free", False):
-            return False
+    def _read_io_free(
+        self, source: Source, name: str, info: DeviceInfo | None, results: dict[str, dict[str, Any]]
+    ) -> bool:
+        """Evaluate an I/O-free source for a listed device whose job cannot (stuck, or not there yet).
+
+        Such a source needs no read, so nothing timed out: the device is in the round's listing, and
+        with its static info unknown (first scrape, a re-read stuck in firmware) its value is None,
+        "listed, layout unknown". False only if the source itself failed.
+        """
+        if info is None:
+            results[source.name][name] = None
+            return True
         try:
-            results[source.name][info.name] = source.read(
-                self._contexts[source.name], info, SysfsReader(info.name, ReadErrors())
+            results[source.name][name] = source.read(
+                self._contexts[source.name], info, SysfsReader(name, ReadErrors())
             )
         except Exception:
-            log.exception("collector %s failed on cached info of %s", source.name, info.name)
+            log.exception("collector %s failed on cached info of %s", source.name, name)
             return False
         return True
 

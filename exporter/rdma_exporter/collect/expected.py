@@ -236,7 +236,8 @@ DEVICE_PRESENT: Final = MetricSpec(
 PORT_PRESENT: Final = MetricSpec(
     "rdma_expected_port_present",
     "gauge",
-    "1 if an expected port exists on its device, 0 if the port or its whole device is missing.",
+    "1 if an expected port exists on its device, 0 if the port or its whole device is missing; absent "
+    "while the device is listed but its ports are not known yet (its first read is stuck).",
     PORT,
 )
 
@@ -245,7 +246,8 @@ class ExpectedSource:
     """Exposes the configured expectations and whether each expected device and port is present."""
 
     name = NAME
-    # Presence comes from the inventory, not from reads: a device stuck in firmware is still present.
+    # Presence comes from the inventory's listing, not from reads: a device stuck in firmware is still
+    # present, even before its static info could be read.
     io_free = True
     specs: tuple[MetricSpec, ...] = (
         PORT_INFO,
@@ -270,7 +272,10 @@ class ExpectedSource:
         # The inventory already knows the ports: no file is opened.
         return frozenset(port.number for port in device.ports)
 
-    def expose(self, results: Mapping[str, frozenset[int]], out: FamilySet) -> None:
+    def expose(self, results: Mapping[str, frozenset[int] | None], out: FamilySet) -> None:
+        # A device is present when it is listed. None: listed, but its static info (and so its ports) is
+        # not known yet, e.g. its first read is stuck in firmware; its ports are then not reported at
+        # all rather than reported missing.
         devices: dict[str, ExpectedPort] = {}
         for expected in self.ports:
             labels = [expected.device, str(expected.port)]
@@ -281,8 +286,9 @@ class ExpectedSource:
                 out.add(PORT_WIDTH, labels, expected.width)
             if expected.netdev_speed_bytes_per_second is not None:
                 out.add(NETDEV_SPEED, labels, expected.netdev_speed_bytes_per_second)
-            present = expected.port in results.get(expected.device, frozenset())
-            out.add(PORT_PRESENT, labels, 1 if present else 0)
+            ports = results.get(expected.device, frozenset())
+            if ports is not None:
+                out.add(PORT_PRESENT, labels, 1 if expected.port in ports else 0)
             # The first entry naming a device carries its PCIe expectation (validation made them agree).
             known = devices.get(expected.device)
             if known is None or (known.pcie_width is None and known.pcie_transfers_per_second is None):
