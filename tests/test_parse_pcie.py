@@ -211,6 +211,27 @@ def test_link_down_unknown_and_garbage(tmp_path: Path) -> None:
     assert reader.errors.counts == {("mlx5_1", REASON_MALFORMED): 5}
 
 
+def test_all_ones_config_read_is_unknown_width(tmp_path: Path) -> None:
+    # current_link_width prints the 6-bit Negotiated Link Width field of LNKSTA (mask 0x03f0), and older
+    # kernels print max_link_width from LNKCAP the same way: a dead or surprise-removed device answers
+    # config reads with all ones, which decodes to 63 (and to the "Unknown" speed).
+    dead = function(
+        tmp_path,
+        PF,
+        {
+            "current_link_speed": "Unknown\n",
+            "max_link_speed": "Unknown\n",
+            "current_link_width": "63\n",
+            "max_link_width": "63\n",
+        },
+    )
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(dead, reader)
+    assert got is not None
+    assert (got.current_width, got.max_width, got.degraded) == (None, None, None)
+    assert reader.errors.total() == 0  # an unanswered config read is a state, not a malformed file
+
+
 def test_not_pcie_or_gone(tmp_path: Path) -> None:
     reader = SysfsReader("rxe0")
     assert read_pcie_link(tmp_path / "nope", reader) is None

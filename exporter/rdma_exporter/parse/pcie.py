@@ -19,9 +19,12 @@ from .reader import REASON_MALFORMED, SysfsReader, link_name
 
 # Transfer rate per lane -> PCIe generation.
 GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
-# Widths the spec defines (x1..x32); the kernel prints 0 for a link that is down, 255 for no answer.
+# Widths the spec defines (x1..x32). The kernel prints the 6-bit width field of LNKSTA (current) or
+# LNKCAP (max) as read: 0 for a link that is down, 63 when a dead or surprise-removed device answers the
+# config read with all ones. Newer kernels print max_link_width via pcie_get_width_cap(), which gives
+# PCIE_LNK_WIDTH_UNKNOWN (255) when LNKCAP reads 0. All three mean "unknown", not a malformed file.
 VALID_WIDTHS: Final = frozenset({1, 2, 4, 8, 12, 16, 32})
-_UNKNOWN_WIDTHS: Final = frozenset({0, 255})
+_UNKNOWN_WIDTHS: Final = frozenset({0, 63, 255})
 
 AER_FILES: Final = {
     "correctable": "aer_dev_correctable",
