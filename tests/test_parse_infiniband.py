@@ -306,3 +306,26 @@ def test_random_corruption_never_breaks_the_scrape(tmp_path_factory: pytest.Temp
     assert any(name == "rdma_port_info" and dict(labels)["device"] == "mlx5_0" for name, labels in values)
     assert values[("rdma_port_symbol_errors_total", (("device", "mlx5_1"), ("port", "1")))] == 0
     assert values[("rdma_exporter_scrape_collector_success", (("collector", "infiniband"),))] == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "numa", "errors"),
+    [
+        ("1\n", 1, 0),
+        ("-1\n", None, 0),  # the platform reported no NUMA node: a fact, not a failed read
+        ("garbage\n", None, 1),
+        ("\n", None, 1),
+        ("1.5\n", None, 1),
+    ],
+)
+def test_numa_node(tmp_path: Path, content: str, numa: int | None, errors: int) -> None:
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    pci_dir = (root / "class" / "infiniband" / "mlx5_0" / "device").resolve()
+    (pci_dir / "numa_node").write_text(content)
+    tally = ReadErrors()
+    info = read_device_info(root, "mlx5_0", SysfsReader("mlx5_0", tally))
+    assert info.numa_node == numa
+    assert tally.counts == ({("mlx5_0", "malformed"): errors} if errors else {})
+    assert info.fw_ver is not None  # the rest of the device is still read

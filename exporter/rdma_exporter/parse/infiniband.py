@@ -267,13 +267,19 @@ def list_devices(sys_root: Path, reader: SysfsReader) -> list[str]:
     return list_dir(sys_root / CLASS_DIR, reader)
 
 
-def _signed(text: str | None) -> int | None:
+_NUMA_NODE: Final = re.compile(r"^(?:-1|[0-9]{1,9})$")
+
+
+def _numa_node(path: Path, reader: SysfsReader) -> int | None:
+    """The PCI function's NUMA node; None for -1 (NUMA_NO_NODE, not an error) and for garbage (counted)."""
+    text = reader.text(path, optional=True)
     if text is None:
         return None
-    try:
-        return int(text.strip())
-    except ValueError:
+    if not _NUMA_NODE.match(text):
+        reader.fail(REASON_MALFORMED, path, f"not a NUMA node: {text[:40]!r}")
         return None
+    node = int(text)
+    return node if node >= 0 else None
 
 
 _PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -331,9 +337,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     pf_address = driver = None
     is_vf = False
     if pci_dir is not None:
-        numa = _signed(reader.text(pci_dir / "numa_node", optional=True))
-        if numa is not None and numa < 0:
-            numa = None  # -1: the platform did not report a NUMA node
+        numa = _numa_node(pci_dir / "numa_node", reader)
         driver = link_name(pci_dir / "driver")
         physfn = pci_dir / "physfn"
         if os.path.islink(physfn):
