@@ -38,6 +38,7 @@ SYNTHETIC = {"up", "scrape_duration_seconds"}
 # Alerts on a state rather than a quantity: their value is 1 and the description names the state.
 STATE_ALERTS = {
     "RdmaPortDown",
+    "RdmaPortVanished",
     "RdmaExpectedDeviceMissing",
     "RdmaExpectedPortMissing",
     "RdmaPortLinkLayerMismatch",
