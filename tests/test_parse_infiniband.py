@@ -34,7 +34,8 @@ LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
         ("400 Gb/sec (4X NDR)", 400e9, 4, "NDR"),
         ("200 Gb/sec (2X NDR)", 200e9, 2, "NDR"),
         ("25 Gb/sec (1X EDR)", 25e9, 1, "EDR"),
-        ("10 Gb/sec (4X)", 10e9, 4, None),  # pre-4.x kernels print no speed name for SDR
+        ("10 Gb/sec (4X)", 10e9, 4, "SDR"),  # pre-4.x kernels print no speed name for SDR
+        ("2.5 Gb/sec (1X)", 2.5e9, 1, "SDR"),
         ("56 Gb/sec (4X FDR)", 56e9, 4, "FDR"),
         ("2.5 Gb/sec (1X SDR)", 2.5e9, 1, "SDR"),
         ("800 Gb/sec (4X XDR)", 800e9, 4, "XDR"),

@@ -199,7 +199,7 @@ class DeviceInfo:
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """The port `rate` file: `400 Gb/sec (4X NDR)`, or the old `10 Gb/sec (4X)` without a speed name."""
+    """The port `rate` file: `400 Gb/sec (4X NDR)`, or the old `10 Gb/sec (4X)`, SDR without its name."""
 
     bits_per_second: float
     lanes: int | None
@@ -220,6 +220,8 @@ def parse_rate(text: str) -> Rate | None:
     if match is None:
         return None
     gbits, lanes, speed = match.groups()
+    if lanes and not speed:
+        speed = "SDR"  # rate_show() before 4.x left the name of SDR (and of unknown speeds) empty
     speed = speed.upper() if speed else None
     if speed is not None and speed not in LANE_SPEEDS:
         speed = None
