@@ -330,3 +330,53 @@ def test_numa_node(tmp_path: Path, content: str, numa: int | None, errors: int) 
     assert info.numa_node == numa
     assert tally.counts == ({("mlx5_0", "malformed"): errors} if errors else {})
     assert info.fw_ver is not None  # the rest of the device is still read
+
+
+NODE_EXPORTER = SYSFS_FIXTURES / "prometheus-node_exporter" / "sys"
+MLX4_PORT1 = (("device", "mlx4_0"), ("port", "1"))
+
+
+def test_legacy_counters_ext_give_the_main_counters_their_64_bit_value(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # Pre-4.5 kernels (mlx4): counters/port_xmit_data is the 32-bit PortCounters field, which stops at
+    # 2^32-1 words (16 GiB); counters_ext/port_xmit_data_64 is the same field in 64 bits. Rules and
+    # dashboards read rdma_port_transmit_data_bytes_total, so that is where the 64-bit value must go.
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    (port / "counters/port_xmit_data").write_text("4294967295\n")  # stuck at its 32-bit maximum
+    (port / "counters_ext/port_xmit_data_64").write_text("1099511627776\n")
+    values = samples(scrape(root))
+    assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 2**40
+    assert values[("rdma_port_transmit_packets_total", MLX4_PORT1)] == 0  # counters_ext/port_xmit_packets_64
+    assert values[("rdma_port_receive_unicast_packets_total", MLX4_PORT1)] == 61148
+    # A 32-bit file that the 64-bit one supersedes gets no saturation verdict (it would be a false ticket).
+    saturated = {dict(labels)["counter"] for (name, labels) in values
+                 if name == "rdma_port_pma_saturated" and ("device", "mlx4_0") in labels}
+    assert not saturated & {"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"}
+    assert values[("rdma_port_pma_saturated", (("counter", "port_xmit_wait"), *MLX4_PORT1))] == 1  # really 32 bit
+    # One value per counter: no second family with the same numbers.
+    assert not [name for name, _ in values if name.startswith("rdma_port_ext_")]
+
+
+def test_legacy_superseded_counter_file_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import record_reads
+
+    opened = record_reads(monkeypatch)
+    scrape(NODE_EXPORTER)
+    read = {os.path.relpath(path, NODE_EXPORTER / "class/infiniband/mlx4_0/ports/1") for path in opened}
+    assert "counters_ext/port_rcv_packets_64" in read
+    assert "counters/port_rcv_packets" not in read
+    assert "counters/port_xmit_wait" in read
+
+
+def test_unreadable_64_bit_counter_costs_its_value_not_a_fallback(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # The series keeps one source: falling back to the 32-bit file for a scrape would make it jump.
+    root = captured_copy("prometheus-node_exporter")
+    (root / "class/infiniband/mlx4_0/ports/1/counters_ext/port_rcv_data_64").write_text("garbage\n")
+    values = samples(scrape(root))
+    assert ("rdma_port_receive_data_bytes_total", MLX4_PORT1) not in values
+    assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440
+    key = (
+        "rdma_exporter_file_read_errors_total",
+        (("collector", "infiniband"), ("device", "mlx4_0"), ("reason", "malformed")),
+    )
+    assert values[key] == 1

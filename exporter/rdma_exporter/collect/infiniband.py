@@ -155,16 +155,13 @@ _PMA_HELP: Final[dict[str, str]] = {
 }
 
 
-def _pma_spec(key: str, *, ext: bool) -> MetricSpec:
-    prefix = "rdma_port_ext_" if ext else "rdma_port_"
-    source = "counters_ext/ (legacy 64-bit PortCountersExtended)" if ext else "counters/"
-    return MetricSpec(f"{prefix}{key}_total", "counter", f"{_PMA_HELP[key]} From {source}.", PORT)
+def _pma_spec(key: str) -> MetricSpec:
+    legacy = any(c.key == key for c in PMA_COUNTERS_EXT.values())
+    source = "counters/ (on pre-4.5 kernels the 64-bit counters_ext/ twin)" if legacy else "counters/"
+    return MetricSpec(f"rdma_port_{key}_total", "counter", f"{_PMA_HELP[key]} From {source}.", PORT)
 
 
-_PMA_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c.key, ext=False) for c in PMA_COUNTERS.values()}
-_PMA_EXT_SPECS: Final[dict[str, MetricSpec]] = {
-    c.key: _pma_spec(c.key, ext=True) for c in PMA_COUNTERS_EXT.values()
-}
+_PMA_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c.key) for c in PMA_COUNTERS.values()}
 
 # HELP for hw_counters files whose meaning is documented by the driver vendor. Files not listed are
 # exported all the same, with a generic HELP naming the file.
@@ -318,12 +315,14 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
         if counter.width < 64:
             saturated = value >= (1 << counter.width) - 1
             out.add(PORT_SATURATED, [*labels, file], 1 if saturated else 0)
+    # Legacy counters_ext/: the 64-bit value of a counter goes under its one name (the 32-bit counters/
+    # twin was left out of counter_files, so it is neither read nor judged saturated).
     for file, value in port.counters_ext.items():
         ext = PMA_COUNTERS_EXT.get(file)
         if ext is None:
             out.add(_PORT_GENERIC.get(file), labels, value)
         else:
-            out.add(_PMA_EXT_SPECS[ext.key], labels, value * ext.scale)
+            out.add(_PMA_SPECS[ext.key], labels, value * ext.scale)
     _expose_hw(port.hw_counters, _PORT_HW, PORT_LIFESPAN, labels, out)
 
 
@@ -382,7 +381,6 @@ class InfinibandSource:
         PORT_NETDEV,
         PORT_GIDS,
         *_PMA_SPECS.values(),
-        *_PMA_EXT_SPECS.values(),
         PORT_SATURATED,
         PORT_LIFESPAN,
     )

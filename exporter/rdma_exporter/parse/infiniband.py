@@ -117,6 +117,15 @@ PMA_COUNTERS_EXT: Final[dict[str, PmaCounter]] = {
     )
 }
 _LEGACY_32BIT: Final = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
+# counters/ file -> the counters_ext/ file holding the same PMA field in 64 bits. Where both exist the
+# 64-bit one is the counter: the other is neither read nor exported (it stops at 2^32-1, a false
+# saturation verdict and a flat rate).
+SUPERSEDED_BY_EXT: Final[dict[str, str]] = {
+    counter.file: ext.file
+    for counter in PMA_COUNTERS.values()
+    for ext in PMA_COUNTERS_EXT.values()
+    if counter.key == ext.key
+}
 
 
 def pma_counter(file: str, *, legacy: bool) -> PmaCounter | None:
@@ -159,7 +168,7 @@ class PortInfo:
 
     number: int
     link_layer: str | None
-    counter_files: tuple[str, ...]
+    counter_files: tuple[str, ...]  # counters/, less the files counters_ext/ supersedes (SUPERSEDED_BY_EXT)
     counter_ext_files: tuple[str, ...]
     hw_counter_files: tuple[str, ...]
     netdevs: tuple[str, ...]  # own netdev first, then uppers (VLANs); a RoCE LAG port maps to its bond
@@ -318,11 +327,15 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
 
 def read_port_info(sys_root: Path, device: str, port: int, reader: SysfsReader) -> PortInfo:
     port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
+    counter_files = list_dir(port_dir / "counters", reader)
+    counter_ext_files = tuple(list_dir(port_dir / "counters_ext", reader))
+    if counter_ext_files:
+        counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     return PortInfo(
         number=port,
         link_layer=reader.text(port_dir / "link_layer", optional=True),
-        counter_files=tuple(list_dir(port_dir / "counters", reader)),
-        counter_ext_files=tuple(list_dir(port_dir / "counters_ext", reader)),
+        counter_files=tuple(counter_files),
+        counter_ext_files=counter_ext_files,
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
         netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader)),
         gid_types=_gid_types(port_dir, reader),
