@@ -455,3 +455,32 @@ def test_udev_reread_stuck_keeps_the_device_present(tmp_path: Path, fifos: Fifos
         assert value(metrics, "rdma_expected_port_present", device="mlx5_1", port="1") is None, attempt
         assert value(metrics, "rdma_exporter_file_read_errors_total", collector="expected", device="mlx5_1",
                      reason="timeout") is None, attempt
+
+
+def test_static_read_error_is_retried_before_the_cache_period(tmp_path: Path) -> None:
+    # udev mode keeps static info until a uevent or the 15-minute resync. A counters/ listing that failed
+    # once (EIO while the firmware resets) must not cost the port every counter for that long.
+    root = make_tree(tmp_path, 2)
+    collector = collector_for(root, 5.0)
+    collector.inventory.rescan_each_scrape = False
+    now = [1000.0]
+    collector.inventory._clock = lambda: now[0]
+    counters = device_dir(root, "mlx5_1") / "ports" / "1" / "counters"
+    counters.rename(counters.with_name("counters.away"))
+    counters.write_text("")  # listing it fails with ENOTDIR, an io error
+    first, _ = timed_scrape(collector)
+    assert value(first, "rdma_port_symbol_errors_total", device="mlx5_1", port="1") is None
+    assert value(first, "rdma_exporter_file_read_errors_total", collector="inventory", device="mlx5_1",
+                 reason="io") == 1
+    clean = collector.inventory.cached()["mlx5_0"]
+
+    counters.unlink()
+    counters.with_name("counters.away").rename(counters)
+    now[0] += 10.0
+    soon, _ = timed_scrape(collector)
+    assert value(soon, "rdma_port_symbol_errors_total", device="mlx5_1", port="1") is None  # not every scrape
+    now[0] += 60.0
+    later, _ = timed_scrape(collector)
+    assert value(later, "rdma_port_symbol_errors_total", device="mlx5_1", port="1") is not None
+    assert value(later, "rdma_port_symbol_errors_total", device="mlx5_0", port="1") is not None
+    assert collector.inventory.cached()["mlx5_0"] is clean  # a device read without errors is not re-read

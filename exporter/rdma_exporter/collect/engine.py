@@ -18,6 +18,7 @@ a device or port that disappears simply stops being exported (no stale series).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import re
@@ -59,6 +60,10 @@ WORKER_IDLE_SECONDS: Final = 30.0
 UDEV_RESYNC_SECONDS: Final = 900.0
 # Rescan mode has no change events (netdev renames, firmware updates): re-read static info this often.
 RESCAN_STATIC_MAX_AGE: Final = 300.0
+# Static info whose read failed somewhere is read again this soon, in either mode: a transient failure
+# (EIO during a firmware reset) must not cost its values until the next uevent or resync, nor, when it was
+# a listing such as counters/, every value behind it.
+STATIC_RETRY_SECONDS: Final = 60.0
 
 SCRAPE_DURATION: Final = MetricSpec(
     "rdma_exporter_scrape_collector_duration_seconds",
@@ -156,6 +161,7 @@ class Inventory:
     getdents, plus a readlink per device) and re-reads a device's static info when its link target
     changes (driver reload, VF re-creation) or after RESCAN_STATIC_MAX_AGE. Udev mode lists only when
     the hotplug monitor said something changed (`mark_dirty`, `invalidate`), plus a periodic resync.
+    In either mode, static info whose read had errors is read again after STATIC_RETRY_SECONDS.
     Static info itself is read by the device's job, under the scrape deadline.
     """
 
@@ -176,7 +182,8 @@ class Inventory:
         self._lock = threading.Lock()
         self._listing: list[tuple[str, str]] | None = None  # (name, link target) of allowed devices
         self._listed_at = 0.0
-        self._cache: dict[str, tuple[str, DeviceInfo, float]] = {}  # name -> (target, info, read at)
+        # name -> (target, info, read at, read without errors)
+        self._cache: dict[str, tuple[str, DeviceInfo, float, bool]] = {}
         self._epoch_all = 0
         self._epochs: dict[str, int] = {}
         self.excluded = 0
@@ -203,7 +210,7 @@ class Inventory:
 
     def cached(self) -> dict[str, DeviceInfo]:
         with self._lock:
-            return {name: info for name, (_, info, _) in self._cache.items()}
+            return {name: cached[1] for name, cached in self._cache.items()}
 
     def scan(self, errors: ReadErrors) -> list[DeviceEntry]:
         now = self._clock()
@@ -218,20 +225,25 @@ class Inventory:
                 listed = {name for name, _ in self._listing}
                 self._cache = {n: v for n, v in self._cache.items() if n in listed}
             entries = []
+            max_age = RESCAN_STATIC_MAX_AGE if self.rescan_each_scrape else math.inf
             for name, target in self._listing:
                 cached = self._cache.get(name)
                 info = None
                 if cached is not None and cached[0] == target:
-                    fresh = not self.rescan_each_scrape or now - cached[2] < RESCAN_STATIC_MAX_AGE
-                    info = cached[1] if fresh else None
+                    age = now - cached[2]
+                    if age < max_age and (cached[3] or age < STATIC_RETRY_SECONDS):
+                        info = cached[1]
                 entries.append(DeviceEntry(name, target, info, (self._epoch_all, self._epochs.get(name, 0))))
             return entries
 
-    def store(self, entry: DeviceEntry, info: DeviceInfo) -> None:
-        """Cache static info a job read, unless the device was invalidated since it was listed."""
+    def store(self, entry: DeviceEntry, info: DeviceInfo, *, complete: bool = True) -> None:
+        """Cache static info a job read, unless the device was invalidated since it was listed.
+
+        `complete` is False when some static read failed: the info is then kept STATIC_RETRY_SECONDS only.
+        """
         with self._lock:
             if entry.epoch == (self._epoch_all, self._epochs.get(entry.name, 0)):
-                self._cache[entry.name] = (entry.target, info, self._clock())
+                self._cache[entry.name] = (entry.target, info, self._clock(), complete)
 
     def _list(self, errors: ReadErrors) -> list[tuple[str, str]]:
         names = list_devices(self.sys_root, SysfsReader("", errors))
@@ -708,7 +720,7 @@ class RdmaCollector(Collector):
                 job.info_failed = True
             job.info_seconds = time.perf_counter() - started
             if info is not None:
-                self.inventory.store(entry, info)
+                self.inventory.store(entry, info, complete=not job.info_errors.counts)
         job.info = info
         job.info_done = True
         if info is None:
