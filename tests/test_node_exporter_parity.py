@@ -47,16 +47,20 @@ PORT_METRICS = {
     "unicast_packets_received_total": "rdma_port_receive_unicast_packets_total",
     "unicast_packets_transmitted_total": "rdma_port_transmit_unicast_packets_total",
     "vl15_dropped_total": "rdma_port_vl15_dropped_total",
-    # counters_ext/ of pre-4.5 kernels.
-    "legacy_data_received_bytes_total": "rdma_port_ext_receive_data_bytes_total",
-    "legacy_data_transmitted_bytes_total": "rdma_port_ext_transmit_data_bytes_total",
-    "legacy_multicast_packets_received_total": "rdma_port_ext_receive_multicast_packets_total",
-    "legacy_multicast_packets_transmitted_total": "rdma_port_ext_transmit_multicast_packets_total",
-    "legacy_packets_received_total": "rdma_port_ext_receive_packets_total",
-    "legacy_packets_transmitted_total": "rdma_port_ext_transmit_packets_total",
-    "legacy_unicast_packets_received_total": "rdma_port_ext_receive_unicast_packets_total",
-    "legacy_unicast_packets_transmitted_total": "rdma_port_ext_transmit_unicast_packets_total",
+    # counters_ext/ of pre-4.5 kernels: the 64-bit twins of counters/ files, exported under the main name.
+    "legacy_data_received_bytes_total": "rdma_port_receive_data_bytes_total",
+    "legacy_data_transmitted_bytes_total": "rdma_port_transmit_data_bytes_total",
+    "legacy_multicast_packets_received_total": "rdma_port_receive_multicast_packets_total",
+    "legacy_multicast_packets_transmitted_total": "rdma_port_transmit_multicast_packets_total",
+    "legacy_packets_received_total": "rdma_port_receive_packets_total",
+    "legacy_packets_transmitted_total": "rdma_port_transmit_packets_total",
+    "legacy_unicast_packets_received_total": "rdma_port_receive_unicast_packets_total",
+    "legacy_unicast_packets_transmitted_total": "rdma_port_transmit_unicast_packets_total",
 }
+# Where a port has both, node_exporter exports the 32-bit counters/ value and the 64-bit legacy one; ours
+# is the 64-bit value under the main name, so only that one is compared.
+SUPERSEDED = {short: legacy for legacy, ours in PORT_METRICS.items() if legacy.startswith("legacy_")
+              for short, same in PORT_METRICS.items() if same == ours and not short.startswith("legacy_")}  # fmt: skip
 # node_exporter info labels -> our rdma_device_info labels.
 INFO_LABELS = {"board_id": "board_id", "device": "device", "firmware_version": "fw_ver", "hca_type": "hca_type"}
 
@@ -119,6 +123,8 @@ def _compare(sys_root: Path, ethtool_dir: Path | None = None) -> int:
             continue
         if short not in PORT_METRICS:
             problems.append(f"node_exporter metric {name} has no counterpart in the map")
+            continue
+        if short in SUPERSEDED and (f"node_infiniband_{SUPERSEDED[short]}", labels) in theirs:
             continue
         key = (PORT_METRICS[short], labels)
         if key not in ours:
