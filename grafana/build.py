@@ -1021,8 +1021,9 @@ def node_detail() -> Json:
             "none",
             # Two queries merged, not a join: a device without a NUMA node (-1: single-socket hosts, VMs)
             # has no rdma_device_numa_node and must still be listed.
-            targets((sel("rdma_device_info", DEVICE), ""), (sel("rdma_device_numa_node", DEVICE), ""),
-                    instant=True, table=True),
+            # `max without ()` drops __name__, which differs between the two and would keep their rows apart.
+            targets((f"max without () ({sel('rdma_device_info', DEVICE)})", ""),
+                    (f"max without () ({sel('rdma_device_numa_node', DEVICE)})", ""), instant=True, table=True),
             rename={"Value #B": "NUMA node"},
             hide=("cluster", "Value #A"),
         ), 14, 7),

@@ -705,6 +705,9 @@ def test_identity_tables_list_every_device_and_port(stack: Stack) -> None:
                 answer = stack.query(substitute(tgt["expr"], variables))
                 assert answer["status"] == "success", answer
                 listed |= {tuple(r["metric"][k] for k in keys) for r in answer["data"]["result"]}
+                # Grafana's merge joins rows on every column they share, the metric name included.
+                named = [r for r in answer["data"]["result"] if "__name__" in r["metric"]]
+                assert len(item["targets"]) == 1 or not named, f"{item['title']}: __name__ splits the merged rows"
             return exposed - listed
 
         wait_until(f"{title} to list every {name}", lambda f=left_out: not f(), DEADLINE, [])  # the first scrapes
