@@ -154,7 +154,7 @@ def test_amtool_check_config() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-ROUTE_CASES = yaml.safe_load((ALERTMANAGER / "routes-tests.yml").read_text())
+ROUTE_CASES = yaml.safe_load((ALERTMANAGER / "routes-tests.yaml").read_text())
 
 
 @pytest.mark.parametrize("case", ROUTE_CASES, ids=lambda c: "-".join(f"{v}" for v in c["labels"].values())[:60])
