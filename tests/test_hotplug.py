@@ -72,8 +72,7 @@ def test_udev_mode_lists_devices_only_when_told(tree: Path, tmp_path: Path) -> N
     link.symlink_to(target)  # the HCA appears...
     assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}  # ...but nobody said so yet
     added = Event("add", "infiniband", "mlx5_3", "/devices/pci0000:c0/0000:c0:00.0/infiniband/mlx5_3")
-    # The PFs are re-read too: the newcomer may be one of their VFs.
-    assert apply_event(collector.inventory, added) == "device mlx5_3, device mlx5_0, device mlx5_1, device mlx5_2"
+    assert apply_event(collector.inventory, added) == "device mlx5_3"
     assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
 
     link.unlink()
@@ -87,23 +86,30 @@ def sriov_vfs_of(collector: RdmaCollector, device: str) -> float:
     return scrape_samples(collector)[("rdma_device_sriov_vfs", (("device", device),))]
 
 
-def test_a_device_coming_or_going_refreshes_the_vf_count_of_physical_functions(tree: Path) -> None:
-    # Writing sriov_numvfs sends only a pci event; the VF's RDMA device then appears (infiniband add).
+def test_vf_count_follows_the_pf_change_event_and_vf_removal(tmp_path: Path) -> None:
+    tree = build_tree(tmp_path / "t", spec_for_devices(16))  # 8 PFs with one VF each
     collector = udev_collector(tree)
-    assert sriov_vfs_of(collector, "mlx5_0") == 0
-    pci = collector.inventory.cached()["mlx5_0"].pci_address
-    (real_dir(tree, "mlx5_0") / "device" / "sriov_numvfs").write_text("1\n")
-    assert sriov_vfs_of(collector, "mlx5_0") == 0  # cached: nobody said anything yet
-    added = Event("add", "infiniband", "mlx5_4", f"/devices/pci0000:00/0000:00:02.0/{pci}/infiniband/mlx5_4")
-    assert apply_event(collector.inventory, added) == "device mlx5_4, device mlx5_0, device mlx5_1, " + (
-        "device mlx5_2, device mlx5_3"
-    )
-    assert sriov_vfs_of(collector, "mlx5_0") == 1
-    (real_dir(tree, "mlx5_0") / "device" / "sriov_numvfs").write_text("0\n")
-    apply_event(collector.inventory, Event("remove", "infiniband", "mlx5_4"))
-    assert sriov_vfs_of(collector, "mlx5_0") == 0
-    # A change event is about that device alone.
-    assert apply_event(collector.inventory, Event("change", "infiniband", "mlx5_1")) == "device mlx5_1"
+    scrape_samples(collector)  # the first scrape caches static info
+    cached = collector.inventory.cached()
+    vf = next(name for name, info in cached.items() if info.is_vf)
+    pf = next(name for name, info in cached.items() if info.pci_address == cached[vf].pf_pci_address)
+    pci = cached[pf].pci_address
+    assert sriov_vfs_of(collector, pf) == 1
+    numvfs = real_dir(tree, pf) / "device" / "sriov_numvfs"
+
+    # Writing sriov_numvfs: the PF's pci change event arrives once the VFs exist.
+    numvfs.write_text("2\n")
+    assert sriov_vfs_of(collector, pf) == 1  # cached: nobody said anything yet
+    assert apply_event(collector.inventory, Event("change", "pci", pci, f"/devices/pci0000:00/{pci}")) == f"device {pf}"
+    assert sriov_vfs_of(collector, pf) == 2
+    # Other PCI events, and functions of no RDMA device, change nothing.
+    assert apply_event(collector.inventory, Event("add", "pci", pci, f"/devices/pci0000:00/{pci}")) is None
+    assert apply_event(collector.inventory, Event("change", "pci", "0000:99:00.0", "/devices/x/0000:99:00.0")) is None
+
+    # Disabling VFs sends no event on the PF, but each VF's RDMA device goes: its PF is re-read.
+    numvfs.write_text("0\n")
+    assert apply_event(collector.inventory, Event("remove", "infiniband", vf)) == f"device {vf}, device {pf}"
+    assert sriov_vfs_of(collector, pf) == 0
 
 
 def test_change_event_refreshes_static_attributes(tree: Path) -> None:

@@ -2,10 +2,11 @@
 
 A VF or a whole HCA can appear or vanish at any time, and a driver reload or a netdev rename changes
 static attributes that the engine caches. The monitor listens to uevents of the `infiniband`,
-`infiniband_verbs` and `net` subsystems and tells the inventory what to forget:
+`infiniband_verbs`, `net` and `pci` subsystems and tells the inventory what to forget:
 
-- infiniband add/remove/change/move: that RDMA device (relist, re-read its static info); on add/remove
-  also the SR-IOV physical functions, whose count of VFs may be what changed;
+- infiniband add/remove/change/move: that RDMA device (relist, re-read its static info), and on the
+  removal of a VF its PF, whose count of VFs dropped;
+- pci change on a cached device's function: that device (writing sriov_numvfs sends it on the PF);
 - infiniband_verbs (uverbsN, re-created on driver reload): every device, since the event names none;
 - net: the RDMA devices that own the netdev (by its name, old name on a rename, or its PCI function);
   netdevs of no RDMA device (container veths, bridges) change nothing.
@@ -31,7 +32,7 @@ from .collect.engine import Inventory
 
 log = logging.getLogger(__name__)
 
-SUBSYSTEMS: Final = ("infiniband", "infiniband_verbs", "net")
+SUBSYSTEMS: Final = ("infiniband", "infiniband_verbs", "net", "pci")
 ACTIONS: Final = frozenset({"add", "remove", "change", "move", "bind", "unbind"})
 UDEVD_CONTROL: Final = Path("/run/udev/control")
 _PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -64,19 +65,20 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
     if event.action not in ACTIONS:
         return None
     if event.subsystem == "infiniband":
-        inventory.invalidate(event.name)
-        if event.action not in ("add", "remove"):
-            return f"device {event.name}"
-        # A device that comes or goes may be a VF: its PF's sriov_numvfs changed, and writing that file
-        # sends only a `pci` event. PFs are the devices with the attribute at all (VFs have none).
-        pfs = sorted(
-            device
-            for device, info in inventory.cached().items()
-            if device != event.name and info.sriov_numvfs is not None
-        )
-        for device in pfs:
+        # A VF that goes changed its PF's sriov_numvfs; disabling VFs sends no event on the PF itself.
+        removed = inventory.cached().get(event.name) if event.action == "remove" else None
+        pf = removed.pf_pci_address if removed is not None else None
+        hit = [event.name, *_devices_on_function(inventory, pf)]
+        for device in hit:
             inventory.invalidate(device)
-        return ", ".join(f"device {device}" for device in [event.name, *pfs])
+        return ", ".join(f"device {device}" for device in hit)
+    if event.subsystem == "pci":
+        # Writing sriov_numvfs sends `change` on the PF once its VFs exist (no infiniband event names it;
+        # a re-read before that would wait on the write's lock). Other PCI events change nothing we cache.
+        hit = _devices_on_function(inventory, event.name) if event.action == "change" else []
+        for device in hit:
+            inventory.invalidate(device)
+        return ", ".join(f"device {device}" for device in hit) or None
     if event.subsystem == "infiniband_verbs":
         inventory.invalidate()
         return "all devices"
@@ -99,6 +101,13 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         # A physical netdev of no known device: maybe an RDMA device's netdev that is not cached yet.
         inventory.mark_dirty()
     return ", ".join(f"device {device}" for device in hit) or None
+
+
+def _devices_on_function(inventory: Inventory, pci_address: str | None) -> list[str]:
+    """Cached RDMA devices of a PCI function, by name."""
+    if pci_address is None:
+        return []
+    return sorted(device for device, info in inventory.cached().items() if info.pci_address == pci_address)
 
 
 def is_kernel_sysfs(path: Path) -> bool:
