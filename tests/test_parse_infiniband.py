@@ -369,10 +369,22 @@ def test_legacy_superseded_counter_file_is_not_read(monkeypatch: pytest.MonkeyPa
 
 
 def test_unreadable_64_bit_counter_costs_its_value_not_a_fallback(captured_copy) -> None:  # type: ignore[no-untyped-def]
-    # The series keeps one source: falling back to the 32-bit file for a scrape would make it jump.
+    # Once the 64-bit file has answered, the series keeps that one source: falling back to the 32-bit
+    # file for a scrape would make it jump.
+    from dataclasses import replace
+
+    from prometheus_client import generate_latest
+
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector, build_registry
+
     root = captured_copy("prometheus-node_exporter")
+    registry = build_registry(build_collector(replace(Config(), sysfs=root)))
+    assert samples(generate_latest(registry).decode())[("rdma_port_receive_data_bytes_total", MLX4_PORT1)] == (
+        4 * 4631917
+    )
     (root / "class/infiniband/mlx4_0/ports/1/counters_ext/port_rcv_data_64").write_text("garbage\n")
-    values = samples(scrape(root))
+    values = samples(generate_latest(registry).decode())
     assert ("rdma_port_receive_data_bytes_total", MLX4_PORT1) not in values
     assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440
     key = (
@@ -380,3 +392,18 @@ def test_unreadable_64_bit_counter_costs_its_value_not_a_fallback(captured_copy)
         (("collector", "infiniband"), ("device", "mlx4_0"), ("reason", "malformed")),
     )
     assert values[key] == 1
+
+
+def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # An HCA without extended counters may list counters_ext/ and fail every read: the 32-bit counters/
+    # value is then all there is, and it is exported (and watched for saturation) as before.
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    (port / "counters_ext/port_rcv_data_64").write_text("garbage\n")
+    (port / "counters/port_rcv_data").write_text("1000\n")
+    values = samples(scrape(root))
+    assert values[("rdma_port_receive_data_bytes_total", MLX4_PORT1)] == 4000
+    assert values[("rdma_port_pma_saturated", (("counter", "port_rcv_data"), *MLX4_PORT1))] == 0
+    assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440  # its twin answered
+    inventory = (("collector", "inventory"), ("device", "mlx4_0"), ("reason", "malformed"))
+    assert values[("rdma_exporter_file_read_errors_total", inventory)] == 1

@@ -24,6 +24,7 @@ from typing import Final
 from .netdev import NetdevIdentity, rdma_port_netdevs, read_netdev_identity
 from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
+    NO_VALUE_ERRNOS,
     REASON_MALFORMED,
     SysfsReader,
     link_name,
@@ -90,7 +91,7 @@ PMA_COUNTERS: Final[dict[str, PmaCounter]] = {
         PmaCounter("excessive_buffer_overrun_errors", "excessive_buffer_overrun_errors", 4),
         PmaCounter("VL15_dropped", "vl15_dropped", 16),
         # The kernel serves these from PortCountersExtended (64 bit) when the HCA supports it, which
-        # every HCA of the last decade does; on legacy kernels with counters_ext/ they are 32 bit.
+        # every HCA of the last decade does; beside a legacy MLNX_OFED counters_ext/ they are 32 bit.
         PmaCounter("port_xmit_data", "transmit_data_bytes", 64, 4),
         PmaCounter("port_rcv_data", "receive_data_bytes", 64, 4),
         PmaCounter("port_xmit_packets", "transmit_packets", 64),
@@ -102,7 +103,8 @@ PMA_COUNTERS: Final[dict[str, PmaCounter]] = {
         PmaCounter("multicast_rcv_packets", "receive_multicast_packets", 64),
     )
 }
-# Pre-4.5 kernels put the 64-bit PortCountersExtended values in counters_ext/ beside 32-bit counters/.
+# Legacy MLNX_OFED stacks put the 64-bit PortCountersExtended values in counters_ext/ beside 32-bit counters/
+# (mainline made counters/ itself 64-bit in kernel 4.5).
 PMA_COUNTERS_EXT: Final[dict[str, PmaCounter]] = {
     c.file: c
     for c in (
@@ -328,7 +330,15 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
 def read_port_info(sys_root: Path, device: str, port: int, reader: SysfsReader) -> PortInfo:
     port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
     counter_files = list_dir(port_dir / "counters", reader)
-    counter_ext_files = tuple(list_dir(port_dir / "counters_ext", reader))
+    # A 64-bit counters_ext/ file replaces its counters/ twin only if it answers now: an HCA without
+    # extended counters may list them and fail each read (EINVAL), and then the 32-bit value is all there
+    # is. Any other failure is counted, so the static info is read again soon (engine).
+    counter_ext_files = tuple(
+        name
+        for name in list_dir(port_dir / "counters_ext", reader)
+        if name not in PMA_COUNTERS_EXT
+        or reader.uint(port_dir / "counters_ext" / name, optional=True, absent_errnos=NO_VALUE_ERRNOS) is not None
+    )
     if counter_ext_files:
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     return PortInfo(
