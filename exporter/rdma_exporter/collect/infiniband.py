@@ -157,7 +157,7 @@ _PMA_HELP: Final[dict[str, str]] = {
 
 def _pma_spec(key: str) -> MetricSpec:
     legacy = any(c.key == key for c in PMA_COUNTERS_EXT.values())
-    source = "counters/ (on pre-4.5 kernels the 64-bit counters_ext/ twin)" if legacy else "counters/"
+    source = "counters/ (where a legacy MLNX_OFED stack adds counters_ext/, its 64-bit twin)" if legacy else "counters/"
     return MetricSpec(f"rdma_port_{key}_total", "counter", f"{_PMA_HELP[key]} From {source}.", PORT)
 
 
