@@ -69,6 +69,14 @@ def rate(metric: str, labels: Sequence[str] = PORT, *extra: str) -> str:
     return f"rate({sel(metric, labels, *extra)}[$__rate_interval])"
 
 
+def bytes_rate(direction: str) -> str:
+    """Per-port bytes/s in `direction` ("transmit" or "receive"), as the throughput records compute it: the
+    PMA data counter, else the driver's hw_counters tx_bytes/rx_bytes (EFA and bnxt_re have only those)."""
+    # Both rates carry the same labels per port (rate drops the name), so `or` takes the PMA one where both are.
+    pma, hw = rate(f"rdma_port_{direction}_data_bytes_total"), rate(f"rdma_port_hw_{direction[0]}x_bytes_total")
+    return f"({pma} or {hw})"
+
+
 def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str) -> str:
     return f"increase({sel(metric, labels, *extra)}[{window}])"
 
@@ -816,8 +824,8 @@ def node_detail() -> Json:
             "Throughput",
             "Data sent and received by the selected ports.",
             "bps",
-            targets((f"sum({rate('rdma_port_transmit_data_bytes_total')}) * 8", "tx"),
-                    (f"sum({rate('rdma_port_receive_data_bytes_total')}) * 8", "rx")),
+            targets((f"sum({bytes_rate('transmit')}) * 8", "tx"),
+                    (f"sum({bytes_rate('receive')}) * 8", "rx")),
         ), 5, 4),
         (stat(
             "Worst bit-error rate",
@@ -907,16 +915,16 @@ def node_detail() -> Json:
             "Throughput per port",
             "Data sent (tx) and received (rx) per port.",
             "bps",
-            targets((f"{rate('rdma_port_transmit_data_bytes_total')} * 8", f"{dp} tx"),
-                    (f"{rate('rdma_port_receive_data_bytes_total')} * 8", f"{dp} rx")),
+            targets((f"{bytes_rate('transmit')} * 8", f"{dp} tx"),
+                    (f"{bytes_rate('receive')} * 8", f"{dp} rx")),
         ), 12, 8),
         (timeseries(
             "Utilisation per port",
             "Throughput as a share of the rate the port trained at (down ports have no value).",
             "percentunit",
-            targets((f"{rate('rdma_port_transmit_data_bytes_total')} / {ON_PORT} group_left () "
+            targets((f"{bytes_rate('transmit')} / {ON_PORT} group_left () "
                      f"({sel('rdma_port_rate_bytes_per_second')} > 0)", f"{dp} tx"),
-                    (f"{rate('rdma_port_receive_data_bytes_total')} / {ON_PORT} group_left () "
+                    (f"{bytes_rate('receive')} / {ON_PORT} group_left () "
                      f"({sel('rdma_port_rate_bytes_per_second')} > 0)", f"{dp} rx")),
             minimum=0,
         ), 12, 8),
@@ -1177,8 +1185,8 @@ def roce_congestion() -> Json:
             "RoCE throughput",
             "Data sent and received by the selected RoCE ports.",
             "bps",
-            targets((f"sum({rate('rdma_port_transmit_data_bytes_total')}) * 8", "tx"),
-                    (f"sum({rate('rdma_port_receive_data_bytes_total')}) * 8", "rx")),
+            targets((f"sum({bytes_rate('transmit')}) * 8", "tx"),
+                    (f"sum({bytes_rate('receive')}) * 8", "rx")),
         ), 4, 4),
         (row("Priority flow control"), 24, 1),
         (timeseries(
