@@ -212,7 +212,8 @@ NETDEV_SPEED: Final = MetricSpec(
     "rdma_expected_netdev_speed_bytes_per_second",
     "gauge",
     "Speed the port's netdev is expected to report, in bytes per second (compare "
-    "rdma_netdev_speed_bytes_per_second). Defaults to the expected rate on Ethernet ports.",
+    "rdma_netdev_speed_bytes_per_second). Defaults to the expected rate on Ethernet ports. The speed of "
+    "one link: on a RoCE LAG port, of each bond slave.",
     PORT,
 )
 PCIE_SPEED: Final = MetricSpec(
