@@ -173,25 +173,32 @@ def test_vf_link_comes_from_its_pf(tmp_path: Path) -> None:
     assert got.aer_totals == {"correctable": 2}
 
 
-def test_link_down_unknown_and_garbage(tmp_path: Path) -> None:
-    down = function(
-        tmp_path,
-        PF,
-        {
-            "current_link_speed": "Unknown speed\n",
-            "max_link_speed": "8 GT/s\n",
-            "current_link_width": "0\n",
-            "max_link_width": "255\n",
-        },
-    )
+@pytest.mark.parametrize(
+    "link",
+    [
+        # A link that is down: the kernel prints "Unknown speed" and a width of 0; 255 is the width
+        # pcie_get_width_cap() gives when LNKCAP reads 0.
+        {"current_link_speed": "Unknown speed\n", "max_link_speed": "8 GT/s\n", "current_link_width": "0\n",
+         "max_link_width": "255\n"},
+        # A dead or surprise-removed device answers config reads with all ones: current_link_width prints
+        # the 6-bit Negotiated Link Width field of LNKSTA (mask 0x03f0), which decodes to 63, and older
+        # kernels print max_link_width from LNKCAP the same way.
+        {"current_link_speed": "Unknown\n", "max_link_speed": "Unknown\n", "current_link_width": "63\n",
+         "max_link_width": "63\n"},
+    ],
+    ids=["down", "all-ones"],
+)  # fmt: skip
+def test_unknown_link_is_a_state_not_a_failed_read(tmp_path: Path, link: dict[str, str]) -> None:
     reader = SysfsReader("mlx5_0")
-    got = read_pcie_link(down, reader)
+    got = read_pcie_link(function(tmp_path, PF, link), reader)
     assert got is not None
-    assert (got.current_speed_gts, got.max_speed_gts, got.current_width, got.max_width) == (None, 8.0, None, None)
-    assert got.degraded is None
+    assert (got.current_width, got.max_width, got.degraded, got.current_speed_gts) == (None, None, None, None)
+    assert got.max_speed_gts == (8.0 if link["max_link_speed"] == "8 GT/s\n" else None)
     assert (got.aer, got.aer_totals) == ({}, {})
-    assert reader.errors.total() == 0  # unknown is a state, not a failed read
+    assert reader.errors.total() == 0
 
+
+def test_garbage_link_files_are_malformed(tmp_path: Path) -> None:
     bad = function(
         tmp_path,
         "0000:3b:00.1",
@@ -209,27 +216,6 @@ def test_link_down_unknown_and_garbage(tmp_path: Path) -> None:
     assert None is got.current_speed_gts is got.max_speed_gts is got.current_width is got.max_width
     assert got.aer == {("fatal", "Undefined"): 0}
     assert reader.errors.counts == {("mlx5_1", REASON_MALFORMED): 5}
-
-
-def test_all_ones_config_read_is_unknown_width(tmp_path: Path) -> None:
-    # current_link_width prints the 6-bit Negotiated Link Width field of LNKSTA (mask 0x03f0), and older
-    # kernels print max_link_width from LNKCAP the same way: a dead or surprise-removed device answers
-    # config reads with all ones, which decodes to 63 (and to the "Unknown" speed).
-    dead = function(
-        tmp_path,
-        PF,
-        {
-            "current_link_speed": "Unknown\n",
-            "max_link_speed": "Unknown\n",
-            "current_link_width": "63\n",
-            "max_link_width": "63\n",
-        },
-    )
-    reader = SysfsReader("mlx5_0")
-    got = read_pcie_link(dead, reader)
-    assert got is not None
-    assert (got.current_width, got.max_width, got.degraded) == (None, None, None)
-    assert reader.errors.total() == 0  # an unanswered config read is a state, not a malformed file
 
 
 def test_not_pcie_or_gone(tmp_path: Path) -> None:
