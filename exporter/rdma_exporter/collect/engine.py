@@ -771,8 +771,7 @@ class RdmaCollector(Collector):
                     blocked[name] = now - skipped.since()
                     known = entry.info or skipped.info
                     for source in self.sources:
-                        if getattr(source, "io_free", False):
-                            success[source.name] &= self._read_io_free(source, name, known, results)
+                        if self._read_io_free(source, name, known, results, success):
                             continue
                         success[source.name] = False
                         self._count_timeout(rnd, source.name, name)
@@ -785,8 +784,7 @@ class RdmaCollector(Collector):
                         self._record_errors(INVENTORY, job.info_errors)
                     if job.info_failed:
                         for source in self.sources:  # listed all the same: present, its ports unknown
-                            if getattr(source, "io_free", False):
-                                success[source.name] &= self._read_io_free(source, name, None, results)
+                            self._read_io_free(source, name, None, results, success)
                         continue
                 devices += 1
                 if not job.done.is_set() or job.cancelled:
@@ -794,8 +792,7 @@ class RdmaCollector(Collector):
                 outcomes, current = job.snapshot()
                 for source in self.sources:
                     outcome = outcomes.get(source.name)
-                    if outcome is None and getattr(source, "io_free", False):
-                        success[source.name] &= self._read_io_free(source, name, job.info, results)
+                    if outcome is None and self._read_io_free(source, name, job.info, results, success):
                         continue
                     if outcome is None:
                         success[source.name] = False
@@ -841,14 +838,22 @@ class RdmaCollector(Collector):
             return out
 
     def _read_io_free(
-        self, source: Source, name: str, info: DeviceInfo | None, results: dict[str, dict[str, Any]]
+        self,
+        source: Source,
+        name: str,
+        info: DeviceInfo | None,
+        results: dict[str, dict[str, Any]],
+        success: dict[str, bool],
     ) -> bool:
-        """Evaluate an I/O-free source for a listed device whose job cannot (stuck, or not there yet).
+        """Evaluate an I/O-free source for a listed device whose job cannot (stuck, or not there yet);
+        False if the source reads files, which the caller then reports as not read.
 
         Such a source needs no read, so nothing timed out: the device is in the round's listing, and
         with its static info unknown (first scrape, a re-read stuck in firmware) its value is None,
-        "listed, layout unknown". False only if the source itself failed.
+        "listed, layout unknown". The source fails the round only if it raises.
         """
+        if not getattr(source, "io_free", False):
+            return False
         if info is None:
             results[source.name][name] = None
             return True
@@ -858,7 +863,7 @@ class RdmaCollector(Collector):
             )
         except Exception:
             log.exception("collector %s failed on cached info of %s", source.name, name)
-            return False
+            success[source.name] = False
         return True
 
     def _log_blocked(self, blocked: dict[str, float], rnd: _Round) -> None:
