@@ -68,17 +68,11 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         # A VF that goes changed its PF's sriov_numvfs; disabling VFs sends no event on the PF itself.
         removed = inventory.cached().get(event.name) if event.action == "remove" else None
         pf = removed.pf_pci_address if removed is not None else None
-        hit = [event.name, *_devices_on_function(inventory, pf)]
-        for device in hit:
-            inventory.invalidate(device)
-        return ", ".join(f"device {device}" for device in hit)
+        return _forget(inventory, [event.name, *_devices_on_function(inventory, pf)])
     if event.subsystem == "pci":
         # Writing sriov_numvfs sends `change` on the PF once its VFs exist (no infiniband event names it;
         # a re-read before that would wait on the write's lock). Other PCI events change nothing we cache.
-        hit = _devices_on_function(inventory, event.name) if event.action == "change" else []
-        for device in hit:
-            inventory.invalidate(device)
-        return ", ".join(f"device {device}" for device in hit) or None
+        return _forget(inventory, _devices_on_function(inventory, event.name) if event.action == "change" else [])
     if event.subsystem == "infiniband_verbs":
         inventory.invalidate()
         return "all devices"
@@ -95,12 +89,17 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         if (info.pci_address is not None and info.pci_address in functions)
         or any(names.intersection(port.netdevs) for port in info.ports)
     )
-    for device in hit:
-        inventory.invalidate(device)
     if not hit and not event.devpath.startswith("/devices/virtual/"):
         # A physical netdev of no known device: maybe an RDMA device's netdev that is not cached yet.
         inventory.mark_dirty()
-    return ", ".join(f"device {device}" for device in hit) or None
+    return _forget(inventory, hit)
+
+
+def _forget(inventory: Inventory, devices: list[str]) -> str | None:
+    """Invalidate each device's static info; what was done, for the log (None for nothing)."""
+    for device in devices:
+        inventory.invalidate(device)
+    return ", ".join(f"device {device}" for device in devices) or None
 
 
 def _devices_on_function(inventory: Inventory, pci_address: str | None) -> list[str]:
