@@ -150,6 +150,11 @@ def test_down_port_is_reported_not_dropped(captured_copy) -> None:  # type: igno
 
 MLX5_0 = (("device", "mlx5_0"), ("port", "1"))
 
+
+def read_errors_key(device: str, reason: str, collector: str = "infiniband") -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The samples() key of rdma_exporter_file_read_errors_total for one collector, device and reason."""
+    return ("rdma_exporter_file_read_errors_total", (("collector", collector), ("device", device), ("reason", reason)))
+
 # (what to do to counters/symbol_error, expected error reason or None when it is not an error)
 BAD_CONTENT = [
     ("", "malformed"),
@@ -172,11 +177,7 @@ def test_bad_counter_file_costs_only_its_value(captured_copy, content: str, reas
     assert values[("rdma_port_link_downed_total", MLX5_0)] == 0
     assert values[("rdma_port_rate_bytes_per_second", MLX5_0)] == 50e9
     assert values[("rdma_port_state_id", MLX5_0)] == 4
-    error_key = (
-        "rdma_exporter_file_read_errors_total",
-        (("collector", "infiniband"), ("device", "mlx5_0"), ("reason", reason)),
-    )
-    assert values[error_key] == 1
+    assert values[read_errors_key("mlx5_0", reason)] == 1
     assert values[("rdma_exporter_scrape_collector_success", (("collector", "infiniband"),))] == 1
 
 
@@ -233,11 +234,7 @@ def test_kernel_read_errors_cost_only_the_value(
     assert values[("rdma_port_state_id", MLX5_0)] == 4
     assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
     assert values[("rdma_port_rate_bytes_per_second", (("device", "mlx5_1"), ("port", "1")))] == 50e9
-    key = (
-        "rdma_exporter_file_read_errors_total",
-        (("collector", "infiniband"), ("device", "mlx5_0"), ("reason", reason)),
-    )
-    assert values[key] == 1
+    assert values[read_errors_key("mlx5_0", reason)] == 1
 
 
 def test_missing_optional_attributes_are_not_errors() -> None:
@@ -253,11 +250,7 @@ def test_no_pma_device_keeps_its_other_values() -> None:
     assert values[("rdma_port_state_id", port)] == 4
     assert values[("rdma_port_rate_bytes_per_second", port)] == 1.25e9
     assert values[("rdma_port_link_width_lanes", port)] == 4
-    key = (
-        "rdma_exporter_file_read_errors_total",
-        (("collector", "infiniband"), ("device", "i40iw0"), ("reason", "unsupported")),
-    )
-    assert values[key] == 17
+    assert values[read_errors_key("i40iw0", "unsupported")] == 17
 
 
 def test_removed_ports_dir_costs_only_that_device(captured_copy) -> None:  # type: ignore[no-untyped-def]
@@ -387,11 +380,7 @@ def test_unreadable_64_bit_counter_costs_its_value_not_a_fallback(captured_copy)
     values = samples(generate_latest(registry).decode())
     assert ("rdma_port_receive_data_bytes_total", MLX4_PORT1) not in values
     assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440
-    key = (
-        "rdma_exporter_file_read_errors_total",
-        (("collector", "infiniband"), ("device", "mlx4_0"), ("reason", "malformed")),
-    )
-    assert values[key] == 1
+    assert values[read_errors_key("mlx4_0", "malformed")] == 1
 
 
 def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_copy) -> None:  # type: ignore[no-untyped-def]
@@ -405,5 +394,4 @@ def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_cop
     assert values[("rdma_port_receive_data_bytes_total", MLX4_PORT1)] == 4000
     assert values[("rdma_port_pma_saturated", (("counter", "port_rcv_data"), *MLX4_PORT1))] == 0
     assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440  # its twin answered
-    inventory = (("collector", "inventory"), ("device", "mlx4_0"), ("reason", "malformed"))
-    assert values[("rdma_exporter_file_read_errors_total", inventory)] == 1
+    assert values[read_errors_key("mlx4_0", "malformed", collector="inventory")] == 1
