@@ -484,3 +484,48 @@ def test_static_read_error_is_retried_before_the_cache_period(tmp_path: Path) ->
     assert value(later, "rdma_port_symbol_errors_total", device="mlx5_1", port="1") is not None
     assert value(later, "rdma_port_symbol_errors_total", device="mlx5_0", port="1") is not None
     assert collector.inventory.cached()["mlx5_0"] is clean  # a device read without errors is not re-read
+
+
+def test_pcie_capability_read_all_ones_is_read_again(tmp_path: Path) -> None:
+    # A device in reset answers config reads with all ones, and max_link_width then reads 63. Read at the
+    # static read, that "unknown" would be kept until a uevent or the 15-minute resync, leaving the PCIe
+    # degradation alert without its maximum; it is read again after STATIC_RETRY_SECONDS instead.
+    root = make_tree(tmp_path, 2)
+    collector = collector_for(root, 5.0)
+    collector.inventory.rescan_each_scrape = False
+    now = [1000.0]
+    collector.inventory._clock = lambda: now[0]
+    pci = device_dir(root, "mlx5_1") / "device"
+    max_width = pci / "max_link_width"
+    max_width.write_text("63\n")
+    first, _ = timed_scrape(collector)
+    assert value(first, "rdma_pcie_link_max_width_lanes", device="mlx5_1") is None
+    assert value(first, "rdma_pcie_link_max_width_lanes", device="mlx5_0") == 16
+    assert value(first, "rdma_exporter_file_read_errors_total", collector="inventory", device="mlx5_1",
+                 reason="malformed") is None  # unknown, not garbage
+    clean = collector.inventory.cached()["mlx5_0"]
+
+    max_width.write_text("16\n")  # the reset is over
+    now[0] += 10.0
+    soon, _ = timed_scrape(collector)
+    assert value(soon, "rdma_pcie_link_max_width_lanes", device="mlx5_1") is None  # not on every scrape
+    now[0] += 60.0
+    later, _ = timed_scrape(collector)
+    assert value(later, "rdma_pcie_link_max_width_lanes", device="mlx5_1") == 16
+    assert collector.inventory.cached()["mlx5_0"] is clean  # a device read settled is not re-read
+
+
+def test_pcie_capability_that_reads_zero_is_kept(tmp_path: Path) -> None:
+    # A passed-through VF's link registers are reserved and read 0: unknown for good, so its static info
+    # is kept like any other (no static re-read every minute on every VF of a VM).
+    root = make_tree(tmp_path, 2)
+    collector = collector_for(root, 5.0)
+    collector.inventory.rescan_each_scrape = False
+    now = [1000.0]
+    collector.inventory._clock = lambda: now[0]
+    (device_dir(root, "mlx5_1") / "device" / "max_link_width").write_text("0\n")
+    timed_scrape(collector)
+    kept = collector.inventory.cached()["mlx5_1"]
+    now[0] += 120.0
+    timed_scrape(collector)
+    assert collector.inventory.cached()["mlx5_1"] is kept

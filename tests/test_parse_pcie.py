@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rdma_exporter.parse.pcie import parse_aer, parse_link_speed, pcie_generation, read_pcie_link
+from rdma_exporter.parse.pcie import (
+    parse_aer,
+    parse_link_speed,
+    pcie_generation,
+    read_pcie_identity,
+    read_pcie_link,
+)
 from rdma_exporter.parse.reader import REASON_MALFORMED, SysfsReader
 
 PF = "0000:3b:00.0"
@@ -196,6 +202,15 @@ def test_unknown_link_is_a_state_not_a_failed_read(tmp_path: Path, link: dict[st
     assert got.max_speed_gts == (8.0 if link["max_link_speed"] == "8 GT/s\n" else None)
     assert (got.aer, got.aer_totals) == ({}, {})
     assert reader.errors.total() == 0
+
+
+@pytest.mark.parametrize(("max_width", "all_ones"), [("63\n", True), ("0\n", False), ("255\n", False), ("16\n", False)])
+def test_identity_says_when_the_capability_read_all_ones(tmp_path: Path, max_width: str, all_ones: bool) -> None:
+    # 63 is a device in reset or gone, worth reading again; 0 (a VF's reserved registers) and 255 are not.
+    pf = function(tmp_path, PF, {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": max_width})
+    identity = read_pcie_identity(pf, SysfsReader("mlx5_0"))
+    assert identity is not None
+    assert identity.all_ones is all_ones
 
 
 def test_garbage_link_files_are_malformed(tmp_path: Path) -> None:

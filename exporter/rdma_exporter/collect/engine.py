@@ -161,7 +161,8 @@ class Inventory:
     getdents, plus a readlink per device) and re-reads a device's static info when its link target
     changes (driver reload, VF re-creation) or after RESCAN_STATIC_MAX_AGE. Udev mode lists only when
     the hotplug monitor said something changed (`mark_dirty`, `invalidate`), plus a periodic resync.
-    In either mode, static info whose read had errors is read again after STATIC_RETRY_SECONDS.
+    In either mode, static info whose read had errors, or that is not settled (a PCIe capability read
+    while the device was in reset), is read again after STATIC_RETRY_SECONDS.
     Static info itself is read by the device's job, under the scrape deadline.
     """
 
@@ -239,7 +240,8 @@ class Inventory:
     def store(self, entry: DeviceEntry, info: DeviceInfo, *, complete: bool = True) -> None:
         """Cache static info a job read, unless the device was invalidated since it was listed.
 
-        `complete` is False when some static read failed: the info is then kept STATIC_RETRY_SECONDS only.
+        `complete` is False when some static read failed or the info is not settled: the info is then
+        kept STATIC_RETRY_SECONDS only.
         """
         with self._lock:
             if entry.epoch == (self._epoch_all, self._epochs.get(entry.name, 0)):
@@ -720,7 +722,7 @@ class RdmaCollector(Collector):
                 job.info_failed = True
             job.info_seconds = time.perf_counter() - started
             if info is not None:
-                self.inventory.store(entry, info, complete=not job.info_errors.counts)
+                self.inventory.store(entry, info, complete=info.settled and not job.info_errors.counts)
         job.info = info
         job.info_done = True
         if info is None:

@@ -207,6 +207,11 @@ class DeviceInfo:
     def netdev(self, name: str) -> NetdevIdentity | None:
         return next((n for n in self.netdevs if n.name == name), None)
 
+    @property
+    def settled(self) -> bool:
+        """False when a static value was read from hardware in transition, so that it is read again soon."""
+        return self.pcie is None or not self.pcie.all_ones
+
 
 @dataclass(frozen=True, slots=True)
 class Rate:

@@ -24,7 +24,8 @@ GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5
 # config read with all ones. Newer kernels print max_link_width via pcie_get_width_cap(), which gives
 # PCIE_LNK_WIDTH_UNKNOWN (255) when LNKCAP reads 0. All three mean "unknown", not a malformed file.
 VALID_WIDTHS: Final = frozenset({1, 2, 4, 8, 12, 16, 32})
-_UNKNOWN_WIDTHS: Final = frozenset({0, 63, 255})
+_ALL_ONES_WIDTH: Final = 63
+_UNKNOWN_WIDTHS: Final = frozenset({0, _ALL_ONES_WIDTH, 255})
 
 AER_FILES: Final = {
     "correctable": "aer_dev_correctable",
@@ -143,7 +144,10 @@ def _speed(path: str | Path, reader: SysfsReader) -> float | None:
 
 
 def _width(path: str | Path, reader: SysfsReader) -> int | None:
-    width = reader.uint(path, optional=True)
+    return _known_width(reader.uint(path, optional=True), path, reader)
+
+
+def _known_width(width: int | None, path: str | Path, reader: SysfsReader) -> int | None:
     if width is None or width in _UNKNOWN_WIDTHS:
         return None
     if width not in VALID_WIDTHS:
@@ -167,6 +171,9 @@ class PcieIdentity:
     max_speed_gts: float | None
     max_width: int | None
     aer_files: tuple[tuple[str, str], ...] = ()  # (severity, file) of the AER files the function has
+    # The capability read all ones (a width of 63): the device was in reset or gone at that moment, so
+    # the maximum is not known yet rather than unknown for good (a VF's reserved registers read 0).
+    all_ones: bool = False
 
 
 def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | None:
@@ -182,14 +189,17 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     has_aer = any((pci_dir / name).exists() for name in AER_FILES.values())
     if not has_link and not has_aer:
         return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
+    max_width_path = link_dir / "max_link_width"
+    max_width = reader.uint(max_width_path, optional=True)
     return PcieIdentity(
         address=address,
         link_dir=link_dir,
         link_address=link_address,
         via_physfn=via_physfn,
         max_speed_gts=_speed(link_dir / "max_link_speed", reader),
-        max_width=_width(link_dir / "max_link_width", reader),
+        max_width=_known_width(max_width, max_width_path, reader),
         aer_files=tuple((sev, file) for sev, file in AER_FILES.items() if (pci_dir / file).exists()),
+        all_ones=max_width == _ALL_ONES_WIDTH,
     )
 
 
