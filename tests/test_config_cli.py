@@ -46,6 +46,12 @@ def write(tmp_path: Path, text: str) -> Path:
         ("web:\n  read_threads: 0\n", "web.read_threads", "expected an integer from 1 to 64"),
         ("web:\n  read_threads: 65\n", "web.read_threads", "expected an integer from 1 to 64"),
         ("web:\n  read_threads: '4'\n", "web.read_threads", "expected an integer from 1 to 64"),
+        # PyYAML keeps the last of two equal keys: the first exclude would be dropped without a word.
+        ("devices:\n  exclude: 'mlx5_0'\nlog:\n  level: info\ndevices:\n  include: 'mlx5_.*'\n",
+         "line 5, column 1", "duplicate key 'devices'"),
+        ("devices:\n  exclude: 'mlx5_0'\n  exclude: 'mlx5_1'\n", "line 3, column 3", "duplicate key 'exclude'"),
+        ("path:\n  sysfs: /nonexistent/sys\n", "path.sysfs", "not a directory: /nonexistent/sys"),
+        ("path:\n  ethtool: /nonexistent/ethtool\n", "path.ethtool", "not a directory"),
     ],
 )
 def test_invalid_config_names_file_key_and_reason(tmp_path: Path, text: str, key: str, reason: str) -> None:
@@ -90,6 +96,14 @@ def test_invalid_flag_value() -> None:
     result = run_cli("--web.listen-address", "nonsense", "--check-config")
     assert result.returncode == 2
     assert "command line: --web.listen-address:" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--path.sysfs", "--path.ethtool"])
+def test_missing_directory_flag_stops_start_up(tmp_path: Path, flag: str) -> None:
+    # A typo, or a container started without its host /sys mount, must not look like a node without RDMA.
+    result = run_cli(flag, str(tmp_path / "absent"), "--check-config")
+    assert result.returncode == 2
+    assert f"command line: {flag}: not a directory: {tmp_path / 'absent'}" in result.stderr
 
 
 @pytest.mark.parametrize("value", ["0", "65", "two", "-1", "1.5"])

@@ -626,9 +626,11 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
         ("basic_auth_users:\n  prometheus: plaintext\n", "basic_auth_users.prometheus: expected a bcrypt hash"),
         ("tls_config:\n  cert_file: {cert}\n", "tls_config: unknown key"),
         ("basic_auth_users: [", "invalid YAML"),
+        # The second user list would silently replace the first, locking out whoever is in it.
+        ("basic_auth_users:\n  a: x\nbasic_auth_users:\n  b: y\n", "duplicate key 'basic_auth_users'"),
     ],
     ids=["no-key", "missing-file", "key-mismatch", "version", "unverified-client", "no-ca", "ciphers",
-         "plain-password", "typo", "yaml"],
+         "plain-password", "typo", "yaml", "duplicate-key"],
 )
 def test_invalid_web_config_stops_startup(
     start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path, body: str, message: str

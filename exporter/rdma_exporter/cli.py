@@ -22,6 +22,7 @@ from .config import (
     LOG_LEVELS,
     Config,
     ConfigError,
+    check_directory,
     check_listen,
     check_log_level,
     check_open_files,
@@ -110,9 +111,9 @@ def resolve_config(args: argparse.Namespace) -> Config:
         value = _integer(args.max_open_files)
         flag["max_open_files"] = check_open_files("command line", "--read.max-open-files", value)
     if args.sysfs is not None:
-        flag["sysfs"] = Path(args.sysfs)
+        flag["sysfs"] = check_directory("command line", "--path.sysfs", args.sysfs)
     if args.ethtool_dir is not None:
-        flag["ethtool_dir"] = Path(args.ethtool_dir)
+        flag["ethtool_dir"] = check_directory("command line", "--path.ethtool", args.ethtool_dir)
     if args.device_include is not None:
         flag["device_include"] = check_regex("command line", "--devices.include", args.device_include)
     if args.device_exclude is not None:

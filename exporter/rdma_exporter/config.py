@@ -82,6 +82,15 @@ def check_path(source: str, key: str, value: Any) -> Path | None:
     return Path(check_string(source, key, value))
 
 
+def check_directory(source: str, key: str, value: Any) -> Path | None:
+    """A directory the exporter reads from: a typo (or a missing host mount) stops start-up, rather than
+    serving an exporter with no devices that looks like a node whose RDMA modules did not load."""
+    path = check_path(source, key, value)
+    if path is not None and not path.is_dir():
+        raise ConfigError(source, key, f"not a directory: {path}")
+    return path
+
+
 def check_listen(source: str, key: str, value: Any) -> str:
     text = check_string(source, key, value)
     host, sep, port = text.rpartition(":")
@@ -140,8 +149,8 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[str, str, Any], Any]]]] = {
     "web.scrape_timeout_seconds": ("scrape_timeout", check_seconds),
     "web.read_threads": ("read_threads", check_read_threads),
     "read.max_open_files": ("max_open_files", check_open_files),
-    "path.sysfs": ("sysfs", check_path),
-    "path.ethtool": ("ethtool_dir", check_path),
+    "path.sysfs": ("sysfs", check_directory),
+    "path.ethtool": ("ethtool_dir", check_directory),
     "devices.include": ("device_include", check_regex),
     "devices.exclude": ("device_exclude", check_regex),
     "log.level": ("log_level", check_log_level),
@@ -204,6 +213,36 @@ def parse_config(document: Any, source: str, base: Config | None = None) -> Conf
     return replace(config, **updates)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping, where PyYAML keeps the last one: a
+    second `devices:` section further down would otherwise silently replace the first."""
+
+
+def _unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:
+            continue  # unhashable: construct_mapping reports it
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """One YAML document, with duplicate keys refused (UniqueKeyLoader)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def load_config_file(path: Path, base: Config | None = None) -> Config:
     source = str(path)
     try:
@@ -213,7 +252,7 @@ def load_config_file(path: Path, base: Config | None = None) -> Config:
     except UnicodeDecodeError:
         raise ConfigError(source, "(file)", "not UTF-8 text") from None
     try:
-        document = yaml.safe_load(text)
+        document = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"

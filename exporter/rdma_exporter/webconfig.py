@@ -36,7 +36,7 @@ from typing import Any, Final
 import bcrypt
 import yaml
 
-from .config import ConfigError
+from .config import ConfigError, load_yaml
 
 TLS_VERSIONS: Final = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -274,7 +274,7 @@ def load_web_config(path: Path | None) -> WebConfig:
         return WebConfig()
     source = str(path)
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(source, "(file)", f"cannot read: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
