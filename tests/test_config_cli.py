@@ -202,6 +202,8 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(0.2)
         assert 'rdma_port_rate_bytes_per_second{device="mlx5_7",port="1"} 5e+10' in body
+        # Said in the metrics too, where an alert can see it: a log line alone reaches nobody.
+        assert "\nrdma_exporter_sample_tree 1.0\n" in body
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=15)

@@ -529,3 +529,23 @@ def test_pcie_capability_that_reads_zero_is_kept(tmp_path: Path) -> None:
     now[0] += 120.0
     timed_scrape(collector)
     assert collector.inventory.cached()["mlx5_1"] is kept
+
+
+def test_node_without_class_infiniband_is_not_a_failure(tmp_path: Path) -> None:
+    # A node without RDMA modules (a DaemonSet runs everywhere) has no devices; that is not a failing
+    # collector, which would open a ticket on every such node. A class directory that cannot be listed is.
+    root = tmp_path / "sys"
+    root.mkdir()
+    metrics, _ = timed_scrape(collector_for(root, 5.0))
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="inventory") == 1
+    assert value(metrics, "rdma_exporter_devices") == 0
+    assert not [key for key in metrics if key[0] == "rdma_exporter_file_read_errors_total"]
+    assert value(metrics, "rdma_exporter_sample_tree") == 0
+
+    (root / "class").mkdir()
+    (root / "class" / "infiniband").write_text("")  # listing it fails with ENOTDIR
+    metrics, _ = timed_scrape(collector_for(root, 5.0))
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="inventory") == 0
+    assert value(metrics, "rdma_exporter_file_read_errors_total", collector="inventory", device="",
+                 reason="io") == 1
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -238,13 +239,29 @@ collector:
         assert value(metrics, "rdma_expected_port_rate_bytes_per_second", device=name, port="1") == 5e10
 
 
-def test_device_filter_counts_as_missing(tree: Path) -> None:
-    """An expected device the exporter was told to skip is reported missing rather than silently dropped."""
+def test_excluded_device_is_present_with_its_ports_unknown(tree: Path, tmp_path: Path) -> None:
+    """Excluding a misbehaving device (what the ScrapeSlow runbook advises) must not page it as missing:
+    it is listed, only not read, so it is present, its ports unreported, and it is named as excluded.
+    An excluded device that really disappears is missing all the same."""
     config = parse("collector: {expected: {ports: [{devices: 'mlx5_[0-1]'}]}}")
     config = replace(config, device_exclude=re.compile("mlx5_1"))
+    tree = Path(shutil.copytree(tree, tmp_path / "tree", symlinks=True))
     metrics = scrape(tree, config)
     assert value(metrics, "rdma_expected_device_present", device="mlx5_0") == 1
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_0", port="1") == 1
+    assert value(metrics, "rdma_expected_device_present", device="mlx5_1") == 1
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_1", port="1") is None
+    assert value(metrics, "rdma_exporter_device_excluded", device="mlx5_1") == 1
+    assert value(metrics, "rdma_exporter_device_excluded", device="mlx5_0") is None
+    assert value(metrics, "rdma_exporter_devices_excluded") == 1
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="expected") == 1
+
+    (tree / "class" / "infiniband" / "mlx5_1").unlink()
+    metrics = scrape(tree, config)
     assert value(metrics, "rdma_expected_device_present", device="mlx5_1") == 0
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_1", port="1") == 0
+    assert value(metrics, "rdma_exporter_device_excluded", device="mlx5_1") is None
+    assert value(metrics, "rdma_exporter_devices_excluded") == 0
 
 
 def test_collector_can_be_disabled(tree: Path) -> None:

@@ -161,7 +161,7 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
         sys_root,
         dest / "ethtool",
     )
-    return replace(config, sysfs=sys_root, ethtool_dir=config.ethtool_dir or dest / "ethtool")
+    return replace(config, sysfs=sys_root, ethtool_dir=config.ethtool_dir or dest / "ethtool", sample_tree=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.log_level)
     served = use_sample_tree(config, args.sample, args.sysfs is not None or args.config_file is not None)
     # A reload re-reads the config file and re-applies the flags; the sample tree, if any, stays.
-    sample = {"sysfs": served.sysfs, "ethtool_dir": served.ethtool_dir} if served is not config else {}
+    sample: dict[str, Any] = {}
+    if served is not config:
+        sample = {"sysfs": served.sysfs, "ethtool_dir": served.ethtool_dir, "sample_tree": True}
     if os.geteuid() == 0:
         log.warning("running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user")
     from .daemon import run

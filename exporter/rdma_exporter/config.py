@@ -57,6 +57,8 @@ class Config:
     collector_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Which settings came from where, for `--check-config` and logs.
     config_file: Path | None = None
+    # `sysfs` is the bundled sample tree of made-up devices (cli.use_sample_tree), said in the metrics.
+    sample_tree: bool = False
 
 
 def check_regex(source: str, key: str, value: Any) -> re.Pattern[str] | None:

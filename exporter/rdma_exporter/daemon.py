@@ -75,6 +75,7 @@ def build_collector(
         scrape_timeout=config.scrape_timeout,
         reads=reads,
         rescan_each_scrape=rescan_each_scrape,
+        sample_tree=config.sample_tree,
     )
 
 
@@ -885,6 +886,9 @@ class Daemon:
             config.scrape_timeout,
         )
         log.info("device discovery: %s", mode)
+        class_dir = config.sysfs / "class" / "infiniband"
+        if not class_dir.is_dir():
+            log.warning("no %s: no RDMA devices to export (RDMA modules not loaded?)", class_dir)
 
     def reload(self) -> bool:
         """Re-read the config (and web config) file; anything invalid keeps the running config."""

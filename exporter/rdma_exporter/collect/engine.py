@@ -74,7 +74,8 @@ SCRAPE_DURATION: Final = MetricSpec(
 SCRAPE_SUCCESS: Final = MetricSpec(
     "rdma_exporter_scrape_collector_success",
     "gauge",
-    "1 if every device answered the collector in this scrape, 0 if any device failed as a whole.",
+    "1 if every device answered the collector in this scrape, 0 if any device failed as a whole. "
+    'collector="inventory" is the listing of class/infiniband and the devices\' static attributes.',
     ("collector",),
 )
 READ_ERRORS: Final = MetricSpec(
@@ -94,6 +95,20 @@ DEVICES_EXCLUDED: Final = MetricSpec(
     "rdma_exporter_devices_excluded",
     "gauge",
     "RDMA devices skipped by the include/exclude filters (none of their files is read).",
+    (),
+)
+DEVICE_EXCLUDED: Final = MetricSpec(
+    "rdma_exporter_device_excluded",
+    "gauge",
+    "1 for an RDMA device listed under class/infiniband that the include/exclude filters skip (none of its "
+    "files is read, so it has no other rdma_ series); present only for such devices.",
+    ("device",),
+)
+SAMPLE_TREE: Final = MetricSpec(
+    "rdma_exporter_sample_tree",
+    "gauge",
+    "1 when the exporter serves its bundled sample tree of made-up devices (a bare run on a machine without "
+    "class/infiniband), not this node's devices; 0 otherwise.",
     (),
 )
 DEVICE_SKIPPED: Final = MetricSpec(
@@ -122,6 +137,8 @@ ENGINE_SPECS: Final = (
     READ_ERRORS,
     DEVICES,
     DEVICES_EXCLUDED,
+    DEVICE_EXCLUDED,
+    SAMPLE_TREE,
     DEVICE_SKIPPED,
     DEVICE_BLOCKED,
     BUILD_INFO,
@@ -187,7 +204,7 @@ class Inventory:
         self._cache: dict[str, tuple[str, DeviceInfo, float, bool]] = {}
         self._epoch_all = 0
         self._epochs: dict[str, int] = {}
-        self.excluded = 0
+        self.excluded: tuple[str, ...] = ()  # listed devices the filters skip
 
     @property
     def mode(self) -> str:
@@ -250,7 +267,7 @@ class Inventory:
     def _list(self, errors: ReadErrors) -> list[tuple[str, str]]:
         names = list_devices(self.sys_root, SysfsReader("", errors))
         allowed = [name for name in names if self.device_filter.allows(name)]
-        self.excluded = len(names) - len(allowed)
+        self.excluded = tuple(name for name in names if not self.device_filter.allows(name))
         listing = []
         for name in allowed:
             try:
@@ -631,8 +648,10 @@ class RdmaCollector(Collector):
         scrape_timeout: float = 8.0,
         reads: DeviceReads | None = None,
         rescan_each_scrape: bool = True,
+        sample_tree: bool = False,
     ) -> None:
         self.sys_root = sys_root
+        self.sample_tree = sample_tree
         self.sources = list(sources)
         self.inventory = Inventory(sys_root, device_filter, rescan_each_scrape=rescan_each_scrape)
         self.scrape_timeout = scrape_timeout
@@ -687,7 +706,9 @@ class RdmaCollector(Collector):
         errors = ReadErrors()
         entries = self.inventory.scan(errors)
         class_dir = self.inventory.class_dir
-        ok = os.path.isdir(class_dir)
+        # A missing class/infiniband is a node without RDMA devices (no error counted); a listing that
+        # failed (EACCES, EIO) is a failure.
+        ok = not errors.counts
         self._record_errors(INVENTORY, errors)
         jobs: dict[str, DeviceJob] = {}
         skipped: dict[str, DeviceJob] = {}
@@ -809,6 +830,11 @@ class RdmaCollector(Collector):
                     success[source.name] = success[source.name] and outcome.ok
                     if outcome.ok:
                         results[source.name][name] = outcome.value
+            for name in self.inventory.excluded:
+                # Listed but filtered out: I/O-free sources see it as present with its layout unknown,
+                # so that excluding a misbehaving device does not page it as missing.
+                for source in self.sources:
+                    self._read_io_free(source, name, None, results, success)
             if not rnd.logged:
                 rnd.logged = True
                 self._log_blocked(blocked, rnd)
@@ -829,7 +855,11 @@ class RdmaCollector(Collector):
                     for (device, reason), count in sorted(state.errors.items()):
                         out.add(READ_ERRORS, [name, device, reason], count)
             out.add(DEVICES, [], devices)
-            out.add(DEVICES_EXCLUDED, [], self.inventory.excluded)
+            excluded = self.inventory.excluded
+            out.add(DEVICES_EXCLUDED, [], len(excluded))
+            for name in excluded:
+                out.add(DEVICE_EXCLUDED, [name], 1)
+            out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
             for name in sorted(rnd.skipped):
                 out.add(DEVICE_SKIPPED, [name], 1)
             for name, seconds in sorted(blocked.items()):

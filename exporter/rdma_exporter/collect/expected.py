@@ -231,14 +231,16 @@ PCIE_WIDTH: Final = MetricSpec(
 DEVICE_PRESENT: Final = MetricSpec(
     "rdma_expected_device_present",
     "gauge",
-    "1 if an expected RDMA device is present (and not excluded by the device filters), 0 if missing.",
+    "1 if an expected RDMA device is listed under class/infiniband (an excluded device too: it is there, "
+    "only not read), 0 if missing.",
     ("device",),
 )
 PORT_PRESENT: Final = MetricSpec(
     "rdma_expected_port_present",
     "gauge",
     "1 if an expected port exists on its device, 0 if the port or its whole device is missing; absent "
-    "while the device is listed but its ports are not known yet (its first read is stuck).",
+    "while the device is listed but its ports are not known (its first read is stuck, or the device "
+    "filters exclude it).",
     PORT,
 )
 
