@@ -549,3 +549,14 @@ def test_node_without_class_infiniband_is_not_a_failure(tmp_path: Path) -> None:
     assert value(metrics, "rdma_exporter_file_read_errors_total", collector="inventory", device="",
                  reason="io") == 1
 
+
+def test_dangling_class_entry_is_not_a_device(tmp_path: Path) -> None:
+    # class/infiniband/<dev> is a symlink into the device tree; caught mid-removal it leads nowhere. That
+    # is not a device with every attribute empty (an rdma_device_info of blank labels, counted in devices).
+    root = make_tree(tmp_path, 2)
+    (root / "class" / "infiniband" / "mlx5_9").symlink_to("../../devices/pci0000:00/0000:00:09.0/infiniband/mlx5_9")
+    metrics, _ = timed_scrape(collector_for(root, 5.0))
+    assert value(metrics, "rdma_exporter_devices") == 2
+    assert not [key for key in metrics if key[0] == "rdma_device_info" and ("device", "mlx5_9") in key[1]]
+    assert [key for key in metrics if key[0] == "rdma_device_info" and ("device", "mlx5_1") in key[1]]
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="inventory") == 1

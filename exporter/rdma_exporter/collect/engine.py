@@ -265,7 +265,9 @@ class Inventory:
                 self._cache[entry.name] = (entry.target, info, self._clock(), complete)
 
     def _list(self, errors: ReadErrors) -> list[tuple[str, str]]:
-        names = list_devices(self.sys_root, SysfsReader("", errors))
+        # A link that leads nowhere is a device in the middle of its removal, not a device without attributes.
+        listed = list_devices(self.sys_root, SysfsReader("", errors))
+        names = [name for name in listed if os.path.isdir(self.class_dir + name)]
         allowed = [name for name in names if self.device_filter.allows(name)]
         self.excluded = tuple(name for name in names if not self.device_filter.allows(name))
         listing = []
