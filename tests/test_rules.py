@@ -38,7 +38,15 @@ SYNTHETIC = {"up", "scrape_duration_seconds"}
 # Metrics the exporter serves only for hardware the sample tree does not have (bonds, EFA and bnxt_re
 # hw_counters): they must be in one of the golden expositions of tests/golden/, which the exporter's
 # own tests keep equal to its output, or have their own row in METRICS.md, so that a rename is caught.
-NOT_ON_SAMPLE_TREE = {"rdma_netdev_bond_slave_info", "rdma_port_hw_tx_bytes_total", "rdma_port_hw_rx_bytes_total"}
+NOT_ON_SAMPLE_TREE = {
+    "rdma_netdev_bond_slave_info",
+    "rdma_port_hw_tx_bytes_total",
+    "rdma_port_hw_rx_bytes_total",
+    # Present only for a device that is excluded, or whose reads are stuck.
+    "rdma_exporter_device_excluded",
+    "rdma_exporter_device_scrape_skipped",
+    "rdma_exporter_device_read_blocked_seconds",
+}
 # Alerts on a state rather than a quantity: their value is 1 and the description names the state.
 STATE_ALERTS = {
     "RdmaPortDown",
