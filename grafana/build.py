@@ -71,10 +71,19 @@ def rate(metric: str, labels: Sequence[str] = PORT, *extra: str) -> str:
 
 def bytes_rate(direction: str) -> str:
     """Per-port bytes/s in `direction` ("transmit" or "receive"), as the throughput records compute it: the
-    PMA data counter, else the driver's hw_counters tx_bytes/rx_bytes (EFA and bnxt_re have only those)."""
-    # Both rates carry the same labels per port (rate drops the name), so `or` takes the PMA one where both are.
+    PMA data counter, else the driver's hw_counters tx_bytes/rx_bytes (EFA and bnxt_re have only those),
+    else irdma's IPv4 plus IPv6 octets (ip4OutOctets + ip6OutOctets, ip4InOctets + ip6InOctets)."""
+    # Every rate carries the same labels per port (rate drops the name), so `or` takes the first source a
+    # port has; the IP octets are summed where a port has both families, else the one it has.
     pma, hw = rate(f"rdma_port_{direction}_data_bytes_total"), rate(f"rdma_port_hw_{direction[0]}x_bytes_total")
-    return f"({pma} or {hw})"
+    way = "out" if direction == "transmit" else "in"
+    ip4, ip6 = rate(f"rdma_port_hw_ip4_{way}_octets_total"), rate(f"rdma_port_hw_ip6_{way}_octets_total")
+    return f"({pma} or {hw} or {ip4} + {ip6} or {ip4} or {ip6})"
+
+
+def either_rate(*metrics: str) -> str:
+    """The rate of the first of `metrics` a port has: one counter under each driver's name."""
+    return " or ".join(rate(metric) for metric in metrics)
 
 
 def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str) -> str:
@@ -1233,10 +1242,14 @@ def roce_congestion() -> Json:
             "fabric in front of this port is congested), CNPs handled and ignored as reaction point (this port "
             "was told to slow down).",
             "pps",
-            targets((rate("rdma_port_hw_np_ecn_marked_roce_packets_total"), "{{instance}} {{device}} ECN-marked rx"),
-                    (rate("rdma_port_hw_np_cnp_sent_total"), "{{instance}} {{device}} CNP sent"),
-                    (rate("rdma_port_hw_rp_cnp_handled_total"), "{{instance}} {{device}} CNP handled"),
-                    (rate("rdma_port_hw_rp_cnp_ignored_total"), "{{instance}} {{device}} CNP ignored")),
+            targets((either_rate("rdma_port_hw_np_ecn_marked_roce_packets_total", "rdma_port_hw_rx_ecn_mrkd_total"),
+                     "{{instance}} {{device}} ECN-marked rx"),
+                    (either_rate("rdma_port_hw_np_cnp_sent_total", "rdma_port_hw_cnp_sent_total"),
+                     "{{instance}} {{device}} CNP sent"),
+                    (either_rate("rdma_port_hw_rp_cnp_handled_total", "rdma_port_hw_cnp_handled_total"),
+                     "{{instance}} {{device}} CNP handled"),
+                    (either_rate("rdma_port_hw_rp_cnp_ignored_total", "rdma_port_hw_cnp_ignored_total"),
+                     "{{instance}} {{device}} CNP ignored")),
             alerts=["RdmaRoceCnpIgnored"],
         ), 12, 8),
         (timeseries(
@@ -1251,7 +1264,8 @@ def roce_congestion() -> Json:
             "CNPs ignored per port",
             "Congestion notifications each port ignored. Colours follow RdmaRoceCnpIgnored (warning above 0).",
             "pps",
-            targets((rate("rdma_port_hw_rp_cnp_ignored_total"), "{{instance}} {{device}}/{{port}}")),
+            targets((either_rate("rdma_port_hw_rp_cnp_ignored_total", "rdma_port_hw_cnp_ignored_total"),
+                     "{{instance}} {{device}}/{{port}}")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceCnpIgnored"],
         ), 12, 8),
