@@ -42,6 +42,13 @@ NOT_ON_SAMPLE_TREE = {
     "rdma_netdev_bond_slave_info",
     "rdma_port_hw_tx_bytes_total",
     "rdma_port_hw_rx_bytes_total",
+    # irdma's names (tests/fixtures/sysfs/built-multi-driver), read where mlx5's are missing.
+    "rdma_port_hw_ip4_in_octets_total",
+    "rdma_port_hw_ip4_out_octets_total",
+    "rdma_port_hw_ip6_in_octets_total",
+    "rdma_port_hw_ip6_out_octets_total",
+    "rdma_port_hw_cnp_ignored_total",
+    "rdma_port_hw_cnp_sent_total",
     # Present only for a device that is excluded, or whose reads are stuck.
     "rdma_exporter_device_excluded",
     "rdma_exporter_device_scrape_skipped",
