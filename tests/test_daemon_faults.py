@@ -94,6 +94,16 @@ def collector_for(root: Path, timeout: float, reads: DeviceReads | None = None) 
     return build_collector(config, reads=reads or DeviceReads(WorkerPool(parallelism=4, hard_max=8)))
 
 
+def udev_collector_with_clock(tmp_path: Path) -> tuple[Path, RdmaCollector, list[float]]:
+    """A 2-device tree scraped in udev mode (static info kept between scrapes), with a clock the test sets."""
+    root = make_tree(tmp_path, 2)
+    collector = collector_for(root, 5.0)
+    collector.inventory.rescan_each_scrape = False
+    now = [1000.0]
+    collector.inventory._clock = lambda: now[0]
+    return root, collector, now
+
+
 def timed_scrape(collector: RdmaCollector) -> tuple[Samples, float]:
     started = time.monotonic()
     text = generate_latest(build_registry(collector)).decode()
@@ -460,11 +470,7 @@ def test_udev_reread_stuck_keeps_the_device_present(tmp_path: Path, fifos: Fifos
 def test_static_read_error_is_retried_before_the_cache_period(tmp_path: Path) -> None:
     # udev mode keeps static info until a uevent or the 15-minute resync. A counters/ listing that failed
     # once (EIO while the firmware resets) must not cost the port every counter for that long.
-    root = make_tree(tmp_path, 2)
-    collector = collector_for(root, 5.0)
-    collector.inventory.rescan_each_scrape = False
-    now = [1000.0]
-    collector.inventory._clock = lambda: now[0]
+    root, collector, now = udev_collector_with_clock(tmp_path)
     counters = device_dir(root, "mlx5_1") / "ports" / "1" / "counters"
     counters.rename(counters.with_name("counters.away"))
     counters.write_text("")  # listing it fails with ENOTDIR, an io error
@@ -490,11 +496,7 @@ def test_pcie_capability_read_all_ones_is_read_again(tmp_path: Path) -> None:
     # A device in reset answers config reads with all ones, and max_link_width then reads 63. Read at the
     # static read, that "unknown" would be kept until a uevent or the 15-minute resync, leaving the PCIe
     # degradation alert without its maximum; it is read again after STATIC_RETRY_SECONDS instead.
-    root = make_tree(tmp_path, 2)
-    collector = collector_for(root, 5.0)
-    collector.inventory.rescan_each_scrape = False
-    now = [1000.0]
-    collector.inventory._clock = lambda: now[0]
+    root, collector, now = udev_collector_with_clock(tmp_path)
     pci = device_dir(root, "mlx5_1") / "device"
     max_width = pci / "max_link_width"
     max_width.write_text("63\n")
@@ -518,11 +520,7 @@ def test_pcie_capability_read_all_ones_is_read_again(tmp_path: Path) -> None:
 def test_pcie_capability_that_reads_zero_is_kept(tmp_path: Path) -> None:
     # A passed-through VF's link registers are reserved and read 0: unknown for good, so its static info
     # is kept like any other (no static re-read every minute on every VF of a VM).
-    root = make_tree(tmp_path, 2)
-    collector = collector_for(root, 5.0)
-    collector.inventory.rescan_each_scrape = False
-    now = [1000.0]
-    collector.inventory._clock = lambda: now[0]
+    root, collector, now = udev_collector_with_clock(tmp_path)
     (device_dir(root, "mlx5_1") / "device" / "max_link_width").write_text("0\n")
     timed_scrape(collector)
     kept = collector.inventory.cached()["mlx5_1"]
