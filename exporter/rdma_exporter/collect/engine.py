@@ -267,9 +267,12 @@ class Inventory:
     def _list(self, errors: ReadErrors) -> list[tuple[str, str]]:
         # A link that leads nowhere is a device in the middle of its removal, not a device without attributes.
         listed = list_devices(self.sys_root, SysfsReader("", errors))
-        names = [name for name in listed if os.path.isdir(self.class_dir + name)]
-        allowed = [name for name in names if self.device_filter.allows(name)]
-        self.excluded = tuple(name for name in names if not self.device_filter.allows(name))
+        allowed: list[str] = []
+        excluded: list[str] = []
+        for name in listed:
+            if os.path.isdir(self.class_dir + name):
+                (allowed if self.device_filter.allows(name) else excluded).append(name)
+        self.excluded = tuple(excluded)
         listing = []
         for name in allowed:
             try:
