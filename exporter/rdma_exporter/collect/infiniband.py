@@ -10,8 +10,10 @@ from ..parse.infiniband import (
     PMA_COUNTERS,
     PMA_COUNTERS_EXT,
     PORT_STATES,
+    SUPERSEDED_BY_EXT,
     DeviceInfo,
     DeviceSnapshot,
+    PmaCounter,
     PortSnapshot,
     hw_counter_is_gauge,
     metric_fragment,
@@ -155,13 +157,13 @@ _PMA_HELP: Final[dict[str, str]] = {
 }
 
 
-def _pma_spec(key: str) -> MetricSpec:
-    legacy = any(c.key == key for c in PMA_COUNTERS_EXT.values())
+def _pma_spec(counter: PmaCounter) -> MetricSpec:
+    legacy = counter.file in SUPERSEDED_BY_EXT
     source = "counters/ (where a legacy MLNX_OFED stack adds counters_ext/, its 64-bit twin)" if legacy else "counters/"
-    return MetricSpec(f"rdma_port_{key}_total", "counter", f"{_PMA_HELP[key]} From {source}.", PORT)
+    return MetricSpec(f"rdma_port_{counter.key}_total", "counter", f"{_PMA_HELP[counter.key]} From {source}.", PORT)
 
 
-_PMA_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c.key) for c in PMA_COUNTERS.values()}
+_PMA_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c) for c in PMA_COUNTERS.values()}
 
 # HELP for hw_counters files whose meaning is documented by the driver vendor. Files not listed are
 # exported all the same, with a generic HELP naming the file.
