@@ -43,6 +43,7 @@ from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
 from .config import Config, ConfigError
 from .hotplug import HotplugMonitor, start_monitor
+from .parse.infiniband import CLASS_DIR
 from .parse.reader import FileBudget
 from .webconfig import WebConfig, load_web_config
 
@@ -886,7 +887,7 @@ class Daemon:
             config.scrape_timeout,
         )
         log.info("device discovery: %s", mode)
-        class_dir = config.sysfs / "class" / "infiniband"
+        class_dir = config.sysfs / CLASS_DIR
         if not class_dir.is_dir():
             log.warning("no %s: no RDMA devices to export (RDMA modules not loaded?)", class_dir)
 
