@@ -7,6 +7,9 @@ a webhook server in this test. First the healthy tree must page nothing; then th
 written into the tree and the right alerts must reach the right receivers with the right labels,
 while the alert a down port inhibits is held back.
 
+The inhibition test runs Alertmanager alone: for each case of deploy/alertmanager/inhibit-tests.yaml it
+posts the case's source alert with every shipped alert, in pairs, and checks which ones are inhibited.
+
 Everything listens on 127.0.0.1, every wait is bounded, and every process is stopped at the end.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -375,5 +379,200 @@ def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> No
             ("RdmaPortRateBelowExpected", "mlx5_3"),
             ("RdmaPortLinkDowned", "mlx5_1"),
         }
+    finally:
+        procs.stop()
+
+
+# --- inhibitions, case by case ---------------------------------------------------------------------
+
+INHIBIT_CASES: list[dict[str, Any]] = yaml.safe_load((ROOT / "deploy/alertmanager/inhibit-tests.yaml").read_text())
+SCOPES = ("same_port", "same_device", "same_instance")
+# Where the target alert is put relative to the source (instance, device, port), by the labels it has.
+PLACEMENTS = {
+    "same_port": ("src", "mlx5_3", "1"),
+    "other_port": ("src", "mlx5_3", "2"),
+    "other_device": ("src", "mlx5_4", "1"),
+    "other_instance": ("other", "mlx5_3", "1"),
+}
+# Which placements each scope of a case covers.
+SCOPE_PLACEMENTS = {
+    "same_port": {"same_port"},
+    "same_device": {"same_port", "other_port"},
+    "same_instance": {"same_port", "other_port", "other_device"},
+}
+_MATCHER = re.compile(r'^\s*(\w+)\s*(=~|!~|!=|=)\s*"(.*)"\s*$')
+
+
+def shipped_alerts() -> dict[tuple[str, str], list[tuple[str, ...]]]:
+    """(alertname, severity) of every shipped alert -> the label names its promtool tests give it."""
+    severities = {
+        (rule["alert"], rule["labels"]["severity"])
+        for path in sorted((ROOT / "rules").glob("*.rules.yml"))
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    shapes: dict[tuple[str, str], set[tuple[str, ...]]] = {key: set() for key in severities}
+    for path in sorted((ROOT / "rules" / "tests").glob("*.test.yml")):
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                for alert in case.get("exp_alerts") or []:
+                    labels = alert.get("exp_labels", {})
+                    key = (case["alertname"], labels.get("severity"))
+                    # cluster and rack come from the test's own series; every alert gets a cluster below.
+                    shapes[key].add(tuple(sorted(set(labels) - {"alertname", "severity", "cluster", "rack"})))
+    missing = sorted(key for key, found in shapes.items() if not found)
+    assert missing == [], f"alerts without a firing promtool case to take their labels from: {missing}"
+    return {key: sorted(found) for key, found in shapes.items()}
+
+
+def matches(matchers: list[str], labels: dict[str, str]) -> bool:
+    """Alertmanager's label matchers (the four operators, anchored regexes), for the coverage check."""
+    for matcher in matchers:
+        parsed = _MATCHER.match(matcher)
+        assert parsed, f"matcher this test cannot read: {matcher!r}"
+        name, op, value = parsed.groups()
+        actual = labels.get(name, "")
+        if op == "=":
+            ok = actual == value
+        elif op == "!=":
+            ok = actual != value
+        else:
+            ok = bool(re.fullmatch(value, actual)) == (op == "=~")
+        if not ok:
+            return False
+    return True
+
+
+def listed(case: dict[str, Any], scope: str, name: str, severity: str) -> bool:
+    entries = case.get(scope, [])
+    if "*" in entries:
+        return name != case["source"]["alertname"]
+    return name in entries or f"{name}/{severity}" in entries
+
+
+def alert_labels(
+    name: str, severity: str, shape: tuple[str, ...], instance: str, device: str, port: str
+) -> dict[str, str]:
+    labels = {"alertname": name, "severity": severity, "cluster": "c1"}
+    fixed = {"instance": instance, "device": device, "port": port, "job": "rdma-exporter"}
+    for key in shape:
+        labels[key] = fixed.get(key, f"{key}-1")
+    return labels
+
+
+def test_inhibit_cases_cover_every_rule_and_name_real_alerts() -> None:
+    alerts = shipped_alerts()
+    names = {name for name, _ in alerts}
+    config = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+    for index, rule in enumerate(config["inhibit_rules"]):
+        sources = [
+            case for case in INHIBIT_CASES if matches(rule["source_matchers"], case["source"])
+        ]
+        assert sources, f"inhibit rule {index} ({rule['source_matchers']}) has no case in inhibit-tests.yaml"
+    for case in INHIBIT_CASES:
+        source = case["source"]
+        assert (source["alertname"], source["severity"]) in alerts, f"no such alert: {source}"
+        assert set(case) - {"source"} <= set(SCOPES), case
+        for scope in SCOPES:
+            # An alert held back per port or per device must carry that label, or no rule can compare it.
+            needs = {"same_port": ("device", "port"), "same_device": ("device",), "same_instance": ()}[scope]
+            for entry in case.get(scope, []):
+                if entry == "*":
+                    continue
+                name, _, severity = entry.partition("/")
+                assert name in names, f"{source['alertname']}: {scope} names an unknown alert {entry}"
+                for (alertname, sev), shapes in alerts.items():
+                    if alertname == name and severity in ("", sev):
+                        for shape in shapes:
+                            assert set(needs) <= set(shape), f"{entry} {shape} has no {needs} label for {scope}"
+
+
+def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webhook: Webhook) -> None:
+    """Every case's source fires with every shipped alert, one pair per instance, on a real Alertmanager
+    running the shipped inhibit rules; exactly the alerts the case lists for that placement are inhibited."""
+    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
+    alerts = shipped_alerts()
+    posted: list[dict[str, str]] = []
+    expected: dict[str, bool] = {}  # target's instance (one target per instance) -> inhibited?
+    for number, case in enumerate(INHIBIT_CASES):
+        source = case["source"]
+        source_key = (source["alertname"], source["severity"])
+        source_shape = alerts[source_key][0]
+        for (name, severity), shapes in sorted(alerts.items()):
+            if (name, severity) == source_key:
+                continue
+            for shape_number, shape in enumerate(shapes):
+                for placement, (where, device, port) in PLACEMENTS.items():
+                    # A target without a port (or device) label has one placement for all of those.
+                    if ("port" not in shape and placement == "other_port") or (
+                        "device" not in shape and placement in ("other_port", "other_device")
+                    ):
+                        continue
+                    pair = f"case{number}-{name}-{severity}-{shape_number}-{placement}"
+                    source_instance = f"{pair}:9883"
+                    target_instance = source_instance if where == "src" else f"{pair}-other:9883"
+                    posted.append(alert_labels(*source_key, source_shape, source_instance, "mlx5_3", "1"))
+                    posted.append(alert_labels(name, severity, shape, target_instance, device, port))
+                    expected[target_instance] = any(
+                        listed(case, scope, name, severity) and placement in SCOPE_PLACEMENTS[scope]
+                        for scope in SCOPES
+                    )
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = Processes(logs)
+    try:
+        procs.start(
+            "alertmanager",
+            [
+                alertmanager,
+                f"--config.file={alertmanager_config(webhook, tmp_path)}",
+                f"--storage.path={tmp_path / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+            ],
+        )
+        wait_for("Alertmanager to be ready", lambda: get_json(f"{url}/api/v2/status"))
+        now = time.time()
+        stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+        for start in range(0, len(posted), 500):
+            body = [
+                {"labels": labels, "startsAt": stamp(now - 60), "endsAt": stamp(now + 3600)}
+                for labels in posted[start : start + 500]
+            ]
+            request = urllib.request.Request(
+                f"{url}/api/v2/alerts", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+
+        targets = {labels["instance"]: labels for labels in posted[1::2]}
+
+        def inhibited_now() -> dict[str, bool] | None:
+            procs.check_alive()
+            seen = {
+                alert["labels"]["instance"]: bool(alert["status"]["inhibitedBy"])
+                for alert in get_json(f"{url}/api/v2/alerts")
+                if alert["labels"] == targets.get(alert["labels"]["instance"])
+            }
+            return seen if seen == expected else None
+
+        try:
+            wait_for("the inhibitions to settle", inhibited_now, timeout=30)
+        except pytest.fail.Exception:
+            seen = {
+                alert["labels"]["instance"]: bool(alert["status"]["inhibitedBy"])
+                for alert in get_json(f"{url}/api/v2/alerts")
+                if alert["labels"] == targets.get(alert["labels"]["instance"])
+            }
+            wrong = sorted(
+                f"{instance}: expected {'inhibited' if want else 'not inhibited'}, got {seen.get(instance)}"
+                for instance, want in expected.items()
+                if seen.get(instance) != want
+            )
+            pytest.fail(f"{len(wrong)} of {len(expected)} targets are wrong:\n" + "\n".join(wrong[:40]))
     finally:
         procs.stop()
