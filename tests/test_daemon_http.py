@@ -169,6 +169,25 @@ def basic(user: str, password: str) -> dict[str, str]:
 # --- endpoints and protocol -----------------------------------------------------------------------------
 
 
+def test_node_without_rdma_modules_serves_no_devices_and_says_so_once(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
+) -> None:
+    """A deployed exporter on a node whose RDMA modules are not loaded (no class/infiniband): no devices,
+    the inventory still succeeds (so no CollectorFailing ticket on every CPU node), one start-up warning."""
+    empty = tmp_path / "cpu-node" / "sys"
+    (empty / "class" / "net").mkdir(parents=True)
+    daemon = start("--path.sysfs", str(empty))
+    found = samples(get(daemon.port).body.decode())
+    assert found[("rdma_exporter_devices", ())] == 0
+    assert found[("rdma_exporter_scrape_collector_success", (("collector", "inventory"),))] == 1
+    get(daemon.port)
+    assert daemon.log().count("no RDMA devices to export") == 1
+    assert f"no {empty / 'class' / 'infiniband'}:" in daemon.log()
+    with_devices = start("--path.sysfs", str(tree))
+    get(with_devices.port)
+    assert "no RDMA devices to export" not in with_devices.log()
+
+
 def test_endpoints_and_methods(start: Callable[..., RunningDaemon], tree: Path) -> None:
     daemon = start("--path.sysfs", str(tree))
     metrics = get(daemon.port)
