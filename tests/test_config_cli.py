@@ -130,8 +130,8 @@ def test_max_open_files_default_flag_file_and_errors(tmp_path: Path) -> None:
     from rdma_exporter.collect.engine import DEFAULT_MAX_OPEN_FILES as ENGINE_DEFAULT
     from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
 
-    assert DEFAULT_MAX_OPEN_FILES == ENGINE_DEFAULT == 4096
-    assert resolve_config(build_parser().parse_args([])).max_open_files == 4096
+    assert DEFAULT_MAX_OPEN_FILES == ENGINE_DEFAULT == 16384
+    assert resolve_config(build_parser().parse_args([])).max_open_files == 16384
     path = write(tmp_path, "read:\n  max_open_files: 0\n")
     assert resolve_config(build_parser().parse_args(["--config.file", str(path)])).max_open_files == 0
     args = build_parser().parse_args(["--config.file", str(path), "--read.max-open-files", "100"])

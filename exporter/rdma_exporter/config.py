@@ -24,7 +24,7 @@ LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 DEFAULT_READ_THREADS: Final = 4
 MAX_READ_THREADS: Final = 64
 # Per-scrape sysfs files kept open between scrapes, all devices together (~4 KB of kernel memory each).
-DEFAULT_MAX_OPEN_FILES: Final = 4096
+DEFAULT_MAX_OPEN_FILES: Final = 16384
 MAX_OPEN_FILES: Final = 1_000_000
 
 

@@ -51,7 +51,7 @@ DEFAULT_PARALLELISM: Final = 4
 # A job running longer than this lets one more reader thread start on the queue (WorkerPool).
 SPILL_AFTER_SECONDS: Final = 0.02
 # Per-scrape files kept open, all devices together (config.DEFAULT_MAX_OPEN_FILES, `--read.max-open-files`).
-DEFAULT_MAX_OPEN_FILES: Final = 4096
+DEFAULT_MAX_OPEN_FILES: Final = 16384
 # However many devices are stuck, the pool never holds more threads than this.
 HARD_MAX_WORKERS: Final = 64
 # Idle pool threads exit after this, so a quiet exporter holds no reader threads.
