@@ -199,6 +199,20 @@ def alertmanager_config(webhook: Webhook, dest: Path) -> Path:
     return path
 
 
+def start_alertmanager(procs: Processes, binary: str, config: Path, tmp_path: Path, port: int) -> None:
+    """A single Alertmanager (no cluster peers) on a loopback port, its data under tmp_path."""
+    procs.start(
+        "alertmanager",
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.path={tmp_path / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+    )
+
+
 def write_attr(path: Path, value: str) -> None:
     """Replace a sysfs attribute the way the kernel presents it: whole, newline-terminated."""
     tmp = path.with_name(path.name + ".tmp")
@@ -261,16 +275,7 @@ def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> No
                 "--web.listen-address", f"127.0.0.1:{exporter_port}",
             ],
         )  # fmt: skip
-        procs.start(
-            "alertmanager",
-            [
-                alertmanager,
-                f"--config.file={alertmanager_config(webhook, tmp_path)}",
-                f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-            ],
-        )
+        start_alertmanager(procs, alertmanager, alertmanager_config(webhook, tmp_path), tmp_path, am_port)
         procs.start(
             "prometheus",
             [
@@ -525,16 +530,7 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
     logs.mkdir()
     procs = Processes(logs)
     try:
-        procs.start(
-            "alertmanager",
-            [
-                alertmanager,
-                f"--config.file={alertmanager_config(webhook, tmp_path)}",
-                f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--cluster.listen-address=",
-            ],
-        )
+        start_alertmanager(procs, alertmanager, alertmanager_config(webhook, tmp_path), tmp_path, port)
         wait_for("Alertmanager to be ready", lambda: get_json(f"{url}/api/v2/status"))
         now = time.time()
         stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
@@ -551,23 +547,19 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
 
         targets = {labels["instance"]: labels for labels in posted[1::2]}
 
-        def inhibited_now() -> dict[str, bool] | None:
+        def inhibited() -> dict[str, bool]:
+            """Whether each target alert is inhibited now, by its instance."""
             procs.check_alive()
-            seen = {
+            return {
                 alert["labels"]["instance"]: bool(alert["status"]["inhibitedBy"])
                 for alert in get_json(f"{url}/api/v2/alerts")
                 if alert["labels"] == targets.get(alert["labels"]["instance"])
             }
-            return seen if seen == expected else None
 
         try:
-            wait_for("the inhibitions to settle", inhibited_now, timeout=30)
+            wait_for("the inhibitions to settle", lambda: inhibited() == expected, timeout=30)
         except pytest.fail.Exception:
-            seen = {
-                alert["labels"]["instance"]: bool(alert["status"]["inhibitedBy"])
-                for alert in get_json(f"{url}/api/v2/alerts")
-                if alert["labels"] == targets.get(alert["labels"]["instance"])
-            }
+            seen = inhibited()
             wrong = sorted(
                 f"{instance}: expected {'inhibited' if want else 'not inhibited'}, got {seen.get(instance)}"
                 for instance, want in expected.items()
