@@ -106,6 +106,7 @@ STATE_FILES: Final = frozenset(
         "current_link_speed",
         "current_link_width",
         "mtu",
+        "slaves",  # bonding/slaves: enslaving and releasing send no uevent
     }
 )
 CLASSES: Final = ("counter", "state", "static", "directory", "other")

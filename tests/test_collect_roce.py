@@ -541,6 +541,30 @@ def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, mo
     check_unique_and_promtool(text)
 
 
+def test_bond_slaves_are_read_every_scrape(tmp_path: Path) -> None:
+    """Releasing a slave (`ip link set X nomaster`) sends no uevent, so the cached static info does not
+    change: the slave list must still be current on the next scrape (RdmaRoceLagSlaveMissing reads it)."""
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    exporter = Exporter(tmp_path)
+    exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+    lag = {"device": "mlx5_bond_0", "port": "1", "netdev": "bond0", "mode": "802.3ad"}
+
+    def slaves() -> set[str]:
+        return {
+            labels["slave"]
+            for name, labels in ((n, dict(ls)) for (n, ls) in exporter.scrape())
+            if name == "rdma_netdev_bond_slave_info" and all(labels[k] == v for k, v in lag.items())
+        }
+
+    assert slaves() == {"ens1f0np0", "ens1f1np1"}
+    write_files(tmp_path, {"devices/virtual/net/bond0/bonding/slaves": "ens1f0np0\n"})
+    assert slaves() == {"ens1f0np0"}
+    write_files(tmp_path, {"devices/virtual/net/bond0/bonding/slaves": "ens1f0np0 ens1f1np1\n"})
+    assert slaves() == {"ens1f0np0", "ens1f1np1"}
+
+
 def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
     # Active-backup over two single-port NICs: both GID tables name the bond as an upper, and a VLAN on the
     # first one; a container's macvlan (net1) appears in the second but not in this namespace.

@@ -55,7 +55,7 @@ class Netdev:
     statistics: dict[str, int]  # statistics/<file> -> value (rx_bytes, tx_dropped, rx_crc_errors, ...)
     is_bond_master: bool
     bond_mode: str | None  # e.g. 802.3ad, active-backup
-    bond_slaves: tuple[str, ...]
+    bond_slaves: tuple[str, ...]  # read every scrape (NetdevIdentity keeps the list of its last static read)
     master: str | None  # the upper device this one is enslaved to (bond, team, bridge)
     ecn: dict[tuple[str, int], bool]  # (role "np"|"rp", priority) -> enabled, MLNX_OFED ecn/roce_*/enable/N
 
@@ -184,12 +184,16 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
 def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> Netdev | None:
     """Per-scrape state of a netdev whose identity is known; None if it is gone.
 
-    MTU and the ECN enables are runtime configuration that changes without a uevent, so they are here.
+    MTU, the ECN enables and a bond's slaves are runtime configuration that changes without a uevent
+    (enslaving or releasing a slave only relinks sysfs), so they are here.
     """
     net_dir = f"{os.fspath(sys_root)}/{NET_DIR}/{identity.name}"
     if not os.path.isdir(net_dir):
         return None
     duplex = _no_value_attr(f"{net_dir}/duplex", reader)
+    slaves = identity.bond_slaves
+    if identity.is_bond_master:
+        slaves = tuple((reader.text(f"{net_dir}/bonding/slaves", optional=True) or "").split())
     return Netdev(
         name=identity.name,
         ifindex=identity.ifindex,
@@ -206,7 +210,7 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
         statistics=reader.uints(f"{net_dir}/statistics", identity.statistics_files),
         is_bond_master=identity.is_bond_master,
         bond_mode=identity.bond_mode,
-        bond_slaves=identity.bond_slaves,
+        bond_slaves=slaves,
         master=identity.master,
         ecn=_ecn(net_dir, identity.ecn_layout, reader),
     )
