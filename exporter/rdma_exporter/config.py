@@ -15,6 +15,8 @@ from typing import Any, Final
 
 import yaml
 
+from .parse import reader as _reader
+
 DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
 COLLECTORS: Final = ("infiniband", "netdev", "ethtool", "pcie", "expected")
@@ -23,8 +25,9 @@ LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 # engine.HARD_MAX_WORKERS.
 DEFAULT_READ_THREADS: Final = 4
 MAX_READ_THREADS: Final = 64
-# Per-scrape sysfs files kept open between scrapes, all devices together (~4 KB of kernel memory each).
-DEFAULT_MAX_OPEN_FILES: Final = 16384
+# Per-scrape sysfs files kept open between scrapes, all devices together: a page of kernel memory each,
+# so the default is 64 MiB worth (parse.reader.DEFAULT_MAX_OPEN_FILES).
+DEFAULT_MAX_OPEN_FILES: Final = _reader.DEFAULT_MAX_OPEN_FILES
 MAX_OPEN_FILES: Final = 1_000_000
 
 

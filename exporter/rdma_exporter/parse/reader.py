@@ -86,6 +86,20 @@ class ReadErrors:
         return sum(self.counts.values())
 
 
+def _page_size() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 4096
+
+
+# A kept sysfs file holds its seq_file buffer, one page of kernel memory charged to the exporter's
+# cgroup: 4 KiB on x86_64, 64 KiB on many aarch64 kernels. The default number of kept files is
+# therefore a memory bound: 16384 files with 4 KiB pages, 1024 with 64 KiB.
+KEPT_FILES_KERNEL_MEMORY: Final = 64 * 1024 * 1024
+DEFAULT_MAX_OPEN_FILES: Final = KEPT_FILES_KERNEL_MEMORY // _page_size()
+
+
 class FileBudget:
     """How many attribute files all devices together may keep open (each costs an fd and ~4 KB of kernel
     memory for the seq_file buffer), shared by every device's `OpenFiles`."""
