@@ -112,6 +112,38 @@ def test_promtool_unit_tests(test_file: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _with_cluster(selector: str) -> str:
+    """`name{a="b"}` with a cluster="cx" label added, unless it has one."""
+    if "cluster=" in selector:
+        return selector
+    name, _, inner = selector.partition("{")
+    inner = inner.rstrip("}").strip()
+    return f'{name}{{cluster="cx"{"," + inner if inner else ""}}}'
+
+
+@pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
+def test_target_labels_survive_every_rule(test_file: Path, tmp_path: Path) -> None:
+    """The unit tests again with a `cluster` target label on every input series: each record and alert
+    must carry it through, or Alertmanager's grouping and inhibitions (equal: [cluster, ...]) and the
+    cluster-level records lose it. A `by (...)` or one-to-one `on (...)` without group_left drops it."""
+    promtool = binary("promtool")
+    document = yaml.safe_load(test_file.read_text())
+    document["rule_files"] = [str((test_file.parent / name).resolve()) for name in document["rule_files"]]
+    for test in document["tests"]:
+        for series in test.get("input_series", []):
+            series["series"] = _with_cluster(series["series"])
+        for case in test.get("alert_rule_test", []):
+            for alert in case.get("exp_alerts") or []:
+                alert.setdefault("exp_labels", {}).setdefault("cluster", "cx")
+        for case in test.get("promql_expr_test", []):
+            for sample in case.get("exp_samples") or []:
+                sample["labels"] = _with_cluster(sample["labels"])
+    copy = tmp_path / test_file.name
+    copy.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = run(promtool, "test", "rules", copy.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_every_alert_is_unit_tested_firing() -> None:
     """Each alert appears with a non-empty exp_alerts somewhere. Quiet healthy ports are implied:
     promtool demands the exact set of firing alerts, so every healthy series in a test must stay quiet."""
