@@ -106,7 +106,8 @@ STATE_FILES: Final = frozenset(
         "current_link_speed",
         "current_link_width",
         "mtu",
-        "slaves",  # bonding/slaves: enslaving and releasing send no uevent
+        "slaves",  # bonding/slaves and bonding/mode: enslaving and releasing send no uevent
+        "mode",
     }
 )
 CLASSES: Final = ("counter", "state", "static", "directory", "other")

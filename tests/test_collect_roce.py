@@ -552,17 +552,27 @@ def test_bond_slaves_are_read_every_scrape(tmp_path: Path) -> None:
     lag = {"device": "mlx5_bond_0", "port": "1", "netdev": "bond0", "mode": "802.3ad"}
 
     def slaves() -> set[str]:
-        return {
+        """The bond's slaves as listed, after checking that the netdev and ethtool series agree."""
+        series = [(n, dict(ls)) for (n, ls) in exporter.scrape()]
+        listed = {
             labels["slave"]
-            for name, labels in ((n, dict(ls)) for (n, ls) in exporter.scrape())
+            for name, labels in series
             if name == "rdma_netdev_bond_slave_info" and all(labels[k] == v for k, v in lag.items())
         }
+        netdevs = {labels["netdev"] for name, labels in series if name == "rdma_netdev_up"}
+        pfc = {labels["netdev"] for name, labels in series if name.startswith("rdma_ethtool_pfc_")}
+        assert netdevs == {"bond0", *listed} and pfc == listed
+        return listed
 
     assert slaves() == {"ens1f0np0", "ens1f1np1"}
     write_files(tmp_path, {"devices/virtual/net/bond0/bonding/slaves": "ens1f0np0\n"})
     assert slaves() == {"ens1f0np0"}
     write_files(tmp_path, {"devices/virtual/net/bond0/bonding/slaves": "ens1f0np0 ens1f1np1\n"})
     assert slaves() == {"ens1f0np0", "ens1f1np1"}
+    # Reconfigured (emptied, mode changed, enslaved again): the mode label follows at once too.
+    write_files(tmp_path, {"devices/virtual/net/bond0/bonding/mode": "active-backup 1\n"})
+    modes = {dict(ls)["mode"] for (n, ls) in exporter.scrape() if n == "rdma_netdev_bond_slave_info"}
+    assert modes == {"active-backup"}
 
 
 def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:

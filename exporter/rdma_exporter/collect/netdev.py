@@ -35,8 +35,9 @@ class Locality:
     whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE) is local to every device
     that reaches it. So a bond over the netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only.
 
-    One instance per device read; across scrapes it only relies on the bond slaves cached in the device's
-    static info.
+    One instance per device read. A bond's slave list is read once per instance, that is every scrape:
+    enslaving and releasing send no uevent, so the device's cached static info would lag behind. (A
+    slave new since that info was read has its identity read per scrape until the info is refreshed.)
     """
 
     def __init__(self, sys_root: Path, device: DeviceInfo, reader: SysfsReader) -> None:
@@ -44,10 +45,10 @@ class Locality:
         root = os.fspath(sys_root)
         self._net = f"{root}/{NET_DIR}/"
         self._device = device.name
-        self._info = device
         self._reader = reader
         # The netdevs of the device's own PCI function are local without further reads.
         self._own = frozenset(list_dir(f"{root}/{CLASS_DIR}/{device.name}/device/net", reader))
+        self._slaves: dict[str, list[str]] = {}
 
     def net_dir(self, name: str) -> str:
         return self._net + name
@@ -63,11 +64,11 @@ class Locality:
         return os.path.exists(f"{self._net}{name}/device")
 
     def bond_slaves(self, name: str) -> list[str]:
-        identity = self._info.netdev(name)
-        if identity is not None and identity.is_bond_master:
-            return list(identity.bond_slaves)  # static, refreshed with the device's info
-        text = self._reader.text(f"{self._net}{name}/bonding/slaves", optional=True)
-        return text.split() if text else []
+        slaves = self._slaves.get(name)
+        if slaves is None:
+            text = self._reader.text(f"{self._net}{name}/bonding/slaves", optional=True)
+            slaves = self._slaves[name] = text.split() if text else []
+        return slaves
 
     def lowers(self, name: str) -> list[str]:
         entries = list_dir(self.net_dir(name), self._reader)

@@ -153,6 +153,11 @@ class NetdevIdentity:
     ecn_layout: tuple[tuple[str, int, str], ...] = ()  # (role, priority, file relative to the netdev)
 
 
+def _bond_mode(text: str | None) -> str | None:
+    """`bonding/mode` is the mode's name, then its number ("802.3ad 4")."""
+    return text.split()[0] if text and text.split() else None
+
+
 def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> NetdevIdentity | None:
     """Static attributes of `class/net/<name>`; None if it does not exist (absence is not a read error)."""
     if not _valid_name(name):
@@ -165,8 +170,7 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
     mode = None
     if is_bond_master:
         slaves = tuple((reader.text(net_dir / "bonding" / "slaves", optional=True) or "").split())
-        mode_text = reader.text(net_dir / "bonding" / "mode", optional=True)
-        mode = mode_text.split()[0] if mode_text else None  # "802.3ad 4": name, then the number
+        mode = _bond_mode(reader.text(net_dir / "bonding" / "mode", optional=True))
     return NetdevIdentity(
         name=name,
         ifindex=reader.uint(net_dir / "ifindex", optional=True),
@@ -184,16 +188,17 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
 def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> Netdev | None:
     """Per-scrape state of a netdev whose identity is known; None if it is gone.
 
-    MTU, the ECN enables and a bond's slaves are runtime configuration that changes without a uevent
-    (enslaving or releasing a slave only relinks sysfs), so they are here.
+    MTU, the ECN enables and a bond's slaves and mode are runtime configuration that changes without a
+    uevent (enslaving or releasing a slave only relinks sysfs), so they are here.
     """
     net_dir = f"{os.fspath(sys_root)}/{NET_DIR}/{identity.name}"
     if not os.path.isdir(net_dir):
         return None
     duplex = _no_value_attr(f"{net_dir}/duplex", reader)
-    slaves = identity.bond_slaves
+    slaves, mode = identity.bond_slaves, identity.bond_mode
     if identity.is_bond_master:
         slaves = tuple((reader.text(f"{net_dir}/bonding/slaves", optional=True) or "").split())
+        mode = _bond_mode(reader.text(f"{net_dir}/bonding/mode", optional=True))
     return Netdev(
         name=identity.name,
         ifindex=identity.ifindex,
@@ -209,7 +214,7 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
         mtu=reader.uint(f"{net_dir}/mtu", optional=True),
         statistics=reader.uints(f"{net_dir}/statistics", identity.statistics_files),
         is_bond_master=identity.is_bond_master,
-        bond_mode=identity.bond_mode,
+        bond_mode=mode,
         bond_slaves=slaves,
         master=identity.master,
         ecn=_ecn(net_dir, identity.ecn_layout, reader),
