@@ -471,7 +471,12 @@ def test_inhibit_cases_cover_every_rule_and_name_real_alerts() -> None:
     names = {name for name, _ in alerts}
     config = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
     cased = [case["source"] for case in INHIBIT_CASES]
+    shipped = [{"alertname": name, "severity": severity} for name, severity in alerts]
     for index, rule in enumerate(config["inhibit_rules"]):
+        # A misspelt alert name in a rule would make it match nothing, silently.
+        for side in ("source_matchers", "target_matchers"):
+            matched = any(matches(rule[side], labels) for labels in shipped)
+            assert matched, f"inhibit rule {index}: no shipped alert matches its {side}"
         # Every shipped alert that this rule lets hold back another shipped alert needs its own case.
         for name, severity in alerts:
             source = {"alertname": name, "severity": severity}
