@@ -101,7 +101,7 @@ DEFAULT_MAX_OPEN_FILES: Final = KEPT_FILES_KERNEL_MEMORY // _page_size()
 
 
 class FileBudget:
-    """How many attribute files all devices together may keep open (each costs an fd and ~4 KB of kernel
+    """How many attribute files all devices together may keep open (each costs an fd and a page of kernel
     memory for the seq_file buffer), shared by every device's `OpenFiles`."""
 
     def __init__(self, limit: int) -> None:
