@@ -156,6 +156,44 @@ def test_every_alert_is_unit_tested_firing() -> None:
     assert sorted(set(ALERT_NAMES) - fired) == []
 
 
+def test_every_record_is_unit_tested_with_samples() -> None:
+    """Each record is checked by value somewhere: in a promql_expr_test with samples, or inside an alert
+    that a unit test fires, whose labels and value depend on it. Otherwise neither its maths nor
+    test_target_labels_survive_every_rule can judge it."""
+    records = {rule["record"] for rule in rules() if "record" in rule}
+    fired = set()
+    checked = set()
+    for path in RULE_TESTS:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            fired |= {case["alertname"] for case in test.get("alert_rule_test", []) if case.get("exp_alerts")}
+            checked |= {
+                name
+                for case in test.get("promql_expr_test", [])
+                if case.get("exp_samples")
+                for name in records
+                if re.search(re.escape(name) + r"(?![\w:])", case["expr"])
+            }
+
+    expressions: dict[str, list[str]] = {}
+    for rule in rules():
+        if "record" in rule:
+            expressions.setdefault(rule["record"], []).append(rule["expr"])
+
+    def read_in(expr: str) -> set[str]:
+        return {name for name in records if re.search(re.escape(name) + r"(?![\w:])", expr)}
+
+    # Records an alert that fires in a test reads, and the records those read, and so on.
+    pending = set().union(*(read_in(rule["expr"]) for rule in alerts() if rule["alert"] in fired))
+    through_alerts: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name not in through_alerts:
+            through_alerts.add(name)
+            pending |= set().union(*(read_in(expr) for expr in expressions[name]))
+    checked |= through_alerts
+    assert sorted(records - checked) == []
+
+
 # --- alert metadata ---------------------------------------------------------------------------------
 
 
