@@ -347,6 +347,8 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
         return "directory"
     if any(part in COUNTER_DIRS for part in parts[:-1]) or name in COUNTER_FILES:
         return "counter"
+    if name in ("slaves", "mode") and (len(parts) < 2 or parts[-2] != "bonding"):
+        return "static"  # class/net/ibN/mode (IPoIB connected/datagram) is static; only bonding/ is state
     if name in STATE_FILES or (len(parts) >= 3 and parts[-2] == "enable" and "ecn" in parts[:-3]):
         return "state"
     return "static"

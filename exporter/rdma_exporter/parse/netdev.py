@@ -134,9 +134,8 @@ def _valid_name(name: str) -> bool:
 class NetdevIdentity:
     """The static half of a netdev: what only changes with a uevent on the netdev or its RDMA device.
 
-    Bond membership and mode count as static: the RDMA port -> netdev mapping (`PortInfo.netdevs`,
-    built from the GID tables and the bond master) already depends on them and is cached the same way,
-    and the kernel refuses a mode change while the bond has slaves.
+    Bond membership and mode are recorded here as they were at the static read; `read_netdev_state`
+    reads both again every scrape, since enslaving and releasing send no uevent.
     """
 
     name: str
