@@ -449,6 +449,24 @@ def matches(matchers: list[str], labels: dict[str, str]) -> bool:
     return True
 
 
+def alternatives(regex: str) -> list[str]:
+    """The branches of an alertname regex: top-level `|`, and one `(a|b)` group inside a branch expanded."""
+    branches, depth, start = [], 0, 0
+    for i, char in enumerate(regex + "|"):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "|" and depth == 0:
+            branches.append(regex[start:i])
+            start = i + 1
+    out = []
+    for branch in branches:
+        group = re.fullmatch(r"([^()]*)\(([^()]*)\)([^()]*)", branch)
+        if group:
+            out += [group[1] + inner + group[3] for inner in group[2].split("|")]
+        else:
+            out.append(branch)
+    return out
+
+
 def listed(case: dict[str, Any], scope: str, name: str, severity: str) -> bool:
     entries = case.get(scope, [])
     if "*" in entries:
@@ -477,6 +495,13 @@ def test_inhibit_cases_cover_every_rule_and_name_real_alerts() -> None:
         for side in ("source_matchers", "target_matchers"):
             matched = any(matches(rule[side], labels) for labels in shipped)
             assert matched, f"inhibit rule {index}: no shipped alert matches its {side}"
+            # ... nor may one name of a list: a regex with a misspelt branch still matches the others.
+            for matcher in rule[side]:
+                parsed = _MATCHER.match(matcher)
+                if parsed and parsed[1] == "alertname" and parsed[2] == "=~":
+                    for branch in alternatives(parsed[3]):
+                        hits = [name for name, _ in alerts if re.fullmatch(branch, name)]
+                        assert hits, f"inhibit rule {index}: {branch!r} in {side} matches no shipped alert"
         # Every shipped alert that this rule lets hold back another shipped alert needs its own case.
         for name, severity in alerts:
             source = {"alertname": name, "severity": severity}
