@@ -134,8 +134,9 @@ def _valid_name(name: str) -> bool:
 class NetdevIdentity:
     """The static half of a netdev: what only changes with a uevent on the netdev or its RDMA device.
 
-    Bond membership and mode are recorded here as they were at the static read; `read_netdev_state`
-    reads both again every scrape, since enslaving and releasing send no uevent.
+    Bond membership is recorded here as it was at the static read, for the RDMA port -> netdev mapping
+    (`PortInfo.netdevs`); `read_netdev_state` reads the slaves and the mode every scrape, since
+    enslaving and releasing send no uevent.
     """
 
     name: str
@@ -143,13 +144,17 @@ class NetdevIdentity:
     type: int | None
     address: str | None
     is_bond_master: bool
-    bond_mode: str | None
     bond_slaves: tuple[str, ...]
     master: str | None
     # Which statistics files and ECN switches exist is fixed by the kernel and driver; their values are
     # read every scrape.
     statistics_files: tuple[str, ...] = ()
     ecn_layout: tuple[tuple[str, int, str], ...] = ()  # (role, priority, file relative to the netdev)
+
+
+def _bond_slaves(text: str | None) -> tuple[str, ...]:
+    """`bonding/slaves` is the slaves' names, space-separated (empty for a bond without slaves)."""
+    return tuple((text or "").split())
 
 
 def _bond_mode(text: str | None) -> str | None:
@@ -166,17 +171,14 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
         return None
     is_bond_master = (net_dir / "bonding").is_dir()
     slaves: tuple[str, ...] = ()
-    mode = None
     if is_bond_master:
-        slaves = tuple((reader.text(net_dir / "bonding" / "slaves", optional=True) or "").split())
-        mode = _bond_mode(reader.text(net_dir / "bonding" / "mode", optional=True))
+        slaves = _bond_slaves(reader.text(net_dir / "bonding" / "slaves", optional=True))
     return NetdevIdentity(
         name=name,
         ifindex=reader.uint(net_dir / "ifindex", optional=True),
         type=reader.uint(net_dir / "type", optional=True),
         address=reader.text(net_dir / "address", optional=True) or None,
         is_bond_master=is_bond_master,
-        bond_mode=mode,
         bond_slaves=slaves,
         master=link_name(net_dir / "master"),
         statistics_files=tuple(list_dir(net_dir / "statistics", reader)),
@@ -194,9 +196,10 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
     if not os.path.isdir(net_dir):
         return None
     duplex = _no_value_attr(f"{net_dir}/duplex", reader)
-    slaves, mode = identity.bond_slaves, identity.bond_mode
+    slaves: tuple[str, ...] = ()
+    mode = None
     if identity.is_bond_master:
-        slaves = tuple((reader.text(f"{net_dir}/bonding/slaves", optional=True) or "").split())
+        slaves = _bond_slaves(reader.text(f"{net_dir}/bonding/slaves", optional=True))
         mode = _bond_mode(reader.text(f"{net_dir}/bonding/mode", optional=True))
     return Netdev(
         name=identity.name,
