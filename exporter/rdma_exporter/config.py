@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import yaml
 
-from .parse import reader as _reader
+from .parse.reader import DEFAULT_MAX_OPEN_FILES
 
 DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
@@ -25,9 +25,8 @@ LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 # engine.HARD_MAX_WORKERS.
 DEFAULT_READ_THREADS: Final = 4
 MAX_READ_THREADS: Final = 64
-# Per-scrape sysfs files kept open between scrapes, all devices together: a page of kernel memory each,
-# so the default is 64 MiB worth (parse.reader.DEFAULT_MAX_OPEN_FILES).
-DEFAULT_MAX_OPEN_FILES: Final = _reader.DEFAULT_MAX_OPEN_FILES
+# Per-scrape sysfs files kept open between scrapes: the default, DEFAULT_MAX_OPEN_FILES, is 64 MiB of
+# kernel memory at a page each (parse.reader); this is the most a config may ask for.
 MAX_OPEN_FILES: Final = 1_000_000
 
 

@@ -36,8 +36,16 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, read_device_info
-from ..parse.reader import DEFAULT_MAX_OPEN_FILES as _DEFAULT_KEPT_FILES
-from ..parse.reader import REASON_IO, REASON_TIMEOUT, FileBudget, OpenFiles, ReadErrors, SysfsReader, is_sysfs
+from ..parse.reader import (
+    DEFAULT_MAX_OPEN_FILES,
+    REASON_IO,
+    REASON_TIMEOUT,
+    FileBudget,
+    OpenFiles,
+    ReadErrors,
+    SysfsReader,
+    is_sysfs,
+)
 from .base import FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source
 
 log = logging.getLogger(__name__)
@@ -51,8 +59,6 @@ INVENTORY: Final = "inventory"
 DEFAULT_PARALLELISM: Final = 4
 # A job running longer than this lets one more reader thread start on the queue (WorkerPool).
 SPILL_AFTER_SECONDS: Final = 0.02
-# Per-scrape files kept open, all devices together (`--read.max-open-files`): 64 MiB of kernel memory.
-DEFAULT_MAX_OPEN_FILES: Final = _DEFAULT_KEPT_FILES
 # However many devices are stuck, the pool never holds more threads than this.
 HARD_MAX_WORKERS: Final = 64
 # Idle pool threads exit after this, so a quiet exporter holds no reader threads.
