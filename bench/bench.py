@@ -106,10 +106,11 @@ STATE_FILES: Final = frozenset(
         "current_link_speed",
         "current_link_width",
         "mtu",
-        "slaves",  # bonding/slaves and bonding/mode: enslaving and releasing send no uevent
-        "mode",
     }
 )
+# A bond's bonding/slaves and bonding/mode: enslaving and releasing send no uevent. (An IPoIB netdev's
+# own `mode` file is static.)
+BOND_STATE_FILES: Final = frozenset({"slaves", "mode"})
 CLASSES: Final = ("counter", "state", "static", "directory", "other")
 
 CHILDREN: list[subprocess.Popen[bytes]] = []
@@ -347,8 +348,8 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
         return "directory"
     if any(part in COUNTER_DIRS for part in parts[:-1]) or name in COUNTER_FILES:
         return "counter"
-    if name in ("slaves", "mode") and (len(parts) < 2 or parts[-2] != "bonding"):
-        return "static"  # class/net/ibN/mode (IPoIB connected/datagram) is static; only bonding/ is state
+    if name in BOND_STATE_FILES and len(parts) >= 2 and parts[-2] == "bonding":
+        return "state"
     if name in STATE_FILES or (len(parts) >= 3 and parts[-2] == "enable" and "ecn" in parts[:-3]):
         return "state"
     return "static"
