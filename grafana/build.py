@@ -46,8 +46,8 @@ DEVICE = (*NODE, "device")
 PORT = (*DEVICE, "port")
 CLUSTER = ("job", "cluster")
 RAIL = (*CLUSTER, "device", "port")
-ON_PORT = "on (job, instance, device, port)"
-ON_DEVICE = "on (job, instance, device)"
+ON_PORT = "on (cluster, job, instance, device, port)"
+ON_DEVICE = "on (cluster, job, instance, device)"
 
 UIDS = {
     "fabric-overview": "rdma-fabric-overview",

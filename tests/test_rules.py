@@ -112,36 +112,86 @@ def test_promtool_unit_tests(test_file: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _with_cluster(selector: str) -> str:
-    """`name{a="b"}` with a cluster="cx" label added, unless it has one."""
-    if "cluster=" in selector:
-        return selector
+def _with_cluster(selector: str, cluster: str) -> str:
+    """`name{a="b"}` with a cluster label added."""
     name, _, inner = selector.partition("{")
     inner = inner.rstrip("}").strip()
-    return f'{name}{{cluster="cx"{"," + inner if inner else ""}}}'
+    return f'{name}{{cluster="{cluster}"{"," + inner if inner else ""}}}'
+
+
+# The same node names in two clusters, as a global ruler (Thanos Ruler, Mimir) sees them.
+CLUSTERS = ("cx", "cy")
+
+
+def _in_two_clusters(test: dict[str, Any]) -> None:
+    """Rewrite one promtool test in place: every input series once per cluster of CLUSTERS, and every
+    expected alert and sample once per cluster. Alerts' annotations stay the same: both clusters have the
+    same values, so a description only differs if it quotes the wrong one (e.g. a query that leaves
+    cluster out returns two series and fails on `first`'s choice or the joins' many-to-many)."""
+    test["input_series"] = [
+        {**series, "series": _with_cluster(series["series"], cluster)}
+        for cluster in CLUSTERS
+        for series in test.get("input_series", [])
+    ]
+    for case in test.get("alert_rule_test", []):
+        case["exp_alerts"] = [
+            {**alert, "exp_labels": {**alert.get("exp_labels", {}), "cluster": cluster}}
+            for cluster in CLUSTERS
+            for alert in case.get("exp_alerts") or []
+        ]
+    for case in test.get("promql_expr_test", []):
+        case["exp_samples"] = [
+            {**sample, "labels": _with_cluster(sample["labels"], cluster)}
+            for cluster in CLUSTERS
+            for sample in case.get("exp_samples") or []
+        ]
 
 
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
-def test_target_labels_survive_every_rule(test_file: Path, tmp_path: Path) -> None:
-    """The unit tests again with a `cluster` target label on every input series: each record and alert
-    must carry it through, or Alertmanager's grouping and inhibitions (equal: [cluster, ...]) and the
-    cluster-level records lose it. A `by (...)` or one-to-one `on (...)` without group_left drops it."""
+def test_rules_keep_clusters_apart(test_file: Path, tmp_path: Path) -> None:
+    """The unit tests again with every input series in two clusters whose node names repeat. Each
+    record and alert must carry `cluster` through, or Alertmanager's grouping and inhibitions
+    (equal: [cluster, ...]) and the cluster-level records lose it (a `by (...)` or one-to-one `on (...)`
+    without group_left drops it); and every join and description query must match on it, or the two
+    clusters' ports meet in one match group. Tests that already set clusters of their own are left as
+    they are."""
     promtool = binary("promtool")
     document = yaml.safe_load(test_file.read_text())
     document["rule_files"] = [str((test_file.parent / name).resolve()) for name in document["rule_files"]]
+    rewritten = 0
     for test in document["tests"]:
-        for series in test.get("input_series", []):
-            series["series"] = _with_cluster(series["series"])
-        for case in test.get("alert_rule_test", []):
-            for alert in case.get("exp_alerts") or []:
-                alert.setdefault("exp_labels", {}).setdefault("cluster", "cx")
-        for case in test.get("promql_expr_test", []):
-            for sample in case.get("exp_samples") or []:
-                sample["labels"] = _with_cluster(sample["labels"])
+        if not any("cluster=" in series["series"] for series in test.get("input_series", [])):
+            _in_two_clusters(test)
+            rewritten += 1
+    assert rewritten > 0
     copy = tmp_path / test_file.name
     copy.write_text(yaml.safe_dump(document, sort_keys=False))
     result = run(promtool, "test", "rules", copy.name, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr
+
+
+_QUERY_PRINTF = re.compile(r"printf `([^`]*)`((?:\s+\$labels\.\w+)+)\s*\|\s*query")
+
+
+def test_description_queries_select_the_alerts_own_target() -> None:
+    """A description that quotes another series selects it by the alert's cluster, job and instance, with
+    one argument per %s. Without cluster, under a global ruler, it can quote a node of the same name in
+    another cluster; the two-cluster unit tests give both clusters the same values, so only this check
+    sees a query that leaves cluster out."""
+    problems = []
+    queries = 0
+    for alert in alerts():
+        for key, text in alert.get("annotations", {}).items():
+            for template, arguments in _QUERY_PRINTF.findall(text):
+                queries += 1
+                names = [argument.removeprefix("$labels.") for argument in arguments.split()]
+                selected = re.findall(r'(\w+)="%s"', template)
+                if template.count("%s") != len(names) or selected != names:
+                    problems.append(f"{alert['alert']} {key}: {template} gets {names}")
+                elif not {"cluster", "job", "instance"} <= set(selected):
+                    problems.append(f"{alert['alert']} {key}: {template} does not select cluster, job, instance")
+    assert queries > 0
+    assert problems == []
 
 
 def test_every_alert_is_unit_tested_firing() -> None:
@@ -159,9 +209,7 @@ def test_every_alert_is_unit_tested_firing() -> None:
 def test_every_record_is_unit_tested_with_samples() -> None:
     """Each record is checked by value somewhere: in a promql_expr_test with samples, or inside an alert
     that a unit test fires, whose labels and value depend on it. Otherwise neither its maths nor
-    test_target_labels_survive_every_rule can judge it. (instance:rdma_exporter_target:known passes
-    through RdmaExporterDown but only marks presence: it drops cluster on purpose and is only ever
-    used as an `and` filter, so its own labels and value are not judged.)"""
+    test_rules_keep_clusters_apart can judge it."""
     expressions: dict[str, list[str]] = {}  # record -> its expressions (a record may have several rules)
     for rule in rules():
         if "record" in rule:
