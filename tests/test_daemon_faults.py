@@ -21,7 +21,7 @@ from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry
 from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import SysfsReader
-from rdma_exporter.sample_tree import build_tree, spec_for_devices
+from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
 from conftest import prometheus_text, samples, wait_until
 
@@ -558,3 +558,22 @@ def test_dangling_class_entry_is_not_a_device(tmp_path: Path) -> None:
     assert not [key for key in metrics if key[0] == "rdma_device_info" and ("device", "mlx5_9") in key[1]]
     assert [key for key in metrics if key[0] == "rdma_device_info" and ("device", "mlx5_1") in key[1]]
     assert value(metrics, "rdma_exporter_scrape_collector_success", collector="inventory") == 1
+
+
+def test_netdev_named_with_bytes_that_are_not_utf8_costs_nothing(tmp_path: Path) -> None:
+    """A netdev may be renamed to any bytes (`ip link set X name $'\\xff'`); os.listdir hands them over
+    with surrogate escapes, which the UTF-8 answer cannot encode. Such a name once failed every scrape of
+    the node with HTTP 500. It is served with the bytes as \\xNN, and every other series stays."""
+    root = build_tree(tmp_path / "t", SAMPLE_SPEC)
+    expected = samples(build_collector(replace(Config(), sysfs=root)).gather(5.0).render_text().decode())
+    function = root / "devices" / "pci0000:d7" / "0000:d7:01.0" / "0000:dc:00.0"
+    os.rename(function / "net" / "enp220s0f0np0", os.fsencode(function / "net") + b"/enp220\xff")
+    (root / "class" / "net" / "enp220s0f0np0").unlink()
+    os.symlink(b"../../devices/pci0000:d7/0000:d7:01.0/0000:dc:00.0/net/enp220\xff",
+               os.fsencode(root / "class" / "net") + b"/enp220\xff")
+    text = build_collector(replace(Config(), sysfs=root)).gather(5.0).render_text().decode("utf-8")
+    served = samples(text)
+    renamed = {key for key in served if ("netdev", "enp220\\xff") in key[1]}
+    assert ("rdma_port_netdev_info", (("device", "mlx5_8"), ("netdev", "enp220\\xff"), ("port", "1"))) in renamed
+    untouched = {key for key in expected if not any(value == "enp220s0f0np0" for _, value in key[1])}
+    assert untouched - set(served) == set()

@@ -60,8 +60,21 @@ def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
+def _printable(value: str) -> str:
+    """A name the kernel holds as bytes that are not UTF-8 (a netdev or RDMA device renamed to any
+    bytes) comes from os.listdir with surrogate escapes, which UTF-8 cannot encode: show those bytes as
+    \\xNN, as `ip link` does, instead of failing the whole answer."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to: keep it visible, escaped
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def _escape_value(value: str) -> str:
     # The same as prometheus_client's label value escaping; most values need none, so test first.
+    if not value.isascii():
+        value = _printable(value)
     if "\\" in value or "\n" in value or '"' in value:
         return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return value
