@@ -143,8 +143,20 @@ def test_parse_expands_and_converts_units() -> None:
         ),
         (
             "ports: [{devices: mlx5_0, pcie_gen: 5}, {devices: mlx5_0, port: 2, pcie_gen: 4}]",
-            "collector.expected.ports[1]",
-            "PCIe expectation for mlx5_0 differs",
+            "collector.expected.ports[1].pcie_gen",
+            "PCIe link speed for mlx5_0 (pcie_gen 4) differs from collector.expected.ports[0] (pcie_gen 5)",
+        ),
+        (
+            "ports: [{devices: mlx5_0, pcie_width: 16}, {devices: mlx5_0, port: 2, pcie_width: 8}]",
+            "collector.expected.ports[1].pcie_width",
+            "PCIe link width for mlx5_0 (pcie_width 8) differs from collector.expected.ports[0] (pcie_width 16)",
+        ),
+        (
+            # Speed and width are compared each on its own: the agreeing speed does not hide the width.
+            "ports: [{devices: 'mlx5_[0-1]', pcie_gen: 5, pcie_width: 16}, "
+            "{devices: mlx5_1, port: 2, pcie_gen: 5, pcie_width: 8}]",
+            "collector.expected.ports[1].pcie_width",
+            "PCIe link width for mlx5_1 (pcie_width 8) differs from collector.expected.ports[0] (pcie_width 16)",
         ),
         ("port: []", "collector.expected.port", "unknown key"),
     ],
@@ -180,6 +192,35 @@ def test_check_config_cli_reports_file_and_key(tmp_path: Path) -> None:
         timeout=60,
     )
     assert run.returncode == 0, run.stderr
+
+
+SPLIT_PCIE = """
+collector:
+  expected:
+    ports:
+      - {devices: "mlx5_[0-7]", port: 1, pcie_gen: 5}
+      - {devices: mlx5_0, port: 2, pcie_width: 16}
+"""
+
+
+def test_pcie_speed_and_width_from_separate_entries_merge(tree: Path, tmp_path: Path) -> None:
+    """Entries for two ports of one device may each give part of its PCIe expectation: one the
+    generation, the other the width. They do not conflict, and the device expects both."""
+    path = tmp_path / "split.yml"
+    path.write_text(SPLIT_PCIE)
+    run = subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", "--config.file", str(path), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    metrics = scrape(tree, load_config_file(path))
+    assert value(metrics, "rdma_expected_pcie_link_speed_transfers_per_second", device="mlx5_0") == 32e9
+    assert value(metrics, "rdma_expected_pcie_link_width_lanes", device="mlx5_0") == 16
+    # Only mlx5_0 has a width from the second entry.
+    assert value(metrics, "rdma_expected_pcie_link_speed_transfers_per_second", device="mlx5_1") == 32e9
+    assert value(metrics, "rdma_expected_pcie_link_width_lanes", device="mlx5_1") is None
 
 
 def test_no_expectations_no_source_no_series(tree: Path) -> None:
@@ -283,6 +324,24 @@ def test_source_is_pure() -> None:
     assert ("rdma_expected_port_present", ("mlx5_0", "2"), 0) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
     assert ("rdma_expected_device_present", ("mlx5_0",), 1) in got
+
+
+def test_source_merges_pcie_speed_and_width_of_a_device() -> None:
+    """Each field comes from the first port of the device that sets it, whichever port that is."""
+    from rdma_exporter.collect.base import FamilySet
+
+    source = ExpectedSource(
+        [
+            ExpectedPort("mlx5_0", 1),
+            ExpectedPort("mlx5_0", 2, pcie_transfers_per_second=32e9),
+            ExpectedPort("mlx5_0", 3, pcie_width=16),
+        ]
+    )
+    out = FamilySet()
+    source.expose({"mlx5_0": frozenset({1, 2, 3})}, out)
+    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
+    assert ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9) in got
+    assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
 
 
 def test_listed_device_with_unknown_ports_is_present() -> None:

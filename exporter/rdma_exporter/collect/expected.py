@@ -41,6 +41,7 @@ LINK_WIDTHS: Final = (1, 2, 4, 8, 12)  # IB 1X/2X/4X/8X/12X
 PCIE_WIDTHS: Final = (1, 2, 4, 8, 16, 32)
 # PCIe generation -> transfers per second per lane, the unit of the PCIe collector's link speed.
 PCIE_GEN_TRANSFERS: Final[dict[int, float]] = {1: 2.5e9, 2: 5e9, 3: 8e9, 4: 16e9, 5: 32e9, 6: 64e9}
+_PCIE_GEN_OF: Final = {transfers: gen for gen, transfers in PCIE_GEN_TRANSFERS.items()}
 
 _ENTRY_KEYS: Final = (
     "devices",
@@ -168,7 +169,7 @@ def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
     if not isinstance(value, list):
         raise ConfigError(source, key, f"expected a list of port expectations, got {type(value).__name__}")
     ports: dict[tuple[str, int], tuple[int, ExpectedPort]] = {}
-    pcie: dict[str, tuple[int, tuple[float | None, int | None]]] = {}
+    pcie: dict[tuple[str, str], tuple[int, int]] = {}  # (device, setting) -> (entry index, value)
     for index, item in enumerate(value):
         for expected in _entry(source, f"{key}[{index}]", item):
             ident = (expected.device, expected.port)
@@ -177,13 +178,20 @@ def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
                 reason = f"{expected.device} port {expected.port} is already expected by {key}[{first}]"
                 raise ConfigError(source, f"{key}[{index}].devices", reason)
             ports[ident] = (index, expected)
-            # PCIe is per device: two ports of one device must not disagree about it.
-            link = (expected.pcie_transfers_per_second, expected.pcie_width)
-            if link != (None, None):
-                seen = pcie.setdefault(expected.device, (index, link))
-                if seen[1] != link:
-                    reason = f"PCIe expectation for {expected.device} differs from {key}[{seen[0]}]"
-                    raise ConfigError(source, f"{key}[{index}]", reason)
+            # PCIe is per device: entries for two of its ports may each set its speed, its width or both
+            # (expose merges them), but must not set the same one to different values.
+            speed = expected.pcie_transfers_per_second
+            gen = None if speed is None else _PCIE_GEN_OF[speed]
+            for setting, what, wanted in (("pcie_gen", "speed", gen), ("pcie_width", "width", expected.pcie_width)):
+                if wanted is None:
+                    continue
+                first, seen = pcie.setdefault((expected.device, setting), (index, wanted))
+                if seen != wanted:
+                    reason = (
+                        f"PCIe link {what} for {expected.device} ({setting} {wanted}) differs from "
+                        f"{key}[{first}] ({setting} {seen})"
+                    )
+                    raise ConfigError(source, f"{key}[{index}].{setting}", reason)
     return tuple(expected for _, expected in ports.values())
 
 
@@ -279,7 +287,7 @@ class ExpectedSource:
         # A device is present when it is listed. None: listed, but its static info (and so its ports) is
         # not known yet, e.g. its first read is stuck in firmware; its ports are then not reported at
         # all rather than reported missing.
-        devices: dict[str, ExpectedPort] = {}
+        pcie: dict[str, tuple[float | None, int | None]] = {}  # device -> (speed, width)
         for expected in self.ports:
             labels = [expected.device, str(expected.port)]
             out.add(PORT_INFO, [*labels, expected.link_layer or ""], 1)
@@ -292,14 +300,17 @@ class ExpectedSource:
             ports = results.get(expected.device, frozenset())
             if ports is not None:
                 out.add(PORT_PRESENT, labels, 1 if expected.port in ports else 0)
-            # The first entry naming a device carries its PCIe expectation (validation made them agree).
-            known = devices.get(expected.device)
-            if known is None or (known.pcie_width is None and known.pcie_transfers_per_second is None):
-                devices[expected.device] = expected
-        for name in sorted(devices):
-            expected = devices[name]
-            if expected.pcie_transfers_per_second is not None:
-                out.add(PCIE_SPEED, [name], expected.pcie_transfers_per_second)
-            if expected.pcie_width is not None:
-                out.add(PCIE_WIDTH, [name], expected.pcie_width)
+            # The ports of a device may each give part of its PCIe expectation: the speed and the width each
+            # come from the first port that sets it (validation made the others agree).
+            speed, width = pcie.get(expected.device, (None, None))
+            pcie[expected.device] = (
+                expected.pcie_transfers_per_second if speed is None else speed,
+                expected.pcie_width if width is None else width,
+            )
+        for name in sorted(pcie):
+            speed, width = pcie[name]
+            if speed is not None:
+                out.add(PCIE_SPEED, [name], speed)
+            if width is not None:
+                out.add(PCIE_WIDTH, [name], width)
             out.add(DEVICE_PRESENT, [name], 1 if name in results else 0)
