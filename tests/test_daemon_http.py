@@ -40,6 +40,7 @@ from rdma_exporter.daemon import (
     send_blocks,
 )
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
+from rdma_exporter.webconfig import load_web_config
 
 from conftest import require_binary, samples, wait_until
 
@@ -602,6 +603,44 @@ def test_mutual_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     assert "client certificates required" in daemon.log()
 
 
+def test_client_allowed_sans_match_like_exporter_toolkit(
+    start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path
+) -> None:
+    # exporter-toolkit matches DNS names, e-mail addresses, IPs in Go's net.IP.String() form (compressed
+    # lowercase IPv6, dotted IPv4 for v4-mapped) and URIs; a file written for it must admit the same clients.
+    leaves = {
+        "san-ipv6": "IP:2001:db8:0:0:0:0:0:1",
+        "san-ipv4": "IP:192.0.2.7",
+        "san-mapped": "IP:::ffff:192.0.2.8",
+        "san-email": "email:prometheus@example.org",
+        "san-uri": "URI:spiffe://example.org/prometheus",
+    }
+    for name, san in leaves.items():
+        _leaf(name, "ca", san, "clientAuth", pki.dir)
+    config = web_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n"
+        "  client_allowed_sans: ['2001:db8::1', 192.0.2.7, 192.0.2.8, prometheus@example.org,"
+        " 'spiffe://example.org/prometheus']\n",
+    )
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
+    for name in leaves:
+        assert get(daemon.port, "/healthz", context=client_context(pki, name)).status == 200, name
+    assert refused(daemon.port, client_context(pki, "intruder"))
+
+    # Configured IPs are compared in the same normal form, however they are written.
+    spelled = web_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n"
+        "  client_allowed_sans: ['2001:DB8:0::1']\n",
+    )
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(spelled))
+    assert get(daemon.port, "/healthz", context=client_context(pki, "san-ipv6")).status == 200
+    assert refused(daemon.port, client_context(pki, "san-ipv4"))
+
+
 def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path) -> None:
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     config = web_config(
@@ -629,6 +668,18 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
         assert curl.stdout == "ok\n", curl.stderr
 
 
+def test_unknown_users_cost_as_much_as_the_costliest_configured_hash(tmp_path: Path) -> None:
+    # A dummy hash cheaper than the real ones would make unknown user names answer faster.
+    cheap = bcrypt.hashpw(b"a", bcrypt.gensalt(rounds=4)).decode()
+    dear = bcrypt.hashpw(b"b", bcrypt.gensalt(rounds=12)).decode()
+    config = web_config(tmp_path, f"basic_auth_users:\n  cheap: '{cheap}'\n  dear: '{dear}'\n")
+    auth = load_web_config(config).auth
+    assert auth is not None
+    assert int(auth.dummy_hash.split(b"$")[2]) == 12
+    assert not auth.check(basic("nobody", "b")["Authorization"])  # the dummy is a hash bcrypt can check
+    assert auth.check(basic("cheap", "a")["Authorization"])
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -643,13 +694,15 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
         ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
          "cipher_suites"),
         ("basic_auth_users:\n  prometheus: plaintext\n", "basic_auth_users.prometheus: expected a bcrypt hash"),
+        # bcrypt cannot check cost 45; as the unknown-user dummy's cost it would also answer those at once.
+        ("basic_auth_users:\n  prometheus: '$2b$45$" + "a" * 53 + "'\n", "bcrypt cost must be 4..31"),
         ("tls_config:\n  cert_file: {cert}\n", "tls_config: unknown key"),
         ("basic_auth_users: [", "invalid YAML"),
         # The second user list would silently replace the first, locking out whoever is in it.
         ("basic_auth_users:\n  a: x\nbasic_auth_users:\n  b: y\n", "duplicate key 'basic_auth_users'"),
     ],
     ids=["no-key", "missing-file", "key-mismatch", "version", "unverified-client", "no-ca", "ciphers",
-         "plain-password", "typo", "yaml", "duplicate-key"],
+         "plain-password", "bcrypt-cost", "typo", "yaml", "duplicate-key"],
 )
 def test_invalid_web_config_stops_startup(
     start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path, body: str, message: str

@@ -22,6 +22,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import re
 import secrets
 import ssl
@@ -71,8 +72,12 @@ _RESERVED_HEADERS: Final = frozenset(
      "date", "server"}
 )
 _BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
-# Spent on unknown users too, so response time does not reveal which user names exist.
+_BCRYPT_COSTS: Final = range(4, 32)  # what bcrypt (here and in Go) can check; other costs never match
+# Checked for unknown users too, so response time does not reveal which user names exist. Only its salt
+# and digest are used: BasicAuth puts the configured cost in front (a well-formed hash, matching nothing).
 _DUMMY_HASH: Final = b"$2b$10$BBbAEHokxkprkXcs7WUUru5P5E2RDe7zZ9AZPgszTXaqI0AjY5KpS"
+# getpeercert()'s names for the SAN kinds exporter-toolkit matches: DNSNames, EmailAddresses, IPAddresses, URIs.
+_SAN_KINDS: Final = frozenset({"DNS", "email", "IP Address", "URI"})
 AUTH_CACHE_SECONDS: Final = 60.0
 _AUTH_CACHE_SIZE: Final = 64
 
@@ -83,9 +88,16 @@ class BasicAuth:
     and Prometheus sends the same credentials on every scrape."""
 
     users: dict[str, bytes]
+    dummy_hash: bytes = field(init=False)
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     _cache: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        # As costly as the costliest real hash: a cheaper dummy (the docs recommend cost 12) would answer
+        # unknown users several times faster than known ones.
+        cost = max((_bcrypt_cost(hashed) for hashed in self.users.values()), default=10)
+        self.dummy_hash = b"$2b$%02d$" % cost + _DUMMY_HASH[7:]
 
     def check(self, header: str | None) -> bool:
         if not header:
@@ -109,7 +121,7 @@ class BasicAuth:
             if expires is not None and expires > now:
                 return True
         try:
-            ok = bcrypt.checkpw(password.encode(), stored or _DUMMY_HASH) and stored is not None
+            ok = bcrypt.checkpw(password.encode(), stored or self.dummy_hash) and stored is not None
         except ValueError:  # bcrypt refuses passwords over 72 bytes
             return False
         if ok:
@@ -149,8 +161,28 @@ class WebConfig:
             return True
         if not peer_cert:
             return False
-        names = {value for kind, value in peer_cert.get("subjectAltName", ()) if kind in ("DNS", "IP Address", "URI")}
+        names = {
+            _ip_text(value) if kind == "IP Address" else value
+            for kind, value in peer_cert.get("subjectAltName", ())
+            if kind in _SAN_KINDS
+        }
         return bool(names & self.allowed_sans)
+
+
+def _ip_text(value: str) -> str:
+    """An IP in Go's net.IP.String() form, which exporter-toolkit matches client_allowed_sans against:
+    getpeercert() writes IPv6 uncompressed and upper case (2001:DB8:0:0:0:0:0:1 for 2001:db8::1)."""
+    try:
+        ip = ipaddress.ip_address(value.strip())
+    except ValueError:
+        return value
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)  # Go writes v4-mapped addresses dotted
+    return ip.compressed
+
+
+def _bcrypt_cost(hashed: bytes) -> int:
+    return int(hashed.split(b"$")[2])  # $2b$12$...: the cost is the number after the second $
 
 
 def _mapping(source: str, key: str, value: Any, known: frozenset[str]) -> Mapping[str, Any]:
@@ -231,7 +263,8 @@ def _tls(source: str, body: Mapping[str, Any], base: Path) -> tuple[ssl.SSLConte
         raise ConfigError(source, "tls_server_config.client_allowed_sans", "expected a list of names")
     if sans and context.verify_mode == ssl.CERT_NONE:
         raise ConfigError(source, "tls_server_config.client_allowed_sans", "needs verified client certificates")
-    return context, frozenset(sans)
+    # An IP written any other way (upper case, uncompressed) still names the same address.
+    return context, frozenset(sans) | {_ip_text(s) for s in sans}
 
 
 def _users(source: str, body: Any) -> BasicAuth | None:
@@ -246,6 +279,12 @@ def _users(source: str, body: Any) -> BasicAuth | None:
         if not isinstance(hashed, str) or not _BCRYPT_HASH.match(hashed):
             raise ConfigError(
                 source, f"basic_auth_users.{user}", "expected a bcrypt hash ($2y$/$2b$/$2a$, 60 characters)"
+            )
+        if _bcrypt_cost(hashed.encode()) not in _BCRYPT_COSTS:
+            # Such a user could never log in, and as the dummy's cost it would make unknown users fast.
+            raise ConfigError(
+                source, f"basic_auth_users.{user}",
+                f"bcrypt cost must be {_BCRYPT_COSTS.start}..{_BCRYPT_COSTS.stop - 1}",
             )
         users[user] = hashed.encode()
     return BasicAuth(users)
