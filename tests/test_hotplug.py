@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from rdma_exporter.daemon import build_collector, build_registry
 from rdma_exporter.hotplug import Event, HotplugMonitor, apply_event, is_kernel_sysfs, start_monitor
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import in_ci, samples
+from conftest import in_ci, samples, wait_until
 
 TESTS = Path(__file__).resolve().parent
 
@@ -211,6 +212,37 @@ def test_monitor_thread_applies_events_and_survives_overflow(tree: Path) -> None
         monitor.stop()
 
 
+class UndecodableDevice:
+    """pyudev's Device when a property value is not UTF-8."""
+
+    @property
+    def properties(self) -> dict[str, str]:
+        raise UnicodeDecodeError("utf-8", b"odd\xff0", 3, 4, "invalid start byte")
+
+
+def test_monitor_survives_an_undecodable_event_and_falls_back_to_rescans_if_it_dies(tree: Path) -> None:
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    fake = FakeMonitor()
+    monitor = HotplugMonitor(fake, "kernel", lambda: collector.inventory)
+    monitor.start()
+    try:
+        (real_dir(tree, "mlx5_2") / "fw_ver").write_text("7.7.7\n")
+        fake.items.put(UndecodableDevice())  # lost: every device is read again
+        fake.items.put(FakeDevice({"ACTION": "change", "SUBSYSTEM": "infiniband", "DEVPATH": "/devices/x/mlx5_0"}))
+        assert monitor.wait_for_events(1, 5)
+        assert monitor.running
+        assert fw_of(collector, "mlx5_2") == "7.7.7"
+        # Anything else that escapes the loop stops the thread: scrapes then rescan instead of trusting
+        # a cache nobody refreshes.
+        assert not collector.inventory.rescan_each_scrape
+        fake.items.put(RuntimeError("libudev went away"))
+        wait_until(lambda: not monitor.running)
+        assert collector.inventory.rescan_each_scrape
+    finally:
+        monitor.stop()
+
+
 def test_mode_is_rescan_for_trees_that_are_not_sysfs(tree: Path) -> None:
     collector = build_collector(replace(Config(), sysfs=tree))
     monitor, mode = start_monitor(tree, lambda: collector.inventory)
@@ -242,15 +274,24 @@ def uevent_helper(workdir: str) -> None:
     netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
     monitor, mode = start_monitor(root, lambda: collector.inventory, source="kernel")
     assert monitor is not None, mode
+    # First a netdev named with bytes that are not UTF-8, which pyudev cannot decode: it once killed the
+    # monitor thread, and the cache went stale until the next resync.
+    subprocess.run([b"ip", b"link", b"add", b"odd\xff0", b"type", b"veth", b"peer", b"name", b"oddpeer0"], check=True)
+    deadline = time.monotonic() + 10
+    while monitor.undecodable == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    undecodable = monitor.undecodable
+    fw_of(collector, "mlx5_1")  # the lost event made every device due for a re-read: done here
     (real_dir(root, "mlx5_1") / "fw_ver").write_text("28.99.0001\n")
     cached = fw_of(collector, "mlx5_1")
     # Its netdev (re)appears, as after a driver reload: here a veth of that name stands in for it.
     subprocess.run(["ip", "link", "add", netdev, "type", "veth", "peer", "name", "rdmapeer0"], check=True)
     received = monitor.wait_for_events(1, 10)
     after = fw_of(collector, "mlx5_1")
+    alive = monitor.running
     monitor.stop()
     print(json.dumps({"before": before, "cached": cached, "after": after, "received": received,
-                      "seen": monitor.seen, "netdev": netdev}))
+                      "seen": monitor.seen, "netdev": netdev, "alive": alive, "undecodable": undecodable}))
 
 
 def test_real_uevent_from_a_veth_in_a_network_namespace(tmp_path: Path) -> None:
@@ -274,5 +315,6 @@ def test_real_uevent_from_a_veth_in_a_network_namespace(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["received"], report
+    assert report["alive"] and report["undecodable"] >= 1, report
     assert report["before"] == report["cached"] == "28.41.1000"
     assert report["after"] == "28.99.0001", report

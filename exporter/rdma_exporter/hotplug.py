@@ -143,6 +143,7 @@ class HotplugMonitor:
         self._thread: threading.Thread | None = None
         self.events = 0  # events that changed something, for tests and debug logs
         self.seen = 0
+        self.undecodable = 0  # events lost because pyudev could not decode them
         self.changed = threading.Condition()
 
     @property
@@ -179,6 +180,13 @@ class HotplugMonitor:
             self.changed.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:  # the cache would go stale unseen: rescan instead, and say why
+            log.exception("uevent monitor failed; falling back to rescanning on every scrape")
+            self._inventory().rescan_each_scrape = True
+
+    def _watch(self) -> None:
         while not self._stop.is_set():
             try:
                 device = self._monitor.poll(timeout=1.0)
@@ -193,7 +201,16 @@ class HotplugMonitor:
                 return
             if device is None:
                 continue
-            self.handle(Event.from_properties(dict(device.properties)))
+            try:
+                properties = dict(device.properties)
+            except UnicodeDecodeError as exc:
+                # pyudev decodes values strictly, and a netdev may be named with any bytes: the event
+                # is lost, so (as after an overflow) what changed is unknown.
+                self.undecodable += 1
+                log.warning("cannot decode a uevent (%s); re-reading every device", exc)
+                self._inventory().invalidate()
+                continue
+            self.handle(Event.from_properties(properties))
 
 
 def start_monitor(
