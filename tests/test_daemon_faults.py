@@ -350,6 +350,44 @@ def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> 
                  reason="timeout") == 1
 
 
+def test_a_shorter_deadline_timing_out_does_not_hide_the_read_errors_of_the_longer(
+    tmp_path: Path, fifos: Fifos
+) -> None:
+    # An HA pair scraping at once shares a round. The short scrape gives up on mlx5_0 and counts a
+    # timeout; the long one gets its values, and their read errors (a malformed file) must be counted too.
+    root = make_tree(tmp_path, 2)
+    counters = device_dir(root, "mlx5_0") / "ports" / "1" / "counters"
+    (counters / "symbol_error").write_text("garbage\n")
+    slow = fifos.make(counters / "VL15_dropped")
+    answer = fifos.answer_when_read(slow, b"5\n", lambda: time.sleep(1.5))
+    collector = collector_for(root, 5.0)
+    results: list[FamilySet] = []
+    long_scrape = threading.Thread(target=lambda: results.append(collector.gather(5.0)))
+    long_scrape.start()
+    time.sleep(0.05)
+    short = samples(prometheus_text(collector.gather(0.5)).decode())
+    long_scrape.join(5)
+    answer.join(5)
+
+    def errors(metrics: Samples) -> dict[str, float | None]:
+        return {
+            reason: value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_0",
+                          reason=reason)
+            for reason in ("timeout", "malformed")
+        }
+
+    assert value(short, "rdma_port_vl15_dropped_total", device="mlx5_0", port="1") is None
+    assert errors(short) == {"timeout": 1, "malformed": None}
+    full = samples(prometheus_text(results[0]).decode())
+    assert value(full, "rdma_port_vl15_dropped_total", device="mlx5_0", port="1") == 5
+    assert value(full, "rdma_port_symbol_errors_total", device="mlx5_0", port="1") is None
+    # The short scrape's timeout stays counted (it did serve a scrape without the values), once each.
+    assert errors(full) == {"timeout": 1, "malformed": 1}
+    # A later scrape, alone in its round, counts the malformed file once more and no timeout.
+    again = samples(prometheus_text(collector.gather(5.0)).decode())
+    assert errors(again) == {"timeout": 1, "malformed": 2}
+
+
 def test_threads_stay_bounded_when_every_device_blocks(tmp_path: Path, fifos: Fifos) -> None:
     root = make_tree(tmp_path, 8)
     for n in range(8):

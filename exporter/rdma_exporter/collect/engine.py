@@ -629,7 +629,11 @@ class _Round:
     # Not `lock`: _assemble holds that while it cancels jobs, which ends them.
     pending_lock: threading.Lock = field(default_factory=threading.Lock)
     result: FamilySet | None = None
-    counted: set[tuple[str, str]] = field(default_factory=set)  # (collector, device) errors already counted
+    # (collector, device) keys, each counted at most once per round whichever scrapes share it. Two sets:
+    # a short scrape counting a timeout must not stop a longer one that got the values from recording
+    # their read errors.
+    timed_out: set[tuple[str, str]] = field(default_factory=set)  # timeout already counted
+    recorded: set[tuple[str, str]] = field(default_factory=set)  # an outcome's read errors already counted
     logged: bool = False
 
     def complete(self) -> bool:
@@ -814,8 +818,8 @@ class RdmaCollector(Collector):
                 job = rnd.jobs[name]
                 if job.info_done:
                     durations[INVENTORY] += job.info_seconds
-                    if (INVENTORY, name) not in rnd.counted:
-                        rnd.counted.add((INVENTORY, name))
+                    if (INVENTORY, name) not in rnd.recorded:
+                        rnd.recorded.add((INVENTORY, name))
                         self._record_errors(INVENTORY, job.info_errors)
                     if job.info_failed:
                         for source in self.sources:  # listed all the same: present, its ports unknown
@@ -835,8 +839,9 @@ class RdmaCollector(Collector):
                             durations[source.name] += time.perf_counter() - current[1]
                         self._count_timeout(rnd, source.name, name)
                         continue
-                    if (source.name, name) not in rnd.counted:
-                        rnd.counted.add((source.name, name))
+                    # Recorded even if an earlier, shorter scrape of this round counted a timeout here.
+                    if (source.name, name) not in rnd.recorded:
+                        rnd.recorded.add((source.name, name))
                         self._record_errors(source.name, outcome.errors)
                     durations[source.name] += outcome.seconds
                     success[source.name] = success[source.name] and outcome.ok
@@ -923,9 +928,11 @@ class RdmaCollector(Collector):
 
     def _count_timeout(self, rnd: _Round, collector: str, device: str) -> None:
         # Once per round and device: three replicas timing out on one stuck device count one timeout.
-        if (collector, device) in rnd.counted:
+        # It stays counted if a longer scrape of the round gets the values later: the short scrape did
+        # serve without them, and a counter never goes back.
+        if (collector, device) in rnd.timed_out:
             return
-        rnd.counted.add((collector, device))
+        rnd.timed_out.add((collector, device))
         errors = ReadErrors()
         errors.add(device, REASON_TIMEOUT, f"{device}: no answer before the scrape deadline")
         self._record_errors(collector, errors)
