@@ -639,7 +639,8 @@ def fabric_overview() -> Json:
             "Top InfiniBand ports by credit wait",
             "The ten ports that spent the largest share of time with data to send but no flow-control credits "
             "(PortXmitWait, 5 minutes): congestion downstream. Colours follow RdmaPortTransmitWaitHigh "
-            "(warning above 0.1).",
+            "(warning above 0.1). Ports whose 32-bit counter is stuck at the maximum are not ranked "
+            "(RdmaPortCounterSaturated).",
             "percentunit",
             sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m'),
             port_label,
@@ -1014,7 +1015,8 @@ def node_detail() -> Json:
         (timeseries(
             "Credit wait",
             "Share of time each InfiniBand port had data to send but no flow-control credits (5 minutes): "
-            "congestion downstream of the port. Colours follow RdmaPortTransmitWaitHigh (warning above 0.1).",
+            "congestion downstream of the port. Colours follow RdmaPortTransmitWaitHigh (warning above 0.1). "
+            "A port missing here has its 32-bit counter stuck at the maximum (RdmaPortCounterSaturated).",
             "percentunit",
             targets((sel("instance_device_port:rdma_port_transmit_wait:ratio_rate5m"), dp)),
             steps=thresholds((0.1, WARNING)),
