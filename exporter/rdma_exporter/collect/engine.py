@@ -82,7 +82,8 @@ SCRAPE_SUCCESS: Final = MetricSpec(
     "rdma_exporter_scrape_collector_success",
     "gauge",
     "1 if every device answered the collector in this scrape, 0 if any device failed as a whole. "
-    'collector="inventory" is the listing of class/infiniband and the devices\' static attributes.',
+    'collector="inventory" is the listing of class/infiniband; errors reading a device\'s static '
+    'attributes count in rdma_exporter_file_read_errors_total{collector="inventory"}.',
     ("collector",),
 )
 READ_ERRORS: Final = MetricSpec(
