@@ -383,7 +383,10 @@ def test_a_shorter_deadline_timing_out_does_not_hide_the_read_errors_of_the_long
     assert value(full, "rdma_port_symbol_errors_total", device="mlx5_0", port="1") is None
     # The short scrape's timeout stays counted (it did serve a scrape without the values), once each.
     assert errors(full) == {"timeout": 1, "malformed": 1}
-    # A later scrape, alone in its round, counts the malformed file once more and no timeout.
+    # A later scrape, alone in its round, counts the malformed file once more and no timeout. The FIFO
+    # has no writer left, so the counter becomes a plain file again first.
+    slow.unlink()
+    slow.write_text("6\n")
     again = samples(prometheus_text(collector.gather(5.0)).decode())
     assert errors(again) == {"timeout": 1, "malformed": 2}
 
