@@ -583,7 +583,7 @@ def fabric_overview() -> Json:
             "Every ACTIVE port that trained below its expected rate or width, RoCE netdev below its expected "
             "speed, and PCIe link below its expected (or, without any PCIe expectation, its maximum) speed or "
             "width, from the recording rule the bandwidth alerts read: problem is what falls short, reference "
-            "against what (expected, device_max, or bond_slaves: a RoCE LAG bond against its slaves together). "
+            "against what (expected, link_max, or bond_slaves: a RoCE LAG bond against its slaves together). "
             "Share is the fraction of the reference reached: 50% is a 400G port at 200G or Gen4 instead of "
             "Gen5. Expectations come from the exporter's expected topology (collector.expected); without it "
             "only PCIe links and LAG bonds are checked. The port selector does not apply. Empty while every "

@@ -278,3 +278,30 @@ def test_parse_aer_round_trips_kernel_format(lines: list[tuple[str, int]]) -> No
         if not name.startswith("TOTAL_ERR_"):
             expected.setdefault(name, value)
     assert parsed.counts == expected
+
+
+def test_the_link_partner_caps_what_counts_as_degraded(tmp_path: Path) -> None:
+    """A Gen5 HCA in a Gen4 slot trains at Gen4: that is the best its link can do, not a degraded link.
+    The port above it (its directory's parent) says so; a device on a root bus has no such port."""
+    link = {
+        "current_link_speed": "16.0 GT/s PCIe\n",
+        "max_link_speed": "32.0 GT/s PCIe\n",
+        "current_link_width": "16\n",
+        "max_link_width": "16\n",
+    }
+    port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "16.0 GT/s PCIe\n", "max_link_width": "16\n"})
+    in_gen4_slot = port / PF
+    in_gen4_slot.mkdir()
+    for name, text in link.items():
+        (in_gen4_slot / name).write_text(text)
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(in_gen4_slot, reader)
+    assert got is not None and reader.errors.total() == 0
+    assert (got.partner_max_speed_gts, got.partner_max_width) == (16.0, 16)
+    assert got.degraded is False
+    # The same device and link right on the root bus: no partner known, judged by its own maximum.
+    on_root_bus = function(tmp_path, "0000:3a:02.0", link)
+    got = read_pcie_link(on_root_bus, reader)
+    assert got is not None and reader.errors.total() == 0
+    assert (got.partner_max_speed_gts, got.partner_max_width) == (None, None)
+    assert got.degraded is True

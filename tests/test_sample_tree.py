@@ -218,6 +218,17 @@ def test_degraded_pcie_device(sample: Path) -> None:
         assert read(pci(dev.name) / "aer_dev_fatal").splitlines()[-1] == "TOTAL_ERR_FATAL 0"
 
 
+def test_gen4_slot_trains_gen4_under_a_gen4_port(tmp_path: Path) -> None:
+    sys_root = build_tree(tmp_path, TreeSpec(ib_hcas=2, roce_hcas=0, degraded_pcie=(), gen4_slots=("mlx5_1",)))
+    for name, speed in (("mlx5_0", "32.0 GT/s PCIe"), ("mlx5_1", "16.0 GT/s PCIe")):
+        device = (sys_root / "class/infiniband" / name / "device").resolve()
+        assert read(device / "current_link_speed") == read(device.parent / "current_link_speed") == speed
+        assert read(device.parent / "max_link_speed") == speed
+        assert read(device / "max_link_speed") == "32.0 GT/s PCIe"
+    with pytest.raises(ValueError, match="mlx5_7"):
+        build_tree(tmp_path / "x", TreeSpec(ib_hcas=2, roce_hcas=0, degraded_pcie=(), gen4_slots=("mlx5_7",)))
+
+
 def test_ethtool_files_parse(sample: Path) -> None:
     for path in (sample / "ethtool").iterdir():
         text = path.read_text()
@@ -284,8 +295,9 @@ def test_fault_changes_nothing_else(tmp_path: Path) -> None:
     build_tree(tmp_path / "b", HEALTHY_SPEC)
     a, b = snapshot(tmp_path / "a"), snapshot(tmp_path / "b")
     differing = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
-    pci = "sys/devices/pci0000:a7/0000:a7:01.0/0000:aa:00.0/"  # mlx5_5, ibp170s0
-    assert differing == {pci + "current_link_speed", pci + "aer_dev_correctable"}
+    port = "sys/devices/pci0000:a7/0000:a7:01.0/"  # the root port above mlx5_5: its end of the same link
+    pci = port + "0000:aa:00.0/"  # mlx5_5, ibp170s0
+    assert differing == {pci + "current_link_speed", pci + "aer_dev_correctable", port + "current_link_speed"}
 
 
 def test_build_is_deterministic(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ class TreeSpec:
     roce_hcas: int = 2  # BlueField-3 Ethernet RoCE 200G ports after them (two PCI functions per card)
     vfs_per_pf: int = 0  # SR-IOV VFs per IB PF, each its own RDMA device, numbered after all PFs
     degraded_pcie: tuple[str, ...] = ("mlx5_5",)  # PCIe link trained at 16.0 GT/s (Gen4) below max 32.0
+    gen4_slots: tuple[str, ...] = ()  # the root port above is Gen4: the link trains at Gen4 and is not degraded
     down_ports: tuple[str, ...] = ()  # port 1 is "1: DOWN" / "3: Disabled"; VFs of a down PF go down too
     seed: int = 1
 
@@ -169,6 +170,7 @@ class _Dev:
     netdev: str
     numa: int
     degraded: bool = False
+    gen4_slot: bool = False
     down: bool = False
     pf: _Dev | None = None
     vfs: list[_Dev] = field(default_factory=list)
@@ -216,6 +218,10 @@ def _plan(spec: TreeSpec) -> list[_Dev]:
         if by_name[name].kind == "vf":
             raise ValueError(f"{name} is a VF: a VF has no PCIe link of its own to degrade")
         by_name[name].degraded = True
+    for name in spec.gen4_slots:
+        if name not in by_name or by_name[name].kind == "vf":
+            raise ValueError(f"gen4_slots names {name!r}, which is not a PF of this tree")
+        by_name[name].gen4_slot = True
     for name in spec.down_ports:
         if name not in by_name:
             raise ValueError(f"down_ports names {name!r}, which this tree does not have")
@@ -448,7 +454,7 @@ def _write_pci(w: _Writer, d: _Dev, rng: random.Random) -> None:
         attrs += [("current_link_width", 0), ("max_link_width", 0)]
     else:
         attrs += [
-            ("current_link_speed", _GEN4 if d.degraded else _GEN5),
+            ("current_link_speed", _GEN4 if d.degraded or d.gen4_slot else _GEN5),
             ("max_link_speed", _GEN5),
             ("current_link_width", 16),
             ("max_link_width", 16),
@@ -479,12 +485,22 @@ def _write_pci(w: _Writer, d: _Dev, rng: random.Random) -> None:
     w.link(f"bus/pci/devices/{f.bdf}", f.path)
 
 
-def _write_root_port(w: _Writer, f: _Func, seen: set[str]) -> None:
+def _write_root_port(w: _Writer, d: _Dev, seen: set[str]) -> None:
+    f = d.func
     if f.root_port_path in seen:
         return
     seen.add(f.root_port_path)
-    # Only the identity of an Intel root port (class 0x0604: PCI bridge), so readers walking up find one.
-    w.attrs(f.root_port_path, [("vendor", "0x8086"), ("device", "0x352a"), ("class", "0x060400")])
+    # An Intel root port (class 0x0604: PCI bridge) with its end of the device's link: Gen5 x16, or
+    # Gen4 x16 for a device in a Gen4 slot, where the link trains at Gen4 without being degraded.
+    w.attrs(f.root_port_path, [
+        ("vendor", "0x8086"),
+        ("device", "0x352a"),
+        ("class", "0x060400"),
+        ("current_link_speed", _GEN4 if d.degraded or d.gen4_slot else _GEN5),
+        ("max_link_speed", _GEN4 if d.gen4_slot else _GEN5),
+        ("current_link_width", 16),
+        ("max_link_width", 16),
+    ])
 
 
 def _write_rdma(w: _Writer, d: _Dev, ident: _Ident, traffic: _Traffic, sm_lid: int, hostname: str) -> None:
@@ -821,7 +837,7 @@ def build_tree(dest: Path, spec: TreeSpec = SAMPLE_SPEC) -> Path:
         rng = random.Random(spec.seed + d.index)
         ident = _identity(d, rng, roce_macs)
         traffic = _port_traffic(d, rng)
-        _write_root_port(w, d.func, root_ports)
+        _write_root_port(w, d, root_ports)
         _write_pci(w, d, rng)
         _write_rdma(w, d, ident, traffic, sm_lid, spec.hostname)
         if d.ethernet:

@@ -48,6 +48,20 @@ LINK_MAX_WIDTH: Final = MetricSpec(
     "Highest number of PCIe lanes the device supports." + _VF_NOTE,
     DEVICE,
 )
+PARTNER_MAX_SPEED: Final = MetricSpec(
+    "rdma_pcie_link_partner_max_speed_transfers_per_second",
+    "gauge",
+    "Highest PCIe link speed the port at the other end of the device's link supports (the root port or "
+    "switch port above it), in transfers per second per lane: the link trains at the lower of the two "
+    "maxima. Absent where the device sits on a root bus." + _VF_NOTE,
+    DEVICE,
+)
+PARTNER_MAX_WIDTH: Final = MetricSpec(
+    "rdma_pcie_link_partner_max_width_lanes",
+    "gauge",
+    "Highest number of lanes the port at the other end of the device's link supports." + _VF_NOTE,
+    DEVICE,
+)
 AER_ERRORS: Final = MetricSpec(
     "rdma_pcie_aer_errors_total",
     "counter",
@@ -69,7 +83,10 @@ class PcieSource:
     """PCIe link and AER counters of every RDMA device's PCI function."""
 
     name = NAME
-    specs: tuple[MetricSpec, ...] = (LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, AER_ERRORS, AER_REPORTS)
+    specs: tuple[MetricSpec, ...] = (
+        LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, PARTNER_MAX_SPEED, PARTNER_MAX_WIDTH,
+        AER_ERRORS, AER_REPORTS,
+    )
     dynamic_specs: tuple[DynamicMetricSpec, ...] = ()
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> PcieLink | None:
@@ -86,10 +103,18 @@ class PcieSource:
                 continue
             labels = [device]
             if not link.via_physfn:
-                for spec, speed in ((LINK_SPEED, link.current_speed_gts), (LINK_MAX_SPEED, link.max_speed_gts)):
+                for spec, speed in (
+                    (LINK_SPEED, link.current_speed_gts),
+                    (LINK_MAX_SPEED, link.max_speed_gts),
+                    (PARTNER_MAX_SPEED, link.partner_max_speed_gts),
+                ):
                     if speed is not None:
                         out.add(spec, labels, speed * 1e9)
-                for spec, width in ((LINK_WIDTH, link.current_width), (LINK_MAX_WIDTH, link.max_width)):
+                for spec, width in (
+                    (LINK_WIDTH, link.current_width),
+                    (LINK_MAX_WIDTH, link.max_width),
+                    (PARTNER_MAX_WIDTH, link.partner_max_width),
+                ):
                     if width is not None:
                         out.add(spec, labels, width)
             for (severity, error_type), count in link.aer.items():

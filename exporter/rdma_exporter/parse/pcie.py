@@ -69,6 +69,10 @@ class PcieLink:
     max_width: int | None
     aer: dict[tuple[str, str], int]  # (severity correctable|nonfatal|fatal, error type) -> count
     aer_totals: dict[str, int]  # severity -> the file's TOTAL_ERR_* value
+    # The port at the other end of the link (a root port or a switch's downstream port): the link
+    # trains at the lower of the two ends' maxima, so a Gen5 HCA in a Gen4 slot is not degraded.
+    partner_max_speed_gts: float | None = None
+    partner_max_width: int | None = None
 
     @property
     def current_generation(self) -> int | None:
@@ -80,12 +84,15 @@ class PcieLink:
 
     @property
     def degraded(self) -> bool | None:
-        """Trained below its maximum speed or width; None when either side is unknown."""
+        """Trained below what both ends support (the device's maximum, capped by the link partner's
+        where known); None when the device's side is unknown."""
         if None in (self.current_speed_gts, self.max_speed_gts, self.current_width, self.max_width):
             return None
         assert self.current_speed_gts is not None and self.max_speed_gts is not None
         assert self.current_width is not None and self.max_width is not None
-        return self.current_speed_gts < self.max_speed_gts or self.current_width < self.max_width
+        best_speed = min(self.max_speed_gts, self.partner_max_speed_gts or self.max_speed_gts)
+        best_width = min(self.max_width, self.partner_max_width or self.max_width)
+        return self.current_speed_gts < best_speed or self.current_width < best_width
 
 
 def parse_link_speed(text: str) -> float | None:
@@ -171,6 +178,8 @@ class PcieIdentity:
     max_speed_gts: float | None
     max_width: int | None
     aer_files: tuple[tuple[str, str], ...] = ()  # (severity, file) of the AER files the function has
+    partner_max_speed_gts: float | None = None  # the link partner's maximum, see PcieLink
+    partner_max_width: int | None = None
     # The capability read all ones (a width of 63): the device was in reset or gone at that moment, so
     # the maximum is not known yet rather than unknown for good (a VF's reserved registers read 0).
     all_ones: bool = False
@@ -191,6 +200,9 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
         return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
     max_width_path = link_dir / "max_link_width"
     max_width = reader.uint(max_width_path, optional=True)
+    # The parent directory of a PCIe function is the port its link goes to, unless the function sits
+    # on a root bus (a root-complex integrated endpoint, or a VM's flat bus): then there is no file.
+    partner = Path(os.path.realpath(link_dir)).parent
     return PcieIdentity(
         address=address,
         link_dir=link_dir,
@@ -200,6 +212,8 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
         max_width=_known_width(max_width, max_width_path, reader),
         aer_files=tuple((sev, file) for sev, file in AER_FILES.items() if (pci_dir / file).exists()),
         all_ones=max_width == _ALL_ONES_WIDTH,
+        partner_max_speed_gts=_speed(partner / "max_link_speed", reader),
+        partner_max_width=_width(partner / "max_link_width", reader),
     )
 
 
@@ -233,6 +247,8 @@ def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) 
         max_width=identity.max_width,
         aer=aer,
         aer_totals=totals,
+        partner_max_speed_gts=identity.partner_max_speed_gts,
+        partner_max_width=identity.partner_max_width,
     )
 
 
