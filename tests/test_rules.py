@@ -49,6 +49,9 @@ NOT_ON_SAMPLE_TREE = {
     "rdma_port_hw_ip6_out_octets_total",
     "rdma_port_hw_cnp_ignored_total",
     "rdma_port_hw_cnp_sent_total",
+    # Link-level 802.3x pause: mlx5 lists it only while global pause is on (the real ConnectX-6 Dx
+    # captures in tests/fixtures/ethtool); the sample's RoCE ports run PFC instead.
+    "rdma_ethtool_global_pause_duration_seconds_total",
     # Present only for a device that is excluded, or whose reads are stuck.
     "rdma_exporter_device_excluded",
     "rdma_exporter_device_scrape_skipped",
