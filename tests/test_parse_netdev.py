@@ -255,6 +255,12 @@ def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
             f"{PF0}/net/ens1f0_0/phys_port_name": "pf0vf0\n",
             f"{PF0}/net/ens1f0_1/dev_port": "0\n",
             f"{PF0}/net/ens1f0_1/phys_port_name": "c1pf0sf3\n",
+            # A BlueField's representors of the host PF, local and on an external controller: they
+            # once counted as port 1's netdevs, each with its own series and ethtool ioctl.
+            f"{PF0}/net/pf0hpf/dev_port": "0\n",
+            f"{PF0}/net/pf0hpf/phys_port_name": "pf0\n",
+            f"{PF0}/net/c1rep/dev_port": "0\n",
+            f"{PF0}/net/c1rep/phys_port_name": "c1pf0\n",
         },
     )
     assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, SysfsReader("mlx5_0")) == ["ens1f0np0"]

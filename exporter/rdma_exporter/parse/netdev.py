@@ -32,8 +32,10 @@ MAX_PRIORITY: Final = 7
 # SPEED_UNKNOWN is -1; kernels that printed it with %u show 4294967295.
 _SPEED_UNKNOWN_U32: Final = 2**32 - 1
 
-# switchdev representors share the PF's PCI function (and its dev_port) but are not the uplink.
-_REPRESENTOR: Final = re.compile(r"^(?:c\d+)?pf\d+(?:vf|sf)\d+$")
+# switchdev representors share the PF's PCI function (and its dev_port) but are not the uplink: VF and
+# SF representors (phys_port_name pf0vf1, c1pf0sf3) and, on a BlueField, the host PF's (pf0, c1pf0;
+# the netdev pf0hpf). The uplink's phys_port_name is p0, p1.
+_REPRESENTOR: Final = re.compile(r"^(?:c\d+)?pf\d+(?:(?:vf|sf)\d+)?$")
 
 
 @dataclass(frozen=True, slots=True)
