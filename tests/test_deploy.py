@@ -196,6 +196,23 @@ def test_kubernetes_manifests_are_consistent() -> None:
     assert float(endpoint["scrapeTimeout"].rstrip("s")) <= float(endpoint["interval"].rstrip("s"))
 
 
+def test_dockerfile_matches_the_daemonset_and_the_package() -> None:
+    """The image the DaemonSet runs is built from the Dockerfile: the same user, the same port, the
+    package's own entry point. (No Docker daemon here to build it: these are what a build cannot check.)"""
+    dockerfile = (DEPLOY.parent / "Dockerfile").read_text()
+    directives = [line.split(None, 1) for line in dockerfile.splitlines() if line and not line.startswith("#")]
+    final = {key: value for key, value in directives if key in ("USER", "EXPOSE", "ENTRYPOINT")}
+    daemonset = by_kind(kubernetes_documents(), "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    flags = dict(arg.split("=", 1) for arg in container["args"])
+    assert final["USER"] == f"{spec['securityContext']['runAsUser']}:{spec['securityContext']['runAsGroup']}"
+    assert int(final["EXPOSE"]) == int(flags["--web.listen-address"].rsplit(":", 1)[1])
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    (script,) = re.findall(r"(?m)^([\w-]+) = \"rdma_exporter\.cli:main\"$", pyproject)
+    assert final["ENTRYPOINT"] == f'["{script}"]'
+
+
 def test_prometheus_scrape_config_passes_promtool(tmp_path: Path) -> None:
     promtool = require_binary("promtool")
     text = (DEPLOY / "prometheus" / "scrape-config.yml").read_text().replace("/etc/prometheus/", f"{tmp_path}/")

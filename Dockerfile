@@ -1,0 +1,18 @@
+# The exporter's image for deploy/kubernetes/: `docker build -t <registry>/rdma-exporter:0.1.0 .`, push
+# it, and set that name as the DaemonSet's image. It reads the host's /sys (mounted at /host/sys) and
+# needs no tools from the image: the ethtool statistics come from the ioctl, uevents from libudev.
+FROM python:3.11-slim AS build
+COPY . /src
+RUN pip wheel --no-cache-dir --wheel-dir /wheels /src
+
+FROM python:3.11-slim
+# pyudev loads libudev at run time for the uevent monitor; without it the exporter rescans every scrape.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libudev1 \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels
+# The DaemonSet's runAsUser; no file in the image needs to belong to it.
+USER 65534:65534
+EXPOSE 9883
+ENTRYPOINT ["rdma-exporter"]
