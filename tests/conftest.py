@@ -39,7 +39,7 @@ def require_binary(name: str) -> str:
     if path is None:
         if in_ci():
             pytest.fail(f"{name} is not installed; .ci/run's setup should have installed it")
-        pytest.skip(f"{name} is not installed (run scripts/setup-test-deps.sh)")
+        pytest.skip(f"{name} is not installed (run scripts/install-test-deps.sh)")
     return path
 
 

@@ -211,7 +211,7 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=15)
-    assert "sample tree of an 8-HCA GPU node" in stderr
+    assert "sample tree of an 8-GPU node (10 RDMA devices)" in stderr
 
 
 def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--devices.include", dest="device_include", help="regex: only RDMA devices whose full name matches")
     add("--devices.exclude", dest="device_exclude", help="regex: skip RDMA devices whose full name matches")
     add("--log.level", dest="log_level", choices=LOG_LEVELS, help="log level (default info)")
-    add("--sample", action="store_true", help="serve the bundled sample tree of an 8-HCA GPU node")
+    add("--sample", action="store_true", help="serve the bundled sample tree of an 8-GPU node (10 RDMA devices)")
     add("--version", action="version", version=f"rdma-exporter {__version__}")
     for name in COLLECTORS:
         group = parser.add_mutually_exclusive_group()
@@ -155,7 +155,7 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
     atexit.register(shutil.rmtree, dest, ignore_errors=True)
     sys_root = build_tree(dest, SAMPLE_SPEC)
     log.warning(
-        "no %s on this machine: serving the bundled sample tree of an 8-HCA GPU node from %s "
+        "no %s on this machine: serving the bundled sample tree of an 8-GPU node (10 RDMA devices) from %s "
         "(ethtool captures from %s); these are NOT this machine's devices",
         config.sysfs / "class" / "infiniband",
         sys_root,
