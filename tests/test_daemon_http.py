@@ -576,13 +576,18 @@ def test_tls_min_version(start: Callable[..., RunningDaemon], tree: Path, pki: P
     assert refused(daemon.port, client_context(pki, maximum_version=ssl.TLSVersion.TLSv1_2))
 
 
-def test_mutual_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path) -> None:
-    config = web_config(
+def mutual_tls_config(tmp_path: Path, pki: Pki, allowed_sans: str) -> Path:
+    """A web config that requires a client certificate from our CA, with these `client_allowed_sans`."""
+    return web_config(
         tmp_path,
         f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
         f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n"
-        "  client_allowed_sans: [prometheus]\n",
+        f"  client_allowed_sans: {allowed_sans}\n",
     )
+
+
+def test_mutual_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path) -> None:
+    config = mutual_tls_config(tmp_path, pki, "[prometheus]")
     daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
     assert get(daemon.port, context=client_context(pki, "client")).status == 200
     assert refused(daemon.port, client_context(pki))  # no client certificate
@@ -617,12 +622,9 @@ def test_client_allowed_sans_match_like_exporter_toolkit(
     }
     for name, san in leaves.items():
         _leaf(name, "ca", san, "clientAuth", pki.dir)
-    config = web_config(
-        tmp_path,
-        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
-        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n"
-        "  client_allowed_sans: ['2001:db8::1', 192.0.2.7, 192.0.2.8, prometheus@example.org,"
-        " 'spiffe://example.org/prometheus']\n",
+    config = mutual_tls_config(
+        tmp_path, pki,
+        "['2001:db8::1', 192.0.2.7, 192.0.2.8, prometheus@example.org, 'spiffe://example.org/prometheus']",
     )
     daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
     for name in leaves:
@@ -630,12 +632,7 @@ def test_client_allowed_sans_match_like_exporter_toolkit(
     assert refused(daemon.port, client_context(pki, "intruder"))
 
     # Configured IPs are compared in the same normal form, however they are written.
-    spelled = web_config(
-        tmp_path,
-        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
-        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n"
-        "  client_allowed_sans: ['2001:DB8:0::1']\n",
-    )
+    spelled = mutual_tls_config(tmp_path, pki, "['2001:DB8:0::1']")
     daemon = start("--path.sysfs", str(tree), "--web.config.file", str(spelled))
     assert get(daemon.port, "/healthz", context=client_context(pki, "san-ipv6")).status == 200
     assert refused(daemon.port, client_context(pki, "san-ipv4"))

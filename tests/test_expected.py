@@ -63,6 +63,16 @@ def parse(text: str) -> Config:
     return parse_config(yaml.safe_load(text), "test.yml")
 
 
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    """`rdma-exporter --check-config` on a config file, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", "--config.file", str(path), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_registered_as_collector() -> None:
     assert "expected" in COLLECTORS
 
@@ -175,22 +185,12 @@ def test_check_config_cli_reports_file_and_key(tmp_path: Path) -> None:
     """`--check-config` validates the section without building the daemon (the validators register early)."""
     bad = tmp_path / "bad.yml"
     bad.write_text("collector:\n  expected:\n    ports: [{devices: 'mlx5_*'}]\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "rdma_exporter", "--config.file", str(bad), "--check-config"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = check_config(bad)
     assert run.returncode == 2
     assert f"{bad}: collector.expected.ports[0].devices:" in run.stderr
     good = tmp_path / "good.yml"
     good.write_text(DGX)
-    run = subprocess.run(
-        [sys.executable, "-m", "rdma_exporter", "--config.file", str(good), "--check-config"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = check_config(good)
     assert run.returncode == 0, run.stderr
 
 
@@ -208,12 +208,7 @@ def test_pcie_speed_and_width_from_separate_entries_merge(tree: Path, tmp_path: 
     generation, the other the width. They do not conflict, and the device expects both."""
     path = tmp_path / "split.yml"
     path.write_text(SPLIT_PCIE)
-    run = subprocess.run(
-        [sys.executable, "-m", "rdma_exporter", "--config.file", str(path), "--check-config"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = check_config(path)
     assert run.returncode == 0, run.stderr
     metrics = scrape(tree, load_config_file(path))
     assert value(metrics, "rdma_expected_pcie_link_speed_transfers_per_second", device="mlx5_0") == 32e9

@@ -189,12 +189,18 @@ class FakeMonitor:
         return item
 
 
-def test_monitor_thread_applies_events_and_survives_overflow(tree: Path) -> None:
+def monitor_on_fake_events(tree: Path) -> tuple[RdmaCollector, FakeMonitor, HotplugMonitor]:
+    """A udev-mode collector with its static info read, and a running monitor fed by a FakeMonitor."""
     collector = udev_collector(tree)
     fw_of(collector, "mlx5_0")
     fake = FakeMonitor()
     monitor = HotplugMonitor(fake, "kernel", lambda: collector.inventory)
     monitor.start()
+    return collector, fake, monitor
+
+
+def test_monitor_thread_applies_events_and_survives_overflow(tree: Path) -> None:
+    collector, fake, monitor = monitor_on_fake_events(tree)
     try:
         (real_dir(tree, "mlx5_0") / "fw_ver").write_text("7.7.7\n")
         (real_dir(tree, "mlx5_2") / "fw_ver").write_text("7.7.7\n")
@@ -221,11 +227,7 @@ class UndecodableDevice:
 
 
 def test_monitor_survives_an_undecodable_event_and_falls_back_to_rescans_if_it_dies(tree: Path) -> None:
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_0")
-    fake = FakeMonitor()
-    monitor = HotplugMonitor(fake, "kernel", lambda: collector.inventory)
-    monitor.start()
+    collector, fake, monitor = monitor_on_fake_events(tree)
     try:
         (real_dir(tree, "mlx5_2") / "fw_ver").write_text("7.7.7\n")
         fake.items.put(UndecodableDevice())  # lost: every device is read again
