@@ -1130,11 +1130,12 @@ def roce_congestion() -> Json:
         query_variable(
             "priority",
             "Priority",
-            'label_values(rdma_ethtool_pfc_pause_frames_total{job=~"$job", cluster=~"$cluster", '
-            'instance=~"$instance", device=~"$device", port=~"$port"}, priority)',
-            all_value=None,  # All = the PFC-enabled (lossless) priorities, where RoCE runs
-            description="Lossless priorities: mlx5 lists per-priority pause counters only where PFC is enabled "
-            "(empty on a lossy RoCE fabric).",
+            'label_values(instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m{job=~"$job", '
+            'cluster=~"$cluster", instance=~"$instance", device=~"$device", port=~"$port"}, priority)',
+            all_value=None,  # All = the lossless priorities, where RoCE runs
+            description="Lossless priorities: mlx5 lists per-priority pause counters only where PFC is enabled; "
+            "'global' is a port under link-level 802.3x pause, every priority at once (empty on a fabric "
+            "without any pause).",
         )
     )
     items: list[tuple[Json, int, int]] = [
@@ -1174,10 +1175,11 @@ def roce_congestion() -> Json:
         ), 4, 4),
         (stat(
             "Buffer discards (15 min)",
-            "Packets of the selected priorities the NIC dropped for lack of receive buffer in the last 15 "
-            "minutes. Colours follow RdmaRoceBufferDiscards (warning above 0).",
+            "Packets the selected ports dropped for lack of receive buffer on lossless priorities in the last "
+            "15 minutes (PFC priorities, every priority under link-level pause; the port-wide count where the "
+            "driver has no per-priority one). Colours follow RdmaRoceBufferDiscards (warning above 0).",
             "none",
-            targets((f"sum({increase('rdma_ethtool_priority_buffer_discards_total', '15m', PORT, PRIO)})",
+            targets((f"sum({sel('instance_device_port:rdma_ethtool_lossless_receive_discards:increase15m')})",
                      "discards")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceBufferDiscards"],
@@ -1210,11 +1212,12 @@ def roce_congestion() -> Json:
             alerts=["RdmaRocePfcPauseHigh"],
         ), 12, 8),
         (timeseries(
-            "Time paused by PFC",
-            "Share of time each priority and direction was paused. Colours follow RdmaRocePfcPauseHigh "
-            "(warning above 0.05 over 5 minutes).",
+            "Time paused",
+            "Share of time each priority and direction was paused by PFC, or the whole port by link-level "
+            "802.3x pause (priority global), over 5 minutes. Colours follow RdmaRocePfcPauseHigh (warning "
+            "above 0.05).",
             "percentunit",
-            targets((f"clamp_max({rate('rdma_ethtool_pfc_pause_duration_seconds_total', PORT, PRIO)}, 1)", npd)),
+            targets((sel("instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m", PORT, PRIO), npd)),
             steps=thresholds((0.05, WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
             minimum=0,
