@@ -518,7 +518,7 @@ def fabric_overview() -> Json:
         (stat(
             "Links below expected",
             "Shortfalls of ports (rate, width, netdev speed) and PCIe links (speed, width) against the expected "
-            "topology or, for PCIe without an expectation, the device maximum: the series the bandwidth alerts "
+            "topology or, for PCIe without an expectation, the most the link can do: the series the bandwidth alerts "
             "read. The port selector does not apply. The table below lists them.",
             "none",
             targets((f"count({LINKS_BELOW_EXPECTED}) or vector(0)", "links")),
@@ -796,7 +796,8 @@ def node_detail() -> Json:
     link_columns = {"Value #A": "Rate", "Value #B": "Width", "Value #C": "Expected rate",
                     "Value #D": "Expected width"}  # fmt: skip
     pcie_columns = {"Value #A": "Speed", "Value #B": "Width", "Value #C": "Max speed", "Value #D": "Max width",
-                    "Value #E": "Expected speed", "Value #F": "Expected width"}  # fmt: skip
+                    "Value #E": "Port max speed", "Value #F": "Port max width",
+                    "Value #G": "Expected speed", "Value #H": "Expected width"}  # fmt: skip
     gts = "suffix: GT/s"
 
     def by_port(expr: str) -> str:
@@ -905,19 +906,22 @@ def node_detail() -> Json:
         ), 12, 8),
         (table(
             "PCIe link",
-            "PCIe link of each device: speed per lane and width it trained at, the device maximum and the "
-            "expected topology. Below the maximum, the host side caps the NIC under its network rate.",
+            "PCIe link of each device: speed per lane and width it trained at, the device's maximum, the "
+            "maximum of the port above it (root or switch port) and the expected topology. The link trains at "
+            "the lower of the two maxima; below that, the host side caps the NIC under its network rate.",
             "none",
             targets((by_device(f"{sel('rdma_pcie_link_speed_transfers_per_second', DEVICE)} / 1e9"), ""),
                     (by_device(sel("rdma_pcie_link_width_lanes", DEVICE)), ""),
                     (by_device(f"{sel('rdma_pcie_link_max_speed_transfers_per_second', DEVICE)} / 1e9"), ""),
                     (by_device(sel("rdma_pcie_link_max_width_lanes", DEVICE)), ""),
+                    (by_device(f"{sel('rdma_pcie_link_partner_max_speed_transfers_per_second', DEVICE)} / 1e9"), ""),
+                    (by_device(sel("rdma_pcie_link_partner_max_width_lanes", DEVICE)), ""),
                     (by_device(f"{sel('rdma_expected_pcie_link_speed_transfers_per_second', DEVICE)} / 1e9"), ""),
                     (by_device(sel("rdma_expected_pcie_link_width_lanes", DEVICE)), ""),
                     instant=True, table=True),
             rename=pcie_columns,
             overrides=[unit_override("Speed", gts), unit_override("Max speed", gts),
-                       unit_override("Expected speed", gts)],
+                       unit_override("Port max speed", gts), unit_override("Expected speed", gts)],
             alerts=["RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded"],
         ), 12, 8),
         (row("Throughput"), 24, 1),

@@ -227,6 +227,11 @@ def test_gen4_slot_trains_gen4_under_a_gen4_port(tmp_path: Path) -> None:
         assert read(device / "max_link_speed") == "32.0 GT/s PCIe"
     with pytest.raises(ValueError, match="mlx5_7"):
         build_tree(tmp_path / "x", TreeSpec(ib_hcas=2, roce_hcas=0, degraded_pcie=(), gen4_slots=("mlx5_7",)))
+    # The BlueField's two functions (mlx5_8, mlx5_9) share one link: naming one alone would give the
+    # other a speed above its port's maximum.
+    with pytest.raises(ValueError, match="share one PCIe link"):
+        build_tree(tmp_path / "y", TreeSpec(degraded_pcie=(), gen4_slots=("mlx5_9",)))
+    build_tree(tmp_path / "z", TreeSpec(degraded_pcie=(), gen4_slots=("mlx5_8", "mlx5_9")))
 
 
 def test_ethtool_files_parse(sample: Path) -> None:

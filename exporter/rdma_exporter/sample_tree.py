@@ -222,6 +222,14 @@ def _plan(spec: TreeSpec) -> list[_Dev]:
         if name not in by_name or by_name[name].kind == "vf":
             raise ValueError(f"gen4_slots names {name!r}, which is not a PF of this tree")
         by_name[name].gen4_slot = True
+    # Functions under one root port share one link (the two ports of a BlueField): its speed and the
+    # port's maximum are one value for all of them.
+    links: dict[str, _Dev] = {}
+    for d in devs:
+        if d.kind != "vf":
+            first = links.setdefault(d.func.root_port_path, d)
+            if (first.degraded, first.gen4_slot) != (d.degraded, d.gen4_slot):
+                raise ValueError(f"{first.name} and {d.name} share one PCIe link: name both or neither")
     for name in spec.down_ports:
         if name not in by_name:
             raise ValueError(f"down_ports names {name!r}, which this tree does not have")
