@@ -53,7 +53,10 @@ PHYS_STATES: Final[dict[int, str]] = {
     6: "LinkErrorRecovery",
     7: "Phy Test",
 }
-NODE_TYPES: Final[dict[int, str]] = {1: "CA", 2: "Switch", 3: "Router", 4: "RNIC", 5: "USNIC", 6: "USNIC_UDP"}
+NODE_TYPES: Final[dict[int, str]] = {
+    1: "CA", 2: "Switch", 3: "Router", 4: "RNIC", 5: "USNIC", 6: "USNIC_UDP",
+    7: "UNSPECIFIED",  # EFA registers as RDMA_NODE_UNSPECIFIED; the kernel prints "7: unspecified"
+}
 
 # Per-lane signalling generations (the suffix of the `rate` file). Old kernels print no suffix for SDR.
 LANE_SPEEDS: Final = ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR")
