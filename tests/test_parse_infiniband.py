@@ -395,3 +395,16 @@ def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_cop
     assert values[("rdma_port_pma_saturated", (("counter", "port_rcv_data"), *MLX4_PORT1))] == 0
     assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440  # its twin answered
     assert values[read_errors_key("mlx4_0", "malformed", collector="inventory")] == 1
+
+
+def test_names_that_normalise_alike_keep_one_file_when_it_fails(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    """`Rx Packets` (7) and `rx_packets` (9) are both rdma_port_hw_rx_packets_total: the first file of the
+    listing owns the series. When that file fails a read, the series is missing for the scrape; taking
+    the other file's value instead read 7 -> 9 -> 7, a reset and a false increase to Prometheus."""
+    root = captured_copy("built-multi-driver")
+    key = ("rdma_port_hw_rx_packets_total", (("device", "quirks0"), ("port", "2")))
+    assert samples(scrape(root))[key] == 7
+    (root / "class/infiniband/quirks0/ports/2/hw_counters/Rx Packets").write_text("garbage\n")
+    values = samples(scrape(root))
+    assert key not in values
+    assert values[read_errors_key("quirks0", "malformed")] == 1

@@ -242,6 +242,7 @@ class HwCounterSpecs:
         self._labels = labels
         self._scope = scope
         self._cache: dict[str, MetricSpec] = {}
+        self._shadowed: dict[tuple[str, ...], frozenset[str]] = {}
 
     def get(self, file: str) -> MetricSpec:
         spec = self._cache.get(file)
@@ -255,6 +256,23 @@ class HwCounterSpecs:
             self._cache[file] = spec
         return spec
 
+    def shadowed(self, files: tuple[str, ...]) -> frozenset[str]:
+        """Files of a (sorted) hw_counters listing whose metric name an earlier file already takes: two
+        driver names that normalise alike (`Foo Bar`, `foo_bar`). Decided from the listing, not from the
+        files read this scrape: the series must not switch files when the first one fails a read, which
+        Prometheus would take for a counter reset."""
+        shadowed = self._shadowed.get(files)
+        if shadowed is None:
+            names: set[str] = set()
+            later: set[str] = set()
+            for file in files:
+                name = self.get(file).name
+                if name in names:
+                    later.add(file)
+                names.add(name)
+            shadowed = self._shadowed[files] = frozenset(later)
+        return shadowed
+
 
 _PORT_HW = HwCounterSpecs("rdma_port_hw_", PORT, "hw_counters")
 _DEVICE_HW = HwCounterSpecs("rdma_device_hw_", DEVICE, "hw_counters")
@@ -262,20 +280,20 @@ _PORT_GENERIC = HwCounterSpecs("rdma_port_counters_", PORT, "counters")
 
 
 def _expose_hw(
-    values: Mapping[str, int], specs: HwCounterSpecs, lifespan: MetricSpec, labels: list[str], out: FamilySet
+    values: Mapping[str, int],
+    files: tuple[str, ...],
+    specs: HwCounterSpecs,
+    lifespan: MetricSpec,
+    labels: list[str],
+    out: FamilySet,
 ) -> None:
-    seen: set[str] = set()
+    shadowed = specs.shadowed(files)
     for file, value in values.items():
         if file == "lifespan":
             # Milliseconds in sysfs; a cache period, not an event count.
             out.add(lifespan, labels, value / 1000)
-            continue
-        spec = specs.get(file)
-        if spec.name in seen:
-            # Two driver names that normalise alike (`Foo Bar`, `foo_bar`): keep the first, deterministically.
-            continue
-        seen.add(spec.name)
-        out.add(spec, labels, value)
+        elif file not in shadowed:
+            out.add(specs.get(file), labels, value)
 
 
 def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
@@ -325,7 +343,7 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
             out.add(_PORT_GENERIC.get(file), labels, value)
         else:
             out.add(_PMA_SPECS[ext.key], labels, value * ext.scale)
-    _expose_hw(port.hw_counters, _PORT_HW, PORT_LIFESPAN, labels, out)
+    _expose_hw(port.hw_counters, info.hw_counter_files, _PORT_HW, PORT_LIFESPAN, labels, out)
 
 
 def expose_device(snapshot: DeviceSnapshot, out: FamilySet) -> None:
@@ -355,7 +373,7 @@ def expose_device(snapshot: DeviceSnapshot, out: FamilySet) -> None:
         out.add(DEVICE_VF, [device], 1 if info.is_vf else 0)
     if info.sriov_numvfs is not None:
         out.add(DEVICE_NUMVFS, [device], info.sriov_numvfs)
-    _expose_hw(snapshot.hw_counters, _DEVICE_HW, DEVICE_LIFESPAN, [device], out)
+    _expose_hw(snapshot.hw_counters, info.hw_counter_files, _DEVICE_HW, DEVICE_LIFESPAN, [device], out)
     for port in snapshot.ports:
         _expose_port(device, port, out)
 
