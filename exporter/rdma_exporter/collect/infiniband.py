@@ -91,7 +91,9 @@ PORT_PHYS_STATE: Final = MetricSpec(
 PORT_RATE: Final = MetricSpec(
     "rdma_port_rate_bytes_per_second",
     "gauge",
-    "Link rate the port trained at (all lanes), in bytes per second.",
+    "Link rate the port trained at (all lanes), in bytes per second, as the kernel's rate file gives it: the "
+    "signalling rate. SDR, DDR and QDR links carry 80% of it as data (8b/10b), FDR 64/66; later generations "
+    "report their data rate.",
     PORT,
 )
 PORT_WIDTH: Final = MetricSpec(
