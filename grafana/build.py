@@ -1145,7 +1145,8 @@ def roce_congestion() -> Json:
     items: list[tuple[Json, int, int]] = [
         (stat(
             "Most-paused priority",
-            "Largest share of time any selected RoCE priority and direction was paused by PFC (5 minutes). "
+            "Largest share of time any selected RoCE priority and direction was paused by PFC, or a port by "
+            "link-level pause (priority global), over 5 minutes. "
             "Colours follow RdmaRocePfcPauseHigh (warning above 0.05).",
             "percentunit",
             targets((f"max({sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m', PORT, PRIO)})",
@@ -1183,7 +1184,7 @@ def roce_congestion() -> Json:
             "15 minutes (PFC priorities, every priority under link-level pause; the port-wide count where the "
             "driver has no per-priority one). Colours follow RdmaRoceBufferDiscards (warning above 0).",
             "none",
-            targets((f"sum({sel('instance_device_port:rdma_ethtool_lossless_receive_discards:increase15m')})",
+            targets((f"sum({sel('instance_device_port:rdma_ethtool_lossless_receive_buffer_discards:increase15m')})",
                      "discards")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceBufferDiscards"],
@@ -1240,9 +1241,10 @@ def roce_congestion() -> Json:
         ), 12, 8),
         (timeseries(
             "Traffic per priority",
-            "Bytes per second on each priority and direction of the physical port: what the pauses throttle.",
+            "Bytes per second on each priority and direction of the physical port: what the pauses throttle. "
+            "Every priority, lossy ones included (the priority selector does not apply).",
             "bps",
-            targets((f"{rate('rdma_ethtool_priority_bytes_total', PORT, PRIO)} * 8", npd)),
+            targets((f"{rate('rdma_ethtool_priority_bytes_total', PORT)} * 8", npd)),
         ), 12, 8),
         (row("ECN and congestion notification"), 24, 1),
         (timeseries(
@@ -1290,14 +1292,15 @@ def roce_congestion() -> Json:
         (timeseries(
             "Receive buffer discards per priority",
             "Packets of each priority dropped for lack of per-host receive buffer, because of per-host "
-            "congestion, or for lack of receive buffers at all. On a lossless priority any of these means PFC "
-            "did not hold. Colours follow RdmaRoceBufferDiscards (warning above 0).",
+            "congestion, or for lack of receive buffers at all. Every priority, lossy ones included (the "
+            "priority selector does not apply): on a lossless one any of these means PFC did not hold, and "
+            "RdmaRoceBufferDiscards tickets it; on a lossy one they are how bursts are shed.",
             "pps",
-            targets((rate("rdma_ethtool_priority_buffer_discards_total", PORT, PRIO),
+            targets((rate("rdma_ethtool_priority_buffer_discards_total", PORT),
                      "{{instance}} {{netdev}} prio {{priority}} buffer"),
-                    (rate("rdma_ethtool_priority_congestion_discards_total", PORT, PRIO),
+                    (rate("rdma_ethtool_priority_congestion_discards_total", PORT),
                      "{{instance}} {{netdev}} prio {{priority}} congestion"),
-                    (rate("rdma_ethtool_priority_discards_total", PORT, PRIO),
+                    (rate("rdma_ethtool_priority_discards_total", PORT),
                      "{{instance}} {{netdev}} prio {{priority}} no buffer")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceBufferDiscards"],

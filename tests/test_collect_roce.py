@@ -237,8 +237,9 @@ def test_pause_storms_discards_and_phy_errors(sample: Path, metrics: Sample, dev
 
 
 def test_faulty_roce_ports_show_nonzero_discards_and_link_errors(tmp_path: Path) -> None:
-    # mlx5_8's host side is slow (PCIe faults, buffer discards); mlx5_9 lost its link.
-    build_tree(tmp_path / "t", TreeSpec(degraded_pcie=("mlx5_8",), down_ports=("mlx5_9",)))
+    # mlx5_8's host side is slow (PCIe faults, buffer discards; the link is shared with mlx5_9, the
+    # BlueField's other port); mlx5_9 lost its network link.
+    build_tree(tmp_path / "t", TreeSpec(degraded_pcie=("mlx5_8", "mlx5_9"), down_ports=("mlx5_9",)))
     metrics = Exporter(tmp_path / "t" / "sys", tmp_path / "t" / "ethtool").scrape()
     slow = {"device": "mlx5_8", "port": "1", "netdev": ROCE["mlx5_8"]}
     raw = capture(tmp_path / "t" / "ethtool", ROCE["mlx5_8"])
