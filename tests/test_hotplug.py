@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.config import Config
-from rdma_exporter.daemon import build_collector, build_registry
+from rdma_exporter.daemon import Daemon, build_collector, build_registry
 from rdma_exporter.hotplug import Event, HotplugMonitor, apply_event, is_kernel_sysfs, start_monitor
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
@@ -320,3 +320,29 @@ def test_real_uevent_from_a_veth_in_a_network_namespace(tmp_path: Path) -> None:
     assert report["alive"] and report["undecodable"] >= 1, report
     assert report["before"] == report["cached"] == "28.41.1000"
     assert report["after"] == "28.99.0001", report
+
+
+class MonitorDyingDuringReload:
+    """A HotplugMonitor that is alive when a reload asks, and dead by the time the new collector is in."""
+
+    def __init__(self) -> None:
+        self._answers = iter([True])
+
+    @property
+    def running(self) -> bool:
+        return next(self._answers, False)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_reload_while_the_monitor_dies_leaves_the_new_collector_rescanning(tree: Path) -> None:
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+    daemon = Daemon(config, reload=lambda: config)
+    try:
+        daemon.hotplug = MonitorDyingDuringReload()  # type: ignore[assignment]
+        assert daemon._reload()
+        assert daemon.exporter.serving.collector.inventory.rescan_each_scrape
+    finally:
+        daemon.server.shutdown(grace=0)
+

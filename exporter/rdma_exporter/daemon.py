@@ -928,6 +928,9 @@ class Daemon:
         # A lowered cap takes effect at each device's next read (OpenFiles.begin closes files over it).
         self.reads.budget.limit = raise_fd_limit(config.max_open_files)
         self.exporter.serving = Serving(config, collector, web)
+        if udev and not self.hotplug.running:  # type: ignore[union-attr]
+            # The monitor died after it was asked above: its fallback went to the old collector.
+            collector.inventory.rescan_each_scrape = True
         log.info("reloaded %s (%s)", config.config_file or "configuration", web.describe())
         return True
 
