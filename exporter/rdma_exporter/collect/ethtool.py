@@ -109,7 +109,7 @@ GAUGE_KEYS: Final = frozenset({"pci_outbound_stalled_ratio"})
 
 
 # `promtool check metrics` rejects some name tokens: non-base units ("bits": it wants bytes; "minutes",
-# "milliseconds"...), unit abbreviations ("ms", "kb"...) and the family's own type. Two curated keys
+# "milliseconds"...), unit abbreviations ("ms", "kb"...) and the name of any metric type. Two curated keys
 # are renamed by hand; driver names that reach the exposition as extras are rewritten token by token.
 CURATED_RENAMES: Final = {"corrected_bits": "corrected_bit_errors", "port_bits": "port_bit_count"}
 _ABBREVIATIONS: Final = {
@@ -135,13 +135,17 @@ def _non_base_unit(token: str) -> bool:
     return token in _NON_BASE_UNITS or any(token.startswith(p) and token[len(p) :] in units for p in _UNIT_PREFIXES)
 
 
+_TYPE_WORDS: Final = frozenset({"counter", "gauge", "histogram", "summary"})
+
+
 def lint_safe(key: str, kind: str) -> str:
-    """`key` with every token promtool would reject rewritten (milliseconds -> millisecond, ms -> msec)."""
+    """`key` with every token promtool would reject rewritten (milliseconds -> millisecond, ms -> msec,
+    histogram -> histogramx: promtool rejects any type's name, not only the family's own `kind`)."""
     tokens = []
     for token in key.split("_"):
         if token in _ABBREVIATIONS:
             token = _ABBREVIATIONS[token]
-        elif _non_base_unit(token) or token == kind:
+        elif _non_base_unit(token) or token == kind or token in _TYPE_WORDS:
             token = token[:-1] if token.endswith("s") else f"{token}x"
         tokens.append(token)
     return "_".join(tokens)
