@@ -23,7 +23,7 @@ from rdma_exporter.parse.infiniband import (
 )
 from rdma_exporter.parse.reader import U64_MAX, ReadErrors, SysfsReader, parse_uint
 
-from conftest import SYSFS_FIXTURES, samples, scrape
+from conftest import SYSFS_FIXTURES, promtool_check_metrics, samples, scrape
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
@@ -408,3 +408,20 @@ def test_names_that_normalise_alike_keep_one_file_when_it_fails(captured_copy) -
     values = samples(scrape(root))
     assert key not in values
     assert values[read_errors_key("quirks0", "malformed")] == 1
+
+
+def test_driver_counter_names_pass_promtool_and_levels_are_gauges(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    """hw_counters names come from the driver: an abbreviated unit or a metric type's name in one failed
+    `promtool check metrics`, and a CamelCase level (ActiveQPs) was typed counter. Found by review."""
+    root = captured_copy("built-multi-driver")
+    hw = root / "class/infiniband/bnxt_re0/ports/1/hw_counters"
+    for name, value in {"tx_wait_ms": "5", "rx_histogram_x": "3", "ActiveQPs": "12"}.items():
+        (hw / name).write_text(f"{value}\n")
+    text = scrape(root)
+    promtool_check_metrics(text)
+    values = samples(text)
+    port = (("device", "bnxt_re0"), ("port", "1"))
+    assert values[("rdma_port_hw_tx_wait_msec_total", port)] == 5
+    assert values[("rdma_port_hw_rx_histogramx_x_total", port)] == 3
+    assert values[("rdma_port_hw_active_q_ps", port)] == 12
+    assert "# TYPE rdma_port_hw_active_q_ps gauge" in text

@@ -56,6 +56,48 @@ class DynamicMetricSpec:
     labels: tuple[str, ...]
 
 
+# `promtool check metrics` rejects some name tokens: non-base units ("bits": it wants bytes; "minutes",
+# "milliseconds"...), unit abbreviations ("ms", "kb"...) and the name of any metric type. Names a driver
+# makes up (ethtool extras, hw_counters files) are rewritten token by token.
+_ABBREVIATIONS: Final = {
+    "s": "secs", "sec": "secs", "ms": "msec", "us": "usec", "ns": "nsec", "b": "byte", "kb": "kbyte",
+    "mb": "mbyte", "gb": "gbyte", "tb": "tbyte", "pb": "pbyte", "m": "mx", "h": "hx", "d": "dx",
+}  # fmt: skip
+_NON_BASE_UNITS: Final = frozenset(
+    {"bits", "minutes", "hours", "days", "weeks", "kelvins", "fahrenheit", "rankine", "inches", "yards",
+     "miles", "calories", "pounds", "ounces"}
+)  # fmt: skip
+_BASE_UNITS: Final = frozenset(
+    {"amperes", "bytes", "celsius", "grams", "joules", "kelvin", "meters", "metres", "seconds", "volts"}
+)
+_UNIT_PREFIXES: Final = (
+    "pico", "nano", "micro", "milli", "centi", "deci", "deca", "hecto", "kilo", "kibi", "mega", "mibi", "giga",
+    "gibi", "tera", "tebi", "peta", "pebi",
+)  # fmt: skip
+
+
+def _non_base_unit(token: str) -> bool:
+    """A unit promtool wants in another form: "bits", or any unit with an SI prefix ("kilobytes")."""
+    units = _NON_BASE_UNITS | _BASE_UNITS
+    return token in _NON_BASE_UNITS or any(token.startswith(p) and token[len(p) :] in units for p in _UNIT_PREFIXES)
+
+
+_TYPE_WORDS: Final = frozenset({"counter", "gauge", "histogram", "summary"})
+
+
+def lint_safe(key: str, kind: str) -> str:
+    """`key` with every token promtool would reject rewritten (milliseconds -> millisecond, ms -> msec,
+    histogram -> histogramx: promtool rejects any type's name, not only the family's own `kind`)."""
+    tokens = []
+    for token in key.split("_"):
+        if token in _ABBREVIATIONS:
+            token = _ABBREVIATIONS[token]
+        elif _non_base_unit(token) or token == kind or token in _TYPE_WORDS:
+            token = token[:-1] if token.endswith("s") else f"{token}x"
+        tokens.append(token)
+    return "_".join(tokens)
+
+
 def _escape_help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 

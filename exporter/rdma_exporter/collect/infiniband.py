@@ -21,7 +21,7 @@ from ..parse.infiniband import (
     read_device_snapshot,
 )
 from ..parse.reader import SysfsReader
-from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, label
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, label, lint_safe
 
 DEVICE: Final = ("device",)
 PORT: Final = ("device", "port")
@@ -252,9 +252,10 @@ class HwCounterSpecs:
             fragment = metric_fragment(file)
             described = HW_COUNTER_HELP.get(file, f"Driver counter {self._scope}/{file}.")
             if hw_counter_is_gauge(file):
-                spec = MetricSpec(f"{self._prefix}{fragment}", "gauge", described, self._labels)
+                spec = MetricSpec(f"{self._prefix}{lint_safe(fragment, 'gauge')}", "gauge", described, self._labels)
             else:
-                spec = MetricSpec(f"{self._prefix}{fragment}_total", "counter", described, self._labels)
+                name = f"{self._prefix}{lint_safe(fragment, 'counter')}_total"
+                spec = MetricSpec(name, "counter", described, self._labels)
             self._cache[file] = spec
         return spec
 

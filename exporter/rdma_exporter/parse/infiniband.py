@@ -147,7 +147,8 @@ _HW_GAUGE_PATTERN: Final = re.compile(r"^(active_.*|.*watermark.*|.*_wm)$")
 
 
 def hw_counter_is_gauge(name: str) -> bool:
-    return name == "lifespan" or bool(_HW_GAUGE_PATTERN.match(name.lower()))
+    # Judged on the snake_case form too: CamelCase `ActiveQPs` is `active_q_ps`.
+    return name == "lifespan" or any(_HW_GAUGE_PATTERN.match(form) for form in (name.lower(), metric_fragment(name)))
 
 
 _CAMEL_BOUNDARY: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
