@@ -181,6 +181,11 @@ class _Dev:
         return f"mlx5_{self.index}"
 
     @property
+    def link_speed(self) -> str:
+        """The speed its PCIe link trained at, which both ends show: Gen4 when degraded or in a Gen4 slot."""
+        return _GEN4 if self.degraded or self.gen4_slot else _GEN5
+
+    @property
     def ethernet(self) -> bool:
         return self.kind == "roce"
 
@@ -462,7 +467,7 @@ def _write_pci(w: _Writer, d: _Dev, rng: random.Random) -> None:
         attrs += [("current_link_width", 0), ("max_link_width", 0)]
     else:
         attrs += [
-            ("current_link_speed", _GEN4 if d.degraded or d.gen4_slot else _GEN5),
+            ("current_link_speed", d.link_speed),
             ("max_link_speed", _GEN5),
             ("current_link_width", 16),
             ("max_link_width", 16),
@@ -504,7 +509,7 @@ def _write_root_port(w: _Writer, d: _Dev, seen: set[str]) -> None:
         ("vendor", "0x8086"),
         ("device", "0x352a"),
         ("class", "0x060400"),
-        ("current_link_speed", _GEN4 if d.degraded or d.gen4_slot else _GEN5),
+        ("current_link_speed", d.link_speed),
         ("max_link_speed", _GEN4 if d.gen4_slot else _GEN5),
         ("current_link_width", 16),
         ("max_link_width", 16),
