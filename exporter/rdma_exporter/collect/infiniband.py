@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Literal
 
 from ..parse.infiniband import (
     PHYS_STATES,
@@ -251,11 +251,9 @@ class HwCounterSpecs:
         if spec is None:
             fragment = metric_fragment(file)
             described = HW_COUNTER_HELP.get(file, f"Driver counter {self._scope}/{file}.")
-            if hw_counter_is_gauge(file):
-                spec = MetricSpec(f"{self._prefix}{lint_safe(fragment, 'gauge')}", "gauge", described, self._labels)
-            else:
-                name = f"{self._prefix}{lint_safe(fragment, 'counter')}_total"
-                spec = MetricSpec(name, "counter", described, self._labels)
+            kind: Literal["counter", "gauge"] = "gauge" if hw_counter_is_gauge(file) else "counter"
+            name = f"{self._prefix}{lint_safe(fragment, kind)}{'_total' if kind == 'counter' else ''}"
+            spec = MetricSpec(name, kind, described, self._labels)
             self._cache[file] = spec
         return spec
 
