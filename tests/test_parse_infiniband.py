@@ -42,6 +42,7 @@ LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
         ("40 Gb/sec (4X FDR10)", 40e9, 4, "FDR10"),
         ("100 Gb/sec (4X EDR)\n", 100e9, 4, "EDR"),
         ("100 Gb/sec", 100e9, None, None),
+        ("0 GB/sec", 0.0, None, None),  # MLNX_OFED mlx5, empty cage
     ],
 )
 def test_parse_rate_forms(text: str, bits: float, lanes: int | None, speed: str | None) -> None:
@@ -219,7 +220,6 @@ def _failing_os(path_suffix: str, code: int) -> _FailingOs:
     ("code", "reason"),
     [
         (errno.EIO, "io"),
-        (errno.EINVAL, "io"),
         (errno.ENODEV, "missing"),
         (errno.EOPNOTSUPP, "unsupported"),
         (errno.EACCES, "permission"),
@@ -235,6 +235,16 @@ def test_kernel_read_errors_cost_only_the_value(
     assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
     assert values[("rdma_port_rate_bytes_per_second", (("device", "mlx5_1"), ("port", "1")))] == 50e9
     assert values[read_errors_key("mlx5_0", reason)] == 1
+
+
+def test_rate_without_a_valid_width_is_absent_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Upstream rate_show() answers EINVAL for a port with no module in its cage, on every scrape: that
+    # must not count as a read error (RdmaExporterReadErrors would fire for every empty cage).
+    monkeypatch.setattr(reader_module, "os", _failing_os("mlx5_0/ports/1/rate", errno.EINVAL))
+    values = samples(scrape(LEPTON))
+    assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
+    assert values[("rdma_port_state_id", MLX5_0)] == 4
+    assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
 
 
 def test_missing_optional_attributes_are_not_errors() -> None:

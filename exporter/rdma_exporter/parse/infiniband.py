@@ -14,6 +14,7 @@ half and re-read only what moves:
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections import Counter
@@ -230,8 +231,11 @@ class Rate:
         return self.bits_per_second / 8
 
 
+_NO_RATE_ERRNOS: Final = frozenset({errno.EINVAL})
+
+# MLNX_OFED's mlx5 prints `0 GB/sec` (capital B) for a port with an empty cage.
 _RATE_PATTERN: Final = re.compile(
-    r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec(?:\s*\(\s*(\d+)X\s*([A-Za-z0-9]*)\s*\))?\s*$"
+    r"^\s*(\d+(?:\.\d+)?)\s*G[bB]/sec(?:\s*\(\s*(\d+)X\s*([A-Za-z0-9]*)\s*\))?\s*$"
 )
 
 
@@ -445,7 +449,9 @@ def read_port_snapshot(device_dir: str | Path, info: PortInfo, reader: SysfsRead
     snapshot = PortSnapshot(info=info)
     snapshot.state = _read_state(f"{port_dir}/state", reader, PORT_STATES)
     snapshot.phys_state = _read_state(f"{port_dir}/phys_state", reader, PHYS_STATES)
-    rate_text = reader.text(f"{port_dir}/rate")
+    # Upstream rate_show() answers EINVAL while the port has no valid width (no cable or module in
+    # the cage): no rate, not a broken file.
+    rate_text = reader.text(f"{port_dir}/rate", absent_errnos=_NO_RATE_ERRNOS)
     if rate_text is not None:
         snapshot.rate = parse_rate(rate_text)
         if snapshot.rate is None:
