@@ -407,6 +407,29 @@ def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_cop
     assert values[read_errors_key("mlx4_0", "malformed", collector="inventory")] == 1
 
 
+def test_32_bit_counters_beside_a_silent_counters_ext_are_watched_for_saturation(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # counters_ext/ is listed but none of its files answers: counters/ is still the 32-bit PortCounters,
+    # and a data counter stuck at 2^32-1 hides all traffic from then on. Found by review.
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    for ext in (port / "counters_ext").iterdir():
+        ext.write_text("N/A (no PMA)\n")
+    (port / "counters/port_xmit_data").write_text("4294967295\n")
+    values = samples(scrape(root))
+    assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 4294967295
+    assert values[("rdma_port_pma_saturated", (("counter", "port_xmit_data"), *MLX4_PORT1))] == 1
+    assert values[("rdma_port_pma_saturated", (("counter", "port_rcv_data"), *MLX4_PORT1))] == 0
+
+
+def test_omni_path_data_counters_count_8_byte_flits() -> None:
+    # hfi1 answers the IB PortCountersExtended query with its OPA flit counters (8 bytes each), where
+    # the IB PMA counts 4-octet words. Found by review.
+    values = samples(scrape(SYSFS_FIXTURES / "prometheus-procfs" / "sys"))
+    port = (("device", "hfi1_0"), ("port", "1"))
+    assert values[("rdma_port_transmit_data_bytes_total", port)] == 8 * 273558326543
+    assert values[("rdma_port_transmit_data_bytes_total", (("device", "mlx4_0"), ("port", "1")))] == 4 * 26509113295
+
+
 def test_names_that_normalise_alike_keep_one_file_when_it_fails(captured_copy) -> None:  # type: ignore[no-untyped-def]
     """`Rx Packets` (7) and `rx_packets` (9) are both rdma_port_hw_rx_packets_total: the first file of the
     listing owns the series. When that file fails a read, the series is missing for the scrape; taking

@@ -147,8 +147,12 @@ _PMA_HELP: Final[dict[str, str]] = {
     "local_link_integrity_errors": "Times local physical errors exceeded the LocalPhyErrors threshold.",
     "excessive_buffer_overrun_errors": "Times consecutive receive buffer overruns exceeded the threshold.",
     "vl15_dropped": "Subnet management packets (VL15) dropped for lack of buffers.",
-    "transmit_data_bytes": "Data transmitted on all VLs, in bytes (the kernel counts 4-octet words).",
-    "receive_data_bytes": "Data received on all VLs, in bytes (the kernel counts 4-octet words).",
+    "transmit_data_bytes": (
+        "Data transmitted on all VLs, in bytes (the kernel counts 4-octet words, 8-byte flits on Omni-Path hfi1)."
+    ),
+    "receive_data_bytes": (
+        "Data received on all VLs, in bytes (the kernel counts 4-octet words, 8-byte flits on Omni-Path hfi1)."
+    ),
     "transmit_packets": "Packets transmitted on all VLs.",
     "receive_packets": "Packets received on all VLs.",
     "transmit_wait": "Ticks during which the port had data to send but no flow-control credits.",
@@ -326,9 +330,8 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
     for gid_type, count in info.gid_types:
         out.add(PORT_GIDS, [*labels, gid_type], count)
 
-    legacy = bool(info.counter_ext_files)
     for file, value in port.counters.items():
-        counter = pma_counter(file, legacy=legacy)
+        counter = pma_counter(file, legacy=info.legacy_counters, data_word_bytes=info.data_word_bytes)
         if counter is None:
             out.add(_PORT_GENERIC.get(file), labels, value)
             continue

@@ -70,6 +70,7 @@ class PmaCounter:
     `width` is the PMA field width in bits: a narrow counter stops at 2^width - 1 and from then on hides
     new errors until someone resets it, so the exposition reports saturation explicitly.
     `scale` converts the raw unit (4-octet words for the data counters) into base units.
+    Both can differ per port: see `pma_counter`.
     """
 
     file: str
@@ -123,6 +124,11 @@ PMA_COUNTERS_EXT: Final[dict[str, PmaCounter]] = {
     )
 }
 _LEGACY_32BIT: Final = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
+_DATA_COUNTERS: Final = frozenset({"port_xmit_data", "port_rcv_data"})
+# The IB PMA counts data in 4-octet words. hfi1 (Omni-Path) answers the same queries with its OPA
+# counters, which count 8-byte flits (hfi1 mad.c pma_get_ib_portcounters_ext).
+IB_DATA_WORD_BYTES: Final = 4
+OPA_FLIT_BYTES: Final = 8
 # counters/ file -> the counters_ext/ file holding the same PMA field in 64 bits. Where both exist the
 # 64-bit one is the counter: the other is neither read nor exported (it stops at 2^32-1, a false
 # saturation verdict and a flat rate).
@@ -134,12 +140,17 @@ SUPERSEDED_BY_EXT: Final[dict[str, str]] = {
 }
 
 
-def pma_counter(file: str, *, legacy: bool) -> PmaCounter | None:
-    """Semantics of a counters/ file; `legacy` (counters_ext/ present) narrows the data counters to 32 bit."""
+def pma_counter(file: str, *, legacy: bool, data_word_bytes: int = IB_DATA_WORD_BYTES) -> PmaCounter | None:
+    """Semantics of a counters/ file of a port. `legacy` (counters_ext/ present) narrows the data and
+    packet counters to 32 bit; `data_word_bytes` is the port's unit of the data counters."""
     known = PMA_COUNTERS.get(file)
-    if known is not None and legacy and file in _LEGACY_32BIT:
-        return PmaCounter(known.file, known.key, 32, known.scale)
-    return known
+    if known is None:
+        return None
+    width = 32 if legacy and file in _LEGACY_32BIT else known.width
+    scale = data_word_bytes if file in _DATA_COUNTERS else known.scale
+    if width == known.width and scale == known.scale:
+        return known
+    return PmaCounter(known.file, known.key, width, scale)
 
 
 # hw_counters files that are levels, not event counts. Drivers name them differently; these patterns
@@ -180,6 +191,9 @@ class PortInfo:
     hw_counter_files: tuple[str, ...]
     netdevs: tuple[str, ...]  # own netdev first, then uppers (VLANs); a RoCE LAG port maps to its bond
     gid_types: tuple[tuple[str, int], ...]  # (type, populated GID entries), sorted
+    # counters/ is the 32-bit PortCounters beside a legacy counters_ext/, whether or not its files answer.
+    legacy_counters: bool = False
+    data_word_bytes: int = IB_DATA_WORD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,15 +354,18 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
     return tuple(sorted(types.items()))
 
 
-def read_port_info(sys_root: Path, device: str, port: int, reader: SysfsReader) -> PortInfo:
+def read_port_info(
+    sys_root: Path, device: str, port: int, reader: SysfsReader, *, data_word_bytes: int = IB_DATA_WORD_BYTES
+) -> PortInfo:
     port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
     counter_files = list_dir(port_dir / "counters", reader)
+    ext_listing = list_dir(port_dir / "counters_ext", reader)
     # A 64-bit counters_ext/ file replaces its counters/ twin only if it answers now: an HCA without
     # extended counters may list them and fail each read (EINVAL), and then the 32-bit value is all there
     # is. Any other failure is counted, so the static info is read again soon (engine).
     counter_ext_files = tuple(
         name
-        for name in list_dir(port_dir / "counters_ext", reader)
+        for name in ext_listing
         if name not in PMA_COUNTERS_EXT
         or reader.uint(port_dir / "counters_ext" / name, optional=True, absent_errnos=NO_VALUE_ERRNOS) is not None
     )
@@ -362,6 +379,8 @@ def read_port_info(sys_root: Path, device: str, port: int, reader: SysfsReader) 
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
         netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader)),
         gid_types=_gid_types(port_dir, reader),
+        legacy_counters=bool(ext_listing),
+        data_word_bytes=data_word_bytes,
     )
 
 
@@ -383,13 +402,16 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
             pf_address = link_name(physfn)
         else:
             sriov = reader.uint(pci_dir / "sriov_numvfs", optional=True)
+    # hfi1 names its devices hfi1_N; the name tells trees without a device link.
+    is_opa = driver == "hfi1" or (driver is None and name.startswith("hfi1_"))
+    word_bytes = OPA_FLIT_BYTES if is_opa else IB_DATA_WORD_BYTES
     ports: list[PortInfo] = []
     for entry in list_dir(device_dir / "ports", reader, optional=False):
         number = parse_uint(entry)
         if number is None or number > 255:
             reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
             continue
-        ports.append(read_port_info(sys_root, name, number, reader))
+        ports.append(read_port_info(sys_root, name, number, reader, data_word_bytes=word_bytes))
     ports.sort(key=lambda p: p.number)
     return DeviceInfo(
         name=name,
