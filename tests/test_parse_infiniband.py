@@ -67,6 +67,7 @@ def test_parse_state_and_uint() -> None:
     assert parse_uint("0x1a", base=0) == 26
     assert parse_uint("") is None
     assert parse_uint("1_000") is None
+    assert parse_uint("\u0663") is None  # ARABIC-INDIC DIGIT THREE: int() takes it, the kernel never prints it
 
 
 @given(st.text(max_size=60))
@@ -448,7 +449,7 @@ def test_driver_counter_names_pass_promtool_and_levels_are_gauges(captured_copy)
     `promtool check metrics`, and a CamelCase level (ActiveQPs) was typed counter. Found by review."""
     root = captured_copy("built-multi-driver")
     hw = root / "class/infiniband/bnxt_re0/ports/1/hw_counters"
-    for name, value in {"tx_wait_ms": "5", "rx_histogram_x": "3", "ActiveQPs": "12"}.items():
+    for name, value in {"tx_wait_ms": "5", "rx_histogram_x": "3", "ActiveQPs": "12", "rx_total": "4"}.items():
         (hw / name).write_text(f"{value}\n")
     text = scrape(root)
     promtool_check_metrics(text)
@@ -458,3 +459,4 @@ def test_driver_counter_names_pass_promtool_and_levels_are_gauges(captured_copy)
     assert values[("rdma_port_hw_rx_histogramx_x_total", port)] == 3
     assert values[("rdma_port_hw_active_q_ps", port)] == 12
     assert "# TYPE rdma_port_hw_active_q_ps gauge" in text
+    assert values[("rdma_port_hw_rx_total", port)] == 4  # not rx_total_total

@@ -256,6 +256,8 @@ class HwCounterSpecs:
             fragment = metric_fragment(file)
             described = HW_COUNTER_HELP.get(file, f"Driver counter {self._scope}/{file}.")
             kind: Literal["counter", "gauge"] = "gauge" if hw_counter_is_gauge(file) else "counter"
+            if kind == "counter":  # a driver's `tx_total` is rdma_port_hw_tx_total, not ..._total_total
+                fragment = fragment.removesuffix("_total")
             name = f"{self._prefix}{lint_safe(fragment, kind)}{'_total' if kind == 'counter' else ''}"
             spec = MetricSpec(name, kind, described, self._labels)
             self._cache[file] = spec

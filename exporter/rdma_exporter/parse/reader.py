@@ -435,7 +435,8 @@ def _read_once(path: str | os.PathLike[str]) -> bytes:
 def parse_uint(value: str, *, base: int = 10) -> int | None:
     """Parse a u64 as the kernel prints it; None for garbage, signs, blanks or values above 2^64-1."""
     value = value.strip()
-    if not value or value[0] in "+-_" or "_" in value:
+    # int() also takes signs, underscores and any script's digits ("٣" is 3): none is a kernel number.
+    if not value or value[0] in "+-_" or "_" in value or not value.isascii():
         return None
     try:
         parsed = int(value, base)
