@@ -18,9 +18,9 @@ from conftest import SYSFS_FIXTURES, record_reads, samples, scrape
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
 
-def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 30, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rdma_exporter", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "rdma_exporter", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
     )
 
 
@@ -226,3 +226,89 @@ def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:
     served = use_sample_tree(default, forced=False, configured=False)
     assert (served.sysfs / "class" / "infiniband" / "mlx5_0").is_dir()
     assert use_sample_tree(empty, forced=True, configured=True).sysfs != empty.sysfs
+
+
+def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # systemd runs the exporter in /: a relative web.config_file must not depend on where it is checked from.
+    etc = tmp_path / "etc"
+    for directory in (etc / "sys", etc / "ethtool", tmp_path / "abs"):
+        directory.mkdir(parents=True)
+    (etc / "web.yml").write_text("http_server_config:\n  headers:\n    X-Test: a\n")
+    path = etc / "rdma-exporter.yml"
+    path.write_text(f"web:\n  config_file: web.yml\npath:\n  sysfs: sys\n  ethtool: {tmp_path / 'abs'}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config_file(path)
+    assert config.web_config_file == etc / "web.yml"
+    assert config.sysfs == etc / "sys"
+    assert config.ethtool_dir == tmp_path / "abs"  # absolute: unchanged
+    for cwd in (etc, Path("/")):
+        result = run_cli("--check-config", f"--config.file={path}", cwd=cwd)
+        assert result.returncode == 0, result.stderr
+    # A relative --config.file works too; flags stay relative to the working directory, as for any CLI.
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["--config.file", "etc/rdma-exporter.yml", "--path.ethtool", "etc/ethtool"])
+    config = resolve_config(args)
+    assert config.sysfs.resolve() == etc / "sys"
+    assert config.ethtool_dir == Path("etc/ethtool")
+    # A missing relative directory is reported where it was looked for.
+    path.write_text("path:\n  sysfs: nosuch\n")
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert info.value.key == "path.sysfs" and str(etc / "nosuch") in info.value.reason
+
+
+def _hash(cost: int = 4) -> str:
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    return f"$2b${cost:02d}${hashed[7:]}"
+
+
+def test_malformed_bcrypt_salt_stops_start_up(tmp_path: Path) -> None:
+    from rdma_exporter.webconfig import load_web_config
+
+    # A salt's last character carries 2 of its 6 bits: only . O e u are valid there, and bcrypt refuses
+    # anything else ("Invalid salt") on every login, which would be a silent 401.
+    for cost in (4, 31):  # 31: checked without paying for the cost
+        malformed = _hash(cost)[:28] + "/" + _hash(cost)[29:]
+        web = tmp_path / "web.yml"
+        web.write_text(f"basic_auth_users:\n  ok: '{_hash()}'\n  prometheus: '{malformed}'\n")
+        with pytest.raises(ConfigError) as info:
+            load_web_config(web)
+        assert info.value.key == "basic_auth_users.prometheus"
+        assert "Invalid salt" in info.value.reason
+    result = run_cli("--check-config", f"--web.config.file={web}")
+    assert result.returncode == 2
+    assert f"{web}: basic_auth_users.prometheus: bcrypt cannot check this hash" in result.stderr
+    # A well-formed hash of the highest cost loads at once.
+    web.write_text(f"basic_auth_users:\n  prometheus: '{_hash(31)}'\n")
+    auth = load_web_config(web).auth
+    assert auth is not None and set(auth.users) == {"prometheus"}
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "reason"),
+    [
+        ("basic_auth_users: [\n", "line 2, column 1", "invalid YAML: expected the node content"),
+        ("basic_auth_users:\n  a: 'x\x01'\n", "line 2, column 8", "invalid YAML: character #x0001"),
+        ("http_server_config:\n\theaders: {}\n", "line 2, column 1", "invalid YAML: found character '\\t'"),
+    ],
+    ids=["flow", "control-character", "tab"],
+)
+def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: str, key: str, reason: str) -> None:
+    from rdma_exporter.webconfig import load_web_config
+
+    web = tmp_path / "web.yml"
+    web.write_text(text)
+    main = write(tmp_path, text)
+    for path, load in ((web, load_web_config), (main, load_config_file)):
+        with pytest.raises(ConfigError) as info:
+            load(path)
+        assert (info.value.source, info.value.key) == (str(path), key)
+        assert info.value.reason.startswith(reason) and "\n" not in info.value.reason
+        assert "<unicode string>" not in str(info.value)
+    result = run_cli("--check-config", f"--web.config.file={web}")
+    assert result.returncode == 2
+    assert f"{web}: {key}: {reason}" in result.stderr and "<unicode string>" not in result.stderr

@@ -160,6 +160,9 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[str, str, Any], Any]]]] = {
     "log.level": ("log_level", check_log_level),
 }
 _SECTIONS: Final = frozenset(key.split(".")[0] for key in _FIELDS) | {"collectors", "collector"}
+# Path-valued keys: a relative value in the file is relative to the file's directory, as in the web
+# config, so a check from another working directory (systemd's is /) resolves it the same way.
+_PATH_KEYS: Final = frozenset(key for key, (_, check) in _FIELDS.items() if check in (check_path, check_directory))
 
 # Per-collector setting validators, registered by the collectors that own them: name -> key -> validator.
 COLLECTOR_SETTINGS: dict[str, dict[str, Callable[[str, str, Any], Any]]] = {}
@@ -176,8 +179,9 @@ def check_mapping(source: str, key: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
-def parse_config(document: Any, source: str, base: Config | None = None) -> Config:
-    """Validate a parsed YAML document into a Config on top of `base` (the defaults)."""
+def parse_config(document: Any, source: str, base: Config | None = None, directory: Path | None = None) -> Config:
+    """Validate a parsed YAML document into a Config on top of `base` (the defaults). Relative paths are
+    relative to `directory` (the config file's), or to the working directory without one."""
     config = base or Config()
     top = check_mapping(source, "(top level)", document)
     for section in top:
@@ -192,6 +196,8 @@ def parse_config(document: Any, source: str, base: Config | None = None) -> Conf
                 known = sorted(k for k in _FIELDS if k.startswith(section + "."))
                 raise ConfigError(source, dotted, f"unknown key (known: {', '.join(known)})")
             name, validate = _FIELDS[dotted]
+            if dotted in _PATH_KEYS and directory is not None and isinstance(value, str) and value:
+                value = str(directory / value)  # an absolute value stays as it is
             updates[name] = validate(source, dotted, value)
 
     enabled = dict(config.collectors)
@@ -247,7 +253,25 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
-def load_config_file(path: Path, base: Config | None = None) -> Config:
+def _yaml_error(source: str, text: str, exc: yaml.YAMLError) -> ConfigError:
+    """`file: line N, column M: invalid YAML: reason`, rather than PyYAML's multi-line message about
+    "<unicode string>"."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a control character: only an offset into the text
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - text.rfind("\n", 0, exc.position)  # rfind is -1 on the first line
+        where = f"line {line}, column {column}"
+        character = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        problem = f"character #x{character:04x}: {exc.reason}"
+    else:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc)
+    return ConfigError(source, where, f"invalid YAML: {problem}")
+
+
+def read_yaml_file(path: Path) -> Any:
+    """The one YAML document in `path` (load_yaml); any problem is a ConfigError naming the file, and a
+    syntax error its line and column. Shared by the config and the web config file."""
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -256,13 +280,14 @@ def load_config_file(path: Path, base: Config | None = None) -> Config:
     except UnicodeDecodeError:
         raise ConfigError(source, "(file)", "not UTF-8 text") from None
     try:
-        document = load_yaml(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(source, where, f"invalid YAML: {problem}") from None
-    return replace(parse_config(document, source, base), config_file=path)
+        raise _yaml_error(source, text, exc) from None
+
+
+def load_config_file(path: Path, base: Config | None = None) -> Config:
+    document = read_yaml_file(path)
+    return replace(parse_config(document, str(path), base, path.absolute().parent), config_file=path)
 
 
 # Collectors register their `collector.<name>` validators on import; import them here so that a config
