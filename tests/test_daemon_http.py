@@ -213,6 +213,9 @@ def test_endpoints_and_methods(start: Callable[..., RunningDaemon], tree: Path) 
     zipped = get(daemon.port, headers={"Accept-Encoding": "gzip"})
     assert zipped.headers["content-encoding"] == "gzip"
     assert samples(gzip.decompress(zipped.body).decode()).keys() == parsed.keys()
+    refused = get(daemon.port, headers={"Accept-Encoding": "gzip;q=0, identity"})
+    assert "content-encoding" not in refused.headers  # q=0 refuses gzip (found by review)
+    assert samples(refused.body.decode()).keys() == parsed.keys()
     # Whatever Prometheus asks for, it gets the text format 0.0.4 (as from node_exporter by default).
     openmetrics = get(daemon.port, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert openmetrics.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

@@ -668,6 +668,20 @@ class Serving:
     web: WebConfig
 
 
+_ZERO_QUALITY = re.compile(r"^q=0(\.0{0,3})?$")
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether the client takes gzip: named with a quality above 0 (RFC 9110 12.5.3: `gzip;q=0` refuses
+    it). Like Prometheus' own exporters, `*` is not taken for gzip."""
+    qualities: dict[str, bool] = {}
+    for item in accept_encoding.split(","):
+        coding, *params = (part.strip().lower() for part in item.split(";"))
+        if coding:
+            qualities[coding] = not any(_ZERO_QUALITY.match(param.replace(" ", "")) for param in params)
+    return qualities.get("gzip", False) or qualities.get("x-gzip", False)
+
+
 def scrape_timeout(config: Config, header: str | None) -> float:
     """The configured deadline, shortened to Prometheus's own timeout (minus an offset) when that is less."""
     timeout = config.scrape_timeout
@@ -731,8 +745,7 @@ class Exporter:
     def metrics(self, serving: Serving, request: Request) -> Response:
         timeout = scrape_timeout(serving.config, request.headers.get("x-prometheus-scrape-timeout-seconds"))
         families = serving.collector.gather(timeout)
-        encodings = {e.split(";")[0].strip().lower() for e in request.headers.get("accept-encoding", "").split(",")}
-        compress = "gzip" in encodings
+        compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         with self._encoded_lock:
             cached_for, bodies = self._encoded
             body = bodies.get(compress) if cached_for is not None and cached_for() is families else None
