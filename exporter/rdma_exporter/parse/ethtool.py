@@ -82,7 +82,7 @@ class EthtoolError(Exception):
 
 # Performs one SIOCETHTOOL request for `ifname` whose ethtool command struct is `buffer` (first u32 = cmd),
 # filling `buffer` in place; raises OSError like the syscall. Injectable so tests can fake the kernel.
-EthtoolCall = Callable[[str, array], None]
+EthtoolCall = Callable[[str, "array[int]"], None]  # a string: array is subscriptable from 3.12 on
 
 
 def _valid_ifname(ifname: str) -> bool:
@@ -108,7 +108,7 @@ class SocketEthtool:
     def __init__(self) -> None:
         self._sock = _open_socket()
 
-    def __call__(self, ifname: str, buffer: array) -> None:
+    def __call__(self, ifname: str, buffer: array[int]) -> None:
         address, _ = buffer.buffer_info()
         ifreq = bytearray(_IFREQ_SIZE)
         # Native layout: 16-byte name, then the union whose first member is the ifr_data pointer.
@@ -141,6 +141,7 @@ def _stat_count(call: EthtoolCall, ifname: str) -> int:
     (mask,) = struct.unpack_from("=Q", buffer, 8)
     if not mask & (1 << ETH_SS_STATS):
         return 0  # the kernel clears the bit when the driver has no statistics set
+    count: int
     (count,) = struct.unpack_from("=I", buffer, 16)
     return count
 
@@ -152,6 +153,7 @@ def _drvinfo_count(call: EthtoolCall, ifname: str) -> int:
         call(ifname, buffer)
     except OSError as exc:
         raise _fail(ifname, exc, "ETHTOOL_GDRVINFO") from exc
+    count: int
     (count,) = struct.unpack_from("=I", buffer, _DRVINFO_N_STATS)
     return count
 

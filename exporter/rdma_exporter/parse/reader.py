@@ -367,9 +367,9 @@ class SysfsReader:
         # Fast path for the common case, a plain decimal counter ("123\n"); int() itself would also
         # accept signs, underscores and surrounding blanks, which the slow path rejects or tolerates.
         if base == 10 and raw[-1:] == b"\n" and raw[:-1].isdigit():
-            parsed = int(raw)
-            if parsed <= U64_MAX:
-                return parsed
+            number = int(raw)
+            if number <= U64_MAX:
+                return number
         value = self._decode(path, raw)
         if value is None:
             return None
@@ -404,9 +404,9 @@ class SysfsReader:
                         continue
                     raw = b""
                 if raw[-1:] == b"\n" and raw[:-1].isdigit() and len(raw) < _SMALL_READ:
-                    value = int(raw)
-                    if value <= U64_MAX:
-                        values[name] = value
+                    number = int(raw)
+                    if number <= U64_MAX:
+                        values[name] = number
                         fast += 1
                         continue
             value = self.uint(f"{directory}/{name}")
