@@ -6,7 +6,7 @@ and the generated METRICS.md, which therefore cannot drift from the code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -36,7 +36,7 @@ class MetricSpec:
         if self.kind == "info" and not self.name.endswith("_info"):
             raise ValueError(f"info metric {self.name} must end in _info")
 
-    def family(self) -> Metric:
+    def family(self) -> CounterMetricFamily | GaugeMetricFamily:
         if self.kind == "counter":
             # prometheus_client appends _total itself.
             return CounterMetricFamily(self.name[: -len("_total")], self.help, labels=self.labels)
@@ -122,6 +122,10 @@ def _escape_value(value: str) -> str:
     return value
 
 
+# prometheus_client leaves floatToGoString unannotated; this is its signature (one global, as before).
+_float_to_go_string: Final[Callable[[float], str]] = floatToGoString
+
+
 def format_value(value: float) -> str:
     """A sample value exactly as prometheus_client's `floatToGoString` writes it.
 
@@ -130,7 +134,7 @@ def format_value(value: float) -> str:
     """
     if type(value) is int and -1_000_000_000_000_000 < value < 1_000_000:
         return f"{value}.0"
-    return floatToGoString(value)
+    return _float_to_go_string(value)
 
 
 @lru_cache(maxsize=4096)

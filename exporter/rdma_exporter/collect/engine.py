@@ -28,6 +28,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -733,9 +734,7 @@ class RdmaCollector(Collector):
         self.reads.prune(class_dir, {class_dir + entry.name for entry in entries})
         for entry in entries:
             key = class_dir + entry.name
-            job, new = self.reads.start(
-                key, entry.name, lambda job, entry=entry: self._read_device(job, entry), rnd.job_ended
-            )
+            job, new = self.reads.start(key, entry.name, partial(self._read_device, entry=entry), rnd.job_ended)
             if new:
                 jobs[entry.name] = job
             else:

@@ -410,7 +410,7 @@ class InfinibandSource:
         PORT_SATURATED,
         PORT_LIFESPAN,
     )
-    dynamic_specs = HW_COUNTER_DYNAMIC
+    dynamic_specs: tuple[DynamicMetricSpec, ...] = HW_COUNTER_DYNAMIC
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> DeviceSnapshot:
         return read_device_snapshot(ctx.sys_root, device, reader)
