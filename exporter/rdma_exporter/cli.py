@@ -17,7 +17,6 @@ from . import __version__
 from .config import (
     COLLECTORS,
     DEFAULT_LISTEN,
-    DEFAULT_MAX_OPEN_FILES,
     DEFAULT_READ_THREADS,
     LOG_LEVELS,
     Config,
@@ -32,6 +31,7 @@ from .config import (
     check_telemetry_path,
     load_config_file,
 )
+from .parse.reader import DEFAULT_MAX_OPEN_FILES
 
 log = logging.getLogger("rdma_exporter")
 

@@ -27,6 +27,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final, Generic, TypeVar
@@ -799,7 +800,7 @@ def _glibc(name: str, *argtypes: type[Any]) -> Any | None:
 
 
 _MALLOC_TRIM = _glibc("malloc_trim", ctypes.c_size_t)
-_TRIM: Callable[[], object] | None = None if _MALLOC_TRIM is None else lambda: _MALLOC_TRIM(0)
+_TRIM: Callable[[], object] | None = None if _MALLOC_TRIM is None else partial(_MALLOC_TRIM, 0)
 
 
 def release_memory(response: Response) -> None:
