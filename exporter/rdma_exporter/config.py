@@ -193,8 +193,8 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
         for key, value in body.items():
             dotted = f"{section}.{key}"
             if dotted not in _FIELDS:
-                known = sorted(k for k in _FIELDS if k.startswith(section + "."))
-                raise ConfigError(source, dotted, f"unknown key (known: {', '.join(known)})")
+                known = ", ".join(sorted(k for k in _FIELDS if k.startswith(section + ".")))
+                raise ConfigError(source, dotted, f"unknown key (known: {known})")
             name, validate = _FIELDS[dotted]
             if dotted in _PATH_KEYS and directory is not None and isinstance(value, str) and value:
                 value = str(directory / value)  # an absolute value stays as it is

@@ -221,7 +221,7 @@ def _tls(source: str, body: Mapping[str, Any], base: Path) -> tuple[ssl.SSLConte
     if "cert_file" not in body or "key_file" not in body:
         raise ConfigError(source, "tls_server_config", "cert_file and key_file are both required for TLS")
     cert = _file(source, "tls_server_config.cert_file", body["cert_file"], base)
-    key = _file(source, "tls_server_config.key_file", body["key_file"], base)
+    key_file = _file(source, "tls_server_config.key_file", body["key_file"], base)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _version(source, "tls_server_config.min_version", body.get("min_version", "TLS12"))
     if "max_version" in body:
@@ -229,9 +229,9 @@ def _tls(source: str, body: Mapping[str, Any], base: Path) -> tuple[ssl.SSLConte
         if context.maximum_version < context.minimum_version:
             raise ConfigError(source, "tls_server_config.max_version", "is lower than min_version")
     try:
-        context.load_cert_chain(cert, key)
+        context.load_cert_chain(cert, key_file)
     except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(source, "tls_server_config", f"cannot load {cert} with {key}: {exc}") from None
+        raise ConfigError(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
     auth_type = body.get("client_auth_type", "NoClientCert")
     if auth_type in _UNSUPPORTED_AUTH:
         raise ConfigError(
