@@ -31,12 +31,12 @@ def _sources() -> Iterator[tuple[str, tuple[MetricSpec, ...], tuple[DynamicMetri
             if (
                 isinstance(value, type)
                 and value.__module__ == module.__name__
-                and isinstance(getattr(value, "name", None), str)
-                and isinstance(getattr(value, "specs", None), tuple)
-                and value.name not in seen
+                and isinstance(name := getattr(value, "name", None), str)
+                and isinstance(specs := getattr(value, "specs", None), tuple)
+                and name not in seen
             ):
-                seen.add(value.name)
-                yield value.name, value.specs, tuple(getattr(value, "dynamic_specs", ()))
+                seen.add(name)
+                yield name, specs, tuple(getattr(value, "dynamic_specs", ()))
 
 
 def _row(name: str, kind: str, labels: tuple[str, ...], help_text: str) -> str:
@@ -46,6 +46,7 @@ def _row(name: str, kind: str, labels: tuple[str, ...], help_text: str) -> str:
 
 def render() -> str:
     lines = [HEADER]
+    sections: list[tuple[str, tuple[MetricSpec, ...], tuple[DynamicMetricSpec, ...]]]
     sections = [("exporter (self-monitoring)", ENGINE_SPECS, ())]
     sections += [(f"collector `{name}`", specs, dynamic) for name, specs, dynamic in _sources()]
     for title, specs, dynamic in sections:
