@@ -1,4 +1,4 @@
-"""The code style gate runs with the suite, so `.ci/run` fails on a ruff finding."""
+"""The code style and typing gates run with the suite, so `.ci/run` fails on a ruff or mypy finding."""
 
 from __future__ import annotations
 
@@ -16,5 +16,18 @@ def test_ruff_clean() -> None:
         capture_output=True,
         text=True,
         timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_clean(tmp_path: Path) -> None:
+    # pyproject.toml's [tool.mypy] (strict) is the configuration; a fresh cache keeps runs independent.
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", "pyproject.toml", "--cache-dir", str(tmp_path),
+         "exporter/rdma_exporter"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
