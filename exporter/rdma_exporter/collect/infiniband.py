@@ -17,7 +17,6 @@ from ..parse.infiniband import (
     PortSnapshot,
     hw_counter_is_gauge,
     metric_fragment,
-    pma_counter,
     read_device_snapshot,
 )
 from ..parse.reader import SysfsReader
@@ -332,8 +331,9 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
     for gid_type, count in info.gid_types:
         out.add(PORT_GIDS, [*labels, gid_type], count)
 
+    pma_counters = info.pma_counters
     for file, value in port.counters.items():
-        counter = pma_counter(file, legacy=info.legacy_counters, data_word_bytes=info.data_word_bytes)
+        counter = pma_counters.get(file)
         if counter is None:
             out.add(_PORT_GENERIC.get(file), labels, value)
             continue

@@ -191,9 +191,9 @@ class PortInfo:
     hw_counter_files: tuple[str, ...]
     netdevs: tuple[str, ...]  # own netdev first, then uppers (VLANs); a RoCE LAG port maps to its bond
     gid_types: tuple[tuple[str, int], ...]  # (type, populated GID entries), sorted
-    # counters/ is the 32-bit PortCounters beside a legacy counters_ext/, whether or not its files answer.
-    legacy_counters: bool = False
-    data_word_bytes: int = IB_DATA_WORD_BYTES
+    # The PMA semantics of each known counters/ file of this port (pma_counter), decided once here
+    # rather than on every scrape. Not part of the port's identity.
+    pma_counters: dict[str, PmaCounter] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,8 +379,12 @@ def read_port_info(
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
         netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader)),
         gid_types=_gid_types(port_dir, reader),
-        legacy_counters=bool(ext_listing),
-        data_word_bytes=data_word_bytes,
+        # counters/ is the 32-bit PortCounters beside a legacy counters_ext/, whether or not its files answer.
+        pma_counters={
+            file: counter
+            for file in counter_files
+            if (counter := pma_counter(file, legacy=bool(ext_listing), data_word_bytes=data_word_bytes)) is not None
+        },
     )
 
 
