@@ -12,9 +12,10 @@ Conventions the test relies on, written into the panel descriptions:
 
 - "Empty while ..." marks a panel whose queries legitimately return nothing on a healthy fleet (a table
   of problems, the firing alerts). Every other query must return data on the sample tree.
-- "Colours follow <Alert>." ties the panel's threshold steps to that alert: each step is a threshold
-  literal of the alert's expression (a tiny epsilon stands for "> 0"), coloured orange for a warning and
-  red for a critical alert.
+- "Colours follow <Alert>." ties the panel's threshold steps to that alert: each step is the threshold
+  of one of the alert's comparisons, on a query of the same series and window as that comparison, coloured
+  orange for a warning and red for a critical alert. Grafana colours a value from a step on (>=), so
+  an alert's "> T" is a step just above T (`above`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ SCHEMA_VERSION = 38  # Grafana 10.0; newer versions migrate on load
 
 # "> 0" in an alert becomes a threshold step at this value: any visible rate or count turns the colour.
 EPSILON = 1e-9
+
+
+def above(threshold: float) -> float:
+    """The threshold step for an alert's `> threshold`: Grafana colours values from a step on (>=), so the
+    step sits just above it (a count of exactly 10 must not turn orange when the alert fires above 10)."""
+    return EPSILON if threshold == 0 else float(f"{threshold * (1 + 1e-9):.12g}")
+
+
 OK, WARNING, CRITICAL, NEUTRAL = "green", "orange", "red", "blue"
 
 # Label sets of the kinds of series. Every selector carries the matchers of its level. CLUSTER and RAIL
@@ -91,6 +100,12 @@ def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str
 
 
 PRIO = 'priority=~"$priority"'
+# SR-IOV virtual functions share their PF's physical link: counts of ports and links skip them, as the
+# link alerts do (the PF's series is the one to act on).
+NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)} == 1"
+# Ports of one link layer, for panels about InfiniBand or RoCE only.
+INFINIBAND = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="InfiniBand"')
+ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~"pending|firing"')
 
 
@@ -352,12 +367,13 @@ def bargauge(title: str, description: str, unit: str, tgts: list[Json], **kw: An
     return panel("bargauge", title, description, unit, tgts, options=options, **kw)
 
 
-def top_ports(title: str, description: str, unit: str, expr: str, legend: str, **kw: Any) -> Json:
-    """A fleet "top 10" bar gauge of one per-port expression, each bar linking to its node's dashboard."""
-    return bargauge(
-        title, description, unit, targets((f"topk(10, {expr})", legend), instant=True),
-        links=[node_link("__field.labels.instance")], **kw,
-    )
+def top_ports(title: str, description: str, unit: str, expr: str, legend: str,
+              more: Sequence[tuple[str, str]] = (), **kw: Any) -> Json:  # fmt: skip
+    """A fleet "top 10" bar gauge of one per-port expression (and of each of `more`, as (expr, legend)), each
+    bar linking to its node's dashboard."""
+    pairs = [(f"topk(10, {e})", name) for e, name in [(expr, legend), *more]]
+    return bargauge(title, description, unit, targets(*pairs, instant=True),
+                    links=[node_link("__field.labels.instance")], **kw)  # fmt: skip
 
 
 def table(title: str, description: str, unit: str, tgts: list[Json], *, hide: Sequence[str] = (), **kw: Any) -> Json:
@@ -406,10 +422,23 @@ PORT_STATES = {1: ("DOWN", CRITICAL), 2: ("INIT", WARNING), 3: ("ARMED", WARNING
 PHYSICAL_STATES = {1: ("Sleep", CRITICAL), 2: ("Polling", CRITICAL), 3: ("Disabled", CRITICAL),
                    4: ("PortConfigurationTraining", WARNING), 5: ("LinkUp", OK), 6: ("LinkErrorRecovery", WARNING),
                    7: ("Phy Test", WARNING)}  # fmt: skip
-BER_STEPS = thresholds((1e-14, WARNING), (1e-12, CRITICAL))
+# RdmaPortBitErrorRateHigh's two levels read two windows: the critical one the 5-minute rate (above the
+# 1e-12 link objective), the warning one the hourly rate (above 1e-14, about one error per 5 minutes at
+# 400 Gb/s: too few for a 5-minute rate to stay on one side of it). Panels show both, query A the 5-minute
+# rate coloured red, query B the hourly one coloured orange.
+BER_5M = "instance_device_port:rdma_port_bit_error_rate:ratio_rate5m"
+BER_1H = "instance_device_port:rdma_port_bit_error_rate:ratio_rate1h"
+BER_STEPS = thresholds((above(1e-12), CRITICAL))
+BER_OVERRIDES = [
+    {
+        "matcher": {"id": "byFrameRefID", "options": "B"},
+        "properties": [{"id": "thresholds", "value": thresholds((above(1e-14), WARNING))}],
+    }
+]
 BER_TEXT = (
-    "Colours follow RdmaPortBitErrorRateHigh (warning above 1e-14, critical above the 1e-12 link objective, both "
-    "on the 5-minute rate)."
+    "Colours follow RdmaPortBitErrorRateHigh, whose two levels read two windows: the 5-minute rate turns red "
+    "above the 1e-12 link objective (critical), the 1-hour rate orange above 1e-14 (warning; a handful of "
+    "errors an hour is too few for a 5-minute rate to judge)."
 )
 
 # --- layout ------------------------------------------------------------------------------------------
@@ -488,7 +517,21 @@ def dashboard(key: str, title: str, description: str, variables: list[Json], ite
 
 # Ports and PCIe links below their expectation: the record the bandwidth alerts read. PCIe series have
 # no port label, so the port selector cannot apply.
-LINKS_BELOW_EXPECTED = sel("instance_device:rdma_link_below_expected:ratio", DEVICE)
+# Rate and width shortfalls of SR-IOV VFs are left out, as RdmaPortRateBelowExpected leaves them (a VF
+# reports its PF's link).
+BELOW_EXPECTED = "instance_device:rdma_link_below_expected:ratio"
+
+
+def links_below(*extra: str) -> str:
+    """The record's shortfalls, those of ports' rate and width without SR-IOV VFs."""
+    others = sel(BELOW_EXPECTED, DEVICE, 'problem!~"rate|width"', *extra)
+    ports = sel(BELOW_EXPECTED, DEVICE, 'problem=~"rate|width"', *extra)
+    return f"{others} or {ports} {NOT_VF}"
+
+
+LINKS_BELOW_EXPECTED = links_below()
+# PCIe links below the most they can do, without an expectation: the warning RdmaPcieLinkDegraded.
+LINK_MAX, NOT_LINK_MAX = 'reference="link_max"', 'reference!="link_max"'
 LINK_ALERTS = ["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
                "RdmaNetdevSpeedBelowExpected"]  # fmt: skip
 
@@ -499,8 +542,9 @@ def fabric_overview() -> Json:
         (stat(
             "Ports ACTIVE",
             "RDMA ports in state ACTIVE (or ACTIVE_DEFER) out of all ports the exporters report, whole nodes "
-            "(the device and port selectors do not apply). Unused ports that were never cabled count in the "
-            "total; the down-port panel next to it only counts ports RdmaPortDown cares about.",
+            "(the device and port selectors do not apply). SR-IOV virtual functions are not counted: they share "
+            "their PF's link. Unused ports that were never cabled count in the total; the down-port panel next "
+            "to it only counts ports RdmaPortDown cares about.",
             "none",
             targets((f"sum({sel('instance:rdma_ports_active:count', NODE)})", "active"),
                     (f"sum({sel('instance:rdma_ports:count', NODE)})", "total")),
@@ -519,10 +563,16 @@ def fabric_overview() -> Json:
             "Links below expected",
             "Shortfalls of ports (rate, width, netdev speed) and PCIe links (speed, width) against the expected "
             "topology or, for PCIe without an expectation, the most the link can do: the series the bandwidth alerts "
-            "read. The port selector does not apply. The table below lists them.",
+            "read. Red: below the expectation (RdmaPortRateBelowExpected, RdmaPcieLinkBelowExpected, "
+            "RdmaNetdevSpeedBelowExpected page); orange: PCIe below the most it can do without an expectation "
+            "(reference link_max, the warning RdmaPcieLinkDegraded). The port selector does not apply. The table "
+            "below lists them.",
             "none",
-            targets((f"count({LINKS_BELOW_EXPECTED}) or vector(0)", "links")),
+            targets((f"count({links_below(NOT_LINK_MAX)}) or vector(0)", "expected"),
+                    (f"count({sel(BELOW_EXPECTED, DEVICE, LINK_MAX)}) or vector(0)", "link_max")),
             steps=thresholds((1, CRITICAL)),
+            overrides=[{"matcher": {"id": "byName", "options": "link_max"},
+                        "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}],
             alerts=LINK_ALERTS,
         ), 3, 4),
         (stat(
@@ -559,17 +609,22 @@ def fabric_overview() -> Json:
         ), 3, 4),
         (stat(
             "Worst bit-error rate",
-            f"Highest uncorrected bit-error rate of any selected node's port over 5 minutes. {BER_TEXT}",
+            f"Highest uncorrected bit-error rate of any selected node's port over 5 minutes and over an hour "
+            f"(whole nodes: the device and port selectors do not apply). {BER_TEXT}",
             "sci",
-            targets((f"max({sel('instance:rdma_port_bit_error_rate:max_ratio_rate5m', NODE)})", "BER")),
+            targets((f"max({sel('instance:rdma_port_bit_error_rate:max_ratio_rate5m', NODE)})", "5 min"),
+                    (f"max({sel(BER_1H, NODE)})", "1 h")),
             steps=BER_STEPS,
+            overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],
         ), 3, 4),
         (bargauge(
             "Ports by state",
             "How many ports are in each logical state (DOWN, INIT, ARMED, ACTIVE) and each physical state "
             "(Polling, Disabled, LinkUp...), whole nodes (instance: recording rules; the device and port "
-            "selectors do not apply). Anything but ACTIVE and LinkUp deserves a look.",
+            "selectors do not apply). SR-IOV virtual functions are not counted: they share their PF's link, and "
+            "RdmaPortDown skips them. Anything but ACTIVE and LinkUp deserves a look: a port counted here but "
+            "not in Ports down is one that was not up in the last day and is not expected (an unused port).",
             "none",
             targets((f"sum by (state) ({sel('instance:rdma_port_state:count', NODE)})", "{{state}}"),
                     (f"sum by (state) ({sel('instance:rdma_port_physical_state:count', NODE)})",
@@ -586,8 +641,9 @@ def fabric_overview() -> Json:
             "against what (expected, link_max, or bond_slaves: a RoCE LAG bond against its slaves together). "
             "Share is the fraction of the reference reached: 50% is a 400G port at 200G or Gen4 instead of "
             "Gen5. Expectations come from the exporter's expected topology (collector.expected); without it "
-            "only PCIe links and LAG bonds are checked. The port selector does not apply. Empty while every "
-            "link trained as expected.",
+            "only PCIe links and LAG bonds are checked. SR-IOV virtual functions' rate and width are left out, as "
+            "the alert leaves them (a VF reports its PF's link). The port selector does not apply. Empty while "
+            "every link trained as expected.",
             "percentunit",
             [target(LINKS_BELOW_EXPECTED, instant=True, table=True)],
             steps=thresholds((1, OK), base=CRITICAL),
@@ -598,11 +654,14 @@ def fabric_overview() -> Json:
         ), 18, 9),
         (top_ports(
             "Top ports by bit-error rate",
-            f"The ten ports with the highest uncorrected bit-error rate over 5 minutes. {BER_TEXT}",
+            f"The ten ports with the highest uncorrected bit-error rate over 5 minutes, and the ten with the "
+            f"highest over an hour. {BER_TEXT}",
             "sci",
-            sel('instance_device_port:rdma_port_bit_error_rate:ratio_rate5m'),
-            port_label,
+            sel(BER_5M),
+            f"{port_label} 5 min",
+            more=[(sel(BER_1H), f"{port_label} 1 h")],
             steps=BER_STEPS,
+            overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],
         ), 6, 9),
         (top_ports(
@@ -612,7 +671,7 @@ def fabric_overview() -> Json:
             "none",
             sel('instance_device_port:rdma_port_receive_errors:increase15m'),
             port_label,
-            steps=thresholds((10, WARNING)),
+            steps=thresholds((above(10), WARNING)),
             alerts=["RdmaPortReceiveErrors"],
         ), 6, 9),
         (top_ports(
@@ -622,7 +681,7 @@ def fabric_overview() -> Json:
             "none",
             sel('instance_device_port:rdma_port_transmit_discards:increase15m'),
             port_label,
-            steps=thresholds((100, WARNING)),
+            steps=thresholds((above(100), WARNING)),
             alerts=["RdmaPortTransmitDiscards"],
         ), 6, 9),
         (top_ports(
@@ -632,19 +691,19 @@ def fabric_overview() -> Json:
             "cps",
             f"sum without (counter) ({sel('instance_device_port:rdma_port_transport_retries:rate5m')})",
             port_label,
-            steps=thresholds((1, WARNING)),
+            steps=thresholds((above(1), WARNING)),
             alerts=["RdmaTransportRetries"],
         ), 6, 9),
         (top_ports(
             "Top InfiniBand ports by credit wait",
-            "The ten ports that spent the largest share of time with data to send but no flow-control credits "
-            "(PortXmitWait, 5 minutes): congestion downstream. Colours follow RdmaPortTransmitWaitHigh "
+            "The ten InfiniBand ports that spent the largest share of time with data to send but no flow-control "
+            "credits (PortXmitWait, 5 minutes): congestion downstream. Colours follow RdmaPortTransmitWaitHigh "
             "(warning above 0.1). Ports whose 32-bit counter is stuck at the maximum are not ranked "
             "(RdmaPortCounterSaturated).",
             "percentunit",
-            sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m'),
+            f"({sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {INFINIBAND})",
             port_label,
-            steps=thresholds((0.1, WARNING)),
+            steps=thresholds((above(0.1), WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
         ), 8, 9),
         (top_ports(
@@ -655,7 +714,7 @@ def fabric_overview() -> Json:
             "percentunit",
             sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m'),
             "{{instance}} {{netdev}} prio {{priority}} {{direction}}",
-            steps=thresholds((0.05, WARNING)),
+            steps=thresholds((above(0.05), WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
         ), 8, 9),
         (top_ports(
@@ -674,9 +733,9 @@ def fabric_overview() -> Json:
             "one rail lagging points at its switch plane.",
             "bps",
             targets((f"{sel('cluster_device_port:rdma_port_transmit_bytes:rate5m', RAIL)} * 8",
-                     "{{cluster}} {{device}}/{{port}} tx"),
+                     "{{device}}/{{port}} tx {{cluster}}"),
                     (f"{sel('cluster_device_port:rdma_port_receive_bytes:rate5m', RAIL)} * 8",
-                     "{{cluster}} {{device}}/{{port}} rx")),
+                     "{{device}}/{{port}} rx {{cluster}}")),
         ), 12, 8),
         (timeseries(
             "Utilisation per rail",
@@ -685,9 +744,9 @@ def fabric_overview() -> Json:
             "rail that is down everywhere has no value.",
             "percentunit",
             targets((sel("cluster_device_port:rdma_port_transmit_utilisation:ratio_rate5m", RAIL),
-                     "{{cluster}} {{device}}/{{port}} tx"),
+                     "{{device}}/{{port}} tx {{cluster}}"),
                     (sel("cluster_device_port:rdma_port_receive_utilisation:ratio_rate5m", RAIL),
-                     "{{cluster}} {{device}}/{{port}} rx")),
+                     "{{device}}/{{port}} rx {{cluster}}")),
             minimum=0,
         ), 12, 8),
         (timeseries(
@@ -696,8 +755,8 @@ def fabric_overview() -> Json:
             "rules; whole clusters, the instance, device and port selectors do not apply). One series per "
             "cluster, so it stays cheap over weeks on thousands of nodes.",
             "bps",
-            targets((f"{sel('cluster:rdma_port_transmit_bytes:rate5m', CLUSTER)} * 8", "{{cluster}} tx"),
-                    (f"{sel('cluster:rdma_port_receive_bytes:rate5m', CLUSTER)} * 8", "{{cluster}} rx")),
+            targets((f"{sel('cluster:rdma_port_transmit_bytes:rate5m', CLUSTER)} * 8", "tx {{cluster}}"),
+                    (f"{sel('cluster:rdma_port_receive_bytes:rate5m', CLUSTER)} * 8", "rx {{cluster}}")),
         ), 8, 8),
         (timeseries(
             "Utilisation per cluster",
@@ -705,19 +764,20 @@ def fabric_overview() -> Json:
             "recording rules; whole clusters, the instance, device and port selectors do not apply).",
             "percentunit",
             targets((f"{sel('cluster:rdma_port_transmit_bytes:rate5m', CLUSTER)}\n  / "
-                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "{{cluster}} tx"),
+                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "tx {{cluster}}"),
                     (f"{sel('cluster:rdma_port_receive_bytes:rate5m', CLUSTER)}\n  / "
-                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "{{cluster}} rx")),
+                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "rx {{cluster}}")),
             minimum=0,
         ), 8, 8),
         (timeseries(
             "Ports ACTIVE per cluster",
             "RDMA ports in state ACTIVE (or ACTIVE_DEFER) and all ports the exporters report, per cluster "
-            "(cluster: recording rules; whole clusters, the instance, device and port selectors do not apply). "
-            "A step down is ports lost across the fleet.",
+            "(cluster: recording rules; whole clusters, the instance, device and port selectors do not apply), "
+            "SR-IOV virtual functions not counted (they share their PF's link). A step down is ports lost "
+            "across the fleet.",
             "none",
-            targets((sel("cluster:rdma_ports_active:count", CLUSTER), "{{cluster}} active"),
-                    (sel("cluster:rdma_ports:count", CLUSTER), "{{cluster}} total")),
+            targets((sel("cluster:rdma_ports_active:count", CLUSTER), "active {{cluster}}"),
+                    (sel("cluster:rdma_ports:count", CLUSTER), "total {{cluster}}")),
             alerts=["RdmaPortDown"],
             decimals=0,
         ), 8, 8),
@@ -726,14 +786,16 @@ def fabric_overview() -> Json:
             "Link-down events of all selected ports over the trailing hour (IB link_downed, RoCE carrier and "
             "PHY link-down events, the best-informed source per port), how many ports dropped at least twice "
             "(RdmaPortLinkFlapping, critical), and link error recoveries (retrains that kept the link up; "
-            "RdmaPortLinkErrorRecovery above 10 an hour on one port).",
+            "RdmaPortLinkErrorRecovery above 10 an hour on one port). SR-IOV virtual functions are left out, as "
+            "the alerts leave them: a VF shares its PF's link, whose drops are counted once.",
             "none",
             targets((f"sum(max without (source, netdev) "
-                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}))", "link drops"),
+                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) {NOT_VF})",
+                     "link drops"),
                     (f"sum(max without (source, netdev) "
-                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) >= bool 2)",
+                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) >= bool 2 {NOT_VF})",
                      "ports flapping"),
-                    (f"sum({sel('instance_device_port:rdma_port_link_error_recovery:increase1h')})",
+                    (f"sum({sel('instance_device_port:rdma_port_link_error_recovery:increase1h')} {NOT_VF})",
                      "link error recoveries")),
             alerts=["RdmaPortLinkDowned", "RdmaPortLinkFlapping", "RdmaPortLinkErrorRecovery"],
             decimals=0,
@@ -745,7 +807,7 @@ def fabric_overview() -> Json:
             "(warning above 0.1).",
             "percentunit",
             targets((f"topk(5, {sel('instance:rdma_port_transmit_wait:max_ratio_rate5m', NODE)})", "{{instance}}")),
-            steps=thresholds((0.1, WARNING)),
+            steps=thresholds((above(0.1), WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
             minimum=0,
         ), 8, 8),
@@ -757,7 +819,7 @@ def fabric_overview() -> Json:
             "percentunit",
             targets((f"topk(5, {sel('instance:rdma_ethtool_pfc_pause_duration:max_ratio_rate5m', NODE)})",
                      "{{instance}} {{direction}}")),
-            steps=thresholds((0.05, WARNING)),
+            steps=thresholds((above(0.05), WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
             minimum=0,
         ), 8, 8),
@@ -806,6 +868,9 @@ def node_detail() -> Json:
     def by_device(expr: str) -> str:
         return f"max by (instance, device) ({expr})"
 
+    # The rate a port trained at, for ACTIVE ports: a port that is not reports its driver's preset.
+    active_rate = f"{sel('rdma_port_rate_bytes_per_second')} > 0 and {ON_PORT} {sel('rdma_port_state_id')} >= 4"
+
     error_counters = [
         ("rdma_port_symbol_errors_total", "symbol errors"),
         ("rdma_port_receive_errors_total", "receive errors"),
@@ -817,10 +882,11 @@ def node_detail() -> Json:
     items: list[tuple[Json, int, int]] = [
         (stat(
             "Ports ACTIVE",
-            "Selected ports in state ACTIVE (or ACTIVE_DEFER), out of all selected ports.",
+            "Selected ports in state ACTIVE (or ACTIVE_DEFER), out of all selected ports; SR-IOV virtual "
+            "functions are not counted (they share their PF's link).",
             "none",
-            targets((f"sum({sel('rdma_port_state_id')} >= bool 4)", "active"),
-                    (f"count({sel('rdma_port_state_id')})", "total")),
+            targets((f"sum({sel('rdma_port_state_id')} >= bool 4 {NOT_VF})", "active"),
+                    (f"count({sel('rdma_port_state_id')} {NOT_VF})", "total")),
         ), 4, 4),
         (stat(
             "Ports down",
@@ -840,10 +906,11 @@ def node_detail() -> Json:
         ), 5, 4),
         (stat(
             "Worst bit-error rate",
-            f"Highest uncorrected bit-error rate of the selected ports over 5 minutes. {BER_TEXT}",
+            f"Highest uncorrected bit-error rate of the selected ports over 5 minutes and over an hour. {BER_TEXT}",
             "sci",
-            targets((f"max({sel('instance_device_port:rdma_port_bit_error_rate:ratio_rate5m')})", "BER")),
+            targets((f"max({sel(BER_5M)})", "5 min"), (f"max({sel(BER_1H)})", "1 h")),
             steps=BER_STEPS,
+            overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],
         ), 3, 4),
         (stat(
@@ -853,7 +920,7 @@ def node_detail() -> Json:
             "cps",
             targets((f"max(sum without (counter) "
                      f"({sel('instance_device_port:rdma_port_transport_retries:rate5m')}))", "retries")),
-            steps=thresholds((1, WARNING)),
+            steps=thresholds((above(1), WARNING)),
             alerts=["RdmaTransportRetries"],
         ), 3, 4),
         (stat(
@@ -934,12 +1001,11 @@ def node_detail() -> Json:
         ), 12, 8),
         (timeseries(
             "Utilisation per port",
-            "Throughput as a share of the rate the port trained at (down ports have no value).",
+            "Throughput as a share of the rate the port trained at, for ACTIVE ports: a port that is not ACTIVE "
+            "has no value (its driver reports a preset rate, not a trained one).",
             "percentunit",
-            targets((f"{bytes_rate('transmit')} / {ON_PORT} group_left () "
-                     f"({sel('rdma_port_rate_bytes_per_second')} > 0)", f"{dp} tx"),
-                    (f"{bytes_rate('receive')} / {ON_PORT} group_left () "
-                     f"({sel('rdma_port_rate_bytes_per_second')} > 0)", f"{dp} rx")),
+            targets((f"{bytes_rate('transmit')} / {ON_PORT} group_left () ({active_rate})", f"{dp} tx"),
+                    (f"{bytes_rate('receive')} / {ON_PORT} group_left () ({active_rate})", f"{dp} rx")),
             minimum=0,
         ), 12, 8),
         (row("Errors and link events"), 24, 1),
@@ -955,11 +1021,12 @@ def node_detail() -> Json:
         ), 12, 8),
         (timeseries(
             "Bit-error rate",
-            f"Uncorrected bit-error rate per port over 5 minutes: symbol errors per bit at the trained rate "
-            f"(InfiniBand) or symbol errors FEC could not correct (RoCE). {BER_TEXT}",
+            f"Uncorrected bit-error rate per port over 5 minutes and over an hour: symbol errors per bit at the "
+            f"trained rate (InfiniBand) or symbol errors FEC could not correct (RoCE). {BER_TEXT}",
             "sci",
-            targets((sel("instance_device_port:rdma_port_bit_error_rate:ratio_rate5m"), dp)),
+            targets((sel(BER_5M), f"{dp} 5 min"), (sel(BER_1H), f"{dp} 1 h")),
             steps=BER_STEPS,
+            overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],
             log=True,
         ), 12, 8),
@@ -986,17 +1053,18 @@ def node_detail() -> Json:
         (timeseries(
             "Link events",
             "Link drops (IB link_downed; RoCE netdev carrier-down changes and PHY link-down events) and link "
-            "error recoveries (successful retrains) per interval. Two drops in an hour is flapping.",
-            "none",
-            targets((increase("rdma_port_link_downed_total", "$__rate_interval"), f"{dp} link downed"),
-                    (increase("rdma_port_link_error_recovery_total", "$__rate_interval"), f"{dp} error recovery"),
-                    (increase("rdma_netdev_carrier_down_changes_total", "$__rate_interval"),
+            "error recoveries (successful retrains), as a rate in events per second over Grafana's rate "
+            "interval, not a count per bar: one drop is a bump lasting one rate interval, whose height times "
+            "the interval is 1. Carrier changes count on RoCE netdevs only, as the alerts count them (an IPoIB "
+            "interface's carrier also follows `ip link set down`). RdmaPortLinkDowned and RdmaPortLinkFlapping "
+            "count drops over the trailing hour (flapping: two or more), as the fabric overview's link drops do.",
+            "cps",
+            targets((rate("rdma_port_link_downed_total"), f"{dp} link downed"),
+                    (rate("rdma_port_link_error_recovery_total"), f"{dp} error recovery"),
+                    (f"{rate('rdma_netdev_carrier_down_changes_total')} {ETHERNET}",
                      "{{instance}} {{netdev}} carrier down"),
-                    (increase("rdma_ethtool_link_down_events_total", "$__rate_interval"),
-                     "{{instance}} {{netdev}} PHY link down")),
+                    (rate("rdma_ethtool_link_down_events_total"), "{{instance}} {{netdev}} PHY link down")),
             alerts=["RdmaPortLinkFlapping", "RdmaPortLinkDowned", "RdmaPortLinkErrorRecovery"],
-            bars=True,
-            decimals=0,
         ), 12, 8),
         (timeseries(
             "PCIe AER errors",
@@ -1013,7 +1081,7 @@ def node_detail() -> Json:
             "RdmaTransportRetries (warning above 1/s summed over the causes of one port).",
             "cps",
             targets((sel("instance_device_port:rdma_port_transport_retries:rate5m"), f"{dp} {{{{counter}}}}")),
-            steps=thresholds((1, WARNING)),
+            steps=thresholds((above(1), WARNING)),
             alerts=["RdmaTransportRetries"],
         ), 8, 8),
         (timeseries(
@@ -1022,8 +1090,8 @@ def node_detail() -> Json:
             "congestion downstream of the port. Colours follow RdmaPortTransmitWaitHigh (warning above 0.1). "
             "A port missing here has its 32-bit counter stuck at the maximum (RdmaPortCounterSaturated).",
             "percentunit",
-            targets((sel("instance_device_port:rdma_port_transmit_wait:ratio_rate5m"), dp)),
-            steps=thresholds((0.1, WARNING)),
+            targets((f"{sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {INFINIBAND}", dp)),
+            steps=thresholds((above(0.1), WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
             minimum=0,
         ), 8, 8),
@@ -1085,24 +1153,29 @@ def node_detail() -> Json:
         ), 6, 6),
         (timeseries(
             "Scrape duration",
-            "Time Prometheus waits for a scrape, and each collector's share. Colours follow "
-            "RdmaExporterScrapeSlow (warning above 6 s, 75% of the exporter's 8 s deadline).",
+            "Time Prometheus waits for a scrape, each collector's share, and the scrape time averaged over 10 "
+            "minutes as RdmaExporterScrapeSlow reads it. Colours follow RdmaExporterScrapeSlow (warning when "
+            "the 10-minute average is above 6 s, 75% of the exporter's 8 s deadline).",
             "s",
             targets((sel("scrape_duration_seconds", NODE), "{{instance}} scrape"),
-                    (sel("rdma_exporter_scrape_collector_duration_seconds", NODE), "{{instance}} {{collector}}")),
-            steps=thresholds((6, WARNING)),
+                    (sel("rdma_exporter_scrape_collector_duration_seconds", NODE), "{{instance}} {{collector}}"),
+                    (f"avg_over_time({sel('scrape_duration_seconds', NODE)}[10m])", "{{instance}} 10-minute average")),
+            overrides=[{"matcher": {"id": "byFrameRefID", "options": "C"},
+                        "properties": [{"id": "thresholds", "value": thresholds((above(6), WARNING))},
+                                       {"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}}]}],
             alerts=["RdmaExporterScrapeSlow"],
         ), 6, 6),
         (timeseries(
             "File read errors",
             "sysfs files and ethtool queries the exporter could not read, by collector, device and reason; each "
-            "costs one value. Empty while the exporter has never failed a read (the series appear with the first "
+            "costs one value. RdmaExporterReadErrors tickets io, permission and malformed errors that recur for "
+            "30 minutes. Empty while the exporter has never failed a read (the series appear with the first "
             "error).",
             "cps",
             targets((f"sum by (instance, collector, device, reason) "
                      f"({rate('rdma_exporter_file_read_errors_total', NODE)})",
                      "{{instance}} {{collector}} {{device}} {{reason}}")),
-            alerts=["RdmaExporterScrapeSlow"],
+            alerts=["RdmaExporterReadErrors"],
         ), 4, 6),
         (stat(
             "Exporter version",
@@ -1142,6 +1215,13 @@ def roce_congestion() -> Json:
             "without any pause).",
         )
     )
+    # Link-level 802.3x pause frames as priority "global", as the pause-duration record has them, for the
+    # priorities selected: the record's series of the port say whether "global" is one of them.
+    global_pause_frames = (
+        f'label_replace({rate("rdma_ethtool_global_pause_frames_total")}, "priority", "global", "", "")\n'
+        f"  and on (cluster, job, instance, device, port, netdev, direction, priority)\n"
+        f"{sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m', PORT, PRIO)}"
+    )
     items: list[tuple[Json, int, int]] = [
         (stat(
             "Most-paused priority",
@@ -1151,7 +1231,7 @@ def roce_congestion() -> Json:
             "percentunit",
             targets((f"max({sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m', PORT, PRIO)})",
                      "paused")),
-            steps=thresholds((0.05, WARNING)),
+            steps=thresholds((above(0.05), WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
             decimals=1,
         ), 4, 4),
@@ -1209,11 +1289,13 @@ def roce_congestion() -> Json:
         (row("Priority flow control"), 24, 1),
         (timeseries(
             "PFC pause frames",
-            "PFC pause frames per priority and direction. rx: the switch throttles this NIC (congestion in the "
-            "fabric); tx: this NIC throttles the switch (the host cannot absorb what arrives: PCIe, memory, "
-            "receive rings).",
+            "PFC pause frames per priority and direction, and link-level 802.3x pause frames as priority global "
+            "(a port under global pause, every priority at once), as the time-paused record counts them. rx: the "
+            "switch throttles this NIC (congestion in the fabric); tx: this NIC throttles the switch (the host "
+            "cannot absorb what arrives: PCIe, memory, receive rings).",
             "pps",
-            targets((rate("rdma_ethtool_pfc_pause_frames_total", PORT, PRIO), npd)),
+            targets((rate("rdma_ethtool_pfc_pause_frames_total", PORT, PRIO), npd),
+                    (global_pause_frames, npd)),
             alerts=["RdmaRocePfcPauseHigh"],
         ), 12, 8),
         (timeseries(
@@ -1223,21 +1305,23 @@ def roce_congestion() -> Json:
             "above 0.05).",
             "percentunit",
             targets((sel("instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m", PORT, PRIO), npd)),
-            steps=thresholds((0.05, WARNING)),
+            steps=thresholds((above(0.05), WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
             minimum=0,
         ), 12, 8),
         (timeseries(
             "Pause storms",
-            "Pause-storm warning and error events per interval. An error event disables pause sending: the "
-            "priority drops packets from then on. Colours follow RdmaRocePauseStorm (above 0).",
-            "none",
-            targets((increase("rdma_ethtool_pause_storm_warning_events_total", "$__rate_interval"), f"{np} warning"),
-                    (increase("rdma_ethtool_pause_storm_error_events_total", "$__rate_interval"), f"{np} error")),
+            "Pause-storm warning and error events as a rate in events per second over Grafana's rate interval, "
+            "not a count per bar: one event is a bump lasting one rate interval, whose height times the interval "
+            "is 1 (the stat above counts the last 10 minutes, as the alert does). An error event disables pause "
+            "sending: the priority drops packets from then on. Colours follow RdmaRocePauseStorm (above 0).",
+            "cps",
+            targets((rate("rdma_ethtool_pause_storm_warning_events_total"), f"{np} warning"),
+                    (rate("rdma_ethtool_pause_storm_error_events_total"), f"{np} error")),
             steps=thresholds((EPSILON, WARNING)),
+            overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                        "properties": [{"id": "thresholds", "value": thresholds((EPSILON, CRITICAL))}]}],
             alerts=["RdmaRocePauseStorm"],
-            bars=True,
-            decimals=0,
         ), 12, 8),
         (timeseries(
             "Traffic per priority",
@@ -1273,9 +1357,10 @@ def roce_congestion() -> Json:
         ), 12, 8),
         (timeseries(
             "CNPs ignored per port",
-            "Congestion notifications each port ignored. Colours follow RdmaRoceCnpIgnored (warning above 0).",
+            "Congestion notifications each port ignored (5-minute rate, the recording rule the alert reads). "
+            "Colours follow RdmaRoceCnpIgnored (warning above 0).",
             "pps",
-            targets((either_rate("rdma_port_hw_rp_cnp_ignored_total", "rdma_port_hw_cnp_ignored_total"),
+            targets((sel("instance_device_port:rdma_port_hw_rp_cnp_ignored:rate5m"),
                      "{{instance}} {{device}}/{{port}}")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceCnpIgnored"],
@@ -1294,7 +1379,8 @@ def roce_congestion() -> Json:
             "Packets of each priority dropped for lack of per-host receive buffer, because of per-host "
             "congestion, or for lack of receive buffers at all. Every priority, lossy ones included (the "
             "priority selector does not apply): on a lossless one any of these means PFC did not hold, and "
-            "RdmaRoceBufferDiscards tickets it; on a lossy one they are how bursts are shed.",
+            "RdmaRoceBufferDiscards tickets it; on a lossy one they are how bursts are shed. No colours, since "
+            "only the lossless priorities matter: the Buffer discards stat above counts those, as the alert does.",
             "pps",
             targets((rate("rdma_ethtool_priority_buffer_discards_total", PORT),
                      "{{instance}} {{netdev}} prio {{priority}} buffer"),
@@ -1302,7 +1388,6 @@ def roce_congestion() -> Json:
                      "{{instance}} {{netdev}} prio {{priority}} congestion"),
                     (rate("rdma_ethtool_priority_discards_total", PORT),
                      "{{instance}} {{netdev}} prio {{priority}} no buffer")),
-            steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceBufferDiscards"],
         ), 12, 8),
         (timeseries(

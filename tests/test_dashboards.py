@@ -16,6 +16,8 @@ exporter serves, a recording rule of rules/, or a series Prometheus itself write
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import json
 import re
@@ -67,6 +69,16 @@ EPSILON_MAX = 1e-6  # a threshold step at or below this stands for an alert's ">
 MAY_BE_EMPTY = re.compile(r"\bEmpty while\b")
 COLOURS_FOLLOW = re.compile(r"Colours follow (Rdma\w+)")
 MAX_MAY_BE_EMPTY = 4
+# Target labels that not every target has: an empty {{cluster}} at the start of a legend leaves a blank.
+OPTIONAL_LABELS = ("cluster",)
+# Port-level series that a sum or count turns into a number of ports or links.
+PORT_COUNT_SERIES = {
+    "rdma_port_state_id", "rdma_port_state", "rdma_port_physical_state_id", "rdma_port_physical_state",
+    "instance_device_port:rdma_port_link_down_events:increase1h",
+    "instance_device_port:rdma_port_link_error_recovery:increase1h",
+}  # fmt: skip
+AGGREGATED = re.compile(r"^\s*(?:sum|count)\b")
+SKIPS_VFS = re.compile(r"unless on \(cluster, job, instance, device\) rdma_device_sriov_virtual_function\{[^}]*\} == 1")
 # Panels on recording rules aggregated above the node (no instance label) say so.
 WHOLE_CLUSTERS = re.compile(r"\bwhole clusters\b")
 
@@ -205,12 +217,17 @@ def all_targets() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
                 yield path.name, item, tgt
 
 
-def rules() -> list[dict[str, Any]]:
+@functools.cache
+def all_rules() -> tuple[dict[str, Any], ...]:
     out = []
     for path in sorted((ROOT / "rules").glob("*.rules.yml")):
         for group in yaml.safe_load(path.read_text())["groups"]:
             out += group["rules"]
-    return out
+    return tuple(out)
+
+
+def rules() -> list[dict[str, Any]]:
+    return list(all_rules())
 
 
 def recorded_names() -> set[str]:
@@ -227,17 +244,101 @@ def target_labels(name: str) -> tuple[str, ...]:
     return ("job", "cluster", "instance")
 
 
-COMPARISON = re.compile(r"(?:[<>]=?|[!=]=)\s*(?:bool\s+)?(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w.])")
+COMPARISON_OPS = {">", ">=", "<", "<=", "==", "!="}
+SET_OPS = {"and", "or", "unless"}
 
 
-def alert_literals() -> dict[str, dict[float, set[str]]]:
-    """alert name -> threshold literal of its expression(s) -> severities using it."""
-    out: dict[str, dict[float, set[str]]] = {}
+@dataclass(frozen=True)
+class Comparison:
+    """One `<quantity> <op> <number>` of an alert: what it compares, how, with what, at which severity."""
+
+    alert: str
+    severity: str
+    op: str
+    value: float
+    quantity: tuple[Selector, ...]  # the selectors of the left-hand side, with their functions and windows
+
+
+def comparisons(expr: str) -> list[tuple[str, float, list[Selector]]]:
+    """(op, number, left-hand selectors) of every comparison of `expr` with a number. The left-hand side
+    reaches back to the previous comparison or set operator at its depth, which bind less tightly than
+    the arithmetic and functions around the quantity (`rate(x[10m]) * 60 > 0`)."""
+    tokens = tokenize(expr)
+    found = []
+    braces = 0
+    for index, (kind, text) in enumerate(tokens):
+        braces += {"{": 1, "}": -1}.get(text, 0)
+        if kind != "op" or text not in COMPARISON_OPS or braces:  # `!=` inside {...} is a matcher
+            continue
+        at = index + 1
+        if tokens[at][1] == "bool":
+            at += 1
+        if tokens[at][0] != "number":
+            continue
+        depth, start = 0, index - 1
+        while start >= 0:
+            token = tokens[start][1]
+            if token in (")", "]", "}"):
+                depth += 1
+            elif token in ("(", "[", "{"):
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0 and (token in COMPARISON_OPS or token in SET_OPS):
+                break
+            start -= 1
+        left = " ".join(text for _, text in tokens[start + 1 : index])
+        found.append((text, float(tokens[at][1]), selectors(left)))
+    return found
+
+
+def test_comparisons_find_the_quantity_each_threshold_applies_to() -> None:
+    found = comparisons(
+        'rdma_port_state_id{x!="y"} < 4 or max without (source) (rec:a:b) >= bool 2 unless on (device) vf == 1 '
+        "and rate(c_total[10m]) * 60 > 0"
+    )
+    assert [(op, value, [(q.name, q.function, q.range) for q in qs]) for op, value, qs in found] == [
+        ("<", 4.0, [("rdma_port_state_id", None, None)]),
+        (">=", 2.0, [("rec:a:b", None, None)]),
+        ("==", 1.0, [("vf", None, None)]),
+        (">", 0.0, [("c_total", "rate", "10m")]),
+    ]
+
+
+def alert_comparisons() -> dict[str, list[Comparison]]:
+    """alert name -> every comparison with a number in its expressions, one rule (severity) each."""
+    out: dict[str, list[Comparison]] = {}
     for rule in rules():
         if "alert" in rule:
-            literals = out.setdefault(rule["alert"], {})
-            for literal in COMPARISON.findall(rule["expr"]):
-                literals.setdefault(float(literal), set()).add(rule["labels"]["severity"])
+            for op, value, quantity in comparisons(rule["expr"]):
+                severity = rule["labels"]["severity"]
+                out.setdefault(rule["alert"], []).append(
+                    Comparison(rule["alert"], severity, op, value, tuple(quantity))
+                )
+            out.setdefault(rule["alert"], [])
+    return out
+
+
+def record_exprs() -> dict[str, list[str]]:
+    exprs: dict[str, list[str]] = {}
+    for rule in rules():
+        if "record" in rule:
+            exprs.setdefault(rule["record"], []).append(rule["expr"])
+    return exprs
+
+
+def read_series(expr: str) -> list[Selector]:
+    """The selectors of `expr` and, for every recording rule it reads as it is (no range: the same window),
+    the selectors of the rule's expressions, recursively: what the query computes from."""
+    exprs, out, seen = record_exprs(), [], set()
+    pending = selectors(expr)
+    while pending:
+        selector = pending.pop()
+        out.append(selector)
+        if selector.name in exprs and selector.range is None and selector.name not in seen:
+            seen.add(selector.name)
+            for record in exprs[selector.name]:
+                pending += selectors(record)
     return out
 
 
@@ -373,6 +474,12 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
     board = load(path)
     variables = {v["name"] for v in board["templating"]["list"]}
     for item in panels(board):
+        # A port under link-level 802.3x pause is paused on every priority: wherever a panel shows a PFC
+        # pause counter, it shows the global one too (as priority="global", as the pause-time record does).
+        read = {sel.name for tgt in item["targets"] for sel in selectors(tgt["expr"])}
+        for name in read:
+            if match := re.fullmatch(r"rdma_ethtool_pfc_pause_(\w+)_total", name):
+                assert f"rdma_ethtool_global_pause_{match[1]}_total" in read, f"{item['title']}: no global pause"
         for tgt in item["targets"]:
             expr, where = tgt["expr"], f"{item['title']} {tgt['refId']}"
             assert "$__interval" not in expr and "$__range" not in expr, f"{where}: use $__rate_interval"
@@ -397,7 +504,29 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
                 # target-rate-interval-rule
                 if sel.function in ("rate", "irate"):
                     assert sel.range == "$__rate_interval", f"{where}: {sel.function} over {sel.range}"
+                # Grafana steps a range query by $__interval, and $__rate_interval is at least four scrapes:
+                # an increase over it counts each event at several steps (one link drop, four bars). An
+                # increase over $__interval loses the events between two windows' samples instead. Per
+                # step, plot a rate; counts are increases over a fixed window (an alert's).
+                if sel.function == "increase":
+                    assert not sel.range.startswith("$"), f"{where}: increase over {sel.range}; plot a rate"
             assert "$__rate_interval" not in re.sub(r"\[\$__rate_interval\]", "", expr), where
+            # An optional label (targets without `cluster`) leaves its place in a legend empty: only at the end.
+            for label in OPTIONAL_LABELS:
+                token, legend = "{{" + label + "}}", tgt["legendFormat"]
+                assert token not in legend or (legend.endswith(token) and legend.count(token) == 1), (
+                    f"{where}: {token} may be absent, so it can only end a legend: {legend!r}"
+                )
+            names = {sel.name for sel in found}
+            # Counts of ports and links skip SR-IOV virtual functions, which share their PF's link, as the
+            # link alerts (and the count records) do.
+            if names & PORT_COUNT_SERIES and AGGREGATED.match(expr):
+                assert SKIPS_VFS.search(expr), f"{where}: a count of ports or links must skip SR-IOV VFs"
+            # IPoIB carrier changes also follow `ip link set down`: link drops count RoCE netdevs only, as
+            # the link-down record does.
+            if "rdma_netdev_carrier_down_changes_total" in names:
+                assert any(sel.name == "rdma_port_info" and sel.matchers.get("link_layer") == ("=", "Ethernet")
+                           for sel in found), f"{where}: carrier changes of RoCE netdevs only"  # fmt: skip
 
 
 def runbook_alerts(item: dict[str, Any]) -> list[str]:
@@ -408,52 +537,150 @@ def runbook_alerts(item: dict[str, Any]) -> list[str]:
     return alerts
 
 
+# Series that only narrow a query (which ports, which devices) say nothing about what it measures.
+JOIN_SERIES = {"rdma_port_info", "rdma_device_info", "rdma_device_sriov_virtual_function"}
+# Runbooks a panel links although it shows none of the series its alert reads, and why.
+RELATED_RUNBOOKS = {
+    ("node-detail", "Physical port state", "RdmaPortLinkErrorRecovery"): "the LinkErrorRecovery state it counts",
+    ("node-detail", "PCIe AER errors", "RdmaPcieLinkDegraded"): "AER errors precede a link that retrains slower",
+}
+
+
+def measured(expr: str) -> set[str]:
+    return {s.name for s in read_series(expr)} - JOIN_SERIES
+
+
 def test_runbook_links_resolve() -> None:
-    alert_names = {rule["alert"] for rule in rules() if "alert" in rule}
+    """Every runbook link resolves, and is the runbook of an alert on what the panel shows: the alert reads
+    (directly or through recording rules) a series the panel reads, or the panel shows the alert's ALERTS."""
+    alert_exprs: dict[str, set[str]] = {}
+    for rule in rules():
+        if "alert" in rule:
+            alert_exprs.setdefault(rule["alert"], set()).update(measured(rule["expr"]))
     linked: set[str] = set()
+    related = set()
     for path in DASHBOARD_FILES:
         for item in panels(load(path)):
+            shown = set().union(*(measured(tgt["expr"]) for tgt in item["targets"]))
+            alerts_shown = {s.matchers["alertname"][1] for tgt in item["targets"] for s in selectors(tgt["expr"])
+                            if s.name == "ALERTS" and s.matchers.get("alertname", ("",))[0] == "="}  # fmt: skip
             for alert in runbook_alerts(item):
-                assert alert in alert_names, f"{item['title']}: no alert {alert} in rules/"
+                assert alert in alert_exprs, f"{item['title']}: no alert {alert} in rules/"
                 assert (RUNBOOK_DIR / f"{alert}.md").is_file(), f"{item['title']}: no runbook for {alert}"
                 assert f"Runbook: {alert}" in [link["title"] for link in item["links"]]
+                assert (
+                    alert in alerts_shown
+                    or shown & alert_exprs[alert]
+                    or ((path.stem, item["title"], alert) in RELATED_RUNBOOKS)
+                ), f"{path.stem} / {item['title']}: links {alert}, which reads none of {sorted(shown)}"
                 linked.add(alert)
+                related.add((path.stem, item["title"], alert))
+    assert set(RELATED_RUNBOOKS) <= related, "stale RELATED_RUNBOOKS entries"
     assert len(linked) >= 20, "most alerts should be one click away from the panel that shows them"
 
 
-def threshold_steps(item: dict[str, Any]) -> list[dict[str, Any]]:
+def target_steps(item: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """refId -> the threshold steps (base colour left out) that colour that query's fields: the defaults, or
+    the last thresholds override matching it by name (its legend) or by query (byFrameRefID)."""
     config = item["fieldConfig"]
-    steps = list(config["defaults"]["thresholds"]["steps"][1:])
+    steps = {tgt["refId"]: list(config["defaults"]["thresholds"]["steps"][1:]) for tgt in item["targets"]}
     for override in config["overrides"]:
         for prop in override["properties"]:
-            if prop["id"] == "thresholds":
-                steps += prop["value"]["steps"][1:]
+            if prop["id"] != "thresholds":
+                continue
+            matcher = override["matcher"]
+            assert matcher["id"] in ("byName", "byFrameRefID"), f"{item['title']}: matcher {matcher['id']}"
+            key = "legendFormat" if matcher["id"] == "byName" else "refId"
+            matched = [tgt["refId"] for tgt in item["targets"] if tgt[key] == matcher["options"]]
+            assert matched, f"{item['title']}: thresholds of {matcher} colour no query"
+            for ref in matched:
+                steps[ref] = list(prop["value"]["steps"][1:])
     return steps
 
 
+# Panels coloured orange or red that follow no single alert threshold, and why.
+UNCLAIMED_COLOURS = {
+    ("fabric-overview", "Links below expected"): "the record is the alerts' condition: any series is one; red "
+    "for those below an expectation (critical alerts), orange for reference link_max (RdmaPcieLinkDegraded)",
+    ("fabric-overview", "Links below expected rate, width or PCIe"): "the share of the reference reached",
+    ("node-detail", "Alerts firing"): "any firing alert, whatever its severity",
+    ("roce-congestion", "ECN disabled"): "a count of configuration problems",
+}
+
+
+def step_follows(step: dict[str, Any], tgt: dict[str, Any], followed: list[str],
+                 claims: dict[str, list[Comparison]]) -> bool:  # fmt: skip
+    """Whether `step`, colouring query `tgt`, is one of the followed alerts' thresholds: a comparison of
+    that severity, with that number (just above it for `>`: Grafana colours from the step on), of the
+    quantity the query computes (the same series, function and window; for "> 0" of a counter, any rate or
+    increase of it), or a count of the alert's own ALERTS series at 1."""
+    value, colour = float(step["value"]), step["color"]
+    for selector in selectors(tgt["expr"]):
+        name = selector.matchers.get("alertname", ("", ""))
+        if selector.name == "ALERTS" and name[0] == "=" and name[1] in followed:
+            severities = {rule["labels"]["severity"] for rule in rules() if rule.get("alert") == name[1]}
+            return value == 1 and colour in {SEVERITY_COLOURS[s] for s in severities}
+    computed = read_series(tgt["expr"])
+    for alert in followed:
+        for claim in claims[alert]:
+            if colour != SEVERITY_COLOURS[claim.severity] or not claim.quantity:
+                continue
+            if claim.op == ">" and claim.value == 0:
+                at = 0 < value <= EPSILON_MAX
+            elif claim.op == ">":
+                at = claim.value < value <= claim.value * (1 + 1e-6)
+            elif claim.op in (">=", "=="):
+                at = value == claim.value
+            else:
+                at = False
+            if not at:
+                continue
+            any_rate = claim.op == ">" and claim.value == 0
+            if all(
+                any(
+                    have.name == want.name
+                    and ((have.function, have.range) == (want.function, want.range)
+                         or (any_rate and {have.function, want.function} <= COUNTER_FUNCTIONS))
+                    for have in computed
+                )
+                for want in claim.quantity
+            ):  # fmt: skip
+                return True
+    return False
+
+
 def test_threshold_colours_follow_the_alerts() -> None:
-    """A panel saying "Colours follow <Alert>" colours at that alert's thresholds, in its severity's colour."""
-    literals = alert_literals()
+    """A panel saying "Colours follow <Alert>" colours each query at a threshold of that alert on the
+    quantity the query shows, in the alert's severity colour: not a number that happens to appear
+    somewhere in the alert's expression, not a 5-minute rate at an hourly rate's threshold. A panel
+    coloured orange or red that follows no alert says why (UNCLAIMED_COLOURS)."""
+    claims = alert_comparisons()
     checked = 0
+    titles = set()
     for path in DASHBOARD_FILES:
         for item in panels(load(path)):
+            titles.add((path.stem, item["title"]))
+            where = f"{path.stem} / {item['title']}"
+            steps = target_steps(item)
+            coloured = any(step["color"] in SEVERITY_COLOURS.values() for ref in steps for step in steps[ref])
             followed = COLOURS_FOLLOW.findall(item["description"])
             if not followed:
+                reads_alerts = all("ALERTS" in {s.name for s in selectors(t["expr"])} for t in item["targets"])
+                if coloured and not reads_alerts:
+                    assert (path.stem, item["title"]) in UNCLAIMED_COLOURS, f"{where}: coloured, follows no alert"
                 continue
             for alert in followed:
-                assert alert in literals, f"{item['title']}: unknown alert {alert}"
-                assert alert in runbook_alerts(item), f"{item['title']}: link the runbook of {alert}"
-            steps = threshold_steps(item)
-            assert steps, f"{item['title']}: says colours follow {followed} but has no threshold step"
-            for step in steps:
-                value = float(step["value"])
-                severities = set().union(*(literals[a].get(value, set()) for a in followed))
-                if not severities and value <= EPSILON_MAX:  # an epsilon for "> 0"
-                    severities = set().union(*(literals[a].get(0.0, set()) for a in followed))
-                assert severities, f"{item['title']}: step {step['value']} is no threshold of {followed}"
-                allowed = {SEVERITY_COLOURS[s] for s in severities if s in SEVERITY_COLOURS}
-                assert step["color"] in allowed, f"{item['title']}: step {step['value']} should be {allowed}"
-                checked += 1
+                assert alert in claims, f"{where}: unknown alert {alert}"
+                assert alert in runbook_alerts(item), f"{where}: link the runbook of {alert}"
+            assert any(steps.values()), f"{where}: says colours follow {followed} but has no threshold step"
+            for tgt in item["targets"]:
+                for step in steps[tgt["refId"]]:
+                    assert step_follows(step, tgt, followed, claims), (
+                        f"{where} {tgt['refId']}: step {step['value']} {step['color']} is no threshold of "
+                        f"{followed} on what the query shows: {tgt['expr']}"
+                    )
+                    checked += 1
+    assert set(UNCLAIMED_COLOURS) <= titles, "stale UNCLAIMED_COLOURS entries"
     assert checked >= 15
 
 
@@ -484,6 +711,11 @@ def test_provisioning_loads_the_dashboards_as_they_are() -> None:
 # --- end to end ----------------------------------------------------------------------------------------
 
 EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
+# The sample node with an SR-IOV VF on each InfiniBand PF and one expected port down (its VF with it), so
+# that the port counts are seen to count links, as the alerts do.
+DOWN_PORT = "mlx5_1"
+TREE_SPEC = dataclasses.replace(SAMPLE_SPEC, vfs_per_pf=1, down_ports=(DOWN_PORT,))
+GLOBAL_PAUSE_NETDEV = "enp220s0f1np1"
 
 
 def free_port() -> int:
@@ -536,7 +768,11 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """The exporter on the sample tree with the expected topology: (address, its exposition)."""
     tmp = tmp_path_factory.mktemp("dashboards")
-    build_tree(tmp / "tree", SAMPLE_SPEC)
+    build_tree(tmp / "tree", TREE_SPEC)
+    # One RoCE port also under link-level 802.3x pause, which the pause panels show as priority "global".
+    with (tmp / "tree" / "ethtool" / GLOBAL_PAUSE_NETDEV).open("a") as stats:
+        stats.write("     rx_global_pause: 1200\n     rx_global_pause_duration: 90000\n"
+                    "     tx_global_pause: 300\n     tx_global_pause_duration: 20000\n")  # fmt: skip
     # One unreadable counter, so that the read-error panel has a series to show.
     infiniband = tmp / "tree" / "sys" / "class" / "infiniband"
     (infiniband / "mlx5_0" / "ports" / "1" / "counters" / "VL15_dropped").write_text("garbage\n")
@@ -741,3 +977,79 @@ def test_recording_rules_used_by_dashboards_are_healthy(stack: Stack) -> None:
     health = [(r["name"], r["health"], r.get("lastError", "")) for g in groups for r in g["rules"] if r["name"] in used]
     assert {name for name, _, _ in health} == used
     assert not [h for h in health if h[1] == "err"], health
+
+
+def panel_result(stack: Stack, stem: str, title: str, ref: str = "A") -> list[dict[str, Any]]:
+    """What one query of a panel returns now, the variables on All."""
+    board = load(GRAFANA / "dashboards" / f"{stem}.json")
+    item = next(item for item in panels(board) if item["title"] == title)
+    tgt = next(tgt for tgt in item["targets"] if tgt["refId"] == ref)
+    answer = stack.query(substitute(tgt["expr"], board["templating"]["list"]))
+    assert answer["status"] == "success", f"{stem} / {title} / {ref}: {answer}"
+    return list(answer["data"]["result"])
+
+
+def total(result: list[dict[str, Any]]) -> float:
+    return sum(float(r["value"][1]) for r in result)
+
+
+def test_panels_count_and_filter_ports_as_the_alerts_do(stack: Stack) -> None:
+    """On a node with SR-IOV VFs and a port down: port counts count links (not VFs), so that the ports not
+    ACTIVE are the ports down that RdmaPortDown reports; per-port utilisation has no value for a port that
+    is not ACTIVE; InfiniBand panels list InfiniBand ports only; the PFC pause frames show every priority the
+    priority variable lists, link-level pause (global) included."""
+    samples = [s for f in text_string_to_metric_families(stack.exposition) for s in f.samples]
+    vfs = {s.labels["device"] for s in samples if s.name == "rdma_device_sriov_virtual_function" and s.value == 1}
+    layers = {(s.labels["device"], s.labels["port"]): s.labels["link_layer"] for s in samples
+              if s.name == "rdma_port_info"}  # fmt: skip
+    links = {port for port in layers if port[0] not in vfs}
+    active = {(s.labels["device"], s.labels["port"]) for s in samples
+              if s.name == "rdma_port_state_id" and s.value >= 4} & links  # fmt: skip
+    assert vfs and (DOWN_PORT, "1") in links - active, "the tree has VFs and a port down"
+
+    def problems() -> list[str]:
+        found = []
+
+        def expect(what: str, got: float, want: float) -> None:
+            if got != want:
+                found.append(f"{what}: {got:g}, expected {want:g}")
+
+        for stem, title in (("fabric-overview", "Ports ACTIVE"), ("node-detail", "Ports ACTIVE"),
+                            ("fabric-overview", "Ports ACTIVE per cluster")):  # fmt: skip
+            expect(f"{stem} / {title} active", total(panel_result(stack, stem, title, "A")), len(active))
+            expect(f"{stem} / {title} total", total(panel_result(stack, stem, title, "B")), len(links))
+        logical = panel_result(stack, "fabric-overview", "Ports by state", "A")
+        expect("Ports by state, logical", total(logical), len(links))
+        expect("Ports by state, physical", total(panel_result(stack, "fabric-overview", "Ports by state", "B")),
+               len(links))  # fmt: skip
+        not_active = total([r for r in logical if r["metric"].get("state") not in ("ACTIVE", "ACTIVE_DEFER")])
+        expect("Ports by state, not ACTIVE", not_active, total(panel_result(stack, "fabric-overview", "Ports down")))
+        expect("Ports down", total(panel_result(stack, "fabric-overview", "Ports down")), len(links - active))
+        for ref in ("A", "B"):
+            shown = {r["metric"].get("device") for r in panel_result(stack, "node-detail", "Utilisation per port", ref)}
+            if DOWN_PORT in shown:
+                found.append(f"Utilisation per port {ref}: shows {DOWN_PORT}, which is not ACTIVE")
+        for stem, title in (("fabric-overview", "Top InfiniBand ports by credit wait"), ("node-detail", "Credit wait")):
+            result = panel_result(stack, stem, title)
+            others = {(r["metric"]["device"], r["metric"]["port"]) for r in result} - {
+                port for port, layer in layers.items() if layer == "InfiniBand"
+            }
+            if not result or others:
+                found.append(f"{stem} / {title}: {len(result)} ports, not InfiniBand: {sorted(others)}")
+        priorities = "group by (priority) (instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m)"
+        listed = {r["metric"]["priority"] for r in stack.query(priorities)["data"]["result"]}
+        board = load(GRAFANA / "dashboards" / "roce-congestion.json")
+        refs = next(item for item in panels(board) if item["title"] == "PFC pause frames")["targets"]
+        shown = {r["metric"].get("priority") for tgt in refs
+                 for r in panel_result(stack, "roce-congestion", "PFC pause frames", tgt["refId"])}  # fmt: skip
+        if "global" not in listed or listed - shown:
+            found.append(f"PFC pause frames: priorities {sorted(listed)} listed, {sorted(shown - {None})} shown")
+        return found
+
+    deadline, last = time.monotonic() + DEADLINE, ["not run"]
+    while time.monotonic() < deadline:
+        last = problems()
+        if not last:
+            break
+        time.sleep(1)
+    assert not last, "\n".join(last)
