@@ -68,6 +68,7 @@ STATE_ALERTS = {
     "RdmaExporterDown",
     "RdmaExporterCollectorFailing",
     "RdmaRoceEcnDisabled",
+    "RdmaRocePfcDisabled",
 }
 
 
