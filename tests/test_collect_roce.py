@@ -381,6 +381,107 @@ def test_fixture_tree_without_captures_reads_no_ethtool(tree: Path) -> None:
     assert value(metrics, "rdma_netdev_up", device="mlx5_8", port="1") == 1
 
 
+@pytest.mark.parametrize("device", sorted(ROCE))
+def test_module_events_and_frame_size_errors(sample: Path, metrics: Sample, device: str) -> None:
+    netdev = ROCE[device]
+    raw = capture(sample / "ethtool", netdev)
+    port = {"device": device, "port": "1", "netdev": netdev}
+    for event in ("bus_stuck", "high_temp", "bad_shorted", "unplug"):
+        assert value(metrics, "rdma_ethtool_module_events_total", **port, event=event) == raw[f"module_{event}"]
+    expected = {
+        ("rdma_ethtool_oversize_packets_total", "rx"): "rx_oversize_pkts_phy",
+        ("rdma_ethtool_out_of_range_length_packets_total", "rx"): "rx_out_of_range_len_phy",
+        ("rdma_ethtool_in_range_length_error_packets_total", "rx"): "rx_in_range_len_errors_phy",
+        ("rdma_ethtool_undersize_packets_total", "rx"): "rx_undersize_pkts_phy",
+        ("rdma_ethtool_fragment_packets_total", "rx"): "rx_fragments_phy",
+        ("rdma_ethtool_jabber_packets_total", "rx"): "rx_jabbers_phy",
+        ("rdma_ethtool_port_errors_total", "tx"): "tx_errors_phy",
+    }
+    for (name, direction), source in expected.items():
+        assert value(metrics, name, **port, direction=direction) == raw[source], name
+
+
+@pytest.mark.parametrize("device", sorted(ROCE))
+def test_curated_stats_counts_the_netdevs_curated_series(metrics: Sample, device: str) -> None:
+    port = {"device": device, "port": "1", "netdev": ROCE[device]}
+    curated = [
+        (n, ls)
+        for n, ls in metrics
+        if n.startswith("rdma_ethtool_")
+        and not n.startswith(("rdma_ethtool_stat_", "rdma_ethtool_curated_stats"))
+        and port.items() <= dict(ls).items()
+    ]
+    assert value(metrics, "rdma_ethtool_curated_stats", **port) == len(curated) > 50
+
+
+def bnxt_and_ice_tree(tree: Path) -> None:
+    """The sample tree with mlx5_8's netdev answering like bnxt_en and mlx5_9's like ice (synthetic captures)."""
+    for device, capture_name in (("mlx5_8", "bnxt_en_synthetic_pfc_prio3.txt"),
+                                 ("mlx5_9", "ice_e810_synthetic_pfc_prio3.txt")):  # fmt: skip
+        (tree / "ethtool" / ROCE[device]).write_text((FIXTURES / "ethtool" / capture_name).read_text())
+
+
+def test_bnxt_en_and_ice_stats_feed_the_mlx5_families(tree: Path) -> None:
+    bnxt_and_ice_tree(tree)
+    exporter = Exporter(tree / "sys", tree / "ethtool")
+    text = exporter.text()
+    metrics = samples(text)
+    bnxt = {"device": "mlx5_8", "port": "1", "netdev": ROCE["mlx5_8"]}
+    expected = {
+        # (metric, labels beyond the netdev's): value in base units (durations from microseconds to seconds)
+        ("rdma_ethtool_pfc_pause_duration_seconds_total", ("rx", "3")): 3.25,
+        ("rdma_ethtool_pfc_pause_duration_seconds_total", ("tx", "3")): 0.125,
+        ("rdma_ethtool_pfc_pause_transitions_total", ("rx", "3")): 9120,
+        ("rdma_ethtool_pfc_pause_transitions_total", ("tx", "3")): 411,
+        ("rdma_ethtool_pfc_pause_frames_total", ("rx", "3")): 48211,
+        ("rdma_ethtool_pfc_pause_frames_total", ("tx", "3")): 1907,
+        ("rdma_ethtool_pfc_pause_frames_total", ("rx", "0")): 0,
+        ("rdma_ethtool_global_pause_frames_total", ("rx",)): 0,
+        ("rdma_ethtool_global_pause_frames_total", ("tx",)): 0,
+        ("rdma_ethtool_pcs_symbol_errors_total", ("rx",)): 7,
+        ("rdma_ethtool_corrected_bit_errors_total", ("rx",)): 1234567,
+        ("rdma_ethtool_port_bit_count_total", ("rx",)): 8e15,
+        ("rdma_ethtool_crc_error_packets_total", ("rx",)): 5,
+        ("rdma_ethtool_port_buffer_almost_full_events_total", ("rx",)): 31,
+        ("rdma_ethtool_link_down_events_total", ()): 2,
+    }
+    for (name, extra), want in expected.items():
+        labels = dict(zip(("direction", "priority"), extra, strict=False))
+        assert value(metrics, name, **bnxt, **labels) == want, (name, extra)
+    # Per class of service, not per priority: no priority-labelled discards, bytes or packets for bnxt_en.
+    for name in ("priority_discards", "priority_bytes", "priority_packets"):
+        assert value(metrics, f"rdma_ethtool_{name}_total", **bnxt) is None
+    assert value(metrics, "rdma_ethtool_curated_stats", **bnxt) == 14 + 7 * 6
+
+    ice = {"device": "mlx5_9", "port": "1", "netdev": ROCE["mlx5_9"]}
+    assert value(metrics, "rdma_ethtool_pfc_pause_frames_total", **ice, direction="tx", priority="3") == 6434
+    assert value(metrics, "rdma_ethtool_pfc_pause_frames_total", **ice, direction="rx", priority="3") == 129
+    assert value(metrics, "rdma_ethtool_global_pause_frames_total", **ice, direction="rx") == 0
+    assert value(metrics, "rdma_ethtool_crc_error_packets_total", **ice, direction="rx") == 4
+    assert value(metrics, "rdma_ethtool_curated_stats", **ice) == 16 + 3
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
+    check_unique_and_promtool(text)
+
+
+def test_netdev_with_no_known_stat_names_shows_zero_curated_stats(tree: Path) -> None:
+    # A driver whose names the rule table does not know reads fine: no error, and no series but this one.
+    path = tree / "ethtool" / ROCE["mlx5_8"]
+    path.write_text((FIXTURES / "ethtool" / "node_exporter_eth0_generic_with_quirks.txt").read_text())
+    exporter = Exporter(tree / "sys", tree / "ethtool")
+    text = exporter.text()
+    metrics = samples(text)
+    port = {"device": "mlx5_8", "port": "1", "netdev": ROCE["mlx5_8"]}
+    ethtool_series = {n for n, ls in series(metrics, "rdma_ethtool_") if port.items() <= dict(ls).items()}
+    assert ethtool_series == {"rdma_ethtool_curated_stats"}
+    assert value(metrics, "rdma_ethtool_curated_stats", **port) == 0
+    assert value(metrics, "rdma_ethtool_curated_stats", device="mlx5_9") > 0
+    assert value(metrics, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
+    assert read_errors(metrics, "ethtool") == {}
+    help_line = next(line for line in text.splitlines() if line.startswith("# HELP rdma_ethtool_curated_stats "))
+    assert "0 means" in help_line
+    check_unique_and_promtool(text)
+
+
 # --- faults: each costs one netdev's ethtool values, is counted, and leaves the RDMA series alone -------------
 
 

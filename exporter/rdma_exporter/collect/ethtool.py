@@ -82,6 +82,7 @@ CURATED_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "pause_storm_warning_events": ("direction",),
     "pause_storm_error_events": ("direction",),
     "port_discards": ("direction",),
+    "port_errors": ("direction",),
     "out_of_buffer": ("direction",),
     "priority_discards": ("direction", "priority"),
     "priority_buffer_discards": ("direction", "priority"),
@@ -94,6 +95,12 @@ CURATED_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "symbol_error_packets": ("direction",),
     "corrected_bits": ("direction",),
     "crc_error_packets": ("direction",),
+    "oversize_packets": ("direction",),
+    "out_of_range_length_packets": ("direction",),
+    "in_range_length_error_packets": ("direction",),
+    "undersize_packets": ("direction",),
+    "fragment_packets": ("direction",),
+    "jabber_packets": ("direction",),
     "port_bits": ("direction",),
     "port_bytes": ("direction",),
     "port_packets": ("direction",),
@@ -104,6 +111,7 @@ CURATED_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "pci_outbound_stalled_seconds": ("operation",),
     "pci_outbound_buffer_overflow_packets": (),
     "device_out_of_buffer": (),
+    "module_events": ("event",),
 }
 GAUGE_KEYS: Final = frozenset({"pci_outbound_stalled_ratio"})
 
@@ -134,6 +142,16 @@ CURATED_SPECS: Final[dict[str, MetricSpec]] = {
     )
     for key, labels in CURATED_LABELS.items()
 }
+# Per netdev read: how many of its statistics the rule table knew. Drivers name their statistics freely, so
+# a NIC whose driver the table does not cover reads fine and exports nothing; this makes that visible.
+CURATED_STATS: Final = MetricSpec(
+    f"{PREFIX}curated_stats",
+    "gauge",
+    "Number of the netdev's ethtool -S statistics exported under a curated rdma_ethtool_* name (extra_stats "
+    "and uncurated per-lane ones not counted). 0 means the driver's statistic names are not known to the "
+    "exporter (a driver other than mlx5, bnxt_en or ice), so its PFC, pause and PHY series are missing.",
+    NETDEV,
+)
 EXTRA_HELP: Final = (
     "ethtool -S statistic without a curated meaning (an uncurated per-lane counter, or one selected by "
     "collector.ethtool.extra_stats); see the driver's documentation of the ethtool name."
@@ -204,7 +222,7 @@ class EthtoolSource:
     """`ethtool -S` statistics of the netdevs of Ethernet (RoCE) ports."""
 
     name = NAME
-    specs: tuple[MetricSpec, ...] = tuple(CURATED_SPECS.values())
+    specs: tuple[MetricSpec, ...] = (*CURATED_SPECS.values(), CURATED_STATS)
     dynamic_specs: tuple[DynamicMetricSpec, ...] = (EXTRA_DYNAMIC,)
 
     def __init__(
@@ -311,6 +329,7 @@ class EthtoolSource:
                 emitted.add(name)
                 base = [device, str(port), name]
                 series: set[tuple[str, tuple[str, ...]]] = set()
+                known = 0
                 for stat in curated:
                     series_of = self._series.get((stat.key, stat.labels))
                     if series_of is None:
@@ -325,3 +344,6 @@ class EthtoolSource:
                     if spec is not None and (spec.name, values) not in series:
                         series.add((spec.name, values))
                         out.add(spec, [*base, *values], scaled(stat))
+                        if stat.key in CURATED_SPECS:
+                            known += 1
+                out.add(CURATED_STATS, base, known)

@@ -335,16 +335,22 @@ def _rule(pattern: str, key: str, kind: Kind = COUNTER, unit_scale: float = 1.0)
     return _Rule(re.compile(pattern), key, kind, unit_scale)
 
 
-# Label values: named groups give label name and value; `operation` is spelled out.
+# Label values: named groups give label name and value; `operation` is spelled out. Labels are put in the
+# order of _LABEL_ORDER whatever the order of the groups in the name (bnxt_en puts the priority first).
 _DIR = r"(?P<direction>rx|tx)"
 _RX = r"(?P<direction>rx)"
 _TX = r"(?P<direction>tx)"
 _PRIO = r"prio(?P<priority>[0-7])"  # IEEE 802.1p priorities
+_PRI = r"(?P<priority>[0-7])"
 _LANE = r"(?P<lane>[0-9]|1[0-5])"
 _OPERATIONS: Final = {"rd": "read", "wr": "write"}
-# Names and units per Documentation/networking/device_drivers/ethernet/mellanox/mlx5/counters.rst;
-# durations are in microseconds, outbound_pci_stalled_{rd,wr} are percentages of the last second.
+# Transceiver module events mlx5 counts (the `event` label's only values).
+MODULE_EVENTS: Final = ("bus_stuck", "high_temp", "bad_shorted", "unplug")
+_LABEL_ORDER: Final = {"direction": 0, "priority": 1, "lane": 2, "operation": 3, "event": 4}
 _RULES: Final[tuple[_Rule, ...]] = (
+    # mlx5: names and units per Documentation/networking/device_drivers/ethernet/mellanox/mlx5/counters.rst
+    # and en_stats.c; durations are in microseconds, outbound_pci_stalled_{rd,wr} are percentages of the
+    # last second.
     _rule(rf"{_DIR}_{_PRIO}_pause", "pfc_pause_frames"),
     _rule(rf"{_DIR}_{_PRIO}_pause_duration", "pfc_pause_duration_seconds", unit_scale=1e-6),
     _rule(rf"{_DIR}_{_PRIO}_pause_transition", "pfc_pause_transitions"),
@@ -355,6 +361,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(rf"{_TX}_pause_storm_warning_events", "pause_storm_warning_events"),
     _rule(rf"{_TX}_pause_storm_error_events", "pause_storm_error_events"),
     _rule(rf"{_DIR}_discards_phy", "port_discards"),
+    _rule(rf"{_TX}_errors_phy", "port_errors"),
     _rule(rf"{_RX}_out_of_buffer", "out_of_buffer"),
     _rule(rf"{_RX}_{_PRIO}_discards", "priority_discards"),
     _rule(rf"{_RX}_{_PRIO}_buf_discard", "priority_buffer_discards"),
@@ -367,6 +374,12 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(rf"{_RX}_symbol_err_phy", "symbol_error_packets"),
     _rule(rf"{_RX}_corrected_bits_phy", "corrected_bits"),
     _rule(rf"{_RX}_crc_errors_phy", "crc_error_packets"),
+    _rule(rf"{_RX}_oversize_pkts_phy", "oversize_packets"),
+    _rule(rf"{_RX}_out_of_range_len_phy", "out_of_range_length_packets"),
+    _rule(rf"{_RX}_in_range_len_errors_phy", "in_range_length_error_packets"),
+    _rule(rf"{_RX}_undersize_pkts_phy", "undersize_packets"),
+    _rule(rf"{_RX}_fragments_phy", "fragment_packets"),
+    _rule(rf"{_RX}_jabbers_phy", "jabber_packets"),
     _rule(rf"{_DIR}_bits_phy", "port_bits"),
     _rule(rf"{_DIR}_bytes_phy", "port_bytes"),
     _rule(rf"{_DIR}_packets_phy", "port_packets"),
@@ -377,19 +390,43 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(r"outbound_pci_stalled_(?P<operation>rd|wr)_events", "pci_outbound_stalled_seconds"),
     _rule(r"outbound_pci_buffer_overflow", "pci_outbound_buffer_overflow_packets"),
     _rule(r"dev_out_of_buffer", "device_out_of_buffer"),
+    _rule(rf"module_(?P<event>{'|'.join(MODULE_EVENTS)})", "module_events"),
+    # bnxt_en (Broadcom; RoCE through bnxt_re): names from bnxt_port_stats_arr, bnxt_port_stats_ext_arr and
+    # bnxt_tx_port_stats_ext_arr in drivers/net/ethernet/broadcom/bnxt/bnxt_ethtool.c; meanings from the
+    # descriptions of the same counters in Broadcom's FreeBSD driver (sys/dev/bnxt/bnxt_en/bnxt_sysctl.c).
+    # PFC durations are in microseconds. Left out: rx_discard_{packets,bytes}_cosN and {rx,tx}_*_cosN
+    # (per class of service, not per priority), {rx,tx}_{bytes,packets}_priN (the counter of the CoS queue
+    # the priority maps to, so priorities sharing a queue repeat one value).
+    _rule(rf"pfc_pri{_PRI}_{_DIR}_duration_us", "pfc_pause_duration_seconds", unit_scale=1e-6),
+    _rule(rf"pfc_pri{_PRI}_{_DIR}_transitions", "pfc_pause_transitions"),
+    _rule(rf"{_DIR}_pfc_ena_frames_pri{_PRI}", "pfc_pause_frames"),
+    _rule(rf"{_DIR}_pause_frames", "global_pause_frames"),
+    _rule(r"link_down_events", "link_down_events"),
+    _rule(rf"{_RX}_pcs_symbol_err", "pcs_symbol_errors"),
+    _rule(rf"{_RX}_corrected_bits", "corrected_bits"),
+    _rule(rf"{_RX}_fcs_err_frames", "crc_error_packets"),
+    _rule(rf"{_RX}_bits", "port_bits"),
+    _rule(rf"{_RX}_buffer_passed_threshold", "port_buffer_almost_full_events"),
+    # ice (Intel E810; RoCE through irdma): names from ice_gstrings_pf_stats and the per-priority loop of
+    # __ice_get_strings in drivers/net/ethernet/intel/ice/ice_ethtool.c, port-wide (`.nic`) counters of
+    # the PF netdev. XOFF frames are the pause frames; XON frames (`*_xon.nic`) end a pause and are left out.
+    _rule(rf"{_DIR}_priority_{_PRI}_xoff\.nic", "pfc_pause_frames"),
+    _rule(rf"link_xoff_{_DIR}\.nic", "global_pause_frames"),
+    _rule(rf"{_RX}_crc_errors\.nic", "crc_error_packets"),
 )
 
 CURATED_HELP: Final[dict[str, str]] = {
     "pfc_pause_frames": "PFC (802.1Qbb) pause frames per priority; rx: the peer throttles us, tx: we throttle it.",
     "pfc_pause_duration_seconds": "Time spent paused by PFC per priority (rx: we were paused, tx: we paused the peer).",
     "pfc_pause_transitions": "PFC XOFF to XON transitions per priority.",
-    "global_pause_frames": "Global 802.3x pause frames (only counted while global pause is enabled).",
+    "global_pause_frames": "Global 802.3x pause frames (mlx5 lists them only while global pause is enabled).",
     "global_pause_duration_seconds": "Time spent paused by global 802.3x pause (rx: we were paused, tx: we paused).",
     "global_pause_transitions": "Global pause XOFF to XON transitions.",
     "pause_mac_control_frames": "802.3 MAC control PAUSE frames on the physical port (IEEE aPAUSEMACCtrlFrames).",
     "pause_storm_warning_events": "Times the NIC had been sending pause frames for a long time (pause storm warning).",
     "pause_storm_error_events": "Times a pause storm timed out and pause sending was disabled; drops may follow.",
     "port_discards": "Packets discarded by the physical port (rx: no receive buffer, tx: head-of-line/link down).",
+    "port_errors": "Packets the physical port failed to send (RFC 2863 ifOutErrors; mlx5: longer than the MTU).",
     "out_of_buffer": "Times a receive queue had no software buffer for incoming traffic (32-bit, may wrap).",
     "priority_discards": "Packets of this priority discarded for lack of receive buffers.",
     "priority_buffer_discards": "Packets of this priority discarded for lack of per-host receive buffers.",
@@ -402,6 +439,14 @@ CURATED_HELP: Final[dict[str, str]] = {
     "symbol_error_packets": "Received packets dropped because of physical coding (symbol) errors.",
     "corrected_bits": "Bits corrected by FEC; divide by port_bits for the corrected bit error rate.",
     "crc_error_packets": "Received packets dropped for a bad FCS (CRC).",
+    "oversize_packets": (
+        "Received packets dropped as longer than the MTU (802.3 frame too long error); the peer's MTU is larger."
+    ),
+    "out_of_range_length_packets": "Received packets dropped for a length above the maximum; the peer's MTU is larger.",
+    "in_range_length_error_packets": "Received packets dropped for a length/type error (802.3 in-range length error).",
+    "undersize_packets": "Received packets dropped as shorter than 64 bytes with a good FCS (RFC 2819 undersize).",
+    "fragment_packets": "Received packets dropped as shorter than 64 bytes with a bad FCS (RFC 2819 fragments).",
+    "jabber_packets": "Received packets dropped as longer than allowed with a bad FCS (RFC 2819 jabbers).",
     "port_bits": "Bits received on the physical port; the denominator of the bit error rates.",
     "port_bytes": "Bytes on the physical port, Ethernet header and FCS included.",
     "port_packets": "Packets on the physical port.",
@@ -412,6 +457,10 @@ CURATED_HELP: Final[dict[str, str]] = {
     "pci_outbound_stalled_seconds": "Seconds in which outbound PCIe reads/writes were stalled over 30% of the time.",
     "pci_outbound_buffer_overflow_packets": "Packets dropped because the PCIe buffer overflowed (host bus too slow).",
     "device_out_of_buffer": "Times a device-owned queue had too few buffers.",
+    "module_events": (
+        "Transceiver module events: bus_stuck (I2C bus or data shorted), high_temp (module too hot), "
+        "bad_shorted (bad or shorted cable/module); unplug (module ejected) is informational."
+    ),
 }
 
 # Extra stats all share one HELP, keyed by the `stat_` prefix their keys get.
@@ -452,9 +501,8 @@ def _curated(name: str) -> tuple[str, tuple[tuple[str, str], ...], Kind, float] 
         match = rule.pattern.fullmatch(name)
         if match is None:
             continue
-        labels = tuple(
-            (label, _OPERATIONS.get(value, value)) for label, value in match.groupdict().items() if value is not None
-        )
+        found = [(label, _OPERATIONS.get(value, value)) for label, value in match.groupdict().items() if value]
+        labels = tuple(sorted(found, key=lambda item: _LABEL_ORDER[item[0]]))
         return rule.key, labels, rule.kind, rule.unit_scale
     return None
 
