@@ -323,8 +323,6 @@ def test_curate_bnxt_en_capture() -> None:
         # source: (key, labels, seconds or count in base units)
         "pfc_pri3_rx_duration_us": ("pfc_pause_duration_seconds", {"direction": "rx", "priority": "3"}, 3.25),
         "pfc_pri3_tx_duration_us": ("pfc_pause_duration_seconds", {"direction": "tx", "priority": "3"}, 0.125),
-        "pfc_pri3_rx_transitions": ("pfc_pause_transitions", {"direction": "rx", "priority": "3"}, 9120),
-        "pfc_pri3_tx_transitions": ("pfc_pause_transitions", {"direction": "tx", "priority": "3"}, 411),
         "rx_pfc_ena_frames_pri3": ("pfc_pause_frames", {"direction": "rx", "priority": "3"}, 48211),
         "tx_pfc_ena_frames_pri3": ("pfc_pause_frames", {"direction": "tx", "priority": "3"}, 1907),
         "rx_pause_frames": ("global_pause_frames", {"direction": "rx"}, 0),
@@ -343,7 +341,7 @@ def test_curate_bnxt_en_capture() -> None:
     # Label order is the key's, whatever the order in the driver's name (priority before direction).
     assert out["pfc_pri3_rx_duration_us"].labels == (("direction", "rx"), ("priority", "3"))
     # Every priority's PFC counters are listed, as bnxt_en does; nothing else is curated.
-    assert len(out) == len(expect) + 7 * 6
+    assert len(out) == len(expect) + 7 * 4
     # Per class-of-service counters (and the per-priority views read from a priority's CoS queue) are not
     # per-priority counters: none of them may get a priority label.
     assert not [s for s in out if "cos" in s or s.endswith(("_bytes_pri3", "_packets_pri3"))]

@@ -396,9 +396,10 @@ _RULES: Final[tuple[_Rule, ...]] = (
     # descriptions of the same counters in Broadcom's FreeBSD driver (sys/dev/bnxt/bnxt_en/bnxt_sysctl.c).
     # PFC durations are in microseconds. Left out: rx_discard_{packets,bytes}_cosN and {rx,tx}_*_cosN
     # (per class of service, not per priority), {rx,tx}_{bytes,packets}_priN (the counter of the CoS queue
-    # the priority maps to, so priorities sharing a queue repeat one value).
+    # the priority maps to, so priorities sharing a queue repeat one value), pfc_priN_{rx,tx}_transitions
+    # (described as transitions "between XON to XOFF and XOFF to XON": perhaps both edges, where
+    # pfc_pause_transitions counts XOFF to XON only; opt in with extra_stats to read them).
     _rule(rf"pfc_pri{_PRI}_{_DIR}_duration_us", "pfc_pause_duration_seconds", unit_scale=1e-6),
-    _rule(rf"pfc_pri{_PRI}_{_DIR}_transitions", "pfc_pause_transitions"),
     _rule(rf"{_DIR}_pfc_ena_frames_pri{_PRI}", "pfc_pause_frames"),
     _rule(rf"{_DIR}_pause_frames", "global_pause_frames"),
     _rule(r"link_down_events", "link_down_events"),
