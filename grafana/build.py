@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,21 @@ def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str
 
 
 PRIO = 'priority=~"$priority"'
+# Share of time paused per priority and direction, and per port under link-level 802.3x pause as priority
+# "global": the series the pause panels and the `global` choice of the priority variable come from.
+PAUSE_DURATION = "instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m"
+# The ports under link-level 802.3x pause when `global` is selected (it pauses every priority at once).
+GLOBAL_SELECTED = sel(PAUSE_DURATION, PORT, 'priority="global"', PRIO)
+
+
+def per_priority(query: Callable[..., str], metric: str) -> str:
+    """`query(metric, labels, *matchers)` (sel, rate) on the selected priorities of a per-priority series
+    that has no priority "global" (ECN, marks, traffic, discards): the numeric priorities selected, and
+    while `global` is selected every priority of the ports under link-level pause, so that `global` alone
+    shows those ports rather than nothing."""
+    return f"({query(metric, PORT, PRIO)}\n  or\n({query(metric)} and {ON_PORT} {GLOBAL_SELECTED}))"
+
+
 # SR-IOV virtual functions share their PF's physical link: counts of ports and links skip them, as the
 # link alerts do (the PF's series is the one to act on).
 NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)} == 1"
@@ -1203,16 +1218,25 @@ def roce_congestion() -> Json:
     np = "{{instance}} {{netdev}}"
     npd = "{{instance}} {{netdev}} prio {{priority}} {{direction}}"
     variables = standard_variables(ports_filter='link_layer="Ethernet"')
+    # Not the pause record alone: mlx5 lists a priority's PFC counters only while PFC is enabled on it,
+    # and none under link-level pause, so the priorities of such a port, or one whose PFC setting was
+    # lost, would be missing. Traffic and ECN state are listed for every priority; the pause record adds
+    # "global" (and PFC priorities of drivers without per-priority traffic counters).
+    priority_sources = "|".join(("rdma_ethtool_priority_bytes_total", "rdma_netdev_ecn_enabled",
+                                 "rdma_ethtool_pfc_pause_frames_total", PAUSE_DURATION))  # fmt: skip
     variables.append(
         query_variable(
             "priority",
             "Priority",
-            'label_values(instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m{job=~"$job", '
-            'cluster=~"$cluster", instance=~"$instance", device=~"$device", port=~"$port"}, priority)',
-            all_value=None,  # All = the lossless priorities, where RoCE runs
-            description="Lossless priorities: mlx5 lists per-priority pause counters only where PFC is enabled; "
-            "'global' is a port under link-level 802.3x pause, every priority at once (empty on a fabric "
-            "without any pause).",
+            f'label_values({{__name__=~"{priority_sources}", job=~"$job", cluster=~"$cluster", '
+            'instance=~"$instance", device=~"$device", port=~"$port"}, priority)',
+            description="Every priority that carries traffic, has ECN state or PFC counters on the selected "
+            "ports, and 'global' where a port runs link-level 802.3x pause instead of PFC (every priority "
+            "at once). The pause panels show the priorities selected, global as the port's 802.3x pause. "
+            "The per-priority panels of series without a global one (ECN, marked packets, traffic, "
+            "discards) show the numeric priorities selected and, while global is selected, every priority "
+            "of the ports under 802.3x pause: global alone shows those ports, never nothing. All matches every "
+            "priority.",
         )
     )
     # Link-level 802.3x pause frames as priority "global", as the pause-duration record has them, for the
@@ -1220,7 +1244,26 @@ def roce_congestion() -> Json:
     global_pause_frames = (
         f'label_replace({rate("rdma_ethtool_global_pause_frames_total")}, "priority", "global", "", "")\n'
         f"  and on (cluster, job, instance, device, port, netdev, direction, priority)\n"
-        f"{sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m', PORT, PRIO)}"
+        f"{sel(PAUSE_DURATION, PORT, PRIO)}"
+    )
+
+    # PFC paused these priorities in the last day: lossless, as RdmaRoceEcnDisabled and
+    # RdmaRocePfcDisabled read them (mlx5 drops a priority's PFC counters when PFC is disabled on it).
+    def pfc_used(*extra: str) -> str:
+        return f"max_over_time({sel('instance_device_port:rdma_ethtool_pfc_used:present', PORT, *extra)}[1d])"
+
+    on_netdev = "on (cluster, job, instance, device, port, netdev)"
+    on_priority = "on (cluster, job, instance, device, port, netdev, priority)"
+    # RdmaRocePfcDisabled's expression as it is, with the selectors' matchers: the counters after
+    # `unless` and `and` are read for their presence only.
+    pfc_lost = (
+        f"{pfc_used(PRIO)}\n"
+        f"  unless {on_priority}\n"
+        f"{sel('rdma_ethtool_pfc_pause_frames_total')}\n"
+        f"  and {on_priority}\n"
+        f"{sel('rdma_ethtool_priority_bytes_total')}\n"
+        f"  unless {on_netdev}\n"
+        f"{sel('rdma_ethtool_global_pause_duration_seconds_total')}"
     )
     items: list[tuple[Json, int, int]] = [
         (stat(
@@ -1229,8 +1272,7 @@ def roce_congestion() -> Json:
             "link-level pause (priority global), over 5 minutes. "
             "Colours follow RdmaRocePfcPauseHigh (warning above 0.05).",
             "percentunit",
-            targets((f"max({sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m', PORT, PRIO)})",
-                     "paused")),
+            targets((f"max({sel(PAUSE_DURATION, PORT, PRIO)})", "paused")),
             steps=thresholds((above(0.05), WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
             decimals=1,
@@ -1248,7 +1290,7 @@ def roce_congestion() -> Json:
                         "properties": [{"id": "thresholds", "value": thresholds((EPSILON, CRITICAL))}]}],
             alerts=["RdmaRocePauseStorm"],
             decimals=0,
-        ), 4, 4),
+        ), 3, 4),
         (stat(
             "CNPs ignored (5 min)",
             "Congestion notifications the selected ports received but ignored (5 minutes): their senders do not "
@@ -1257,7 +1299,7 @@ def roce_congestion() -> Json:
             targets((f"sum({sel('instance_device_port:rdma_port_hw_rp_cnp_ignored:rate5m')})", "ignored")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceCnpIgnored"],
-        ), 4, 4),
+        ), 3, 4),
         (stat(
             "Buffer discards (15 min)",
             "Packets the selected ports dropped for lack of receive buffer on lossless priorities in the last "
@@ -1269,15 +1311,32 @@ def roce_congestion() -> Json:
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceBufferDiscards"],
             decimals=0,
-        ), 4, 4),
+        ), 3, 4),
         (stat(
             "ECN disabled",
-            "Selected lossless priorities and roles (np: notification point, rp: reaction point) with ECN "
-            "disabled: congestion on them is left to PFC alone.",
+            "Selected lossless priorities (PFC paused them in the last day, as RdmaRoceEcnDisabled reads "
+            "them, also if PFC was disabled on them since) and roles (np: notification point, rp: reaction "
+            "point) with ECN disabled: congestion on them is left to PFC alone. The alert also waits for "
+            "traffic since boot and 15 minutes.",
             "none",
-            targets((f"count({sel('rdma_netdev_ecn_enabled', PORT, PRIO)} == 0) or vector(0)", "disabled")),
+            targets((f"count(\n{per_priority(sel, 'rdma_netdev_ecn_enabled')} == 0\n"
+                     f"  and on (cluster, job, instance, device, port, priority)\n{pfc_used()}\n) or vector(0)",
+                     "disabled")),
             steps=thresholds((1, WARNING)),
             alerts=["RdmaRoceEcnDisabled"],
+        ), 3, 4),
+        (stat(
+            "Priorities that lost PFC",
+            "Selected priorities and netdevs that PFC paused in the last day but that have no PFC counters "
+            "any more while their traffic counters are read: mlx5 drops them when PFC is disabled on a "
+            "priority (QoS settings not applied again after a reboot or driver reload), and RoCE on it is "
+            "lossy from then on. Not on a port under link-level 802.3x pause, which protects every "
+            "priority. RdmaRocePfcDisabled's condition; the alert waits 15 minutes.",
+            "none",
+            targets((f"count(\n{pfc_lost}\n) or vector(0)", "lost")),
+            steps=thresholds((1, WARNING)),
+            alerts=["RdmaRocePfcDisabled"],
+            decimals=0,
         ), 4, 4),
         (stat(
             "RoCE throughput",
@@ -1304,7 +1363,7 @@ def roce_congestion() -> Json:
             "802.3x pause (priority global), over 5 minutes. Colours follow RdmaRocePfcPauseHigh (warning "
             "above 0.05).",
             "percentunit",
-            targets((sel("instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m", PORT, PRIO), npd)),
+            targets((sel(PAUSE_DURATION, PORT, PRIO), npd)),
             steps=thresholds((above(0.05), WARNING)),
             alerts=["RdmaRocePfcPauseHigh"],
             minimum=0,
@@ -1325,10 +1384,11 @@ def roce_congestion() -> Json:
         ), 12, 8),
         (timeseries(
             "Traffic per priority",
-            "Bytes per second on each priority and direction of the physical port: what the pauses throttle. "
-            "Every priority, lossy ones included (the priority selector does not apply).",
+            "Bytes per second on each selected priority and direction of the physical port, lossy ones "
+            "included: what the pauses throttle. With global selected, every priority of the ports under "
+            "link-level pause.",
             "bps",
-            targets((f"{rate('rdma_ethtool_priority_bytes_total', PORT)} * 8", npd)),
+            targets((f"{per_priority(rate, 'rdma_ethtool_priority_bytes_total')} * 8", npd)),
         ), 12, 8),
         (row("ECN and congestion notification"), 24, 1),
         (timeseries(
@@ -1349,11 +1409,12 @@ def roce_congestion() -> Json:
         ), 12, 8),
         (timeseries(
             "Packets marked by the NIC",
-            "Packets of each priority the NIC itself ECN-marked because the host could not keep up (per-host "
-            "congestion, rx_prio*_marked).",
+            "Packets of each selected priority the NIC itself ECN-marked because the host could not keep up "
+            "(per-host congestion, rx_prio*_marked). With global selected, every priority of the ports under "
+            "link-level pause.",
             "pps",
-            targets((rate("rdma_ethtool_priority_ecn_marked_packets_total", PORT, PRIO), "{{instance}} {{netdev}} "
-                     "prio {{priority}}")),
+            targets((per_priority(rate, "rdma_ethtool_priority_ecn_marked_packets_total"),
+                     "{{instance}} {{netdev}} prio {{priority}}")),
         ), 12, 8),
         (timeseries(
             "CNPs ignored per port",
@@ -1367,26 +1428,29 @@ def roce_congestion() -> Json:
         ), 12, 8),
         (state_timeline(
             "ECN enabled",
-            "ECN per netdev, role (np: notification point, rp: reaction point) and lossless priority. A lossless "
-            "priority carrying RoCE with ECN disabled is left to PFC alone.",
-            targets((sel("rdma_netdev_ecn_enabled", PORT, PRIO), "{{instance}} {{netdev}} {{role}} prio {{priority}}")),
+            "ECN per netdev, role (np: notification point, rp: reaction point) and selected priority, also one "
+            "that lost its PFC counters; with global selected, every priority of the ports under link-level "
+            "pause. A lossless priority carrying RoCE with ECN disabled is left to PFC alone.",
+            targets((per_priority(sel, "rdma_netdev_ecn_enabled"),
+                     "{{instance}} {{netdev}} {{role}} prio {{priority}}")),
             value_mappings({0: ("disabled", WARNING), 1: ("enabled", OK)}),
             alerts=["RdmaRoceEcnDisabled"],
         ), 12, 8),
         (row("Buffers"), 24, 1),
         (timeseries(
             "Receive buffer discards per priority",
-            "Packets of each priority dropped for lack of per-host receive buffer, because of per-host "
-            "congestion, or for lack of receive buffers at all. Every priority, lossy ones included (the "
-            "priority selector does not apply): on a lossless one any of these means PFC did not hold, and "
-            "RdmaRoceBufferDiscards tickets it; on a lossy one they are how bursts are shed. No colours, since "
-            "only the lossless priorities matter: the Buffer discards stat above counts those, as the alert does.",
+            "Packets of each selected priority dropped for lack of per-host receive buffer, because of "
+            "per-host congestion, or for lack of receive buffers at all, lossy priorities included (with "
+            "global selected, every priority of the ports under link-level pause): on a lossless one any of "
+            "these means PFC did not hold, and RdmaRoceBufferDiscards tickets it; on a lossy one they are how "
+            "bursts are shed. No colours, since only the lossless priorities matter: the Buffer discards stat "
+            "above counts those, as the alert does.",
             "pps",
-            targets((rate("rdma_ethtool_priority_buffer_discards_total", PORT),
+            targets((per_priority(rate, "rdma_ethtool_priority_buffer_discards_total"),
                      "{{instance}} {{netdev}} prio {{priority}} buffer"),
-                    (rate("rdma_ethtool_priority_congestion_discards_total", PORT),
+                    (per_priority(rate, "rdma_ethtool_priority_congestion_discards_total"),
                      "{{instance}} {{netdev}} prio {{priority}} congestion"),
-                    (rate("rdma_ethtool_priority_discards_total", PORT),
+                    (per_priority(rate, "rdma_ethtool_priority_discards_total"),
                      "{{instance}} {{netdev}} prio {{priority}} no buffer")),
             alerts=["RdmaRoceBufferDiscards"],
         ), 12, 8),

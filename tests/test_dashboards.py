@@ -125,6 +125,8 @@ class Selector:
     matchers: dict[str, tuple[str, str]]
     range: str | None  # the [range] right after the selector
     function: str | None  # the function the range selector is the direct argument of
+    # The whole right-hand operand of `and` or `unless`: only which series exist is read, not their values.
+    presence: bool = False
 
 
 def closing(tokens: list[tuple[str, str]], start: int, opening: str, close: str) -> int:
@@ -137,6 +139,29 @@ def closing(tokens: list[tuple[str, str]], start: int, opening: str, close: str)
             if depth == 0:
                 return index
     raise ValueError(f"unbalanced {opening}{close}")
+
+
+def set_operand(tokens: list[tuple[str, str]], start: int, end: int) -> bool:
+    """Whether tokens[start:end] are the whole right-hand operand of `and` or `unless` (with an optional
+    `on (...)` or `ignoring (...)`): set operators bind less tightly than anything but `or`, and left to
+    right, so the operand ends at the end, a closing parenthesis or the next set operator."""
+    while (start >= 1 and tokens[start - 1][1] == "(" and end < len(tokens) and tokens[end][1] == ")"
+           and (start < 2 or tokens[start - 2][0] != "ident" or tokens[start - 2][1] in KEYWORDS)):  # fmt: skip
+        start, end = start - 1, end + 1  # (x), not f(x)
+    if end < len(tokens) and tokens[end][1] not in (")", "and", "or", "unless"):
+        return False
+    before = start - 1
+    if before >= 0 and tokens[before][1] == ")":
+        depth = 0
+        while before >= 0:
+            depth += {")": 1, "(": -1}.get(tokens[before][1], 0)
+            if depth == 0:
+                break
+            before -= 1
+        if before < 1 or tokens[before - 1][1] not in ("on", "ignoring"):
+            return False
+        before -= 2
+    return before >= 0 and tokens[before][1] in ("and", "unless")
 
 
 def selectors(expr: str) -> list[Selector]:
@@ -169,7 +194,7 @@ def selectors(expr: str) -> list[Selector]:
             function = None
             if window and index >= 2 and tokens[index - 1][1] == "(" and tokens[index - 2][0] == "ident":
                 function = tokens[index - 2][1]
-            found.append(Selector(name, matchers, window, function))
+            found.append(Selector(name, matchers, window, function, set_operand(tokens, index, end)))
             index = end
             continue
         index += 1
@@ -190,6 +215,12 @@ def test_tokenizer_finds_selectors_matchers_and_functions() -> None:
     assert (found["a_total"].range, found["a_total"].function) == ("$__rate_interval", "rate")
     assert (found["c_total"].range, found["c_total"].function) == ("15m", "increase")
     assert found["b"].range is None
+    # Which selectors only say which series exist: the right-hand operands of `and` and `unless`.
+    expr = "a unless on (x) b_total and c_total or d and (e) unless ignoring (y) f_total > 0 and g + h and (i)"
+    assert {s.name: s.presence for s in selectors(expr)} == {
+        "a": False, "b_total": True, "c_total": True, "d": False, "e": True, "f_total": False, "g": False,
+        "h": False, "i": True,
+    }  # fmt: skip
 
 
 # --- dashboards and rules ----------------------------------------------------------------------------
@@ -476,7 +507,8 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
     for item in panels(board):
         # A port under link-level 802.3x pause is paused on every priority: wherever a panel shows a PFC
         # pause counter, it shows the global one too (as priority="global", as the pause-time record does).
-        read = {sel.name for tgt in item["targets"] for sel in selectors(tgt["expr"])}
+        # Counters read for their presence only (`unless on (...) x_total`) show nothing.
+        read = {sel.name for tgt in item["targets"] for sel in selectors(tgt["expr"]) if not sel.presence}
         for name in read:
             if match := re.fullmatch(r"rdma_ethtool_pfc_pause_(\w+)_total", name):
                 assert f"rdma_ethtool_global_pause_{match[1]}_total" in read, f"{item['title']}: no global pause"
@@ -498,8 +530,9 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
                     assert WHOLE_CLUSTERS.search(item["description"]), (
                         f"{where}: say that {sel.name} covers whole clusters (the instance selector does not apply)"
                     )
-                # target-counter-agg-rule
-                if sel.name.endswith("_total"):
+                # target-counter-agg-rule; a counter that only says which series exist (the operand of
+                # `and` or `unless`, as in the alert a panel copies) has no value to show.
+                if sel.name.endswith("_total") and not sel.presence:
                     assert sel.range and sel.function in COUNTER_FUNCTIONS, f"{where}: bare counter {sel.name}"
                 # target-rate-interval-rule
                 if sel.function in ("rate", "irate"):
@@ -605,6 +638,8 @@ UNCLAIMED_COLOURS = {
     ("fabric-overview", "Links below expected rate, width or PCIe"): "the share of the reference reached",
     ("node-detail", "Alerts firing"): "any firing alert, whatever its severity",
     ("roce-congestion", "ECN disabled"): "a count of configuration problems",
+    ("roce-congestion", "Priorities that lost PFC"): "a count of configuration problems; RdmaRocePfcDisabled "
+    "compares no number: any series is its condition",
 }
 
 
@@ -715,7 +750,13 @@ EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/e
 # that the port counts are seen to count links, as the alerts do.
 DOWN_PORT = "mlx5_1"
 TREE_SPEC = dataclasses.replace(SAMPLE_SPEC, vfs_per_pf=1, down_ports=(DOWN_PORT,))
+# A RoCE port under link-level 802.3x pause instead of PFC: mlx5 then lists no per-priority pause counters,
+# so its priorities (traffic, ECN state) are ones without PFC counters, and the pause panels show it as
+# priority "global". The other RoCE port runs PFC on priority 3; a test disables it there for a while.
 GLOBAL_PAUSE_NETDEV = "enp220s0f1np1"
+PFC_NETDEV = "enp220s0f0np0"
+PFC_PRIORITY = "3"
+PFC_COUNTER = re.compile(r"^\s*[rt]x_prio(\d)_pause\w*:.*\n", re.MULTILINE)
 
 
 def free_port() -> int:
@@ -749,6 +790,7 @@ class Stack:
     exporter: str
     prometheus: str
     exposition: str
+    ethtool: Path  # the exporter's --path.ethtool: one `ethtool -S` capture per netdev, read at every scrape
 
     def query(self, expr: str) -> dict[str, Any]:
         """/api/v1/query; HTTP errors (bad_data) are returned, not raised."""
@@ -765,14 +807,19 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture(scope="module")
-def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """The exporter on the sample tree with the expected topology: (address, its exposition)."""
+def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    """The exporter on the sample tree with the expected topology: (address, its exposition, its ethtool
+    captures)."""
     tmp = tmp_path_factory.mktemp("dashboards")
     build_tree(tmp / "tree", TREE_SPEC)
-    # One RoCE port also under link-level 802.3x pause, which the pause panels show as priority "global".
-    with (tmp / "tree" / "ethtool" / GLOBAL_PAUSE_NETDEV).open("a") as stats:
-        stats.write("     rx_global_pause: 1200\n     rx_global_pause_duration: 90000\n"
-                    "     tx_global_pause: 300\n     tx_global_pause_duration: 20000\n")  # fmt: skip
+    # One RoCE port under link-level 802.3x pause instead of PFC, which the pause panels show as priority
+    # "global": no per-priority pause counters, as mlx5 lists them.
+    capture = tmp / "tree" / "ethtool" / GLOBAL_PAUSE_NETDEV
+    stats = PFC_COUNTER.sub("", capture.read_text())
+    assert stats != capture.read_text()
+    capture.write_text(stats + "     rx_global_pause: 1200\n     rx_global_pause_duration: 90000\n"
+                       "     tx_global_pause: 300\n     tx_global_pause_duration: 20000\n")  # fmt: skip
+    assert PFC_COUNTER.search((tmp / "tree" / "ethtool" / PFC_NETDEV).read_text())
     # One unreadable counter, so that the read-error panel has a series to show.
     infiniband = tmp / "tree" / "sys" / "class" / "infiniband"
     (infiniband / "mlx5_0" / "ports" / "1" / "counters" / "VL15_dropped").write_text("garbage\n")
@@ -791,7 +838,7 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
     )  # fmt: skip
     try:
         wait_until("the exporter", lambda: get(f"http://{address}/metrics"), 30, [proc])
-        yield address, get(f"http://{address}/metrics").decode()
+        yield address, get(f"http://{address}/metrics").decode(), tree / "ethtool"
     finally:
         proc.terminate()
         try:
@@ -802,9 +849,9 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
 
 
 @pytest.fixture(scope="module")
-def stack(exporter: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(exporter: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     binary = require_binary("prometheus")
-    address, exposition = exporter
+    address, exposition, ethtool = exporter
     tmp = tmp_path_factory.mktemp("prometheus")
     config = tmp / "prometheus.yml"
     config.write_text(
@@ -834,7 +881,7 @@ def stack(exporter: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -
     )  # fmt: skip
     try:
         wait_until("Prometheus to be ready", lambda: get(f"{url}/-/ready"), 30, [proc])
-        yield Stack(address, url, exposition)
+        yield Stack(address, url, exposition, ethtool)
     finally:
         proc.terminate()
         try:
@@ -846,12 +893,13 @@ def stack(exporter: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -
             print((tmp / "prometheus.log").read_text()[-3000:])
 
 
-def substitute(expr: str, variables: list[dict[str, Any]]) -> str:
-    """What Grafana sends with every variable on All: its allValue, or any value for list-valued ones."""
+def substitute(expr: str, variables: list[dict[str, Any]], chosen: dict[str, str] | None = None) -> str:
+    """What Grafana sends with every variable on All (its allValue, or any value for list-valued ones), or
+    on the value `chosen` gives it."""
     expr = expr.replace("$__rate_interval", RATE_INTERVAL)
     for variable in sorted(variables, key=lambda v: -len(v["name"])):
         if variable["type"] == "query":
-            value = variable.get("allValue") or ".+"
+            value = (chosen or {}).get(variable["name"]) or variable.get("allValue") or ".+"
             expr = expr.replace("${" + variable["name"] + "}", value).replace("$" + variable["name"], value)
     return expr
 
@@ -860,7 +908,7 @@ def exporter_names(exposition: str) -> set[str]:
     return {sample.name for family in text_string_to_metric_families(exposition) for sample in family.samples}
 
 
-def test_every_metric_exists(exporter: tuple[str, str]) -> None:
+def test_every_metric_exists(exporter: tuple[str, str, Path]) -> None:
     """Every name in every query is served by the exporter, recorded by rules/, or written by Prometheus."""
     # The golden expositions of captured and built trees: metrics the sample tree cannot show (EFA and
     # bnxt_re byte counters) but real nodes serve.
@@ -979,12 +1027,13 @@ def test_recording_rules_used_by_dashboards_are_healthy(stack: Stack) -> None:
     assert not [h for h in health if h[1] == "err"], health
 
 
-def panel_result(stack: Stack, stem: str, title: str, ref: str = "A") -> list[dict[str, Any]]:
-    """What one query of a panel returns now, the variables on All."""
+def panel_result(stack: Stack, stem: str, title: str, ref: str = "A",
+                 chosen: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """What one query of a panel returns now, the variables on All or as `chosen`."""
     board = load(GRAFANA / "dashboards" / f"{stem}.json")
     item = next(item for item in panels(board) if item["title"] == title)
     tgt = next(tgt for tgt in item["targets"] if tgt["refId"] == ref)
-    answer = stack.query(substitute(tgt["expr"], board["templating"]["list"]))
+    answer = stack.query(substitute(tgt["expr"], board["templating"]["list"], chosen))
     assert answer["status"] == "success", f"{stem} / {title} / {ref}: {answer}"
     return list(answer["data"]["result"])
 
@@ -997,7 +1046,7 @@ def test_panels_count_and_filter_ports_as_the_alerts_do(stack: Stack) -> None:
     """On a node with SR-IOV VFs and a port down: port counts count links (not VFs), so that the ports not
     ACTIVE are the ports down that RdmaPortDown reports; per-port utilisation has no value for a port that
     is not ACTIVE; InfiniBand panels list InfiniBand ports only; the PFC pause frames show every priority the
-    priority variable lists, link-level pause (global) included."""
+    pause-time record has, link-level pause (global) included."""
     samples = [s for f in text_string_to_metric_families(stack.exposition) for s in f.samples]
     vfs = {s.labels["device"] for s in samples if s.name == "rdma_device_sriov_virtual_function" and s.value == 1}
     layers = {(s.labels["device"], s.labels["port"]): s.labels["link_layer"] for s in samples
@@ -1053,3 +1102,176 @@ def test_panels_count_and_filter_ports_as_the_alerts_do(stack: Stack) -> None:
             break
         time.sleep(1)
     assert not last, "\n".join(last)
+
+
+# --- the priority variable of the RoCE dashboard -------------------------------------------------------
+
+ROCE = "roce-congestion"
+# Panels of the RoCE dashboard that narrow by $priority: those of the pause series, which have a priority
+# "global" (link-level 802.3x pause); the per-priority panels of series without one, which show every
+# priority of the ports under link-level pause while global is selected; and counts of configuration
+# problems, never empty (a number, 0 included).
+PAUSE_PANELS = {"Most-paused priority", "PFC pause frames", "Time paused"}
+PER_PRIORITY_PANELS = {"ECN enabled", "Packets marked by the NIC", "Traffic per priority",
+                       "Receive buffer discards per priority"}  # fmt: skip
+COUNT_PANELS = {"ECN disabled", "Priorities that lost PFC"}
+PAUSE_DURATION = "instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m"
+
+
+def listed_values(stack: Stack, board: dict[str, Any], name: str) -> set[str]:
+    """The values a variable lists, the variables before it on All."""
+    variables = board["templating"]["list"]
+    variable = next(v for v in variables if v["name"] == name)
+    match = LABEL_VALUES.match(variable["query"])
+    assert match
+    url = f"{stack.prometheus}/api/v1/series?" + urllib.parse.urlencode(
+        {"match[]": substitute(match["selector"], variables)}
+    )
+    return {s[match["label"]] for s in json.loads(get(url))["data"] if match["label"] in s}
+
+
+def grafana_regex(values: set[str]) -> str:
+    """A selection of several values as Grafana writes it into a regex matcher (values escaped)."""
+    escaped = sorted(re.escape(v) for v in values)
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
+def exposed_priorities(stack: Stack, name: str, netdev: str) -> set[str]:
+    return {s.labels["priority"] for f in text_string_to_metric_families(stack.exposition) for s in f.samples
+            if s.name == name and s.labels.get("netdev") == netdev and "priority" in s.labels}  # fmt: skip
+
+
+def shown(result: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(r["metric"].get("netdev", ""), r["metric"].get("priority", "")) for r in result}
+
+
+def test_priority_variable_lists_every_port_and_its_panels_show_them(stack: Stack) -> None:
+    """The priority variable lists the priorities of a port under link-level pause (no PFC counters) and
+    `global`; on every selection (All, the whole list, global alone, each priority), the per-priority panels
+    show each port's priorities of that selection, and those of the port under link-level pause while
+    global is selected; the pause panels show the selected priorities of the pause-time record, and the
+    counts a number."""
+    board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
+    variable = next(v for v in board["templating"]["list"] if v["name"] == "priority")
+    narrowed = {item["title"] for item in panels(board) if any("$priority" in t["expr"] for t in item["targets"])}
+    assert narrowed == PAUSE_PANELS | PER_PRIORITY_PANELS | COUNT_PANELS, "classify the panels on $priority"
+    names = exporter_names(stack.exposition)
+    netdevs = (GLOBAL_PAUSE_NETDEV, PFC_NETDEV)
+    assert not exposed_priorities(stack, "rdma_ethtool_pfc_pause_frames_total", GLOBAL_PAUSE_NETDEV)
+
+    def problems() -> list[str]:
+        found = []
+        listed = listed_values(stack, board, "priority")
+        for netdev in netdevs:
+            for name in ("rdma_ethtool_priority_bytes_total", "rdma_netdev_ecn_enabled"):
+                if missing := exposed_priorities(stack, name, netdev) - listed:
+                    found.append(f"$priority lists {sorted(listed)}, not {sorted(missing)} of {netdev} {name}")
+        if "global" not in listed:
+            found.append(f"$priority lists {sorted(listed)}, not global")
+        selections = {variable["allValue"], grafana_regex(listed), "global"} | (listed - {"global"})
+        paused = shown(stack.query(PAUSE_DURATION)["data"]["result"])
+        for selection in sorted(selections):
+            chosen = {"priority": selection}
+
+            def selected(priority: str, selection: str = selection) -> bool:
+                return re.fullmatch(selection, priority) is not None
+
+            for item in panels(board):
+                title = item["title"]
+                for tgt in item["targets"] if title in narrowed else ():
+                    where = f"{title} {tgt['refId']} on priority {selection!r}"
+                    result = panel_result(stack, ROCE, title, tgt["refId"], chosen)
+                    if title in COUNT_PANELS:
+                        if len(result) != 1:
+                            found.append(f"{where}: {len(result)} values, not one")
+                    elif title == "Time paused":
+                        series = {(n, p) for n, p in paused if selected(p)}
+                        if shown(result) != series:
+                            found.append(f"{where}: shows {sorted(shown(result))}, not {sorted(series)}")
+                    elif title in PER_PRIORITY_PANELS:
+                        (metric,) = {s.name for s in selectors(tgt["expr"])} & names
+                        for netdev in netdevs:
+                            exposed = exposed_priorities(stack, metric, netdev)
+                            everything = netdev == GLOBAL_PAUSE_NETDEV and selected("global")
+                            want = {p for p in exposed if everything or selected(p)}
+                            got = {p for n, p in shown(result) if n == netdev}
+                            if got != want:
+                                found.append(f"{where}: {netdev} priorities {sorted(got)}, not {sorted(want)}")
+        return found
+
+    deadline, last = time.monotonic() + DEADLINE, ["not run"]
+    while time.monotonic() < deadline:
+        last = problems()
+        if not last:
+            break
+        time.sleep(1)
+    assert not last, "\n".join(last)
+
+
+def without_matchers(expr: str) -> list[str]:
+    tokens, out, depth = tokenize(expr), [], 0
+    for _, text in tokens:
+        depth += text == "{"
+        if not depth:
+            out.append(text)
+        depth -= text == "}"
+    return out
+
+
+def test_lost_pfc_panel_is_the_alert() -> None:
+    """The panel of priorities that lost PFC computes RdmaRocePfcDisabled's condition as the rule does,
+    with the dashboard's label matchers added."""
+    (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRocePfcDisabled"]
+    board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
+    (tgt,) = next(item for item in panels(board) if item["title"] == "Priorities that lost PFC")["targets"]
+    want, have = without_matchers(alert), without_matchers(tgt["expr"])
+    assert any(have[i : i + len(want)] == want for i in range(len(have))), tgt["expr"]
+
+
+def test_a_priority_that_lost_pfc_stays_on_the_dashboard(stack: Stack) -> None:
+    """PFC disabled on a priority that used it (mlx5 drops its PFC counters): the variable still lists the
+    priority, the ECN panels still show it there, and the panel of priorities that lost PFC counts it, as
+    the alert's expression finds it."""
+    board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
+    (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRocePfcDisabled"]
+    pfc = f'rdma_ethtool_pfc_pause_frames_total{{netdev="{PFC_NETDEV}", priority="{PFC_PRIORITY}"}}'
+    used = f'instance_device_port:rdma_ethtool_pfc_used:present{{netdev="{PFC_NETDEV}", priority="{PFC_PRIORITY}"}}'
+    one = {"priority": PFC_PRIORITY}
+
+    def lost(chosen: dict[str, str] | None = None) -> float:
+        return total(panel_result(stack, ROCE, "Priorities that lost PFC", "A", chosen))
+
+    wait_until("the baseline: PFC used and not lost", lambda: stack.query(used)["data"]["result"] and
+               stack.query(pfc)["data"]["result"] and lost() == 0, DEADLINE, [])  # fmt: skip
+    capture = stack.ethtool / PFC_NETDEV
+    original = capture.read_text()
+
+    def problems() -> list[str]:
+        found = []
+        if stack.query(pfc)["data"]["result"]:
+            return ["the PFC counters are still there"]
+        fired = shown(stack.query(alert)["data"]["result"])
+        if fired != {(PFC_NETDEV, PFC_PRIORITY)}:
+            found.append(f"the alert's expression finds {sorted(fired)}")
+        for chosen in (None, one):
+            if lost(chosen) != len(fired):
+                found.append(f"Priorities that lost PFC on {chosen}: {lost(chosen):g}, the alert {len(fired)}")
+        if PFC_PRIORITY not in listed_values(stack, board, "priority"):
+            found.append(f"$priority does not list {PFC_PRIORITY}")
+        for title in ("ECN enabled", "Packets marked by the NIC"):
+            if (PFC_NETDEV, PFC_PRIORITY) not in shown(panel_result(stack, ROCE, title, "A", one)):
+                found.append(f"{title} on priority {PFC_PRIORITY} does not show {PFC_NETDEV}")
+        return found
+
+    try:
+        capture.write_text(PFC_COUNTER.sub("", original))
+        deadline, last = time.monotonic() + DEADLINE, ["not run"]
+        while time.monotonic() < deadline:
+            last = problems()
+            if not last:
+                break
+            time.sleep(1)
+        assert not last, "\n".join(last)
+    finally:
+        capture.write_text(original)
+        wait_until("the PFC counters back", lambda: stack.query(pfc)["data"]["result"], DEADLINE, [])
