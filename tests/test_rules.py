@@ -435,7 +435,7 @@ def test_collectors_for_every_rule_family_exist(emitted: set[str]) -> None:
 
 
 # Labels Prometheus attaches to a target (and the tests use for one), not the exporter.
-TARGET_LABELS = {"job", "instance", "cluster", "rack"}
+TARGET_LABELS = {"job", "instance", "cluster", "rack", "pod"}  # pod: the ServiceMonitor's
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 _PAIR = re.compile(r'([a-zA-Z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
