@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -85,6 +85,18 @@ WHOLE_CLUSTERS = re.compile(r"\bwhole clusters\b")
 RATE_INTERVAL = "15s"  # what Grafana would pick for $__rate_interval: >= 4 x the 1 s scrape interval
 SCRAPE_INTERVAL = "1s"
 DEADLINE = 45.0  # seconds for Prometheus to have scraped enough and evaluated the rules for every panel
+
+
+def assert_settles(problems: Callable[[], list[str]]) -> None:
+    """Poll `problems` until it finds none (Prometheus catching up), and fail with its last list if it
+    still finds some after DEADLINE."""
+    deadline, last = time.monotonic() + DEADLINE, ["not run"]
+    while time.monotonic() < deadline:
+        last = problems()
+        if not last:
+            break
+        time.sleep(1)
+    assert not last, "\n".join(last)
 
 # --- PromQL tokens -----------------------------------------------------------------------------------
 
@@ -1095,13 +1107,7 @@ def test_panels_count_and_filter_ports_as_the_alerts_do(stack: Stack) -> None:
             found.append(f"PFC pause frames: priorities {sorted(listed)} listed, {sorted(shown - {None})} shown")
         return found
 
-    deadline, last = time.monotonic() + DEADLINE, ["not run"]
-    while time.monotonic() < deadline:
-        last = problems()
-        if not last:
-            break
-        time.sleep(1)
-    assert not last, "\n".join(last)
+    assert_settles(problems)
 
 
 # --- the priority variable of the RoCE dashboard -------------------------------------------------------
@@ -1199,13 +1205,7 @@ def test_priority_variable_lists_every_port_and_its_panels_show_them(stack: Stac
                                 found.append(f"{where}: {netdev} priorities {sorted(got)}, not {sorted(want)}")
         return found
 
-    deadline, last = time.monotonic() + DEADLINE, ["not run"]
-    while time.monotonic() < deadline:
-        last = problems()
-        if not last:
-            break
-        time.sleep(1)
-    assert not last, "\n".join(last)
+    assert_settles(problems)
 
 
 def without_matchers(expr: str) -> list[str]:
@@ -1265,13 +1265,7 @@ def test_a_priority_that_lost_pfc_stays_on_the_dashboard(stack: Stack) -> None:
 
     try:
         capture.write_text(PFC_COUNTER.sub("", original))
-        deadline, last = time.monotonic() + DEADLINE, ["not run"]
-        while time.monotonic() < deadline:
-            last = problems()
-            if not last:
-                break
-            time.sleep(1)
-        assert not last, "\n".join(last)
+        assert_settles(problems)
     finally:
         capture.write_text(original)
         wait_until("the PFC counters back", lambda: stack.query(pfc)["data"]["result"], DEADLINE, [])
