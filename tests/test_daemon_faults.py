@@ -179,6 +179,20 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
     assert value(healed, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
 
 
+def test_a_removed_device_takes_its_error_counts_with_it(tmp_path: Path) -> None:
+    # Counted per device; kept after the device left, they grew without bound under VF churn (review).
+    root = make_tree(tmp_path, 3)
+    (device_dir(root, "mlx5_2") / "ports" / "1" / "counters" / "port_rcv_data").write_text("garbage\n")
+    collector = collector_for(root, 5.0)
+    key = {"collector": "infiniband", "device": "mlx5_2", "reason": "malformed"}
+    assert value(timed_scrape(collector)[0], "rdma_exporter_file_read_errors_total", **key) == 1
+    shutil.rmtree(device_dir(root, "mlx5_2"), ignore_errors=True)
+    (root / "class" / "infiniband" / "mlx5_2").unlink(missing_ok=True)
+    metrics = timed_scrape(collector)[0]
+    assert value(metrics, "rdma_exporter_devices") == 2
+    assert value(metrics, "rdma_exporter_file_read_errors_total", **key) is None
+
+
 def test_blocked_static_attribute_costs_only_that_device(tmp_path: Path, fifos: Fifos) -> None:
     root = make_tree(tmp_path, 3)
     expected = baseline(tmp_path, 3)

@@ -679,6 +679,7 @@ class RdmaCollector(Collector):
         for source in self.sources:
             self._state[source.name] = _CollectorState()
         self._state_lock = threading.Lock()
+        self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
         self._reported: set[str] = set()  # devices whose blocked read was already logged
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
@@ -728,6 +729,8 @@ class RdmaCollector(Collector):
         # failed (EACCES, EIO) is a failure.
         ok = not errors.counts
         self._record_errors(INVENTORY, errors)
+        if ok:
+            self._forget_removed(frozenset(entry.name for entry in entries))
         jobs: dict[str, DeviceJob] = {}
         skipped: dict[str, DeviceJob] = {}
         rnd = _Round(deadline, entries, jobs, skipped, 0.0, ok, pending=len(entries) + 1)
@@ -936,6 +939,18 @@ class RdmaCollector(Collector):
         errors = ReadErrors()
         errors.add(device, REASON_TIMEOUT, f"{device}: no answer before the scrape deadline")
         self._record_errors(collector, errors)
+
+    def _forget_removed(self, listed: frozenset[str]) -> None:
+        """Drop the error counts of devices that are no longer listed: their series go with the device,
+        as every other series of it does. Kept, they grew without bound as SR-IOV VFs come and go."""
+        gone = self._listed - listed
+        self._listed = listed
+        if not gone:
+            return
+        with self._state_lock:
+            for state in self._state.values():
+                for key in [key for key in state.errors if key[0] in gone]:
+                    del state.errors[key]
 
     def _record_errors(self, collector: str, errors: ReadErrors) -> None:
         if not errors.counts:
