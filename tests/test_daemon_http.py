@@ -659,6 +659,8 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     for _ in range(3):  # the check is cached after the first success
         assert get(daemon.port, context=context, headers=basic("prometheus", "s3cret")).status == 200
     assert get(daemon.port, "/healthz", context=context, headers=basic("prometheus", "s3cret")).status == 200
+    # The cache must not let a wrong password in once the right one has been seen (found by review).
+    assert get(daemon.port, context=context, headers=basic("prometheus", "wrong")).status == 401
     if shutil.which("curl"):
         curl = subprocess.run(
             ["curl", "-sS", "--cacert", str(pki.ca), "-u", "prometheus:s3cret",
