@@ -96,7 +96,7 @@ class BasicAuth:
         # As costly as the costliest real hash: a cheaper dummy (the docs recommend cost 12) would answer
         # unknown users several times faster than known ones.
         cost = max((_bcrypt_cost(hashed) for hashed in self.users.values()), default=10)
-        self.dummy_hash = b"$2b$%02d$" % cost + _DUMMY_HASH[7:]
+        self.dummy_hash = _with_cost(_DUMMY_HASH, cost)
 
     def check(self, header: str | None) -> bool:
         if not header:
@@ -178,6 +178,11 @@ def _ip_text(value: str) -> str:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return str(ip.ipv4_mapped)  # Go writes v4-mapped addresses dotted
     return ip.compressed
+
+
+def _with_cost(hashed: bytes, cost: int) -> bytes:
+    """`$2b$NN$salt+digest` with its cost NN replaced: the salt and digest are checked as they are."""
+    return hashed[:4] + b"%02d" % cost + hashed[6:]
 
 
 def _bcrypt_cost(hashed: bytes) -> int:
@@ -289,7 +294,7 @@ def _users(source: str, body: Any) -> BasicAuth | None:
         # login with nothing logged. Checked at cost 4 (the salt's validity does not depend on the cost,
         # and BasicAuth splices a cost onto the dummy the same way): a real cost of 31 would take hours.
         try:
-            bcrypt.checkpw(b"", hashed[:4].encode() + b"04" + hashed[6:].encode())
+            bcrypt.checkpw(b"", _with_cost(hashed.encode(), _BCRYPT_COSTS.start))
         except ValueError as exc:
             raise ConfigError(
                 source, f"basic_auth_users.{user}", f"bcrypt cannot check this hash ({exc}); generate it again"
