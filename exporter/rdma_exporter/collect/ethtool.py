@@ -3,7 +3,7 @@ PHY errors, per-lane errors and PCIe stalls, curated and labelled by parse/ethto
 
 Only the netdevs of Ethernet RDMA ports are read (IPoIB interfaces have no such counters): the port's own
 physical netdev, or the slaves of the bond a RoCE LAG port maps to. Uppers without hardware (VLANs,
-macvlans) are skipped. Each netdev is read by one RDMA device per scrape (see netdev.Locality), so a LAG's
+macvlans) are skipped. Each netdev is read by one RDMA device per scrape (see parse.netdev.Locality), so a LAG's
 slaves are asked once. Statistics come from the SIOCETHTOOL ioctl, or in fixture mode
 (`--path.ethtool=DIR`) from `DIR/<netdev>`, a saved `ethtool -S <netdev>` output.
 
@@ -34,9 +34,10 @@ from ..parse.ethtool import (
     read_stats_ioctl,
 )
 from ..parse.infiniband import DeviceInfo
+from ..parse.netdev import Locality
 from ..parse.reader import REASON_IO, REASON_MALFORMED, SysfsReader
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, lint_safe
-from .netdev import Locality, SeenNetdevs
+from .netdev import SeenNetdevs
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ class EthtoolSource:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
         if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
             return EthtoolReading(())
-        locality = Locality(ctx.sys_root, device, reader)
+        locality = Locality(ctx.sys_root, device.name, reader)
         done: set[str] = set()
         for port in device.ports:
             if port.link_layer != "Ethernet":

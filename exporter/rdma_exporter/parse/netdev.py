@@ -2,7 +2,8 @@
 
 Pure functions over a sysfs root (the directory mounted at `/sys`) returning typed dataclasses; no
 Prometheus imports. Also maps an RDMA port to the netdevs that carry it (RoCE), including RoCE LAG
-devices (`mlx5_bond_0`), which map to the bond master.
+devices (`mlx5_bond_0`), which map to the bond master, and decides which RDMA device reads a netdev
+that several reach (`Locality`).
 """
 
 from __future__ import annotations
@@ -301,3 +302,76 @@ def rdma_port_netdevs(sys_root: Path, ib_device: str, port: int, reader: SysfsRe
         if chosen not in names:
             names.append(chosen)
     return names
+
+
+# Uppers of uppers (a VLAN on a bond) are followed this deep to the physical netdev under them.
+_MAX_STACK: Final = 4
+
+
+class Locality:
+    """Which netdevs one RDMA device reads: those whose physical netdev belongs to it.
+
+    A netdev's physical netdev (its "anchor") is itself, or for an upper (bond, VLAN) the first of its
+    lower devices, followed down. The anchor is local to the RDMA devices on its PCI function
+    (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the second port of a RoCE LAG,
+    whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE) is local to every device
+    that reaches it. So a bond over the netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only.
+
+    One instance per device read. A bond's slave list is read once per instance, that is every scrape:
+    enslaving and releasing send no uevent, so the device's cached static info would lag behind. (A
+    slave new since that info was read has its identity read per scrape until the info is refreshed.)
+    """
+
+    def __init__(self, sys_root: Path, device: str, reader: SysfsReader) -> None:
+        # Plain string paths: this runs for every device on every scrape.
+        root = os.fspath(sys_root)
+        self._net = f"{root}/{NET_DIR}/"
+        self._device = device
+        self._reader = reader
+        # The netdevs of the device's own PCI function are local without further reads.
+        self._own = frozenset(list_dir(f"{root}/{IB_DIR}/{device}/device/net", reader))
+        self._slaves: dict[str, list[str]] = {}
+
+    def net_dir(self, name: str) -> str:
+        return self._net + name
+
+    def exists(self, name: str) -> bool:
+        return os.path.isdir(self._net + name)
+
+    def is_bond(self, name: str) -> bool:
+        return os.path.isdir(f"{self._net}{name}/bonding")
+
+    def is_physical(self, name: str) -> bool:
+        """Backed by hardware (a `device` link); software uppers such as VLANs and macvlans are not."""
+        return os.path.exists(f"{self._net}{name}/device")
+
+    def bond_slaves(self, name: str) -> list[str]:
+        slaves = self._slaves.get(name)
+        if slaves is None:
+            text = self._reader.text(f"{self._net}{name}/bonding/slaves", optional=True)
+            slaves = self._slaves[name] = text.split() if text else []
+        return slaves
+
+    def lowers(self, name: str) -> list[str]:
+        entries = list_dir(self.net_dir(name), self._reader)
+        lowers = sorted(e[len("lower_") :] for e in entries if e.startswith("lower_"))
+        if not lowers and self.is_bond(name):
+            lowers = self.bond_slaves(name)  # trees without lower_* links still name the slaves
+        return lowers
+
+    def anchor(self, name: str) -> str:
+        for _ in range(_MAX_STACK):
+            if name in self._own:
+                break
+            lowers = self.lowers(name)
+            if not lowers:
+                break
+            name = lowers[0]
+        return name
+
+    def is_local(self, name: str) -> bool:
+        anchor = self.anchor(name)
+        if anchor in self._own:
+            return True
+        rdma = list_dir(f"{self._net}{anchor}/device/infiniband", self._reader)
+        return not rdma or self._device in rdma
