@@ -20,27 +20,34 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import bcrypt
 import pytest
 
+from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
+from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import (
     SEND_BLOCK_BYTES,
+    Exporter,
     HttpServer,
     LastIdleFirst,
     Request,
     Response,
+    Serving,
+    build_sources,
     parse_head,
     scrape_timeout,
     send_blocks,
 )
+from rdma_exporter.parse.infiniband import DeviceInfo
+from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
-from rdma_exporter.webconfig import load_web_config
+from rdma_exporter.webconfig import WebConfig, load_web_config
 
 from conftest import require_binary, samples, wait_until
 
@@ -228,6 +235,83 @@ def test_endpoints_and_methods(start: Callable[..., RunningDaemon], tree: Path) 
     if os.geteuid() == 0:
         assert "running as root: nothing rdma-exporter reads needs it" in log
     assert daemon.stop() == 0
+
+
+class GatedSource:
+    """A source whose reads wait for `release`, holding its round open so that other scrapes can join it."""
+
+    name = "gated"
+    specs: tuple[MetricSpec, ...] = (MetricSpec("test_gated_reads", "gauge", "Reads.", ("device",)),)
+    dynamic_specs = ()
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> int:
+        self.entered.set()
+        self.release.wait(10)
+        return 1
+
+    def expose(self, results: Mapping[str, int], out: FamilySet) -> None:
+        for name in sorted(results):
+            out.add(self.specs[0], [name], results[name])
+
+
+@pytest.mark.parametrize("gzip_first", [True, False], ids=["gzip-then-plain", "plain-then-gzip"])
+def test_scrapes_sharing_a_round_each_get_the_encoding_they_asked_for(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, gzip_first: bool
+) -> None:
+    # Scrapes that share a round share its encoded bodies. A curl (or a second Prometheus without gzip)
+    # joining a Prometheus scrape must not get gzip bytes it never asked for, nor Prometheus plain text
+    # labelled gzip.
+    config = replace(Config(), sysfs=tree)
+    gated = GatedSource()
+    collector = RdmaCollector(tree, [*build_sources(config), gated], reads=DeviceReads(WorkerPool(parallelism=4)))
+    exporter = Exporter(Serving(config, collector, WebConfig()))
+    # The second scrape encodes only after the first has answered: it finds the first one's body cached.
+    first_answered = threading.Event()
+    real_gather = collector.gather
+    gathered: list[FamilySet] = []
+
+    def gather(timeout: float | None = None) -> FamilySet:
+        families = real_gather(timeout)
+        gathered.append(families)
+        if threading.current_thread().name == "second":
+            first_answered.wait(10)
+        return families
+
+    monkeypatch.setattr(collector, "gather", gather)
+    replies: dict[str, Response] = {}
+
+    def scrape(name: str, compress: bool) -> threading.Thread:
+        headers = {"accept-encoding": "gzip"} if compress else {}
+
+        def run() -> None:
+            replies[name] = exporter.handle(Request("GET", "/metrics", "HTTP/1.1", headers))
+            if name == "first":
+                first_answered.set()
+
+        thread = threading.Thread(target=run, name=name)
+        thread.start()
+        return thread
+
+    first = scrape("first", gzip_first)
+    assert gated.entered.wait(5)
+    second = scrape("second", not gzip_first)
+    time.sleep(0.1)  # the second scrape joins the round in flight
+    gated.release.set()
+    first.join(10)
+    second.join(10)
+    assert len(gathered) == 2 and gathered[0] is gathered[1]  # one round served both scrapes
+
+    zipped, plain = (replies["first"], replies["second"]) if gzip_first else (replies["second"], replies["first"])
+    assert ("Content-Encoding", "gzip") not in plain.headers
+    text = b"".join(plain.parts)
+    assert text.startswith(b"# HELP "), text[:20]
+    assert samples(text.decode())[("test_gated_reads", (("device", "mlx5_1"),))] == 1
+    assert ("Content-Encoding", "gzip") in zipped.headers
+    assert gzip.decompress(b"".join(zipped.parts)) == text
 
 
 def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], tree: Path) -> None:
