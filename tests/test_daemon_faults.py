@@ -179,6 +179,38 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
     assert value(healed, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
 
 
+def test_device_stuck_after_a_healthy_scrape_serves_none_of_its_old_values(tmp_path: Path, fifos: Fifos) -> None:
+    # A stuck HCA frozen at its last counters would look healthy and idle to every rate() alert. After a
+    # healthy scrape its files are kept open and its round is cached: neither may answer for it now.
+    root = make_tree(tmp_path, 3)
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    collector = collector_for(root, 1.0, reads)
+    healthy, _ = timed_scrape(collector)
+    assert value(healthy, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") is not None
+    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
+
+    timed_out, took = timed_scrape(collector)
+    skipped, _ = timed_scrape(collector)
+    for metrics in (timed_out, skipped):
+        assert device_series(metrics, "mlx5_1") == {}
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
+        assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1") is not None
+        assert value(metrics, "rdma_exporter_devices") == 3
+        for device in ("mlx5_0", "mlx5_2"):
+            assert device_series(metrics, device) == device_series(healthy, device), device
+    assert 0.9 <= took < 1.6, f"the scrape took {took:.2f} s with a 1 s deadline"
+    assert value(timed_out, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
+    assert value(skipped, "rdma_exporter_device_scrape_skipped", device="mlx5_1") == 1
+    timeouts = {"collector": "infiniband", "device": "mlx5_1", "reason": "timeout"}
+    assert value(skipped, "rdma_exporter_file_read_errors_total", **timeouts) == 2
+
+    # The firmware answers: the device is served again, with the new value.
+    fifos.release(fifo, b"1000\n")
+    wait_until(lambda: reads.outstanding() == 0)
+    healed, _ = timed_scrape(collector)
+    assert value(healed, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
+
+
 def test_a_removed_device_takes_its_error_counts_with_it(tmp_path: Path) -> None:
     # Counted per device; kept after the device left, they grew without bound under VF churn (review).
     root = make_tree(tmp_path, 3)
