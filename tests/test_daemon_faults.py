@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
-from rdma_exporter.daemon import build_collector, build_registry
+from rdma_exporter.daemon import build_collector, build_registry, build_sources
 from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
@@ -435,6 +435,74 @@ def test_a_shorter_deadline_timing_out_does_not_hide_the_read_errors_of_the_long
     slow.write_text("6\n")
     again = samples(prometheus_text(collector.gather(5.0)).decode())
     assert errors(again) == {"timeout": 1, "malformed": 2}
+
+
+class FailingSource:
+    """A source with a bug: `read` raises for the devices in `read_fails`, `expose` raises if `expose_fails`."""
+
+    name = "failing"
+    specs: tuple[MetricSpec, ...] = (MetricSpec("test_failing_reads", "gauge", "Reads.", ("device",)),)
+    dynamic_specs = ()
+
+    def __init__(self, read_fails: frozenset[str] = frozenset(), expose_fails: bool = False) -> None:
+        self.read_fails = read_fails
+        self.expose_fails = expose_fails
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> int:
+        if device.name in self.read_fails:
+            raise RuntimeError(f"bug reading {device.name}")
+        return 1
+
+    def expose(self, results: Mapping[str, int], out: FamilySet) -> None:
+        if self.expose_fails:
+            raise RuntimeError("bug building the families")
+        for name in sorted(results):
+            out.add(self.specs[0], [name], results[name])
+
+
+def collector_with(root: Path, source: FailingSource) -> RdmaCollector:
+    """The configured sources with `source` first: a device's later sources must not depend on it."""
+    sources = [source, *build_sources(replace(Config(), sysfs=root))]
+    return RdmaCollector(root, sources, reads=DeviceReads(WorkerPool(parallelism=4, hard_max=8)))
+
+
+def test_a_source_raising_in_read_costs_only_that_source_on_that_device(tmp_path: Path) -> None:
+    # A parser bug tripped by one device's odd firmware must not cost that device its other collectors,
+    # nor the other devices anything, nor any later scrape.
+    root = make_tree(tmp_path, 3)
+    expected = baseline(tmp_path, 3)
+    collector = collector_with(root, FailingSource(read_fails=frozenset({"mlx5_1"})))
+    for scrape in (1, 2):
+        metrics, _ = timed_scrape(collector)
+        assert value(metrics, "test_failing_reads", device="mlx5_0") == 1
+        assert value(metrics, "test_failing_reads", device="mlx5_1") is None
+        assert value(metrics, "test_failing_reads", device="mlx5_2") == 1
+        served = {key: v for key, v in metrics.items() if key[0] != "test_failing_reads"}
+        for device in ("mlx5_0", "mlx5_1", "mlx5_2"):
+            assert device_series(served, device) == device_series(expected, device), device
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="failing") == 0
+        for name in sources_of(collector)[1:]:
+            assert value(metrics, "rdma_exporter_scrape_collector_success", collector=name) == 1, name
+        errors = {
+            (dict(labels)["collector"], dict(labels)["device"], dict(labels)["reason"]): count
+            for (name, labels), count in metrics.items()
+            if name == "rdma_exporter_file_read_errors_total"
+        }
+        assert errors == {("failing", "mlx5_1", "io"): scrape}  # an error, not a timeout
+
+
+def test_a_source_raising_in_expose_costs_only_that_source(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, 3)
+    expected = baseline(tmp_path, 3)
+    collector = collector_with(root, FailingSource(expose_fails=True))
+    for _ in range(2):  # the scrape is served, and so is the next one
+        metrics, _ = timed_scrape(collector)
+        assert not [key for key in metrics if key[0] == "test_failing_reads"]
+        for device in ("mlx5_0", "mlx5_1", "mlx5_2"):
+            assert device_series(metrics, device) == device_series(expected, device), device
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="failing") == 0
+        for name in sources_of(collector)[1:]:
+            assert value(metrics, "rdma_exporter_scrape_collector_success", collector=name) == 1, name
 
 
 def test_threads_stay_bounded_when_every_device_blocks(tmp_path: Path, fifos: Fifos) -> None:
