@@ -68,6 +68,35 @@ def test_invalid_config_names_file_key_and_reason(tmp_path: Path, text: str, key
     assert f"{path}: {key}: " in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("key", "outside", "bound", "reason"),
+    [
+        ("web.read_threads", "0", 1, "expected an integer from 1 to 64, got 0"),
+        ("web.read_threads", "65", 64, "expected an integer from 1 to 64, got 65"),
+        ("read.max_open_files", "-1", 0, "expected an integer from 0 to 1000000, got -1"),
+        ("read.max_open_files", "1000001", 1_000_000, "expected an integer from 0 to 1000000, got 1000001"),
+        ("web.scrape_timeout_seconds", "0", 0.001, "expected a number of seconds in (0, 300], got 0"),
+        ("web.scrape_timeout_seconds", "300.001", 300, "expected a number of seconds in (0, 300], got 300.001"),
+        ("web.listen_address", "':0'", ":1", "with a port from 1 to 65535, got ':0'"),
+        ("web.listen_address", "':65536'", ":65535", "with a port from 1 to 65535, got ':65536'"),
+    ],
+    ids=["threads-low", "threads-high", "files-low", "files-high", "timeout-low", "timeout-high", "port-0", "port-max"],
+)
+def test_range_bound_is_accepted_and_one_past_it_refused(
+    tmp_path: Path, key: str, outside: str, bound: object, reason: str
+) -> None:
+    # The bound and the value just past it: an off-by-one in a range check fails one of the two.
+    section, name = key.split(".")
+    path = write(tmp_path, f"{section}:\n  {name}: {outside}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert (info.value.source, info.value.key) == (str(path), key)
+    assert reason in info.value.reason
+    path = write(tmp_path, f"{section}:\n  {name}: {bound!r}\n")
+    field = {"web.scrape_timeout_seconds": "scrape_timeout"}.get(key, name)
+    assert getattr(load_config_file(path), field) == bound
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     result = run_cli("--config.file", str(tmp_path / "absent.yml"))
     assert result.returncode == 2
