@@ -663,6 +663,22 @@ def test_tls_min_version(start: Callable[..., RunningDaemon], tree: Path, pki: P
     assert refused(daemon.port, client_context(pki, maximum_version=ssl.TLSVersion.TLSv1_2))
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")
+def test_tls_without_min_version_refuses_tls11(pki: Pki, tmp_path: Path) -> None:
+    # exporter-toolkit's default floor is TLS 1.2. OpenSSL's default security level refuses TLS 1.1 here
+    # anyway, but a permissive system policy (LEGACY, SECLEVEL=0) would not: the context's floor must.
+    config = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    context = load_web_config(config).ssl_context
+    assert context is not None
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")  # such a policy: only the version floor is left to refuse
+    old = client_context(pki, minimum_version=ssl.TLSVersion.TLSv1, maximum_version=ssl.TLSVersion.TLSv1_1)
+    old.set_ciphers("DEFAULT:@SECLEVEL=0")
+    with InProcessServer(lambda request: Response(200, b"ok"), tls=lambda: context) as server:  # type: ignore[arg-type]
+        assert get(server.port, "/", context=client_context(pki)).status == 200
+        assert refused(server.port, old)
+
+
 def mutual_tls_config(tmp_path: Path, pki: Pki, allowed_sans: str) -> Path:
     """A web config that requires a client certificate from our CA, with these `client_allowed_sans`."""
     return web_config(
