@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
+from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, Source
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
@@ -442,7 +442,7 @@ class FailingSource:
 
     name = "failing"
     specs: tuple[MetricSpec, ...] = (MetricSpec("test_failing_reads", "gauge", "Reads.", ("device",)),)
-    dynamic_specs = ()
+    dynamic_specs: tuple[DynamicMetricSpec, ...] = ()
 
     def __init__(self, read_fails: frozenset[str] = frozenset(), expose_fails: bool = False) -> None:
         self.read_fails = read_fails
@@ -462,7 +462,7 @@ class FailingSource:
 
 def collector_with(root: Path, source: FailingSource) -> RdmaCollector:
     """The configured sources with `source` first: a device's later sources must not depend on it."""
-    sources = [source, *build_sources(replace(Config(), sysfs=root))]
+    sources: list[Source] = [source, *build_sources(replace(Config(), sysfs=root))]
     return RdmaCollector(root, sources, reads=DeviceReads(WorkerPool(parallelism=4, hard_max=8)))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
+from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import (
@@ -242,7 +242,7 @@ class GatedSource:
 
     name = "gated"
     specs: tuple[MetricSpec, ...] = (MetricSpec("test_gated_reads", "gauge", "Reads.", ("device",)),)
-    dynamic_specs = ()
+    dynamic_specs: tuple[DynamicMetricSpec, ...] = ()
 
     def __init__(self) -> None:
         self.entered = threading.Event()
