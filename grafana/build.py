@@ -1250,7 +1250,7 @@ def roce_congestion() -> Json:
     # PFC paused these priorities in the last day: lossless, as RdmaRoceEcnDisabled and
     # RdmaRocePfcDisabled read them (mlx5 drops a priority's PFC counters when PFC is disabled on it).
     def pfc_used(*extra: str) -> str:
-        return f"max_over_time({sel('instance_device_port:rdma_ethtool_pfc_used:present', PORT, *extra)}[1d])"
+        return sel("instance_device_port:rdma_ethtool_pfc_used:present1d", PORT, *extra)
 
     on_netdev = "on (cluster, job, instance, device, port, netdev)"
     on_priority = "on (cluster, job, instance, device, port, netdev, priority)"
