@@ -208,7 +208,9 @@ class Inventory:
         self._clock = clock
         self._lock = threading.Lock()
         self._listing: list[tuple[str, str]] | None = None  # (name, link target) of allowed devices
-        self._listed_at = 0.0
+        # When udev mode last relisted and re-read everything. Not moved by the relists that events
+        # cause: on a node with an event every few minutes the resync would never come.
+        self._resynced_at = 0.0
         # name -> (target, info, read at, read without errors)
         self._cache: dict[str, tuple[str, DeviceInfo, float, bool]] = {}
         self._epoch_all = 0
@@ -242,13 +244,14 @@ class Inventory:
     def scan(self, errors: ReadErrors) -> list[DeviceEntry]:
         now = self._clock()
         with self._lock:
-            resync = not self.rescan_each_scrape and now - self._listed_at >= UDEV_RESYNC_SECONDS
+            resync = not self.rescan_each_scrape and now - self._resynced_at >= UDEV_RESYNC_SECONDS
             if resync and self._listing is not None:
                 self._epoch_all += 1
                 self._cache.clear()
             if self.rescan_each_scrape or self._listing is None or resync:
                 self._listing = self._list(errors)
-                self._listed_at = now
+                if resync:
+                    self._resynced_at = now
                 listed = {name for name, _ in self._listing}
                 self._cache = {n: v for n, v in self._cache.items() if n in listed}
             entries = []
