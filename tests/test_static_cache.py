@@ -14,9 +14,12 @@ from pathlib import Path, PurePosixPath
 import pytest
 from prometheus_client import generate_latest
 
+from rdma_exporter.collect.engine import Inventory, RdmaCollector
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry
-from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
+from rdma_exporter.parse.infiniband import read_device_info
+from rdma_exporter.parse.reader import ReadErrors, SysfsReader
+from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
 from conftest import record_reads
 
@@ -65,3 +68,159 @@ def test_second_scrape_opens_no_static_file(tmp_path: Path, monkeypatch: pytest.
     assert sorted({str(p) for p in warm if is_static(p)}) == []
     twice = {str(p): n for p, n in Counter(p for p in warm if is_counter(p)).items() if n > 1}
     assert twice == {}
+
+
+# --- when cached static info is read again ---------------------------------------------------------------
+#
+# The periods are written out here rather than imported from the engine, so that a changed constant fails
+# these tests as much as a changed comparison does: each is checked just before its end and at its end.
+RESCAN_MAX_AGE = 300.0  # rescan mode (no change events): static info is at most 5 minutes old
+RETRY = 60.0  # static info read with errors or not settled (a device in reset) is read again after 1 minute
+UDEV_RESYNC = 900.0  # udev mode: relist and re-read everything every 15 minutes, in case events were lost
+JUST_BEFORE = 0.001
+T0 = 1000.0  # the engine only compares differences of its clock
+
+
+class FakeClock:
+    """The inventory's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def clocked_collector(tmp_path: Path, *, rescan: bool) -> tuple[Path, RdmaCollector, FakeClock]:
+    """A 2-device tree (mlx5_0, mlx5_1) and its collector, whose inventory runs on a FakeClock."""
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    collector = build_collector(replace(Config(), sysfs=root), rescan_each_scrape=rescan)
+    clock = FakeClock()
+    collector.inventory = Inventory(root, rescan_each_scrape=rescan, clock=clock)
+    return root, collector, clock
+
+
+def device_dir(root: Path, device: str) -> Path:
+    return (root / "class" / "infiniband" / device).resolve()
+
+
+def rereads(collector: RdmaCollector) -> set[str]:
+    """Scrape once; the devices whose static info this scrape read (a new DeviceInfo in the cache)."""
+    before = collector.inventory.cached()
+    generate_latest(build_registry(collector))
+    return {name for name, info in collector.inventory.cached().items() if before.get(name) is not info}
+
+
+def fw_of(collector: RdmaCollector, device: str) -> str | None:
+    """The firmware version the cache holds for `device` (what rdma_device_info says)."""
+    info = collector.inventory.cached().get(device)
+    return info.fw_ver if info is not None else None
+
+
+def test_rescan_mode_rereads_static_info_at_its_maximum_age(tmp_path: Path) -> None:
+    # Without uevents a firmware update or a netdev rename is only seen by re-reading: at 300 s, not before
+    # (every scrape would read every static file again) and not later.
+    root, collector, clock = clocked_collector(tmp_path, rescan=True)
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}  # cold
+    old = fw_of(collector, "mlx5_0")
+    (device_dir(root, "mlx5_0") / "fw_ver").write_text("99.1.2\n")
+
+    clock.now = T0 + RESCAN_MAX_AGE - JUST_BEFORE
+    assert rereads(collector) == set()
+    assert fw_of(collector, "mlx5_0") == old
+    clock.now = T0 + RESCAN_MAX_AGE
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
+    assert fw_of(collector, "mlx5_0") == "99.1.2"
+    # The age restarts at the re-read.
+    clock.now = T0 + 2 * RESCAN_MAX_AGE - JUST_BEFORE
+    assert rereads(collector) == set()
+
+
+@pytest.mark.parametrize("rescan", [True, False], ids=["rescan", "udev"])
+def test_unsettled_static_info_is_reread_after_the_retry_period(tmp_path: Path, rescan: bool) -> None:
+    # max_link_width reads 63 (all ones) while the function is in reset: that device alone is read again
+    # after 60 s, in either mode, for as long as it stays unsettled; the settled device is kept.
+    root, collector, clock = clocked_collector(tmp_path, rescan=rescan)
+    (device_dir(root, "mlx5_1") / "device" / "max_link_width").write_text("63\n")
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
+
+    clock.now = T0 + RETRY - JUST_BEFORE
+    assert rereads(collector) == set()
+    clock.now = T0 + RETRY
+    assert rereads(collector) == {"mlx5_1"}
+    clock.now = T0 + 2 * RETRY - JUST_BEFORE
+    assert rereads(collector) == set()
+    clock.now = T0 + 2 * RETRY
+    assert rereads(collector) == {"mlx5_1"}
+
+
+def test_udev_mode_rereads_everything_at_the_resync(tmp_path: Path) -> None:
+    # udev mode trusts events, so complete static info has no maximum age (not rescan mode's 300 s); only
+    # the 15-minute resync re-reads it, in case an event was lost.
+    root, collector, clock = clocked_collector(tmp_path, rescan=False)
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
+    old = fw_of(collector, "mlx5_0")
+    (device_dir(root, "mlx5_0") / "fw_ver").write_text("99.1.2\n")
+
+    clock.now = T0 + UDEV_RESYNC - JUST_BEFORE
+    assert rereads(collector) == set()
+    assert fw_of(collector, "mlx5_0") == old
+    clock.now = T0 + UDEV_RESYNC
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
+    assert fw_of(collector, "mlx5_0") == "99.1.2"
+    clock.now = T0 + 2 * UDEV_RESYNC - JUST_BEFORE
+    assert rereads(collector) == set()
+
+
+def test_mark_dirty_relists_but_keeps_static_info(tmp_path: Path) -> None:
+    # udev mode lists only when told. mark_dirty (a physical netdev of no known device appeared, or a
+    # device directory vanished under its job) must relist at the next scrape, but re-read the static info
+    # of no listed device: that is what invalidate is for (test_hotplug covers it).
+    root, collector, _ = clocked_collector(tmp_path, rescan=False)
+    link = root / "class" / "infiniband" / "mlx5_1"
+    target = os.readlink(link)
+    link.unlink()  # mlx5_1 not there yet
+    assert rereads(collector) == {"mlx5_0"}
+    link.symlink_to(target)
+    assert rereads(collector) == set()  # nobody said anything
+    collector.inventory.mark_dirty()
+    assert rereads(collector) == {"mlx5_1"}
+
+
+def test_invalidation_during_a_static_read_is_not_undone_by_it(tmp_path: Path) -> None:
+    # A uevent arriving while a job reads static info means what the job read may already be stale: its
+    # late store must not put it in the cache, or the event would be lost until the next resync.
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    inventory = Inventory(root, rescan_each_scrape=False, clock=FakeClock())
+    entries = {entry.name: entry for entry in inventory.scan(ReadErrors())}
+    infos = {name: read_device_info(root, name, SysfsReader(name, ReadErrors())) for name in entries}
+
+    inventory.invalidate("mlx5_0")  # the event, while both reads are in flight
+    for name, entry in entries.items():
+        inventory.store(entry, infos[name])
+    assert set(inventory.cached()) == {"mlx5_1"}  # the other device's read stands
+    again = {entry.name: entry.info for entry in inventory.scan(ReadErrors())}
+    assert again == {"mlx5_0": None, "mlx5_1": infos["mlx5_1"]}
+
+    entries = {entry.name: entry for entry in inventory.scan(ReadErrors())}
+    inventory.invalidate()  # every device (uverbs event, socket overflow)
+    inventory.store(entries["mlx5_0"], infos["mlx5_0"])
+    assert inventory.cached() == {}
+
+
+def test_rescan_mode_rereads_a_device_that_was_removed_and_came_back(tmp_path: Path) -> None:
+    # A driver reload re-creates the device under the same name and the same link target: the listing in
+    # between, without it, must have dropped its static info, even though 300 s have not passed.
+    root, collector, clock = clocked_collector(tmp_path, rescan=True)
+    rereads(collector)
+    link = root / "class" / "infiniband" / "mlx5_1"
+    target, real = os.readlink(link), device_dir(root, "mlx5_1")
+    link.unlink()
+    clock.now += 1.0
+    assert rereads(collector) == set()
+    assert set(collector.inventory.cached()) == {"mlx5_0"}
+    (real / "fw_ver").write_text("99.1.2\n")
+    link.symlink_to(target)
+    clock.now += 1.0
+    assert rereads(collector) == {"mlx5_1"}
+    assert fw_of(collector, "mlx5_1") == "99.1.2"
