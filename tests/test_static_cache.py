@@ -224,3 +224,17 @@ def test_rescan_mode_rereads_a_device_that_was_removed_and_came_back(tmp_path: P
     clock.now += 1.0
     assert rereads(collector) == {"mlx5_1"}
     assert fw_of(collector, "mlx5_1") == "99.1.2"
+
+
+def test_udev_resync_is_not_postponed_by_an_event_in_between(tmp_path: Path) -> None:
+    # The resync re-reads static info in case an event was lost. An event for another device relists, and
+    # re-reads that device only: it says nothing about the others, so it must not restart their 15 minutes.
+    # Found by review: a relist restarts the resync timer, so on a node with an event (say a VF's netdev
+    # moved into a pod) at least every 15 minutes, static info is never resynced.
+    _, collector, clock = clocked_collector(tmp_path, rescan=False)
+    rereads(collector)
+    clock.now = T0 + UDEV_RESYNC / 2
+    collector.inventory.invalidate("mlx5_1")
+    assert rereads(collector) == {"mlx5_1"}
+    clock.now = T0 + UDEV_RESYNC
+    assert "mlx5_0" in rereads(collector)
