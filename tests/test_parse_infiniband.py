@@ -15,9 +15,12 @@ from hypothesis import strategies as st
 from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.infiniband import (
     PMA_COUNTERS,
+    PMA_COUNTERS_EXT,
+    SUPERSEDED_BY_EXT,
     metric_fragment,
     parse_rate,
     parse_state,
+    pma_counter,
     read_device_info,
     read_device_snapshot,
 )
@@ -126,14 +129,6 @@ def test_saturated_counters_are_reported(tmp_path: Path) -> None:
     # 64-bit data counters are in bytes (4-octet words * 4) and have no saturation series.
     assert values[("rdma_port_receive_data_bytes_total", port)] == 205128687774249 * 4
     assert not any(k[0] == "rdma_port_pma_saturated" and ("counter", "port_rcv_data") in k[1] for k in values)
-
-
-def test_pma_widths_are_the_spec_ones() -> None:
-    widths = {name: counter.width for name, counter in PMA_COUNTERS.items()}
-    assert widths["symbol_error"] == 16
-    assert widths["link_downed"] == 8
-    assert widths["local_link_integrity_errors"] == 4
-    assert widths["port_xmit_wait"] == 32
 
 
 def test_down_port_is_reported_not_dropped(captured_copy) -> None:  # type: ignore[no-untyped-def]
@@ -460,3 +455,106 @@ def test_driver_counter_names_pass_promtool_and_levels_are_gauges(captured_copy)
     assert values[("rdma_port_hw_active_q_ps", port)] == 12
     assert "# TYPE rdma_port_hw_active_q_ps gauge" in text
     assert values[("rdma_port_hw_rx_total", port)] == 4  # not rx_total_total
+
+
+# --- the PMA counter table, against the spec -------------------------------------------------------------
+#
+# Written out from the IBA's PortCounters (attribute 0x0012) and PortCountersExtended (0x001D) layouts as
+# Linux exposes them (drivers/infiniband/core/sysfs.c, PORT_PMA_ATTR and PORT_PMA_ATTR_EXT), not from the
+# exporter's table. counters/ file -> (bits with PortCountersExtended, bits beside a legacy counters_ext/).
+# The first is the kernel's pma_group_ext, which every HCA with extended counters gets; PortXmitWait is in
+# PortCounters only, so it stays 32 bit either way.
+SPEC_COUNTERS: dict[str, tuple[int, int]] = {
+    "symbol_error": (16, 16),
+    "link_error_recovery": (8, 8),
+    "link_downed": (8, 8),
+    "port_rcv_errors": (16, 16),
+    "port_rcv_remote_physical_errors": (16, 16),
+    "port_rcv_switch_relay_errors": (16, 16),
+    "port_xmit_discards": (16, 16),
+    "port_xmit_constraint_errors": (8, 8),
+    "port_rcv_constraint_errors": (8, 8),
+    "local_link_integrity_errors": (4, 4),
+    "excessive_buffer_overrun_errors": (4, 4),
+    "VL15_dropped": (16, 16),
+    "port_xmit_data": (64, 32),
+    "port_rcv_data": (64, 32),
+    "port_xmit_packets": (64, 32),
+    "port_rcv_packets": (64, 32),
+    "port_xmit_wait": (32, 32),
+    "unicast_xmit_packets": (64, 64),
+    "unicast_rcv_packets": (64, 64),
+    "multicast_xmit_packets": (64, 64),
+    "multicast_rcv_packets": (64, 64),
+}
+# Legacy MLNX_OFED counters_ext/ file -> the counters/ file it holds in 64 bits.
+SPEC_COUNTERS_EXT: dict[str, str] = {
+    "port_xmit_data_64": "port_xmit_data",
+    "port_rcv_data_64": "port_rcv_data",
+    "port_xmit_packets_64": "port_xmit_packets",
+    "port_rcv_packets_64": "port_rcv_packets",
+    "port_unicast_xmit_packets": "unicast_xmit_packets",
+    "port_unicast_rcv_packets": "unicast_rcv_packets",
+    "port_multicast_xmit_packets": "multicast_xmit_packets",
+    "port_multicast_rcv_packets": "multicast_rcv_packets",
+}
+# PortXmitData and PortRcvData count 4-octet words; hfi1 (Omni-Path) answers with 8-byte flits.
+SPEC_DATA = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_data_64", "port_rcv_data_64"})
+IB_WORD = 4
+OPA_FLIT = 8
+
+
+def test_every_pma_counter_has_the_spec_width_and_unit() -> None:
+    # One table for every counter, so a width or unit that drifts (or a counter added without a width
+    # checked against the spec) fails here, not in a saturation alert that never fires.
+    assert sorted(PMA_COUNTERS) == sorted(SPEC_COUNTERS)
+    assert sorted(PMA_COUNTERS_EXT) == sorted(SPEC_COUNTERS_EXT)
+    got: dict[str, tuple[int, int, int, int, int]] = {}
+    expected: dict[str, tuple[int, int, int, int, int]] = {}
+    for file, (bits, legacy_bits) in SPEC_COUNTERS.items():
+        ib, legacy, opa = (
+            pma_counter(file, legacy=False),
+            pma_counter(file, legacy=True),
+            pma_counter(file, legacy=False, data_word_bytes=OPA_FLIT),
+        )
+        assert ib is not None and legacy is not None and opa is not None, file
+        got[file] = (ib.width, legacy.width, ib.scale, legacy.scale, opa.scale)
+        data = file in SPEC_DATA
+        expected[file] = (bits, legacy_bits, IB_WORD if data else 1, IB_WORD if data else 1, OPA_FLIT if data else 1)
+    for file, counter in PMA_COUNTERS_EXT.items():
+        got[file] = (counter.width, counter.width, counter.scale, counter.scale, counter.scale)
+        scale = IB_WORD if file in SPEC_DATA else 1
+        expected[file] = (64, 64, scale, scale, scale)
+    assert got == expected
+    # The 64-bit twin of a counter is the same counter: it replaces the 32-bit file (SUPERSEDED_BY_EXT).
+    assert {twin: ext for ext, twin in SPEC_COUNTERS_EXT.items()} == SUPERSEDED_BY_EXT
+    assert pma_counter("port_rcv_discards", legacy=False) is None  # not a PMA field: no width to judge
+
+
+def _saturation(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], device: str) -> dict[str, float]:
+    """{counters/ file: rdma_port_pma_saturated} of port 1 of `device`."""
+    return {
+        dict(labels)["counter"]: value
+        for (name, labels), value in values.items()
+        if name == "rdma_port_pma_saturated" and dict(labels)["device"] == device and dict(labels)["port"] == "1"
+    }
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["extended", "legacy-counters_ext"])
+@pytest.mark.parametrize("below", [0, 1], ids=["at-max", "max-1"])
+def test_every_narrow_counter_saturates_exactly_at_its_maximum(captured_copy, legacy: bool, below: int) -> None:  # type: ignore[no-untyped-def]
+    # Every counters/ file at 2^bits - 1 (stuck: new events are hidden) or one below it (still counting).
+    # 64-bit counters never saturate in practice and get no verdict. Beside a legacy counters_ext/ whose
+    # files do not answer, the data and packet counters are the 32-bit PortCounters and are judged too.
+    if legacy:
+        root, device = captured_copy("prometheus-node_exporter"), "mlx4_0"
+        for ext in (root / f"class/infiniband/{device}/ports/1/counters_ext").iterdir():
+            ext.write_text("N/A (no PMA)\n")
+    else:
+        root, device = captured_copy("leptonai-gpud-h100"), "mlx5_0"
+    counters = root / f"class/infiniband/{device}/ports/1/counters"
+    for file, widths in SPEC_COUNTERS.items():
+        (counters / file).write_text(f"{2 ** widths[legacy] - 1 - below}\n")
+    values = samples(scrape(root))
+    expected = {file: float(below == 0) for file, widths in SPEC_COUNTERS.items() if widths[legacy] < 64}
+    assert _saturation(values, device) == expected
