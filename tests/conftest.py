@@ -9,6 +9,7 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -33,13 +34,19 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def skip_or_fail(reason: str) -> NoReturn:
+    """For what .ci/run's machine is sure to have (root, netns, a sysfs /sys, the setup's tools): a skip
+    locally, a failure under CI=1, so a broken CI machine cannot pass by skipping."""
+    if in_ci():
+        pytest.fail(f"{reason}; CI=1 and .ci/run's machine must provide it, so this is a failure, not a skip")
+    pytest.skip(reason)
+
+
 def require_binary(name: str) -> str:
     """Path of a tool the suite needs; skipped locally when absent, a failure in CI (.ci/run installs it)."""
     path = shutil.which(name)
     if path is None:
-        if in_ci():
-            pytest.fail(f"{name} is not installed; .ci/run's setup should have installed it")
-        pytest.skip(f"{name} is not installed (run scripts/install-test-deps.sh)")
+        skip_or_fail(f"{name} is not installed (scripts/install-test-deps.sh installs it)")
     return path
 
 
