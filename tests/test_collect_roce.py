@@ -57,7 +57,7 @@ from rdma_exporter.parse.netdev import NetdevIdentity
 from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices
 
-from conftest import FIXTURES, prometheus_text, promtool_check_metrics, samples, symlink, write_files
+from conftest import FIXTURES, prometheus_text, promtool_check_metrics, samples, skip_or_fail, symlink, write_files
 
 ROCE = {"mlx5_8": "enp220s0f0np0", "mlx5_9": "enp220s0f1np1"}
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -374,7 +374,7 @@ def test_ioctl_path_gives_the_same_series_as_the_captures(tree: Path, metrics: S
 def test_fixture_tree_without_captures_reads_no_ethtool(tree: Path) -> None:
     # The tree's netdev names mean nothing to this host's kernel: no ioctl, no error, no series.
     if live_sysfs(str(tree / "sys")):
-        pytest.skip("cannot tell a sysfs mount from a directory here (/proc/self/mountinfo unreadable)")
+        skip_or_fail("cannot tell a sysfs mount from a directory here (/proc/self/mountinfo unreadable)")
     metrics = Exporter(tree / "sys").scrape()
     assert series(metrics, "rdma_ethtool_") == set()
     assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
@@ -857,7 +857,7 @@ def test_sysfs_mount_points_never_raises(text: str) -> None:
 
 def test_live_sysfs(tmp_path: Path) -> None:
     if "/sys" not in sysfs_mount_points(Path("/proc/self/mountinfo").read_text()):
-        pytest.skip("/sys is not a sysfs mount here")
+        skip_or_fail("/sys is not a sysfs mount here")
     assert live_sysfs("/sys")
     assert not live_sysfs(str(tmp_path))
 
@@ -866,7 +866,7 @@ def test_reader_absent_errnos_on_a_real_attribute() -> None:
     # Loopback has no link speed: the kernel answers EINVAL, "no value", not a failure.
     speed = Path("/sys/class/net/lo/speed")
     if not speed.exists():
-        pytest.skip("no /sys/class/net/lo")
+        skip_or_fail("no /sys/class/net/lo")
     reader = SysfsReader("lo")
     assert reader.text(speed, absent_errnos=NO_VALUE_ERRNOS) is None
     assert reader.errors.total() == 0

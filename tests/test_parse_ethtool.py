@@ -47,6 +47,8 @@ from rdma_exporter.parse.reader import (
     REASON_UNSUPPORTED,
 )
 
+from conftest import require_binary, skip_or_fail
+
 FIXTURES = Path(__file__).parent / "fixtures" / "ethtool"
 K515 = FIXTURES / "mlx5_cx6dx_100g_k5.15_nonzero_global_pause.txt"
 K65 = FIXTURES / "mlx5_cx6dx_100g_k6.5_nonzero_global_pause.txt"
@@ -551,14 +553,13 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def veth_netns() -> Iterator[str]:
     """A throwaway network namespace with veth pair va<->vb up (IPv6 off: no autoconf chatter) and vc<->vd down."""
-    for tool in ("ip", "ethtool"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"`{tool}` is not installed (Debian packages iproute2, ethtool)")
+    for tool in ("ip", "ethtool"):  # Debian packages iproute2, ethtool
+        require_binary(tool)
     name = f"rdmaexp-test-{os.getpid()}"
     run("ip", "netns", "del", name, check=False)  # a leftover of a killed run with the same pid
     created = run("ip", "netns", "add", name, check=False)
     if created.returncode != 0:
-        pytest.skip(f"cannot create a network namespace (needs root or CAP_NET_ADMIN): {created.stderr.strip()}")
+        skip_or_fail(f"cannot create a network namespace (needs root or CAP_NET_ADMIN): {created.stderr.strip()}")
     try:
         for key in ("all", "default"):
             run("ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1", check=False)
