@@ -37,6 +37,7 @@ def in_ci() -> bool:
 def skip_or_fail(reason: str) -> NoReturn:
     """For what .ci/run's machine is sure to have (root, netns, a sysfs /sys, the setup's tools): a skip
     locally, a failure under CI=1, so a broken CI machine cannot pass by skipping."""
+    __tracebackhide__ = True  # report the caller's line, not this one
     if in_ci():
         pytest.fail(f"{reason}; CI=1 and .ci/run's machine must provide it, so this is a failure, not a skip")
     pytest.skip(reason)
@@ -44,6 +45,7 @@ def skip_or_fail(reason: str) -> NoReturn:
 
 def require_binary(name: str) -> str:
     """Path of a tool the suite needs; skipped locally when absent, a failure in CI (.ci/run installs it)."""
+    __tracebackhide__ = True
     path = shutil.which(name)
     if path is None:
         skip_or_fail(f"{name} is not installed (scripts/install-test-deps.sh installs it)")
