@@ -36,7 +36,6 @@ from rdma_exporter.collect.ethtool import (
     live_sysfs,
     metric_name,
     scaled,
-    sysfs_mount_points,
 )
 from rdma_exporter.collect.netdev import NetdevSource
 from rdma_exporter.config import Config, ConfigError, load_config_file, parse_config
@@ -54,7 +53,7 @@ from rdma_exporter.parse.ethtool import (
 )
 from rdma_exporter.parse.infiniband import read_device_info
 from rdma_exporter.parse.netdev import NetdevIdentity
-from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader
+from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader, is_sysfs_mount
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices
 
 from conftest import FIXTURES, prometheus_text, promtool_check_metrics, samples, skip_or_fail, symlink, write_files
@@ -839,24 +838,8 @@ def test_scaled_values_are_exact(raw: int, scale: float, expected: float) -> Non
 # --- live sysfs detection and the reader's absent errnos ------------------------------------------------------
 
 
-def test_sysfs_mount_points() -> None:
-    text = (
-        "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n"
-        "40 22 0:6 / /sys/kernel/debug rw - debugfs debugfs rw\n"
-        "77 1 0:21 / /host/my\\040sys rw shared:5 - sysfs sysfs rw\n"
-        "garbage\n"
-        "1 2 3 4 /tmp/x - tmpfs tmpfs rw\n"
-    )
-    assert sysfs_mount_points(text) == {"/sys", "/host/my sys"}
-
-
-@given(st.text(max_size=200))
-def test_sysfs_mount_points_never_raises(text: str) -> None:
-    assert isinstance(sysfs_mount_points(text), frozenset)
-
-
 def test_live_sysfs(tmp_path: Path) -> None:
-    if "/sys" not in sysfs_mount_points(Path("/proc/self/mountinfo").read_text()):
+    if not is_sysfs_mount("/sys"):
         skip_or_fail("/sys is not a sysfs mount here")
     assert live_sysfs("/sys")
     assert not live_sysfs(str(tmp_path))

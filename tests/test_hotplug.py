@@ -26,7 +26,8 @@ from prometheus_client import generate_latest
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import Daemon, build_collector, build_registry
-from rdma_exporter.hotplug import Event, HotplugMonitor, apply_event, is_kernel_sysfs, start_monitor
+from rdma_exporter.hotplug import Event, HotplugMonitor, apply_event, start_monitor
+from rdma_exporter.parse.reader import is_sysfs_mount
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
 from conftest import require_binary, samples, skip_or_fail, wait_until
@@ -251,11 +252,11 @@ def test_mode_is_rescan_for_trees_that_are_not_sysfs(tree: Path) -> None:
     monitor, mode = start_monitor(tree, lambda: collector.inventory)
     assert monitor is None
     assert mode.startswith("rescan (") and str(tree) in mode
-    assert not is_kernel_sysfs(tree)
+    assert is_sysfs_mount(tree) is False
 
 
 def test_mode_is_udev_on_the_kernel_sysfs() -> None:
-    if not is_kernel_sysfs(Path("/sys")):
+    if not is_sysfs_mount("/sys"):
         skip_or_fail("/sys is not a sysfs mount here")
     collector = build_collector(replace(Config(), sysfs=Path("/sys")))
     monitor, mode = start_monitor(Path("/sys"), lambda: collector.inventory)

@@ -17,12 +17,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from rdma_exporter.collect.engine import DeviceJob, DeviceReads, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import FD_RESERVE, build_collector, build_registry, raise_fd_limit
-from rdma_exporter.parse.reader import FileBudget, OpenFiles, ReadErrors, SysfsReader, is_sysfs
+from rdma_exporter.parse.reader import (
+    FileBudget,
+    OpenFiles,
+    ReadErrors,
+    SysfsReader,
+    is_sysfs_mount,
+    sysfs_mount_points,
+)
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
 from conftest import samples, skip_or_fail
@@ -189,12 +198,38 @@ def test_uints_fast_path_and_fallback_agree(tmp_path: Path) -> None:
     assert kept_errors.counts == plain_errors.counts == {("d", "malformed"): 4, ("d", "unsupported"): 1}
 
 
-def test_is_sysfs(tmp_path: Path) -> None:
-    assert not is_sysfs(tmp_path)
-    with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
-        sys_mounted = any(line.split()[4] == "/sys" and " - sysfs " in line for line in mounts)
-    if sys_mounted:
-        assert is_sysfs("/sys/class")
+def test_sysfs_mount_points() -> None:
+    text = (
+        "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n"
+        "40 22 0:6 / /sys/kernel/debug rw - debugfs debugfs rw\n"
+        "77 1 0:21 / /host/my\\040sys rw shared:5 - sysfs sysfs rw\n"
+        "78 1 0:21 / /host/tab\\011back\\134slash rw - sysfs sysfs rw\n"
+        "garbage\n"
+        "1 2 3 4 /tmp/x - tmpfs tmpfs rw\n"
+        # A container runtime mounting a tmpfs over a sysfs hides it, as the kernel does.
+        "90 1 0:21 / /covered rw - sysfs sysfs rw\n"
+        "91 1 0:40 / /covered rw - tmpfs tmpfs rw\n"
+    )
+    assert sysfs_mount_points(text) == {"/sys", "/host/my sys", "/host/tab\tback\\slash"}
+
+
+@given(st.text(max_size=200))
+def test_sysfs_mount_points_never_raises(text: str) -> None:
+    assert isinstance(sysfs_mount_points(text), frozenset)
+
+
+def test_is_sysfs_mount(tmp_path: Path) -> None:
+    table = tmp_path / "mountinfo"
+    table.write_text(f"22 1 0:21 / {tmp_path} rw - sysfs sysfs rw\n")
+    assert is_sysfs_mount(tmp_path, str(table)) is True
+    # The mount point itself, not a directory inside it: that is no sysfs root.
+    assert is_sysfs_mount(tmp_path / "class", str(table)) is False
+    # An unreadable table is neither answer; each caller picks its safe guess.
+    assert is_sysfs_mount(tmp_path, str(tmp_path / "absent")) is None
+    assert is_sysfs_mount(tmp_path) is False
+    # The live kernel's, by the real table: what decides udev mode and the ethtool ioctl in production.
+    if not is_sysfs_mount("/sys"):
+        skip_or_fail("/sys is not a sysfs mount here")
 
 
 # --- the pool -----------------------------------------------------------------------------------------
@@ -323,7 +358,7 @@ def test_real_sysfs_kept_file_gives_fresh_values() -> None:
     path = "/sys/class/net/lo/statistics/tx_packets"
     if not os.path.exists(path):
         skip_or_fail(f"no sysfs loopback ({path})")
-    assert is_sysfs(path)
+    assert is_sysfs_mount("/sys")
     files = OpenFiles(FileBudget(4))
     before = int(files.read(path))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, socket.socket(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .collect.engine import Inventory
+from .parse.reader import is_sysfs_mount
 
 log = logging.getLogger(__name__)
 
@@ -107,26 +108,6 @@ def _devices_on_function(inventory: Inventory, pci_address: str | None) -> list[
     if pci_address is None:
         return []
     return sorted(device for device, info in inventory.cached().items() if info.pci_address == pci_address)
-
-
-def is_kernel_sysfs(path: Path) -> bool:
-    """True if `path` is a sysfs mount (the kernel's view), not a copied tree: events only describe that."""
-    try:
-        target = os.path.realpath(path)
-        with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
-            best, fstype = "", ""
-            for line in mounts:
-                fields, _, tail = line.partition(" - ")
-                parts = fields.split(" ")
-                if len(parts) < 5 or not tail:
-                    continue
-                point = parts[4].replace("\\040", " ")
-                inside = target == point or target.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, fstype = point, tail.split(" ", 1)[0]
-        return fstype == "sysfs" and target == best
-    except OSError:
-        return False
 
 
 class HotplugMonitor:
@@ -217,7 +198,7 @@ def start_monitor(
     sys_root: Path, inventory: Callable[[], Inventory], *, source: str | None = None
 ) -> tuple[HotplugMonitor | None, str]:
     """Start the udev monitor if it can describe `sys_root`; returns it (or None) and a mode for the log."""
-    if source is None and not is_kernel_sysfs(sys_root):
+    if source is None and is_sysfs_mount(sys_root) is not True:
         return None, f"rescan ({sys_root} is not the kernel's sysfs mount, so uevents do not describe it)"
     try:
         import pyudev

@@ -45,7 +45,7 @@ from ..parse.reader import (
     OpenFiles,
     ReadErrors,
     SysfsReader,
-    is_sysfs,
+    is_sysfs_mount,
 )
 from .base import FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source
 
@@ -687,8 +687,9 @@ class RdmaCollector(Collector):
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
         self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
-        # Kept-open files of a fixture tree (not sysfs) may outlive their paths: check them (OpenFiles).
-        self._verify_files = not is_sysfs(sys_root)
+        # Kept-open files of a fixture tree (not sysfs) may outlive their paths: check them (OpenFiles),
+        # also when the mounts cannot be read.
+        self._verify_files = is_sysfs_mount(sys_root) is not True
         # Series text of the previous scrape, reused by FamilySet.render_text.
         self.prefixes = SeriesPrefixes()
 

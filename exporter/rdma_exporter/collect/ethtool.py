@@ -15,7 +15,6 @@ and the other netdevs are unaffected.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from ..parse.ethtool import (
 )
 from ..parse.infiniband import DeviceInfo
 from ..parse.netdev import Locality
-from ..parse.reader import REASON_IO, REASON_MALFORMED, SysfsReader
+from ..parse.reader import REASON_IO, REASON_MALFORMED, SysfsReader, is_sysfs_mount
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, lint_safe
 from .netdev import SeenNetdevs
 
@@ -167,23 +166,6 @@ EXTRA_DYNAMIC: Final = DynamicMetricSpec(
 )
 
 
-def _unescape_mount(path: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
-
-
-def sysfs_mount_points(mountinfo: str) -> frozenset[str]:
-    """Mount points of sysfs in a /proc/<pid>/mountinfo text; lines that do not parse are ignored."""
-    points = set()
-    for line in mountinfo.splitlines():
-        fields, sep, tail = line.partition(" - ")
-        parts = fields.split(" ")
-        if not sep or len(parts) < 5 or tail.split(" ", 1)[0] != "sysfs":
-            continue
-        points.add(_unescape_mount(parts[4]))
-    return frozenset(points)
-
-
 @lru_cache(maxsize=8)
 def live_sysfs(sys_root: str) -> bool:
     """Is `sys_root` a mounted sysfs (the live kernel), rather than a fixture tree on disk?
@@ -191,12 +173,7 @@ def live_sysfs(sys_root: str) -> bool:
     Only then do the tree's netdev names mean anything to the ioctl. When mountinfo cannot be read the
     answer is yes: better a counted failure than silence on a real host.
     """
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            points = sysfs_mount_points(f.read())
-    except OSError:
-        return True
-    return os.path.realpath(sys_root) in points
+    return is_sysfs_mount(sys_root) is not False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import sys
 import threading
 import time
@@ -277,23 +278,42 @@ class OpenFiles:
             self.close()
 
 
-def is_sysfs(path: str | os.PathLike[str]) -> bool:
-    """True if `path` lies on a sysfs mount (by /proc/self/mountinfo; False when that cannot be read)."""
-    target = os.path.realpath(path)
-    best, fstype = "", ""
+def _unescape_mount(path: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
+
+
+def mount_types(mountinfo: str) -> dict[str, str]:
+    """Mount point -> filesystem type, from a /proc/<pid>/mountinfo text.
+
+    A later mount on the same point hides the earlier one, as in the kernel; lines that do not parse are
+    ignored.
+    """
+    types: dict[str, str] = {}
+    for line in mountinfo.splitlines():
+        fields, sep, tail = line.partition(" - ")
+        parts = fields.split(" ")
+        if sep and len(parts) >= 5 and tail:
+            types[_unescape_mount(parts[4])] = tail.split(" ", 1)[0]
+    return types
+
+
+def sysfs_mount_points(mountinfo: str) -> frozenset[str]:
+    """Mount points of sysfs in a /proc/<pid>/mountinfo text."""
+    return frozenset(point for point, fstype in mount_types(mountinfo).items() if fstype == "sysfs")
+
+
+def is_sysfs_mount(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> bool | None:
+    """True if a sysfs is mounted at `path` (the live kernel's view), False if not (a fixture tree).
+
+    None when the mount table cannot be read: each caller decides what is the safe guess.
+    """
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if " - " not in line or len(fields) < 5:
-                    continue
-                point = fields[4].replace("\\040", " ")
-                inside = target == point or target.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, fstype = point, line.split(" - ", 1)[1].split()[0]
+        with open(mountinfo, encoding="utf-8", errors="replace") as mounts:
+            text = mounts.read()
     except OSError:
-        return False
-    return fstype == "sysfs"
+        return None
+    return os.path.realpath(path) in sysfs_mount_points(text)
 
 
 class SysfsReader:
