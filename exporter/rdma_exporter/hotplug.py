@@ -187,9 +187,12 @@ class HotplugMonitor:
             except UnicodeDecodeError as exc:
                 # pyudev decodes values strictly, and a netdev may be named with any bytes: the event
                 # is lost, so (as after an overflow) what changed is unknown.
-                self.undecodable += 1
                 log.warning("cannot decode a uevent (%s); re-reading every device", exc)
                 self._inventory().invalidate()
+                # Counted once acted on, as events are: a reader of the count sees the invalidation.
+                with self.changed:
+                    self.undecodable += 1
+                    self.changed.notify_all()
                 continue
             self.handle(Event.from_properties(properties))
 
