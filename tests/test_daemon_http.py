@@ -12,7 +12,6 @@ import gzip
 import http.client
 import os
 import queue
-import shutil
 import signal
 import socket
 import ssl
@@ -644,12 +643,12 @@ def test_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path
     assert reply.status == 200 and b"rdma_exporter_devices 3.0" in reply.body
     assert refused(daemon.port, ssl.create_default_context())  # a client that does not trust our CA
     assert refused(daemon.port, None)  # plain HTTP to the TLS port gets no HTTP answer
-    if shutil.which("curl"):
-        curl = subprocess.run(
-            ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
-            capture_output=True, text=True, timeout=20,
-        )
-        assert curl.stdout == "ok\n", curl.stderr
+    require_binary("curl")  # a client TLS stack other than ours
+    curl = subprocess.run(
+        ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert curl.stdout == "ok\n", curl.stderr
     assert "(HTTPS)" in daemon.log()
 
 
@@ -696,18 +695,18 @@ def test_mutual_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     assert refused(daemon.port, client_context(pki))  # no client certificate
     assert refused(daemon.port, client_context(pki, "rogue"))  # signed by a CA we do not trust
     assert refused(daemon.port, client_context(pki, "intruder"))  # trusted CA, SAN not allowed
-    if shutil.which("curl"):
-        ok = subprocess.run(
-            ["curl", "-sS", "--cacert", str(pki.ca), "--cert", str(pki.client_cert), "--key", str(pki.client_key),
-             f"https://127.0.0.1:{daemon.port}/healthz"],
-            capture_output=True, text=True, timeout=20,
-        )
-        assert ok.stdout == "ok\n", ok.stderr
-        no_cert = subprocess.run(
-            ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
-            capture_output=True, text=True, timeout=20,
-        )
-        assert no_cert.returncode != 0
+    require_binary("curl")  # a client TLS stack other than ours
+    ok = subprocess.run(
+        ["curl", "-sS", "--cacert", str(pki.ca), "--cert", str(pki.client_cert), "--key", str(pki.client_key),
+         f"https://127.0.0.1:{daemon.port}/healthz"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert ok.stdout == "ok\n", ok.stderr
+    no_cert = subprocess.run(
+        ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert no_cert.returncode != 0
     assert "client certificates required" in daemon.log()
 
 
@@ -761,13 +760,13 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     assert get(daemon.port, "/healthz", context=context, headers=basic("prometheus", "s3cret")).status == 200
     # The cache must not let a wrong password in once the right one has been seen (found by review).
     assert get(daemon.port, context=context, headers=basic("prometheus", "wrong")).status == 401
-    if shutil.which("curl"):
-        curl = subprocess.run(
-            ["curl", "-sS", "--cacert", str(pki.ca), "-u", "prometheus:s3cret",
-             f"https://127.0.0.1:{daemon.port}/healthz"],
-            capture_output=True, text=True, timeout=20,
-        )
-        assert curl.stdout == "ok\n", curl.stderr
+    require_binary("curl")  # a client TLS stack other than ours
+    curl = subprocess.run(
+        ["curl", "-sS", "--cacert", str(pki.ca), "-u", "prometheus:s3cret",
+         f"https://127.0.0.1:{daemon.port}/healthz"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert curl.stdout == "ok\n", curl.stderr
 
 
 def test_unknown_users_cost_as_much_as_the_costliest_configured_hash(tmp_path: Path) -> None:

@@ -7,9 +7,7 @@ tests skip with the reason when one is missing and CI is not set.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -24,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_exporter.config import parse_config
 from rdma_exporter.daemon import build_collector, build_registry
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
+
+from conftest import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
@@ -72,15 +72,6 @@ STATE_ALERTS = {
 }
 
 
-def binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{name} is not installed; CI must install it (Debian: prometheus / prometheus-alertmanager)")
-        pytest.skip(f"{name} is not installed (Debian packages prometheus and prometheus-alertmanager)")
-    return path
-
-
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
 
@@ -102,7 +93,7 @@ ALERT_NAMES = sorted({rule["alert"] for rule in alerts()})
 
 
 def test_promtool_check_rules() -> None:
-    promtool = binary("promtool")
+    promtool = require_binary("promtool")
     result = run(promtool, "check", "rules", *map(str, RULE_FILES))
     assert result.returncode == 0, result.stdout + result.stderr
     # Lint findings (duplicate rules...) are printed without failing the exit code.
@@ -111,7 +102,7 @@ def test_promtool_check_rules() -> None:
 
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
 def test_promtool_unit_tests(test_file: Path) -> None:
-    promtool = binary("promtool")
+    promtool = require_binary("promtool")
     result = run(promtool, "test", "rules", test_file.name, cwd=test_file.parent)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -159,7 +150,7 @@ def test_rules_keep_clusters_apart(test_file: Path, tmp_path: Path) -> None:
     without group_left drops it); and every join and description query must match on it, or the two
     clusters' ports meet in one match group. Tests that already set clusters of their own are left as
     they are."""
-    promtool = binary("promtool")
+    promtool = require_binary("promtool")
     document = yaml.safe_load(test_file.read_text())
     document["rule_files"] = [str((test_file.parent / name).resolve()) for name in document["rule_files"]]
     rewritten = 0
@@ -283,7 +274,7 @@ def test_no_orphan_runbooks() -> None:
 
 
 def test_amtool_check_config() -> None:
-    amtool = binary("amtool")
+    amtool = require_binary("amtool")
     result = run(amtool, "check-config", str(ALERTMANAGER / "alertmanager.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -293,7 +284,7 @@ ROUTE_CASES = yaml.safe_load((ALERTMANAGER / "routes-tests.yaml").read_text())
 
 @pytest.mark.parametrize("case", ROUTE_CASES, ids=lambda c: "-".join(f"{v}" for v in c["labels"].values())[:60])
 def test_amtool_routes(case: dict[str, Any]) -> None:
-    amtool = binary("amtool")
+    amtool = require_binary("amtool")
     labels = [f"{key}={value}" for key, value in case["labels"].items()]
     result = run(
         amtool,
