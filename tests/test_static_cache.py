@@ -78,7 +78,9 @@ RESCAN_MAX_AGE = 300.0  # rescan mode (no change events): static info is at most
 RETRY = 60.0  # static info read with errors or not settled (a device in reset) is read again after 1 minute
 UDEV_RESYNC = 900.0  # udev mode: relist and re-read everything every 15 minutes, in case events were lost
 JUST_BEFORE = 0.001
-T0 = 1000.0  # the engine only compares differences of its clock
+# Below the resync period, as a monotonic clock is for an exporter started soon after boot: the engine
+# must only compare differences of its clock.
+T0 = 100.0
 
 
 class FakeClock:
@@ -170,6 +172,22 @@ def test_udev_mode_rereads_everything_at_the_resync(tmp_path: Path) -> None:
     assert fw_of(collector, "mlx5_0") == "99.1.2"
     clock.now = T0 + 2 * UDEV_RESYNC - JUST_BEFORE
     assert rereads(collector) == set()
+
+
+def test_a_full_invalidation_restarts_the_resync_period(tmp_path: Path) -> None:
+    # invalidate() with no device (a uevent overflow or an undecodable event) re-reads everything, which
+    # is what the resync does: the next resync is due a full period after it, not seconds later.
+    _, collector, clock = clocked_collector(tmp_path, rescan=False)
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
+    clock.now = T0 + UDEV_RESYNC / 2
+    collector.inventory.invalidate()
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
+    clock.now = T0 + UDEV_RESYNC
+    assert rereads(collector) == set()
+    clock.now = T0 + UDEV_RESYNC * 1.5 - JUST_BEFORE
+    assert rereads(collector) == set()
+    clock.now = T0 + UDEV_RESYNC * 1.5
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
 
 
 def test_mark_dirty_relists_but_keeps_static_info(tmp_path: Path) -> None:

@@ -208,9 +208,10 @@ class Inventory:
         self._clock = clock
         self._lock = threading.Lock()
         self._listing: list[tuple[str, str]] | None = None  # (name, link target) of allowed devices
-        # When udev mode last relisted and re-read everything. Not moved by the relists that events
-        # cause: on a node with an event every few minutes the resync would never come.
-        self._resynced_at = 0.0
+        # When udev mode last relisted and re-read everything (never, before the first scan). Not moved
+        # by the relists that events cause: on a node with an event every few minutes the resync would
+        # never come.
+        self._resynced_at = -math.inf
         # name -> (target, info, read at, read without errors)
         self._cache: dict[str, tuple[str, DeviceInfo, float, bool]] = {}
         self._epoch_all = 0
@@ -227,6 +228,7 @@ class Inventory:
             if name is None:
                 self._epoch_all += 1
                 self._cache.clear()
+                self._resynced_at = self._clock()  # this is a resync: the next is due a period later
             else:
                 self._epochs[name] = self._epochs.get(name, 0) + 1
                 self._cache.pop(name, None)
