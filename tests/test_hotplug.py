@@ -230,9 +230,20 @@ class UndecodableDevice:
 
 def test_monitor_survives_an_undecodable_event_and_falls_back_to_rescans_if_it_dies(tree: Path) -> None:
     collector, fake, monitor = monitor_on_fake_events(tree)
+    invalidate = collector.inventory.invalidate
+    counted_at_invalidation: list[int] = []
+
+    def watched_invalidate(name: str | None = None) -> None:
+        counted_at_invalidation.append(monitor.undecodable)
+        invalidate(name)
+
+    collector.inventory.invalidate = watched_invalidate  # type: ignore[method-assign]
     try:
         (real_dir(tree, "mlx5_2") / "fw_ver").write_text("7.7.7\n")
         fake.items.put(UndecodableDevice())  # lost: every device is read again
+        # Counted once acted on: whoever sees the count sees the invalidation too.
+        wait_until(lambda: monitor.undecodable == 1)
+        assert counted_at_invalidation == [0]
         fake.items.put(FakeDevice({"ACTION": "change", "SUBSYSTEM": "infiniband", "DEVPATH": "/devices/x/mlx5_0"}))
         assert monitor.wait_for_events(1, 5)
         assert monitor.running
@@ -296,9 +307,7 @@ def uevent_helper(workdir: str) -> None:
     stale = fw_of(collector, "mlx5_1")  # static info is cached: no event, no re-read
     # A netdev named with bytes that are not UTF-8, which pyudev cannot decode: it once killed the
     # monitor thread, and the cache went stale until the next resync. The lost event must re-read every
-    # device. Wait for that re-read itself, not for monitor.undecodable: the thread counts the event
-    # before it invalidates the cache, so a scrape right after the count could still be served from the
-    # old cache, and the invalidation then landed after the fw_ver write below.
+    # device. Wait for that re-read itself: it is what an operator needs from the lost event.
     subprocess.run([b"ip", b"link", b"add", b"odd\xff0", b"type", b"veth", b"peer", b"name", b"oddpeer0"], check=True)
     reread = poll_until(lambda: fw_of(collector, "mlx5_1") == "28.50.0001", UEVENT_DEADLINE)
     undecodable = monitor.undecodable
