@@ -1235,7 +1235,7 @@ def test_a_priority_that_lost_pfc_stays_on_the_dashboard(stack: Stack) -> None:
     board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
     (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRocePfcDisabled"]
     pfc = f'rdma_ethtool_pfc_pause_frames_total{{netdev="{PFC_NETDEV}", priority="{PFC_PRIORITY}"}}'
-    used = f'instance_device_port:rdma_ethtool_pfc_used:present{{netdev="{PFC_NETDEV}", priority="{PFC_PRIORITY}"}}'
+    used = f'instance_device_port:rdma_ethtool_pfc_used:present1d{{netdev="{PFC_NETDEV}", priority="{PFC_PRIORITY}"}}'
     one = {"priority": PFC_PRIORITY}
 
     def lost(chosen: dict[str, str] | None = None) -> float:
