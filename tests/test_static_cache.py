@@ -119,22 +119,24 @@ def fw_of(collector: RdmaCollector, device: str) -> str | None:
     return info.fw_ver if info is not None else None
 
 
-def test_rescan_mode_rereads_static_info_at_its_maximum_age(tmp_path: Path) -> None:
-    # Without uevents a firmware update or a netdev rename is only seen by re-reading: at 300 s, not before
-    # (every scrape would read every static file again) and not later.
-    root, collector, clock = clocked_collector(tmp_path, rescan=True)
+# Rescan mode has no uevents, so a firmware update or a netdev rename is only seen by re-reading: at 300 s,
+# not before (every scrape would read every static file again) and not later. udev mode trusts events, so
+# complete static info has no maximum age; only the 15-minute resync re-reads it, in case one was lost.
+@pytest.mark.parametrize(("rescan", "period"), [(True, RESCAN_MAX_AGE), (False, UDEV_RESYNC)], ids=["rescan", "udev"])
+def test_complete_static_info_is_reread_once_per_period(tmp_path: Path, rescan: bool, period: float) -> None:
+    root, collector, clock = clocked_collector(tmp_path, rescan=rescan)
     assert rereads(collector) == {"mlx5_0", "mlx5_1"}  # cold
     old = fw_of(collector, "mlx5_0")
     (device_dir(root, "mlx5_0") / "fw_ver").write_text("99.1.2\n")
 
-    clock.now = T0 + RESCAN_MAX_AGE - JUST_BEFORE
+    clock.now = T0 + period - JUST_BEFORE
     assert rereads(collector) == set()
     assert fw_of(collector, "mlx5_0") == old
-    clock.now = T0 + RESCAN_MAX_AGE
+    clock.now = T0 + period
     assert rereads(collector) == {"mlx5_0", "mlx5_1"}
     assert fw_of(collector, "mlx5_0") == "99.1.2"
-    # The age restarts at the re-read.
-    clock.now = T0 + 2 * RESCAN_MAX_AGE - JUST_BEFORE
+    # The period restarts at the re-read.
+    clock.now = T0 + 2 * period - JUST_BEFORE
     assert rereads(collector) == set()
 
 
@@ -154,24 +156,6 @@ def test_unsettled_static_info_is_reread_after_the_retry_period(tmp_path: Path, 
     assert rereads(collector) == set()
     clock.now = T0 + 2 * RETRY
     assert rereads(collector) == {"mlx5_1"}
-
-
-def test_udev_mode_rereads_everything_at_the_resync(tmp_path: Path) -> None:
-    # udev mode trusts events, so complete static info has no maximum age (not rescan mode's 300 s); only
-    # the 15-minute resync re-reads it, in case an event was lost.
-    root, collector, clock = clocked_collector(tmp_path, rescan=False)
-    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
-    old = fw_of(collector, "mlx5_0")
-    (device_dir(root, "mlx5_0") / "fw_ver").write_text("99.1.2\n")
-
-    clock.now = T0 + UDEV_RESYNC - JUST_BEFORE
-    assert rereads(collector) == set()
-    assert fw_of(collector, "mlx5_0") == old
-    clock.now = T0 + UDEV_RESYNC
-    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
-    assert fw_of(collector, "mlx5_0") == "99.1.2"
-    clock.now = T0 + 2 * UDEV_RESYNC - JUST_BEFORE
-    assert rereads(collector) == set()
 
 
 def test_a_full_invalidation_restarts_the_resync_period(tmp_path: Path) -> None:
