@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite uses on a fresh Debian machine: the real Prometheus tools the
 # tests run against (promtool, prometheus, alertmanager, amtool, node_exporter), the network and
-# tracing tools (ethtool, iproute2, strace, openssl, systemd-analyze), and the Python package with
+# tracing tools (ethtool, iproute2, strace, openssl, curl, systemd-analyze), and the Python package with
 # its test extras. Safe to run again: apt and pip skip what is already there.
 set -euo pipefail
 
@@ -17,7 +17,7 @@ DEBIAN_PACKAGES=(
     openssl                    # certificates for the TLS tests
     systemd                    # systemd-analyze verify / security for the unit
     udev                       # a udev daemon for the hotplug test where the host allows one
-    curl
+    curl                       # a second TLS client for the HTTPS tests
 )
 
 as_root() {
