@@ -305,3 +305,83 @@ def test_the_link_partner_caps_what_counts_as_degraded(tmp_path: Path) -> None:
     assert got is not None and reader.errors.total() == 0
     assert (got.partner_max_speed_gts, got.partner_max_width) == (None, None)
     assert got.degraded is True
+
+
+def test_parse_aer_bounds_and_repeated_total() -> None:
+    # Counters are u64 ("%llu"): 2**64 - 1 is a count, 2**64 cannot be one. A repeated TOTAL_ERR_* line
+    # keeps its first value, as a repeated error type does.
+    parsed = parse_aer(f"RxErr {2**64 - 1}\nBadTLP {2**64}\nTOTAL_ERR_COR 3\nTOTAL_ERR_COR 9\n")
+    assert parsed.counts == {"RxErr": 2**64 - 1}
+    assert parsed.malformed == (f"BadTLP {2**64}",)
+    assert parsed.total == 3
+
+
+def pf_link(
+    current_speed: str, current_width: str, max_speed: str = "32.0 GT/s PCIe\n", max_width: str = "16\n"
+) -> dict[str, str]:
+    return {
+        "current_link_speed": current_speed,
+        "max_link_speed": max_speed,
+        "current_link_width": current_width,
+        "max_link_width": max_width,
+    }
+
+
+@pytest.mark.parametrize(
+    ("link", "degraded"),
+    [
+        (pf_link("32.0 GT/s PCIe\n", "16\n"), False),
+        # Full speed on half the lanes (a bifurcated slot, a bad riser): half the bandwidth all the same.
+        (pf_link("32.0 GT/s PCIe\n", "8\n"), True),
+        (pf_link("16.0 GT/s PCIe\n", "16\n"), True),
+        # x12 is a width the spec defines (LNKCAP 001100b); a device trained at its x12 maximum is fine.
+        (pf_link("8 GT/s\n", "12\n", "8 GT/s\n", "12\n"), False),
+        (pf_link("8 GT/s\n", "8\n", "8 GT/s\n", "12\n"), True),
+    ],
+    ids=["full", "half-width", "half-speed", "x12", "x8-of-x12"],
+)
+def test_degraded_by_speed_or_width_alone(tmp_path: Path, link: dict[str, str], degraded: bool) -> None:
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(function(tmp_path, PF, link), reader)
+    assert got is not None and reader.errors.total() == 0
+    assert got.degraded is degraded
+    assert got.current_width == int(link["current_link_width"])
+
+
+def test_the_link_partner_caps_the_width_too(tmp_path: Path) -> None:
+    """An x16 HCA in a slot wired x8 (its root port's maximum is x8) trains x8 at best: not degraded."""
+    port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": "8\n"})
+    in_x8_slot = port / PF
+    in_x8_slot.mkdir()
+    for name, text in pf_link("32.0 GT/s PCIe\n", "8\n").items():
+        (in_x8_slot / name).write_text(text)
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(in_x8_slot, reader)
+    assert got is not None and reader.errors.total() == 0
+    assert (got.partner_max_speed_gts, got.partner_max_width, got.max_width) == (32.0, 8, 16)
+    assert got.degraded is False
+    # The same slot trained x4: below what both ends can do.
+    (in_x8_slot / "current_link_width").write_text("4\n")
+    got = read_pcie_link(in_x8_slot, reader)
+    assert got is not None and got.degraded is True
+
+
+def test_function_with_aer_files_only_is_read(tmp_path: Path) -> None:
+    # A function whose link files are not shown still has AER statistics worth exporting.
+    only_aer = function(tmp_path, PF, {"aer_dev_correctable": "RxErr 5\nTOTAL_ERR_COR 5\n"})
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(only_aer, reader)
+    assert got is not None and reader.errors.total() == 0
+    assert None is got.current_speed_gts is got.max_speed_gts is got.current_width is got.max_width is got.degraded
+    assert (got.aer, got.aer_totals) == ({("correctable", "RxErr"): 5}, {"correctable": 5})
+
+
+def test_a_bus_speed_in_mhz_is_no_link_speed_but_no_error(tmp_path: Path) -> None:
+    # pci_speed_string() also names conventional PCI / PCI-X bus speeds ("33 MHz PCI", "133 MHz PCI-X"):
+    # not a PCIe rate, and not garbage either.
+    pf = function(tmp_path, PF, pf_link("33 MHz PCI\n", "16\n", "133 MHz PCI-X\n"))
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(pf, reader)
+    assert got is not None
+    assert (got.current_speed_gts, got.max_speed_gts, got.degraded) == (None, None, None)
+    assert reader.errors.total() == 0
