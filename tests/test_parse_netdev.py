@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -9,7 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rdma_exporter.parse.netdev import parse_speed, rdma_port_netdevs, read_netdev
+from rdma_exporter.parse import reader as reader_module
+from rdma_exporter.parse.netdev import (
+    parse_speed,
+    rdma_port_netdevs,
+    read_netdev,
+    read_netdev_identity,
+    read_netdev_state,
+)
 from rdma_exporter.parse.reader import REASON_MALFORMED, ReadErrors, SysfsReader
 
 from conftest import symlink, write_files
@@ -47,6 +56,9 @@ def test_missing_netdev_is_none_not_an_error(tmp_path: Path) -> None:
     reader = SysfsReader("x")
     assert read_netdev(PROCFS_SYS, "eth1", reader) is None
     assert read_netdev(PROCFS_SYS, "../net", reader) is None
+    # "." and ".." are directories under class/net, but no netdev can have those names.
+    assert read_netdev(PROCFS_SYS, ".", reader) is None
+    assert read_netdev(PROCFS_SYS, "..", reader) is None
     assert read_netdev(tmp_path, "eth0", reader) is None
     assert reader.errors.total() == 0
 
@@ -284,3 +296,65 @@ def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
     # Numeric GID order (a plain sort would put 10 before 2): own netdev first, then the VLAN uppers.
     assert rdma_port_netdevs(tmp_path, "mlx5_2", 1, reader) == ["eth2", "eth2.100", "eth2.200"]
     assert reasons(reader) == {REASON_MALFORMED: 1}
+
+
+def test_admin_down_attributes_answer_einval_which_is_no_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # While a netdev is administratively down, carrier, speed and duplex fail their read with EINVAL
+    # (the kernel has no answer, as for lo's speed); an unpopulated GID entry answers ENODATA.
+    write_files(
+        tmp_path,
+        {
+            "class/net/ens1f0np0/operstate": "down\n",
+            "class/net/ens1f0np0/address": "\n",  # a device without a hardware address prints an empty line
+            "class/net/ens1f0np0/carrier": "",
+            "class/net/ens1f0np0/speed": "",
+            "class/net/ens1f0np0/duplex": "",
+            "class/net/ens1f0np0/mtu": "4200\n",
+            f"{PF0}/net/ens1f0np0/dev_port": "0\n",
+            "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0": "ens1f0np0\n",
+            "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/1": "",
+        },
+    )
+    symlink(tmp_path, "class/infiniband/mlx5_0/device", PF0)
+    answers = {"carrier": errno.EINVAL, "speed": errno.EINVAL, "duplex": errno.EINVAL, "1": errno.ENODATA}
+    real_read_once = reader_module._read_once
+
+    def read_once(path: str | os.PathLike[str]) -> bytes:
+        code = answers.get(os.path.basename(path))
+        if code is not None:
+            raise OSError(code, os.strerror(code))
+        return real_read_once(path)
+
+    monkeypatch.setattr(reader_module, "_read_once", read_once)
+    reader = SysfsReader("mlx5_0")
+    dev = read_netdev(tmp_path, "ens1f0np0", reader)
+    assert dev is not None
+    assert (dev.operstate, dev.carrier, dev.speed_bps, dev.duplex, dev.mtu, dev.address) == (
+        "down", None, None, None, 4200, None
+    )  # fmt: skip
+    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader) == ["ens1f0np0"]
+    assert reader.errors.total() == 0
+
+
+def test_bond_slaves_and_mode_are_state_not_identity(tmp_path: Path) -> None:
+    # Enslaving and releasing send no uevent: the identity read at startup must not freeze the slaves.
+    bond_tree(tmp_path)
+    reader = SysfsReader("bond0")
+    identity = read_netdev_identity(tmp_path, "bond0", reader)
+    assert identity is not None and identity.bond_slaves == ("ens1f0np0", "ens1f1np1")
+    write_files(
+        tmp_path, {"class/net/bond0/bonding/slaves": "ens1f1np1\n", "class/net/bond0/bonding/mode": "active-backup 1\n"}
+    )
+    bond = read_netdev_state(tmp_path, identity, reader)
+    assert bond is not None
+    assert (bond.bond_slaves, bond.bond_mode) == (("ens1f1np1",), "active-backup")
+    assert reader.errors.total() == 0
+
+
+def test_function_netdevs_without_port_numbers_all_belong_to_the_port(tmp_path: Path) -> None:
+    # Neither dev_port nor dev_id to tell ports apart: every (non-representor) netdev of the function is kept.
+    rdma_device(tmp_path, "mlx5_0")
+    write_files(tmp_path, {f"{PF0}/net/eth0/operstate": "up\n", f"{PF0}/net/eth1/operstate": "up\n"})
+    reader = SysfsReader("mlx5_0")
+    assert sorted(rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader)) == ["eth0", "eth1"]
+    assert reader.errors.total() == 0
