@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from rdma_exporter.parse.pcie import (
     pcie_generation,
     read_pcie_identity,
     read_pcie_link,
+    read_pcie_state,
 )
 from rdma_exporter.parse.reader import REASON_MALFORMED, SysfsReader
 
@@ -384,4 +386,16 @@ def test_a_bus_speed_in_mhz_is_no_link_speed_but_no_error(tmp_path: Path) -> Non
     got = read_pcie_link(pf, reader)
     assert got is not None
     assert (got.current_speed_gts, got.max_speed_gts, got.degraded) == (None, None, None)
+    assert reader.errors.total() == 0
+
+
+def test_function_removed_after_its_identity_was_read_is_gone(tmp_path: Path) -> None:
+    # Hot removal between the cached static read and a scrape: no link at all (no series), not a link
+    # whose every value is unknown, and no failed reads for the files that went with it.
+    pf = function(tmp_path, PF, {**pf_link("32.0 GT/s PCIe\n", "16\n"), "aer_dev_correctable": AER_CORRECTABLE})
+    reader = SysfsReader("mlx5_0")
+    identity = read_pcie_identity(pf, reader)
+    assert identity is not None and identity.max_speed_gts == 32.0
+    shutil.rmtree(pf)
+    assert read_pcie_state(pf, identity, reader) is None
     assert reader.errors.total() == 0
