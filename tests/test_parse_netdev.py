@@ -358,3 +358,18 @@ def test_function_netdevs_without_port_numbers_all_belong_to_the_port(tmp_path: 
     reader = SysfsReader("mlx5_0")
     assert sorted(rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader)) == ["eth0", "eth1"]
     assert reader.errors.total() == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: _function_ndevs returns a function's only netdev for every port without reading dev_port",
+)
+def test_a_lone_netdev_of_the_other_port_is_not_this_ports(tmp_path: Path) -> None:
+    # A ConnectX-3 VPI with port 1 InfiniBand and port 2 Ethernet, IPoIB not loaded: the function's one
+    # netdev is port 2's (mlx4_en sets dev_port = port - 1), and the IB port's GID table names no netdev.
+    # Port 1 must not claim it: the netdev's series would carry port="1" and miss the port-2 join.
+    rdma_device(tmp_path, "mlx4_0")
+    write_files(tmp_path, {f"{PF0}/net/ens2p1/dev_port": "1\n"})
+    reader = SysfsReader("mlx4_0")
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader) == ["ens2p1"]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader) == []
