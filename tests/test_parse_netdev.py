@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import shutil
@@ -11,6 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rdma_exporter.collect.base import FamilySet
+from rdma_exporter.collect.netdev import expose_netdev
 from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.netdev import (
     parse_speed,
@@ -358,6 +361,18 @@ def test_function_netdevs_without_port_numbers_all_belong_to_the_port(tmp_path: 
     reader = SysfsReader("mlx5_0")
     assert sorted(rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader)) == ["eth0", "eth1"]
     assert reader.errors.total() == 0
+
+
+def test_a_driver_statistics_file_cannot_shadow_a_link_counter() -> None:
+    # statistics/ is exported file by file; one named like a link-state counter (carrier_changes) would
+    # give rdma_netdev_carrier_changes_total a second sample for the same labels.
+    dev = read_netdev(PROCFS_SYS, "eth0", SysfsReader("eth0"))
+    assert dev is not None and dev.carrier_changes == 2
+    out = FamilySet()
+    expose_netdev(dataclasses.replace(dev, statistics={"carrier_changes": 99, "rx_bytes": 5}), "mlx5_0", 1, out)
+    samples = {(s.name, s.value) for family in out for s in family.samples if "carrier_changes" in s.name}
+    assert samples == {("rdma_netdev_carrier_changes_total", 2)}
+    assert any(s.name == "rdma_netdev_rx_bytes_total" and s.value == 5 for family in out for s in family.samples)
 
 
 @pytest.mark.xfail(
