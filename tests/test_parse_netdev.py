@@ -375,16 +375,30 @@ def test_a_driver_statistics_file_cannot_shadow_a_link_counter() -> None:
     assert any(s.name == "rdma_netdev_rx_bytes_total" and s.value == 5 for family in out for s in family.samples)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: _function_ndevs returns a function's only netdev for every port without reading dev_port",
-)
 def test_a_lone_netdev_of_the_other_port_is_not_this_ports(tmp_path: Path) -> None:
     # A ConnectX-3 VPI with port 1 InfiniBand and port 2 Ethernet, IPoIB not loaded: the function's one
     # netdev is port 2's (mlx4_en sets dev_port = port - 1), and the IB port's GID table names no netdev.
     # Port 1 must not claim it: the netdev's series would carry port="1" and miss the port-2 join.
     rdma_device(tmp_path, "mlx4_0")
-    write_files(tmp_path, {f"{PF0}/net/ens2p1/dev_port": "1\n"})
+    write_files(
+        tmp_path,
+        {
+            f"{PF0}/net/ens2p1/dev_port": "1\n",
+            "class/infiniband/mlx4_0/ports/1/link_layer": "InfiniBand\n",
+            "class/infiniband/mlx4_0/ports/2/link_layer": "Ethernet\n",
+        },
+    )
     reader = SysfsReader("mlx4_0")
     assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader) == ["ens2p1"]
     assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader) == []
+
+
+def test_a_one_port_devices_lone_netdev_is_its_own_whatever_dev_port_says(tmp_path: Path) -> None:
+    # dev_port numbers a netdev among its function's ports; a driver of a one-port function has no
+    # reason to set it, and a value from elsewhere must not cost the RDMA port its netdev.
+    rdma_device(tmp_path, "mlx5_3")
+    write_files(
+        tmp_path,
+        {f"{PF0}/net/ens3np0/dev_port": "1\n", "class/infiniband/mlx5_3/ports/1/link_layer": "Ethernet\n"},
+    )
+    assert rdma_port_netdevs(tmp_path, "mlx5_3", 1, SysfsReader("mlx5_3")) == ["ens3np0"]

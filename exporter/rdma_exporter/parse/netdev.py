@@ -248,10 +248,12 @@ def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:
     return names
 
 
-def _function_ndevs(net_dir: Path, port: int, reader: SysfsReader) -> list[str]:
+def _function_ndevs(net_dir: Path, port: int, reader: SysfsReader, *, single_port: bool) -> list[str]:
     """Netdevs of the RDMA device's PCI function that belong to `port` (dev_port, else dev_id, is port-1)."""
     candidates = list_dir(net_dir, reader)
-    if len(candidates) <= 1:
+    # A one-port device owns its function's lone netdev whatever dev_port says. On a two-port function
+    # (a ConnectX-3 VPI, IB on port 1 and Ethernet on port 2) the lone netdev may be the other port's.
+    if len(candidates) <= 1 and single_port:
         return candidates
     # switchdev representors sit on the PF too; only the uplink is the port's netdev.
     candidates = [
@@ -293,7 +295,8 @@ def rdma_port_netdevs(sys_root: Path, ib_device: str, port: int, reader: SysfsRe
     device_dir = sys_root / IB_DIR / ib_device
     gids = _gid_ndevs(device_dir / "ports" / str(port), reader)
     names = list(gids)
-    for name in _function_ndevs(device_dir / "device" / "net", port, reader):
+    single_port = sum(entry.isdigit() for entry in list_dir(device_dir / "ports", reader)) <= 1
+    for name in _function_ndevs(device_dir / "device" / "net", port, reader, single_port=single_port):
         master = _bond_master(sys_root, name)
         lag = master is not None and (
             (master in gids and name not in gids) or (not gids and "bond" in ib_device.lower())
