@@ -31,6 +31,8 @@ from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec,
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import (
+    MAX_HEADERS,
+    MAX_REQUEST_LINE,
     SEND_BLOCK_BYTES,
     Exporter,
     HttpServer,
@@ -38,6 +40,7 @@ from rdma_exporter.daemon import (
     Request,
     Response,
     Serving,
+    accepts_gzip,
     build_sources,
     parse_head,
     scrape_timeout,
@@ -367,6 +370,107 @@ def test_parse_head_keeps_what_the_handler_needs() -> None:
     assert (request.method, request.path, request.headers["accept"]) == ("GET", "/metrics", "a, b")
     assert request.keep_alive
     assert not parse_head(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").keep_alive
+
+
+def test_connection_header_is_a_case_insensitive_token_list() -> None:
+    # RFC 9112 9.3: Connection is a list of tokens, compared case-insensitively; HTTP/1.0 keeps the
+    # connection only when asked to.
+    def keep(version: str, connection: str | None) -> bool:
+        extra = f"Connection: {connection}\r\n" if connection is not None else ""
+        return parse_head(f"GET / {version}\r\n{extra}\r\n".encode()).keep_alive
+
+    assert keep("HTTP/1.1", None) and keep("HTTP/1.1", "keep-alive")
+    assert not keep("HTTP/1.1", "Close")
+    assert not keep("HTTP/1.1", "keep-alive, close")
+    assert not keep("HTTP/1.0", None)
+    assert keep("HTTP/1.0", "Keep-Alive") and keep("HTTP/1.0", "foo, keep-alive")
+
+
+def test_http10_keep_alive_keeps_the_connection() -> None:
+    with InProcessServer(lambda request: Response(200, b"ok")) as server, socket.create_connection(
+        ("127.0.0.1", server.port), timeout=10
+    ) as sock:
+        reader = sock.makefile("rb")
+        for _ in range(2):  # the second request on the same socket is answered too
+            sock.sendall(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            head = b"".join(iter(reader.readline, b"\r\n"))
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: keep-alive" in head, head
+            assert reader.read(2) == b"ok"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        # Heads longer than the buffer and never finished: answered at once, not at the head timeout.
+        (b"GET /" + b"a" * 20000, 414),
+        (b"GET / HTTP/1.1\r\nX-Big: " + b"b" * 20000, 431),
+    ],
+    ids=["endless-line", "endless-header"],
+)
+def test_heads_over_the_buffer_are_refused_before_they_end(request_bytes: bytes, status: int) -> None:
+    with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=30) as server:
+        started = time.monotonic()
+        assert status_of(raw(server.port, request_bytes, timeout=20)) == status
+        assert time.monotonic() - started < 15
+
+
+def test_heads_at_the_limits_are_accepted() -> None:
+    line = b"GET /" + b"a" * (MAX_REQUEST_LINE - len(b"GET / HTTP/1.1")) + b" HTTP/1.1"
+    assert len(line) == MAX_REQUEST_LINE
+    headers = b"".join(b"X-%d: 1\r\n" % i for i in range(MAX_HEADERS))
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
+        assert status_of(raw(server.port, line + b"\r\nConnection: close\r\n\r\n")) == 200
+        assert status_of(raw(server.port, b"GET / HTTP/1.1\r\n" + headers + b"\r\n")) == 200
+        # Some clients send an empty body's length on a GET.
+        assert status_of(raw(server.port, b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")) == 200
+
+
+def test_head_requests_get_no_body_on_the_wire() -> None:
+    # http.client never reads a HEAD answer's body, so only the raw bytes show one sent by mistake (which
+    # would be read as the next answer on a kept connection).
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
+        answer = raw(server.port, b"HEAD / HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and b"Content-Length: 2\r\n" in answer
+    assert answer.endswith(b"\r\n\r\n"), answer
+
+
+def test_a_failing_handler_answers_500_and_closes() -> None:
+    def handler(request: Request) -> Response:
+        if request.path == "/boom":
+            raise RuntimeError("bug")
+        return Response(200, b"ok")
+
+    with InProcessServer(handler, workers=1) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"GET /boom HTTP/1.1\r\n\r\n")
+            closed, answer = closed_within(sock, 10)
+        assert closed and answer.startswith(b"HTTP/1.1 500") and b"Connection: close" in answer
+        assert get(server.port, "/").status == 200  # the only worker survived
+
+
+def test_web_config_headers_are_on_every_answer(tmp_path: Path) -> None:
+    config = web_config(tmp_path, "http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    web = load_web_config(config)
+    with InProcessServer(
+        lambda request: Response(200 if request.path == "/" else 404, b"x"), headers=lambda: web.headers  # type: ignore[arg-type]
+    ) as server:
+        assert get(server.port, "/").headers["x-frame-options"] == "deny"
+        assert get(server.port, "/missing").headers["x-frame-options"] == "deny"
+
+
+def test_accept_encoding_negotiation() -> None:
+    assert accepts_gzip("gzip") and accepts_gzip("GZIP") and accepts_gzip("x-gzip")
+    assert accepts_gzip("deflate, gzip;q=0.5") and accepts_gzip("gzip;q=0.001")
+    assert not accepts_gzip("") and not accepts_gzip("identity") and not accepts_gzip("*")
+    assert not accepts_gzip("gzip;q=0") and not accepts_gzip("gzip; q=0.000") and not accepts_gzip("gzip;Q=0")
+
+
+def test_gzip_answers_say_they_vary_with_accept_encoding(tree: Path) -> None:
+    # A cache between Prometheus and the exporter must not hand gzip to a client that did not ask for it.
+    exporter = Exporter(Serving(replace(Config(), sysfs=tree), RdmaCollector(tree, []), WebConfig()))
+    for headers in ({}, {"accept-encoding": "gzip"}):
+        response = exporter.handle(Request("GET", "/metrics", "HTTP/1.1", headers))
+        assert ("Vary", "Accept-Encoding") in response.headers
 
 
 def test_scrape_timeout_header_shortens_the_deadline() -> None:
