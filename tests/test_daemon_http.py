@@ -27,6 +27,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from rdma_exporter import webconfig
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
@@ -890,6 +891,51 @@ def test_unknown_users_cost_as_much_as_the_costliest_configured_hash(tmp_path: P
     assert bcrypt.checkpw(b"b", auth.dummy_hash) is False  # a hash bcrypt can check (it raises otherwise)
     assert not auth.check(basic("nobody", "b")["Authorization"])
     assert auth.check(basic("cheap", "a")["Authorization"])
+
+
+def test_the_auth_cache_remembers_one_user_and_password_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    same = bcrypt.hashpw(b"shared", bcrypt.gensalt(rounds=4)).decode()
+    other = bcrypt.hashpw(b"theirs", bcrypt.gensalt(rounds=4)).decode()
+    auth = load_web_config(web_config(tmp_path, f"basic_auth_users:\n  a: '{same}'\n  b: '{other}'\n")).auth
+    assert auth is not None
+    now = [1000.0]
+    monkeypatch.setattr(webconfig, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    checks: list[bytes] = []
+    real_checkpw = bcrypt.checkpw
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        checks.append(password)
+        return real_checkpw(password, hashed)
+
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", checkpw)
+    assert auth.check(basic("a", "shared")["Authorization"])
+    assert auth.check(basic("a", "shared")["Authorization"]) and len(checks) == 1  # remembered
+    # Remembered for that user and password only, not for another user (known or not) with that password.
+    assert not auth.check(basic("b", "shared")["Authorization"])
+    assert not auth.check(basic("nobody", "shared")["Authorization"])
+    assert not auth.check(basic("a", "shared2")["Authorization"])
+    # The scheme is case-insensitive (RFC 9110 11.1), as in Go's Request.BasicAuth.
+    assert auth.check("basic " + basic("b", "theirs")["Authorization"].split(" ", 1)[1])
+    checks.clear()
+    now[0] += webconfig.AUTH_CACHE_SECONDS + 1
+    assert auth.check(basic("a", "shared")["Authorization"]) and checks == [b"shared"]  # expired: checked again
+
+
+def test_client_allowed_sans_match_whole_subject_alt_names_only() -> None:
+    web = WebConfig(allowed_sans=frozenset({"prometheus", "192.0.2.7"}))
+    assert WebConfig().peer_allowed(None)  # no list: any verified client (or none, if optional)
+    # VerifyClientCertIfGiven and a client without a certificate: nothing names an allowed SAN.
+    assert not web.peer_allowed(None) and not web.peer_allowed({})
+    assert web.peer_allowed({"subjectAltName": (("DNS", "other"), ("DNS", "prometheus"))})
+    assert web.peer_allowed({"subjectAltName": (("IP Address", "192.0.2.7"),)})
+    for near in ("prometheus.evil.example", "Prometheus", "prometheu", "xprometheus"):
+        assert not web.peer_allowed({"subjectAltName": (("DNS", near),)}), near
+    # exporter-toolkit looks at SANs only: a subject CN or a directory name that matches does not count.
+    cn_only = {"subject": ((("commonName", "prometheus"),),), "subjectAltName": (("DNS", "intruder"),)}
+    assert not web.peer_allowed(cn_only)
+    assert not web.peer_allowed({"subjectAltName": (("DirName", "prometheus"),)})
 
 
 @pytest.mark.parametrize(
