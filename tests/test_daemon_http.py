@@ -563,6 +563,22 @@ def test_idle_connections_hold_no_threads_and_are_bounded() -> None:
             sock.close()
 
 
+def test_a_full_server_closes_the_longest_idle_connection() -> None:
+    with InProcessServer(lambda r: Response(200, b"ok"), max_connections=2, idle_timeout=60) as server:
+        oldest = socket.create_connection(("127.0.0.1", server.port))
+        wait_until(lambda: server.connections() == 1, 10)
+        newer = socket.create_connection(("127.0.0.1", server.port))
+        wait_until(lambda: server.connections() == 2, 10)
+        assert get(server.port, "/").status == 200  # a third client makes room for itself
+        closed, _ = closed_within(oldest, 10)
+        assert closed
+        assert closed_within(newer, 0.5)[0] is False  # the newer idle one is kept
+        newer.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        closed, answer = closed_within(newer, 10)
+        assert answer.startswith(b"HTTP/1.1 200")
+        oldest.close()
+
+
 def test_sequential_requests_run_on_one_worker_and_overlapping_ones_in_parallel() -> None:
     # One warm thread for back-to-back scrapes: workers taking turns each grow their own malloc cache,
     # which showed as slow RSS growth over thousands of scrapes.
@@ -1019,4 +1035,24 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     reload_and_wait("reloaded")
     assert get(daemon.port).status == 401
     assert get(daemon.port, headers=basic("p", "pw")).status == 200
+
+    # A valid config naming a broken web config is rejected as a whole: neither the device filter nor an
+    # open door (no users) is applied, and the running users still log in.
+    web.write_text("basic_auth_users:\n  p: plaintext\n")
+    config.write_text(f'devices:\n  exclude: "mlx5_2"\nweb:\n  config_file: {web}\n')
+    reload_and_wait("reload rejected")
+    assert "basic_auth_users.p: expected a bcrypt hash" in daemon.log()
+    assert get(daemon.port).status == 401
+    assert samples(get(daemon.port, headers=basic("p", "pw")).body.decode())[("rdma_exporter_devices", ())] == 1
     assert daemon.stop() == 0
+
+
+def test_sigint_stops_like_sigterm(start: Callable[..., RunningDaemon], tree: Path) -> None:
+    # Ctrl-C in a terminal (or `kill -INT`): the same clean stop, not a KeyboardInterrupt traceback.
+    daemon = start("--path.sysfs", str(tree))
+    assert get(daemon.port, "/healthz").status == 200
+    daemon.proc.send_signal(signal.SIGINT)
+    assert daemon.proc.wait(20) == 0, daemon.log()
+    assert "received SIGINT, shutting down" in daemon.log() and "Traceback" not in daemon.log()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", daemon.port), timeout=1).close()
