@@ -579,6 +579,34 @@ def test_a_full_server_closes_the_longest_idle_connection() -> None:
         oldest.close()
 
 
+def test_a_client_that_stops_reading_frees_its_worker_at_the_write_timeout() -> None:
+    big = b"x" * (32 << 20)  # far more than loopback socket buffers hold
+
+    def handler(request: Request) -> Response:
+        return Response(200, big if request.path == "/big" else b"ok")
+
+    with InProcessServer(handler, workers=1, write_timeout=1.0) as server, socket.create_connection(
+        ("127.0.0.1", server.port)
+    ) as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(b"GET /big HTTP/1.1\r\n\r\n")  # and never reads the answer
+        # The only worker gives up on it, then serves the next client.
+        assert get(server.port, "/", timeout=20).status == 200
+
+
+def test_a_kept_connection_waits_the_idle_timeout_not_the_head_timeout() -> None:
+    # Prometheus reuses its connection between scrapes: a kept connection is idle, not a slow request.
+    with InProcessServer(lambda r: Response(200, b"ok"), head_timeout=0.3, idle_timeout=30) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/")
+        conn.getresponse().read()
+        first = conn.sock
+        assert closed_within(first, 1.5)[0] is False  # five head timeouts later, still open
+        conn.request("GET", "/")
+        assert conn.getresponse().read() == b"ok" and conn.sock is first
+        conn.close()
+
+
 def test_sequential_requests_run_on_one_worker_and_overlapping_ones_in_parallel() -> None:
     # One warm thread for back-to-back scrapes: workers taking turns each grow their own malloc cache,
     # which showed as slow RSS growth over thousands of scrapes.
@@ -803,6 +831,26 @@ def test_tls_without_min_version_refuses_tls11(pki: Pki, tmp_path: Path) -> None
     with InProcessServer(lambda request: Response(200, b"ok"), tls=lambda: context) as server:  # type: ignore[arg-type]
         assert get(server.port, "/", context=client_context(pki)).status == 200
         assert refused(server.port, old)
+
+
+def test_a_client_that_never_finishes_its_tls_handshake_is_closed_at_the_head_timeout(
+    pki: Pki, tmp_path: Path
+) -> None:
+    config = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    context = load_web_config(config).ssl_context
+    with InProcessServer(
+        lambda request: Response(200, b"ok"), tls=lambda: context, head_timeout=0.5, idle_timeout=60  # type: ignore[arg-type]
+    ) as server, socket.create_connection(("127.0.0.1", server.port)) as silent:
+        closed, _ = closed_within(silent, 20)  # well before the idle timeout
+        assert closed
+        assert get(server.port, "/", context=client_context(pki)).status == 200
+        # Once the handshake is done the connection is idle, with the idle timeout.
+        with client_context(pki).wrap_socket(
+            socket.create_connection(("127.0.0.1", server.port)), server_hostname="127.0.0.1"
+        ) as secure:
+            assert closed_within(secure, 1.5)[0] is False
+            secure.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert closed_within(secure, 10)[1].startswith(b"HTTP/1.1 200")
 
 
 def mutual_tls_config(tmp_path: Path, pki: Pki, allowed_sans: str) -> Path:
