@@ -987,6 +987,18 @@ def test_the_auth_cache_remembers_one_user_and_password_for_a_while(
     assert auth.check(basic("a", "shared")["Authorization"]) and checks == [b"shared"]  # expired: checked again
 
 
+def test_a_user_not_in_the_file_never_logs_in(tmp_path: Path) -> None:
+    # Unknown users are checked against a dummy hash to take as long as known ones; even a password that
+    # matched that dummy must not let them in.
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    auth = load_web_config(web_config(tmp_path, f"basic_auth_users:\n  p: '{hashed}'\n")).auth
+    assert auth is not None
+    auth.dummy_hash = bcrypt.hashpw(b"guess", bcrypt.gensalt(rounds=4))
+    assert not auth.check(basic("nobody", "guess")["Authorization"])
+    assert not auth.check(basic("", "guess")["Authorization"])
+    assert auth.check(basic("p", "pw")["Authorization"])
+
+
 def test_client_allowed_sans_match_whole_subject_alt_names_only() -> None:
     web = WebConfig(allowed_sans=frozenset({"prometheus", "192.0.2.7"}))
     assert WebConfig().peer_allowed(None)  # no list: any verified client (or none, if optional)
@@ -1022,9 +1034,23 @@ def test_client_allowed_sans_match_whole_subject_alt_names_only() -> None:
         ("basic_auth_users: [", "invalid YAML"),
         # The second user list would silently replace the first, locking out whoever is in it.
         ("basic_auth_users:\n  a: x\nbasic_auth_users:\n  b: y\n", "duplicate key 'basic_auth_users'"),
+        # A security setting that would silently do nothing is refused (module doc of webconfig).
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequireAnyClientCert\n",
+         "accepts unverified client certificates"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_ca_file: {cert}\n",
+         "client_ca_file: set, but client_auth_type is NoClientCert"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_allowed_sans: [prometheus]\n",
+         "client_allowed_sans: needs verified client certificates"),
+        ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS13\n  max_version: TLS12\n",
+         "max_version: is lower than min_version"),
+        ("http_server_config:\n  headers:\n    Content-Length: '0'\n", "headers.Content-Length: set by the server"),
+        ("http_server_config:\n  headers:\n    X-A: \"a\\r\\nSet-Cookie: b\"\n", "headers.X-A: expected a single-line"),
+        ("http_server_config:\n  http3: true\n", "http_server_config.http3: unknown key"),
+        ("basic_auth_users:\n  'a:b': '$2b$04$" + "a" * 53 + "'\n", "user names are non-empty strings without ':'"),
     ],
     ids=["no-key", "missing-file", "key-mismatch", "version", "unverified-client", "no-ca", "ciphers",
-         "plain-password", "bcrypt-cost", "typo", "yaml", "duplicate-key"],
+         "plain-password", "bcrypt-cost", "typo", "yaml", "duplicate-key", "require-any", "ca-without-auth",
+         "sans-without-verify", "max-below-min", "reserved-header", "header-injection", "http-typo", "colon-user"],
 )
 def test_invalid_web_config_stops_startup(
     start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path, body: str, message: str
