@@ -1121,6 +1121,31 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     assert daemon.stop() == 0
 
 
+def test_systemd_is_told_ready_reloading_and_stopping(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Type=notify: without READY=1 systemd kills the unit at TimeoutStartSec; RELOADING=1 needs the
+    # MONOTONIC_USEC that systemd >= 253 requires, and READY=1 again once the reload is done.
+    name = f"@rdma-exporter-test-{os.getpid()}-{time.monotonic_ns()}"  # an abstract socket: no path length limit
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind("\0" + name[1:])
+        notify.settimeout(20)
+        monkeypatch.setenv("NOTIFY_SOCKET", name)
+        config = tmp_path / "rdma-exporter.yml"
+        config.write_text("{}\n")
+        daemon = start("--path.sysfs", str(tree), "--config.file", str(config))
+        assert notify.recv(4096) == b"READY=1"
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloading = notify.recv(4096).decode().split("\n")
+        assert reloading[0] == "RELOADING=1" and reloading[1].startswith("MONOTONIC_USEC="), reloading
+        # systemd compares it with its own CLOCK_MONOTONIC (which time.monotonic reads on Linux).
+        assert abs(int(reloading[1].split("=")[1]) - time.monotonic_ns() // 1000) < 60_000_000
+        assert notify.recv(4096) == b"READY=1"
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert notify.recv(4096) == b"STOPPING=1"
+        assert daemon.proc.wait(20) == 0
+
+
 def test_sigint_stops_like_sigterm(start: Callable[..., RunningDaemon], tree: Path) -> None:
     # Ctrl-C in a terminal (or `kill -INT`): the same clean stop, not a KeyboardInterrupt traceback.
     daemon = start("--path.sysfs", str(tree))
