@@ -704,6 +704,43 @@ def test_sigterm_lets_the_scrape_in_flight_finish(
         socket.create_connection(("127.0.0.1", daemon.port), timeout=1).close()
 
 
+def test_shutdown_refuses_new_clients_while_the_request_in_flight_finishes() -> None:
+    # While the last scrape drains (SIGTERM), new clients are refused at once, so Prometheus moves on to
+    # the restarted exporter instead of waiting in the listen backlog for an answer that never comes.
+    entered, release = threading.Event(), threading.Event()
+
+    def handler(request: Request) -> Response:
+        entered.set()
+        release.wait(20)
+        return Response(200, b"done")
+
+    server = HttpServer(("127.0.0.1", 0), handler)
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
+    replies: list[Reply] = []
+    client = threading.Thread(target=lambda: replies.append(get(server.port, "/", timeout=30)))
+    client.start()
+    assert entered.wait(20)
+    stopping = threading.Thread(target=server.shutdown, kwargs={"grace": 30})
+    stopping.start()
+
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # a listen backlog that filled up (nobody accepts) is no refusal
+            return False
+        return False
+
+    wait_until(refused, 10)
+    assert not replies  # still draining
+    release.set()
+    client.join(20)
+    stopping.join(20)
+    assert replies and (replies[0].status, replies[0].body) == (200, b"done")
+
+
 # --- TLS, mutual TLS, basic auth ---------------------------------------------------------------------------
 
 
