@@ -765,3 +765,88 @@ def test_duplicate_and_padded_names_follow_the_text_rules() -> None:
     got = read_stats_ioctl("eth0", call=FakeKernel([stats], [0]))
     text = "NIC statistics:\n" + "".join(f"     {n}: {v}\n" for n, v in stats)
     assert got == parse_stats_text(text) == {"a": 1, "b": 2}
+
+
+# --- boundaries the fixtures above do not reach ------------------------------------------------------------
+
+
+def test_names_the_kernel_would_truncate_never_reach_it() -> None:
+    # dev_ioctl() NUL-terminates ifr_name at byte 15: a 16-byte name would read the netdev named by its
+    # first 15 bytes, another NIC's statistics under this one's name.
+    kernel = FakeKernel([BASE], [0])
+    assert read_stats_ioctl("a" * 15, call=kernel) == dict(BASE)
+    for name in ("a" * 16, "é" * 8):  # 16 bytes, in characters or in UTF-8
+        with pytest.raises(EthtoolError) as err:
+            read_stats_ioctl(name, call=kernel)
+        assert err.value.reason == REASON_MISSING
+    assert kernel.calls.count(ETHTOOL_GSSET_INFO) == 1
+
+
+@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EINVAL])
+def test_gsset_info_refusals_fall_back_to_drvinfo(code: int) -> None:
+    kernel = FakeKernel([BASE], [0])
+    kernel.gsset_info_errno = code
+    assert read_stats_ioctl("eth0", call=kernel) == dict(BASE)
+    assert ETHTOOL_GDRVINFO in kernel.calls
+
+
+def test_old_kernel_growth_filling_the_headroom_exactly_is_retried() -> None:
+    # The buffer holds count + headroom entries: growth to exactly that fits, so it is a retry, not a failure.
+    grown = [(f"ch{i}_poll", i) for i in range(len(BASE) + ethtool._MIN_HEADROOM)]
+    kernel = FakeKernel([BASE, grown], [0, 1], honours_len=False)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(grown)
+
+
+class LyingKernel:
+    """Answers GSSET_INFO with `count` and GSTRINGS/GSTATS with `reported` entries, writing none of them."""
+
+    def __init__(self, count: int, reported: int) -> None:
+        self.count, self.reported = count, reported
+        self.calls: list[int] = []
+
+    def __call__(self, ifname: str, buffer: array) -> None:
+        (cmd,) = struct.unpack_from("=I", buffer, 0)
+        self.calls.append(cmd)
+        if cmd == ETHTOOL_GSSET_INFO:
+            struct.pack_into("=QI", buffer, 8, 1 << 1, self.count)
+        elif cmd == ETHTOOL_GSTRINGS:
+            struct.pack_into("=I", buffer, 8, self.count)  # the names themselves stay empty
+        elif cmd == ETHTOOL_GSTATS:
+            struct.pack_into("=I", buffer, 4, self.reported)
+
+
+def test_implausible_stat_count_is_refused_before_allocating() -> None:
+    kernel = LyingKernel(ethtool.MAX_STATS + 1, 0)
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=kernel)
+    assert err.value.reason == REASON_IO and "implausible" in err.value.detail
+    assert kernel.calls == [ETHTOOL_GSSET_INFO]
+
+
+def test_value_count_beyond_the_buffer_is_an_io_error_not_a_crash() -> None:
+    # A count past our buffer cannot be unpacked; it must surface as EthtoolError like every other fault.
+    kernel = LyingKernel(3, 10**6)
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=kernel)
+    assert err.value.reason == REASON_IO
+
+
+def test_label_bounds_are_inclusive() -> None:
+    # Lanes 0-15, priorities 0-7 and queues/channels 0-1023 are label values; one past each stays in the name.
+    out = by_source(curate({"rx_err_lane_15_phy": 1, "rx_err_lane_10_phy": 2, "tx_prio7_pause": 3}))
+    assert dict(out["rx_err_lane_15_phy"].labels) == {"direction": "rx", "lane": "15"}
+    assert out["rx_err_lane_10_phy"].key == "lane_raw_errors"
+    assert dict(out["tx_prio7_pause"].labels) == {"direction": "tx", "priority": "7"}
+    assert generic_key("rx_fec_corrected_lane_15") == ("stat_lane_fec_corrected", (("direction", "rx"), ("lane", "15")))
+    assert generic_key("rx_fec_corrected_lane_16")[0] == "stat_fec_corrected_lane_16"
+    assert generic_key("rx_prio_7_x") == ("stat_priority_x", (("direction", "rx"), ("priority", "7")))
+    assert generic_key("rx_prio_8_x")[0] == "stat_prio_8_x"
+    assert generic_key("tx1023_cqe_err") == ("stat_queue_cqe_err", (("direction", "tx"), ("queue", "1023")))
+    assert generic_key("tx1024_cqe_err")[0] == "stat_tx1024_cqe_err"
+    assert generic_key("ch1023_poll") == ("stat_channel_poll", (("direction", ""), ("channel", "1023")))
+    assert generic_key("ch1024_poll")[0] == "stat_ch1024_poll"
+
+
+def test_values_at_and_past_two_to_the_64_are_dropped() -> None:
+    stats = {"rx_prio3_pause": 2**64, "tx_prio3_pause": 2**64 - 1, "rx_discards_phy": -1, "tx_discards_phy": 0}
+    assert [(c.source, c.value) for c in curate(stats)] == [("tx_prio3_pause", 2**64 - 1), ("tx_discards_phy", 0)]
