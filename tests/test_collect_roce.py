@@ -862,3 +862,46 @@ def test_reader_absent_errnos_covers_open_and_read(tmp_path: Path) -> None:
     assert reader.text(tmp_path, absent_errnos={errno.EISDIR}) is None  # read() of a directory: EISDIR
     assert reader.uint(tmp_path / "none", absent_errnos={errno.ENOENT}) is None
     assert reader.errors.total() == 0
+
+
+# --- exposition bounds and bookkeeping --------------------------------------------------------------------------
+
+
+def exposed(out: FamilySet) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(render(out))
+            for s in family.samples]  # fmt: skip
+
+
+def test_netdev_in_two_devices_readings_is_exposed_once_under_the_first() -> None:
+    stats = tuple(curate({"rx_prio3_pause": 7, "rx_discards_phy": 1}))
+    out = FamilySet()
+    # The second device's reading of eth0 (say a scrape that raced a LAG change) must not double its series.
+    EthtoolSource().expose({d: EthtoolReading(((1, "eth0", stats),)) for d in ("mlx5_1", "mlx5_0")}, out)
+    got = exposed(out)
+    assert len(got) == 3
+    assert {labels["device"] for _, labels, _ in got} == {"mlx5_0"}
+
+
+def test_curated_stats_counts_neither_extras_nor_uncurated_lanes() -> None:
+    names = {"rx_prio3_pause": 1, "rx_err_lane_2_phy": 2, "rx_fec_corrected_lane_1": 3, "rx_vport_unicast_bytes": 4}
+    stats = tuple(curate(names, [re.compile("vport")]))
+    assert len(stats) == 4
+    out = FamilySet()
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+    counts = [v for n, _, v in exposed(out) if n == "rdma_ethtool_curated_stats"]
+    assert counts == [2]
+
+
+def test_series_memo_stays_bounded_and_exposition_survives_its_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_exporter.collect import ethtool as collect_ethtool
+
+    monkeypatch.setattr(collect_ethtool, "MAX_SERIES_MEMO", 4)
+    # A driver inventing names (per-channel stats of a growing channel count) under a broad extra pattern.
+    stats = tuple(curate({f"ch{i}_poll": i for i in range(10)}, [re.compile("poll")]))
+    source = EthtoolSource()
+    for _ in range(2):
+        out = FamilySet()
+        source.expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+        polls = {labels["channel"]: v for n, labels, v in exposed(out) if n == "rdma_ethtool_stat_channel_poll_total"}
+        assert polls == {str(i): float(i) for i in range(10)}
+        assert len(source._series) <= 4
