@@ -916,3 +916,13 @@ def test_extra_port_wide_and_per_queue_stats_are_all_exposed() -> None:
     EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
     values = sorted(v for n, _, v in exposed(out) if n.startswith("rdma_ethtool_stat_"))
     assert values == [2, 3, 5]
+
+
+def test_extra_stats_pattern_count_limit_is_inclusive() -> None:
+    from rdma_exporter.collect.ethtool import MAX_EXTRA_PATTERNS
+
+    patterns = [f"^stat{i}$" for i in range(MAX_EXTRA_PATTERNS + 1)]
+    assert len(check_extra_stats("f", "k", patterns[:MAX_EXTRA_PATTERNS])) == MAX_EXTRA_PATTERNS
+    with pytest.raises(ConfigError) as err:
+        check_extra_stats("f", "k", patterns)
+    assert "combine names with |" in err.value.reason
