@@ -926,3 +926,20 @@ def test_extra_stats_pattern_count_limit_is_inclusive() -> None:
     with pytest.raises(ConfigError) as err:
         check_extra_stats("f", "k", patterns)
     assert "combine names with |" in err.value.reason
+
+
+def test_unexpected_exception_while_reading_costs_one_netdev(tree: Path, metrics: Sample) -> None:
+    # Not an EthtoolError (a parser bug, a driver answer nobody foresaw): still one netdev's loss, counted.
+    exporter = Exporter(tree / "sys")
+    nics = fake_nics(tree)
+
+    def buggy(ifname: str, buffer: array) -> None:
+        if ifname == ROCE["mlx5_8"]:
+            raise struct.error("unpack requires a buffer of 8 bytes")
+        nics(ifname, buffer)
+
+    exporter.ethtool.call = buggy
+    got = exporter.scrape()
+    assert_only_mlx5_8_lost(got, metrics)
+    assert read_errors(got, "ethtool") == {("mlx5_8", "io"): 1}
+    assert value(got, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
