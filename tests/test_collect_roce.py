@@ -829,7 +829,8 @@ def test_expose_of_any_extras_is_valid_and_unique(stats: dict[str, int]) -> None
 
 @pytest.mark.parametrize(
     ("raw", "scale", "expected"),
-    [(4061709, 1e-6, 4.061709), (221261, 1e-6, 0.221261), (37, 0.01, 0.37), (5, 1.0, 5), (3, 0.5, 1.5)],
+    [(4061709, 1e-6, 4.061709), (221261, 1e-6, 0.221261), (37, 0.01, 0.37), (5, 1.0, 5), (3, 0.5, 1.5),
+     (10, 0.4, 4.0), (3, 2.0, 6.0)],  # 0.4 and 2 are no 1/n: multiplied, not divided by round(1/scale)
 )
 def test_scaled_values_are_exact(raw: int, scale: float, expected: float) -> None:
     assert scaled(CuratedStat("k", raw, (), "counter", scale)) == expected
