@@ -944,3 +944,23 @@ def test_unexpected_exception_while_reading_costs_one_netdev(tree: Path, metrics
     assert_only_mlx5_8_lost(got, metrics)
     assert read_errors(got, "ethtool") == {("mlx5_8", "io"): 1}
     assert value(got, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
+
+
+def test_ipoib_netdev_of_a_vpi_devices_infiniband_port_is_not_read(tmp_path: Path) -> None:
+    # A VPI NIC (e.g. ConnectX-3, mlx4) with port 1 on Ethernet and port 2 on InfiniBand: the device is read
+    # for port 1's netdev, but port 2's IPoIB netdev (dev_port 1) has no PFC or PHY counters of the RDMA link.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0"])
+    fn = f"{PCI}/0000:3b:00.0"
+    write_files(tmp_path, {f"{fn}/net/ib0/operstate": "up\n", f"{fn}/net/ib0/dev_port": "1\n",
+                           f"{fn}/infiniband/mlx5_0/ports/2/link_layer": "InfiniBand\n",
+                           f"{fn}/infiniband/mlx5_0/ports/2/state": "4: ACTIVE\n",
+                           f"{fn}/infiniband/mlx5_0/ports/2/phys_state": "5: LinkUp\n"})  # fmt: skip
+    symlink(tmp_path, f"{fn}/net/ib0/device", fn)
+    symlink(tmp_path, "class/net/ib0", f"{fn}/net/ib0")
+    ports = {p.number: p for p in read_device_info(tmp_path, "mlx5_0", SysfsReader("mlx5_0")).ports}
+    assert ports[2].link_layer == "InfiniBand" and "ib0" in ports[2].netdevs  # the tree is what it claims
+    exporter = Exporter(tmp_path)
+    nics = exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ib0"), STATS))
+    metrics = exporter.scrape()
+    assert set(nics.calls) == {"ens1f0np0"}
+    assert {dict(ls)["netdev"] for n, ls in series(metrics, "rdma_ethtool_")} == {"ens1f0np0"}
