@@ -839,6 +839,9 @@ def test_label_bounds_are_inclusive() -> None:
     assert dict(out["tx_prio7_pause"].labels) == {"direction": "tx", "priority": "7"}
     assert generic_key("rx_fec_corrected_lane_15") == ("stat_lane_fec_corrected", (("direction", "rx"), ("lane", "15")))
     assert generic_key("rx_fec_corrected_lane_16")[0] == "stat_fec_corrected_lane_16"
+    # `laneN` is a lane as much as `lane_N` (generic_key's rule), and any lane stat is kept uncurated.
+    lane0 = by_source(curate({"rx_fec_corrected_lane0": 4}))["rx_fec_corrected_lane0"]
+    assert (lane0.key, lane0.labels) == ("stat_lane_fec_corrected", (("direction", "rx"), ("lane", "0")))
     assert generic_key("rx_prio_7_x") == ("stat_priority_x", (("direction", "rx"), ("priority", "7")))
     assert generic_key("rx_prio_8_x")[0] == "stat_prio_8_x"
     assert generic_key("tx1023_cqe_err") == ("stat_queue_cqe_err", (("direction", "tx"), ("queue", "1023")))
