@@ -908,7 +908,6 @@ def test_series_memo_stays_bounded_and_exposition_survives_its_reset(monkeypatch
         assert len(source._series) <= 4
 
 
-@pytest.mark.xfail(strict=True, reason="bug: tx_queue_stopped and tx0_stopped share key stat_queue_stopped")
 def test_extra_port_wide_and_per_queue_stats_are_all_exposed() -> None:
     # mlx5's port-wide tx_queue_stopped and per-queue txN_stopped, both opted in: today the per-queue series
     # are dropped without a trace (their labels differ from the spec the first name created).

@@ -857,7 +857,6 @@ def test_values_at_and_past_two_to_the_64_are_dropped() -> None:
         assert [(c.source, c.value) for c in curate(stats)] == [("tx_prio3_pause", 2**64 - 1), ("tx_discards_phy", 0)]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: port-wide tx_queue_X and per-queue txN_X share key stat_queue_X")
 def test_port_wide_queue_totals_and_per_queue_stats_get_different_keys() -> None:
     # mlx5 lists port-wide totals tx_queue_{stopped,dropped,wake} (sw stats) and per-SQ txN_{stopped,...}.
     # generic_key strips `tx_` from the first, leaving `queue_stopped`, the very key the queue dimension

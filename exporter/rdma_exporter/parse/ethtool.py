@@ -466,6 +466,7 @@ CURATED_HELP: Final[dict[str, str]] = {
 
 # Extra stats all share one HELP, keyed by the `stat_` prefix their keys get.
 EXTRA_PREFIX: Final = "stat_"
+_ESCAPED_WORD: Final = re.compile(r"(?:priority|lane|queue|channel|all)(?:_|$)")
 EXTRA_HELP: Final = "ethtool statistic exported by an extra pattern; see the source name in the driver's docs."
 
 # Bounds keep label values a small fixed set; an index outside them stays part of the key instead.
@@ -515,7 +516,8 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     Rule: a leading `rxN_`/`txN_`/`rx_queue_N_`/`tx_queue_N_` becomes direction + queue, a leading `chN_`
     becomes channel, else a leading `rx_`/`tx_` becomes direction; then `prioN`/`prio_N` and `laneN`/`lane_N`
     anywhere become priority and lane. The rest is snake_cased (see infiniband.metric_fragment) and the key
-    is `stat_` + the stripped dimensions in a fixed order (`priority_`, `lane_`, `queue_`, `channel_`) + rest.
+    is `stat_` + the stripped dimensions in a fixed order (`priority_`, `lane_`, `queue_`, `channel_`) + rest,
+    with `all_` before a rest that starts with one of those words (or `all`), so no two names share a key.
     Naming the dimensions in the key keeps per-queue series out of the family of the port-wide total, so
     a key's label names never vary: direction (always present, "" when the name has none) then the
     dimensions named in the key. Indices beyond the bounds stay in the name.
@@ -547,6 +549,11 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     while fragment == "total" or fragment.endswith("_total"):
         fragment = fragment[: -len("_total")] if fragment != "total" else ""
     fragment = fragment or "value"
+    # A fragment that itself starts with a dimension's word (mlx5's port-wide tx_queue_stopped beside
+    # per-queue tx0_stopped) gets `all_` in front, and so does one starting with `all`: otherwise one key
+    # would come with and without that label, and the exposition would drop one side.
+    if _ESCAPED_WORD.match(fragment):
+        fragment = "all_" + fragment
     key = EXTRA_PREFIX + "".join(f"{d}_" for d in order) + fragment
     return key, (("direction", direction), *((d, dims[d]) for d in order))
 
