@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, Source
-from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.collect.engine import DeviceJob, DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
 from rdma_exporter.parse.infiniband import DeviceInfo
@@ -732,3 +732,98 @@ def test_netdev_named_with_bytes_that_are_not_utf8_costs_nothing(tmp_path: Path)
     assert ("rdma_port_netdev_info", (("device", "mlx5_8"), ("netdev", "enp220\\xff"), ("port", "1"))) in renamed
     untouched = {key for key in expected if not any(value == "enp220s0f0np0" for _, value in key[1])}
     assert untouched - set(served) == set()
+
+
+# --- the reader pool on its own -------------------------------------------------------------------
+
+
+def pool_job(name: str, gate: threading.Event | None = None, ran: list[str] | None = None) -> DeviceJob:
+    """A job that records the thread running it, then blocks on `gate` (a read stuck in the kernel)."""
+
+    def work(job: DeviceJob) -> None:
+        if ran is not None:
+            ran.append(threading.current_thread().name)
+        if gate is not None:
+            gate.wait(30)
+
+    return DeviceJob(f"/x/{name}", name, work)
+
+
+def test_pool_lets_a_second_thread_in_while_a_job_is_slow() -> None:
+    # One job stuck in firmware must not hold up the other devices' jobs until the deadline.
+    pool = WorkerPool(parallelism=2, hard_max=4, idle_seconds=30.0, spill_after=0.02)
+    gate = threading.Event()
+    stuck, quick = pool_job("stuck", gate), pool_job("quick")
+    try:
+        pool.submit(stuck)
+        pool.submit(quick)
+
+        def quick_done() -> bool:
+            pool.rebalance()  # what a waiting scrape does
+            return quick.done.is_set()
+
+        wait_until(quick_done, timeout=10.0)
+        assert not stuck.done.is_set()
+    finally:
+        gate.set()
+    wait_until(stuck.done.is_set, timeout=10.0)
+
+
+def test_pool_threads_end_when_idle_and_are_reused_before() -> None:
+    pool = WorkerPool(parallelism=2, idle_seconds=0.3)
+    ran: list[str] = []
+    first = pool_job("a", ran=ran)
+    pool.submit(first)
+    wait_until(first.done.is_set, timeout=10.0)
+    second = pool_job("b", ran=ran)
+    pool.submit(second)  # well within idle_seconds: the same thread takes it
+    wait_until(second.done.is_set, timeout=10.0)
+    assert len(set(ran)) == 1, ran
+    # A quiet exporter holds no reader threads.
+    wait_until(lambda: pool.threads == 0, timeout=10.0)
+    assert not [t for t in threading.enumerate() if t.name == ran[0]]
+
+
+def test_pool_threads_let_in_by_abandoned_jobs_leave_once_they_return() -> None:
+    # Threads a stuck episode added must not linger (idle_seconds is long here) once the reads return.
+    pool = WorkerPool(parallelism=1, hard_max=4, idle_seconds=60.0, spill_after=60.0)
+    gates = [threading.Event() for _ in range(3)]
+    jobs = [pool_job(f"j{n}", gate) for n, gate in enumerate(gates)]
+    try:
+        for job in jobs:
+            pool.submit(job)
+        for job in jobs:  # each scrape gives up on the job that blocks, which lets the next one start
+            wait_until(lambda job=job: job.running, timeout=10.0)
+            pool.abandon(job)
+        assert pool.threads == 3
+    finally:
+        for gate in gates:
+            gate.set()
+    wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
+    wait_until(lambda: pool.threads <= 1, timeout=10.0)
+    assert pool.abandoned == 0
+
+
+def test_pool_never_exceeds_its_hard_max_however_many_jobs_are_abandoned() -> None:
+    # Each abandoned (stuck) job lets one more thread in, but never past hard_max.
+    pool = WorkerPool(parallelism=1, hard_max=3, idle_seconds=60.0, spill_after=60.0)
+    gate = threading.Event()
+    jobs = [pool_job(f"j{n}", gate) for n in range(6)]
+    try:
+        for job in jobs:
+            pool.submit(job)
+        for _ in range(3):
+            wait_until(lambda: any(job.running and not job.abandoned for job in jobs), timeout=10.0)
+            for job in jobs:
+                if job.running:
+                    pool.abandon(job)
+        # Every thread is now stuck; abandoning them again must not let a fourth in.
+        for job in jobs:
+            if job.running:
+                pool.abandon(job)
+        pool.rebalance()
+        assert pool.threads == 3
+        assert sum(job.running for job in jobs) == 3
+    finally:
+        gate.set()
+    wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
