@@ -781,7 +781,7 @@ def test_pool_threads_end_when_idle_and_are_reused_before() -> None:
     assert len(set(ran)) == 1, ran
     # A quiet exporter holds no reader threads.
     wait_until(lambda: pool.threads == 0, timeout=10.0)
-    assert not [t for t in threading.enumerate() if t.name == ran[0]]
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == ran[0]], timeout=10.0)
 
 
 def test_pool_threads_let_in_by_abandoned_jobs_leave_once_they_return() -> None:
