@@ -827,3 +827,25 @@ def test_pool_never_exceeds_its_hard_max_however_many_jobs_are_abandoned() -> No
     finally:
         gate.set()
     wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
+
+
+def test_scrapes_sharing_a_round_count_a_device_timing_out_once(tmp_path: Path) -> None:
+    # Three replicas timing out on one stuck device are one missed read, not three.
+    root = make_tree(tmp_path, 2)
+    source = SlowSource(2.0, frozenset({"mlx5_1"}))
+    reads = DeviceReads(WorkerPool(parallelism=4))
+    collector = RdmaCollector(root, [source], reads=reads)
+    results: list[FamilySet] = []
+    scrapers = [threading.Thread(target=lambda: results.append(collector.gather(0.6))) for _ in range(3)]
+    for scraper in scrapers:
+        scraper.start()
+    for scraper in scrapers:
+        scraper.join(10)
+    assert len(results) == 3
+    assert source.calls["mlx5_1"] == 1  # one round
+    key = {"collector": "slow", "device": "mlx5_1", "reason": "timeout"}
+    for result in results:
+        metrics = samples(prometheus_text(result).decode())
+        assert value(metrics, "test_slow_reads", device="mlx5_1") is None
+        assert value(metrics, "rdma_exporter_file_read_errors_total", **key) == 1
+    wait_until(lambda: reads.outstanding() == 0, timeout=10.0)
