@@ -35,6 +35,7 @@ from rdma_exporter.daemon import (
     MAX_HEADERS,
     MAX_REQUEST_LINE,
     SEND_BLOCK_BYTES,
+    BadRequest,
     Exporter,
     HttpServer,
     LastIdleFirst,
@@ -43,6 +44,7 @@ from rdma_exporter.daemon import (
     Serving,
     accepts_gzip,
     build_sources,
+    head_end,
     parse_head,
     scrape_timeout,
     send_blocks,
@@ -371,6 +373,41 @@ def test_parse_head_keeps_what_the_handler_needs() -> None:
     assert (request.method, request.path, request.headers["accept"]) == ("GET", "/metrics", "a, b")
     assert request.keep_alive
     assert not parse_head(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").keep_alive
+
+
+@pytest.mark.parametrize(
+    ("head", "path"),
+    [
+        (b"GET http://node7:9883/metrics?x=1 HTTP/1.1\r\nHost: node7\r\n\r\n", "/metrics"),  # absolute form
+        (b"GET https://node7 HTTP/1.1\r\n\r\n", "/"),  # absolute form without a path
+        (b"\r\nGET /metrics HTTP/1.1\r\n\r\n", "/metrics"),  # an empty line before the request line
+        (b"GET /metrics HTTP/1.1\nHost: a\n\r\n", "/metrics"),  # bare LF line ends, then CRLF
+        (b"GET /metrics HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", "/metrics"),
+    ],
+    ids=["absolute-form", "absolute-form-no-path", "leading-empty-line", "lf-then-crlf", "repeated-length"],
+)
+def test_heads_rfc_9112_says_to_accept(head: bytes, path: str) -> None:
+    # Prometheus never sends these, but a proxy or a hand-written client may; each used to be refused
+    # (400, 404) or, for the mixed line ends, never answered at all.
+    assert head_end(head) == len(head)
+    assert parse_head(head).path == path
+    with InProcessServer(lambda request: Response(200, request.path.encode())) as server:
+        assert status_of(raw(server.port, head)) == 200
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET http://node7#frag HTTP/1.1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nContent-Length: \xd9\xa0\r\n\r\n",  # a non-ASCII digit
+    ],
+    ids=["absolute-form-fragment", "conflicting-lengths", "non-ascii-length"],
+)
+def test_heads_still_refused(head: bytes) -> None:
+    with pytest.raises(BadRequest) as refused_head:
+        parse_head(head)
+    assert refused_head.value.status == 400
 
 
 def test_connection_header_is_a_case_insensitive_token_list() -> None:

@@ -126,6 +126,7 @@ _REASONS: Final = {
     505: "HTTP Version Not Supported",
 }
 _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ABSOLUTE_FORM: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 
 
 @dataclass
@@ -177,17 +178,25 @@ class BadRequest(Exception):
         self.status = status
 
 
+# The blank line that ends a head, whichever of CRLF and a bare LF each of its two line ends uses
+# (RFC 9112 2.2 lets a server take a bare LF as a line terminator).
+_HEAD_END: Final = re.compile(rb"\r?\n\r?\n")
+
+
+def _leading_empty_line(buffer: bytes | bytearray) -> int:
+    """Length of an empty line before the request line, which RFC 9112 2.2 says to skip."""
+    return 2 if buffer.startswith(b"\r\n") else 1 if buffer.startswith(b"\n") else 0
+
+
 def head_end(buffer: bytes | bytearray) -> int:
     """Index just past the blank line that ends a request head, or -1."""
-    crlf = buffer.find(b"\r\n\r\n")
-    lf = buffer.find(b"\n\n")
-    ends = [i + 4 for i in (crlf,) if i >= 0] + [i + 2 for i in (lf,) if i >= 0]
-    return min(ends) if ends else -1
+    found = _HEAD_END.search(buffer, _leading_empty_line(buffer))
+    return found.end() if found else -1
 
 
 def parse_head(head: bytes) -> Request:
     """A GET-style request head (no body); BadRequest names the status to answer with."""
-    lines = head.decode("latin-1").split("\n")
+    lines = head[_leading_empty_line(head) :].decode("latin-1").split("\n")
     request_line = lines[0].rstrip("\r")
     if len(request_line) > MAX_REQUEST_LINE:
         raise BadRequest(414, "request line too long")
@@ -197,6 +206,12 @@ def parse_head(head: bytes) -> Request:
     method, target, version = parts
     if version not in ("HTTP/1.1", "HTTP/1.0"):
         raise BadRequest(505, "only HTTP/1.0 and HTTP/1.1 are supported")
+    if _ABSOLUTE_FORM.match(target):
+        # RFC 9112 3.2.2: a server must accept the absolute form (as a proxy sends it); the path is ours.
+        target = _ABSOLUTE_FORM.sub("", target, count=1) or "/"
+        if not target.startswith(("/", "?")):
+            raise BadRequest(400, "malformed request target")
+        target = "/" + target if target.startswith("?") else target
     headers: dict[str, str] = {}
     count = 0
     for raw in lines[1:]:
@@ -213,8 +228,10 @@ def parse_head(head: bytes) -> Request:
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     if "transfer-encoding" in headers:
         raise BadRequest(400, "request bodies are not accepted")
-    length = headers.get("content-length", "0").strip()
-    if not length.isdigit():
+    # A repeated Content-Length with one value throughout is that value (RFC 9110 8.6).
+    lengths = {value.strip() for value in headers.get("content-length", "0").split(",")}
+    length = lengths.pop() if len(lengths) == 1 else ""
+    if not (length.isascii() and length.isdigit()):
         raise BadRequest(400, "malformed Content-Length")
     if int(length) > 0:
         raise BadRequest(413, "request bodies are not accepted")
