@@ -341,3 +341,49 @@ def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: st
     result = run_cli("--check-config", f"--web.config.file={web}")
     assert result.returncode == 2
     assert f"{web}: {key}: {reason}" in result.stderr and "<unicode string>" not in result.stderr
+
+
+# --- mutation review additions (self-contained) -----------------------------------------------------
+
+
+def test_device_filter_flags_override_the_file(tmp_path: Path) -> None:
+    # Each flag replaces the file's regex, not just adds to it; the file's one stays when no flag is given.
+    path = write(tmp_path, "devices:\n  include: 'mlx5_0'\n  exclude: 'mlx5_9'\n")
+    config = resolve_config(build_parser().parse_args(["--config.file", str(path)]))
+    assert config.device_include is not None and config.device_include.pattern == "mlx5_0"
+    assert config.device_exclude is not None and config.device_exclude.pattern == "mlx5_9"
+    args = ["--config.file", str(path), "--devices.include", "mlx5_1", "--devices.exclude", "mlx5_8"]
+    config = resolve_config(build_parser().parse_args(args))
+    assert config.device_include is not None and config.device_include.pattern == "mlx5_1"
+    assert config.device_exclude is not None and config.device_exclude.pattern == "mlx5_8"
+
+
+def test_empty_filter_flag_clears_the_file_filter(tmp_path: Path) -> None:
+    # `--devices.include ''` is how an operator drops the file's filter for one run; compiled as a regex,
+    # '' would fullmatch no device name and silently export nothing.
+    path = write(tmp_path, "devices:\n  include: 'mlx5_0'\n  exclude: ''\n")
+    config = resolve_config(build_parser().parse_args(["--config.file", str(path), "--devices.include", ""]))
+    assert config.device_include is None
+    assert config.device_exclude is None
+    metrics = samples(scrape(LEPTON, config))
+    assert metrics[("rdma_exporter_devices_excluded", ())] == 0
+    assert metrics[("rdma_exporter_devices", ())] > 0
+
+
+def test_collector_flags_override_the_file_both_ways(tmp_path: Path) -> None:
+    path = write(tmp_path, "collectors:\n  pcie: false\n  netdev: true\n")
+    config = resolve_config(build_parser().parse_args(["--config.file", str(path)]))
+    assert (config.collectors["pcie"], config.collectors["netdev"], config.collectors["ethtool"]) == (False, True, True)
+    args = ["--config.file", str(path), "--collector.pcie", "--no-collector.netdev"]
+    config = resolve_config(build_parser().parse_args(args))
+    assert (config.collectors["pcie"], config.collectors["netdev"], config.collectors["ethtool"]) == (True, False, True)
+
+
+def test_settings_for_a_collector_without_settings_are_refused(tmp_path: Path) -> None:
+    # `collector.pcie.*` has no validator: a setting there would otherwise be silently ignored.
+    path = write(tmp_path, "collector:\n  pcie:\n    extra: [a]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert (info.value.source, info.value.key) == (str(path), "collector.pcie")
+    assert "no settings for this collector" in info.value.reason
+    assert "expected" in info.value.reason  # names the collectors that do have settings

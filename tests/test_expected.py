@@ -351,3 +351,78 @@ def test_listed_device_with_unknown_ports_is_present() -> None:
     assert not [row for row in got if row[0] == "rdma_expected_port_present" and row[1][0] == "mlx5_0"]
     assert ("rdma_expected_device_present", ("mlx5_1",), 0) in got
     assert ("rdma_expected_port_present", ("mlx5_1", "1"), 0) in got
+
+
+# --- mutation review additions ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gen", "transfers"), [(1, 2.5e9), (2, 5e9), (3, 8e9), (4, 16e9), (5, 32e9), (6, 64e9)]
+)
+def test_every_pcie_generation_maps_to_its_transfer_rate(gen: int, transfers: float) -> None:
+    # Compared with the PCIe collector's observed speed, so every generation must be exact, not only Gen5.
+    ports = parse(f"collector: {{expected: {{ports: [{{devices: mlx5_0, pcie_gen: {gen}}}]}}}}")
+    assert ports.collector_settings["expected"]["ports"][0].pcie_transfers_per_second == transfers
+
+
+def test_explicit_netdev_speed_beats_the_port_rate_on_ethernet() -> None:
+    # A RoCE LAG port: the port trains at 400 but each bond slave's netdev reports 200.
+    ports = parse(
+        "collector: {expected: {ports: [{devices: mlx5_bond_0, link_layer: Ethernet, "
+        "rate_gbps: 400, netdev_speed_gbps: 200}]}}"
+    ).collector_settings["expected"]["ports"]
+    assert ports[0].rate_bytes_per_second == 400e9 / 8
+    assert ports[0].netdev_speed_bytes_per_second == 200e9 / 8
+
+
+@pytest.mark.parametrize("layer", ["", "link_layer: InfiniBand, "])
+def test_no_netdev_expectation_unless_the_port_is_ethernet(layer: str) -> None:
+    # An unspecified link layer may be InfiniBand, whose IPoIB netdev speed is not the port rate.
+    text = f"collector: {{expected: {{ports: [{{devices: mlx5_0, {layer}rate_gbps: 400}}]}}}}"
+    port = parse(text).collector_settings["expected"]["ports"][0]
+    assert port.rate_bytes_per_second == 400e9 / 8
+    assert port.netdev_speed_bytes_per_second is None
+
+
+def test_expansion_limit_is_inclusive() -> None:
+    # Exactly the limit is accepted (a big fleet list); one past it is refused.
+    assert len(expand_devices("f", "k", "d[1-4096]")) == 4096
+    with pytest.raises(ConfigError, match="more than 4096"):
+        expand_devices("f", "k", "d[0-4096]")
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "reason"),
+    [
+        # YAML `true` equals 1 in Python: it must not pass as a 1X width, Gen1 or x1 link.
+        ("width: true", "width", "one of 1, 2, 4, 8, 12"),
+        ("pcie_gen: true", "pcie_gen", "one of 1, 2"),
+        ("pcie_width: true", "pcie_width", "one of 1, 2, 4"),
+        ("rate_gbps: true", "rate_gbps", "positive"),
+        # Zero is not a rate: a port expected at 0 b/s never alerts as below expectation.
+        ("rate_gbps: 0", "rate_gbps", "positive number, got 0"),
+        ("netdev_speed_gbps: 0", "netdev_speed_gbps", "positive number, got 0"),
+        ("port: 256", "port", "from 1 to 255, got 256"),
+        ("link_layer: infiniband", "link_layer", "InfiniBand, Ethernet"),
+    ],
+)
+def test_more_invalid_values_are_refused(entry: str, key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(f"collector: {{expected: {{ports: [{{devices: mlx5_0, {entry}}}]}}}}")
+    assert err.value.key == f"collector.expected.ports[0].{key}"
+    assert reason in err.value.reason
+
+
+def test_port_255_and_width_1_are_accepted() -> None:
+    # The bounds of the valid ranges, so that an off-by-one refusing them fails.
+    port = parse("collector: {expected: {ports: [{devices: mlx5_0, port: 255, width: 1, pcie_gen: 1}]}}")
+    got = port.collector_settings["expected"]["ports"][0]
+    assert (got.port, got.width, got.pcie_transfers_per_second) == (255, 1, 2.5e9)
+
+
+def test_empty_ports_list_expects_nothing() -> None:
+    # `ports:` left empty in a template is no expectation at all, not an error, and builds no source.
+    for body in ("ports:", "ports: []", ""):
+        config = parse(f"collector:\n  expected:\n    {body}\n" if body else "collector:\n  expected:\n")
+        assert not config.collector_settings.get("expected", {}).get("ports")
+        assert "expected" not in [s.name for s in build_sources(config)]
