@@ -1121,10 +1121,14 @@ def test_client_allowed_sans_match_whole_subject_alt_names_only() -> None:
         ("http_server_config:\n  headers:\n    X-A: \"a\\r\\nSet-Cookie: b\"\n", "headers.X-A: expected a single-line"),
         ("http_server_config:\n  http3: true\n", "http_server_config.http3: unknown key"),
         ("basic_auth_users:\n  'a:b': '$2b$04$" + "a" * 53 + "'\n", "user names are non-empty strings without ':'"),
+        # A block scalar leaves a final newline on the hash, which `$` in a pattern would let through.
+        ("basic_auth_users:\n  prometheus: |\n    $2b$04$" + "a" * 53 + "\n",
+         "basic_auth_users.prometheus: expected a bcrypt hash"),
     ],
     ids=["no-key", "missing-file", "key-mismatch", "version", "unverified-client", "no-ca", "ciphers",
          "plain-password", "bcrypt-cost", "typo", "yaml", "duplicate-key", "require-any", "ca-without-auth",
-         "sans-without-verify", "max-below-min", "reserved-header", "header-injection", "http-typo", "colon-user"],
+         "sans-without-verify", "max-below-min", "reserved-header", "header-injection", "http-typo", "colon-user",
+         "hash-newline"],
 )
 def test_invalid_web_config_stops_startup(
     start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path: Path, body: str, message: str

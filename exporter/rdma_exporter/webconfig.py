@@ -70,7 +70,7 @@ _RESERVED_HEADERS: Final = frozenset(
     {"content-length", "content-type", "content-encoding", "connection", "transfer-encoding", "www-authenticate",
      "date", "server"}
 )
-_BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
+_BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}\Z")  # \Z: no final newline
 _BCRYPT_COSTS: Final = range(4, 32)  # what bcrypt (here and in Go) can check; other costs never match
 # Checked for unknown users too, so response time does not reveal which user names exist. Only its salt
 # and digest are used: BasicAuth puts the configured cost in front (a well-formed hash, matching nothing).

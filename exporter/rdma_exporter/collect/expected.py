@@ -24,6 +24,7 @@ Nothing is read from sysfs: presence comes from the inventory the engine already
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,8 +55,9 @@ _ENTRY_KEYS: Final = (
     "netdev_speed_gbps",
 )
 # One optional numeric range in brackets; everything else must be a literal device name.
-_RANGE: Final = re.compile(r"^([^\[\]]*)\[(\d+)-(\d+)\]([^\[\]]*)$")
-_LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+$")
+# \Z, not $: $ also matches before a final newline, which a YAML block scalar leaves on a name.
+_RANGE: Final = re.compile(r"^([^\[\]]*)\[(\d+)-(\d+)\]([^\[\]]*)\Z")
+_LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+\Z")
 _MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a million names
 
 
@@ -99,7 +101,8 @@ def expand_devices(source: str, key: str, pattern: str) -> list[str]:
 
 
 def _positive_number(source: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    # YAML's .inf is a float: an infinite expectation would put every port below it.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ConfigError(source, key, f"expected a positive number, got {value!r}")
     return float(value)
 
