@@ -426,3 +426,19 @@ def test_empty_ports_list_expects_nothing() -> None:
         config = parse(f"collector:\n  expected:\n    {body}\n" if body else "collector:\n  expected:\n")
         assert not config.collector_settings.get("expected", {}).get("ports")
         assert "expected" not in [s.name for s in build_sources(config)]
+
+
+@pytest.mark.parametrize("pattern", ["mlx5_0\n", "mlx5_[0-1]\n"])
+def test_device_name_with_a_trailing_newline_is_refused(pattern: str) -> None:
+    # A YAML block scalar (`devices: |`) ends in a newline; `$` in the name checks matches before it, so
+    # the name "mlx5_0\n" was accepted, is never listed, and pages as a missing device forever.
+    with pytest.raises(ConfigError):
+        expand_devices("f", "k", pattern)
+
+
+@pytest.mark.parametrize("key", ["rate_gbps", "netdev_speed_gbps"])
+def test_infinite_speed_is_refused(key: str) -> None:
+    # `.inf` is a YAML float > 0: an expected rate of +Inf makes every `observed < expected` rule fire.
+    with pytest.raises(ConfigError) as err:
+        parse(f"collector: {{expected: {{ports: [{{devices: mlx5_0, link_layer: Ethernet, {key}: .inf}}]}}}}")
+    assert err.value.key == f"collector.expected.ports[0].{key}"
