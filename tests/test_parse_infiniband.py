@@ -558,3 +558,21 @@ def test_every_narrow_counter_saturates_exactly_at_its_maximum(captured_copy, le
     values = samples(scrape(root))
     expected = {file: float(below == 0) for file, widths in SPEC_COUNTERS.items() if widths[legacy] < 64}
     assert _saturation(values, device) == expected
+
+
+def test_sriov_virtual_functions_are_flagged_with_their_pf(tmp_path: Path) -> None:
+    # A VF's PCI function has a `physfn` link to its PF (pci-sysfs.c); no golden tree has VFs, so dropping
+    # the detection changed nothing there. Found by mutation review.
+    from rdma_exporter.sample_tree import TreeSpec, build_tree
+
+    root = build_tree(tmp_path / "t", TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=2, degraded_pcie=()))
+    values = samples(scrape(root))
+    devices = ("mlx5_0", "mlx5_1", "mlx5_2")
+    vf = {dev: values[("rdma_device_sriov_virtual_function", (("device", dev),))] for dev in devices}
+    assert vf == {"mlx5_0": 0, "mlx5_1": 1, "mlx5_2": 1}
+    assert values[("rdma_device_sriov_vfs", (("device", "mlx5_0"),))] == 2
+    assert ("rdma_device_sriov_vfs", (("device", "mlx5_1"),)) not in values  # a VF has no VFs of its own
+    pf_of = {
+        dict(labels)["device"]: dict(labels)["pf_pci_address"] for name, labels in values if name == "rdma_device_info"
+    }
+    assert pf_of == {"mlx5_0": "", "mlx5_1": "0000:18:00.0", "mlx5_2": "0000:18:00.0"}
