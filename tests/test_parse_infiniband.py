@@ -576,3 +576,26 @@ def test_sriov_virtual_functions_are_flagged_with_their_pf(tmp_path: Path) -> No
         dict(labels)["device"]: dict(labels)["pf_pci_address"] for name, labels in values if name == "rdma_device_info"
     }
     assert pf_of == {"mlx5_0": "", "mlx5_1": "0000:18:00.0", "mlx5_2": "0000:18:00.0"}
+
+
+@pytest.mark.parametrize(("text", "lanes"), [("100 Gb/sec (4X GDR)", 4), ("12 Gb/sec (12X)", 12)])
+def test_unknown_lane_speed_gives_no_speed_label(text: str, lanes: int) -> None:
+    # rate_show() prints only the IB speed names (or none, for SDR on old kernels): any other word is not a
+    # generation and must not become a free-form `speed` label value.
+    rate = parse_rate(text)
+    assert rate is not None
+    assert rate.lanes == lanes
+    assert rate.speed == ("SDR" if text.endswith("X)") else None)
+
+
+def test_stray_entry_in_ports_costs_only_itself(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # ports/ holds port numbers only; anything else is counted and skipped, the real ports are still read.
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/ports/lost+found").mkdir()
+    (root / "class/infiniband/mlx5_0/ports/256").mkdir()  # PortInfo port numbers are 8 bit
+    values = samples(scrape(root))
+    assert values[("rdma_port_state_id", MLX5_0)] == 4
+    assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
+    assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 2
+    ports = {dict(ls)["port"] for name, ls in values if name == "rdma_port_info" and ("device", "mlx5_0") in ls}
+    assert ports == {"1"}
