@@ -17,6 +17,7 @@ from rdma_exporter.parse.infiniband import (
     PMA_COUNTERS,
     PMA_COUNTERS_EXT,
     SUPERSEDED_BY_EXT,
+    hw_counter_is_gauge,
     metric_fragment,
     parse_rate,
     parse_state,
@@ -599,3 +600,29 @@ def test_stray_entry_in_ports_costs_only_itself(captured_copy) -> None:  # type:
     assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 2
     ports = {dict(ls)["port"] for name, ls in values if name == "rdma_port_info" and ("device", "mlx5_0") in ls}
     assert ports == {"1"}
+
+
+@pytest.mark.parametrize(
+    ("name", "gauge"),
+    [
+        ("active_qps", True),  # bnxt_re resource counts
+        ("watermark_qps", True),  # bnxt_re high-water marks
+        ("ActiveQPs", True),
+        ("qp_wm", True),
+        ("lifespan", True),
+        ("rx_packets", False),
+        ("inactive_timeouts", False),  # a count of events, only the prefix active_ is a level
+        ("rx_wmark_drops", False),
+    ],
+)
+def test_hw_counter_levels_are_gauges(name: str, gauge: bool) -> None:
+    assert hw_counter_is_gauge(name) is gauge
+
+
+def test_unknown_counters_ext_file_is_exported_generically(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # A legacy counters_ext/ file outside the PMA table is a driver extension: exported as is, like counters/.
+    root = captured_copy("prometheus-node_exporter")
+    (root / "class/infiniband/mlx4_0/ports/1/counters_ext/port_rcv_ecn_marked").write_text("42\n")
+    values = samples(scrape(root))
+    assert values[("rdma_port_counters_port_rcv_ecn_marked_total", MLX4_PORT1)] == 42
+    assert values[("rdma_port_receive_unicast_packets_total", MLX4_PORT1)] == 61148  # the known ones unaffected
