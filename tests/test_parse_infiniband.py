@@ -626,3 +626,12 @@ def test_unknown_counters_ext_file_is_exported_generically(captured_copy) -> Non
     values = samples(scrape(root))
     assert values[("rdma_port_counters_port_rcv_ecn_marked_total", MLX4_PORT1)] == 42
     assert values[("rdma_port_receive_unicast_packets_total", MLX4_PORT1)] == 61148  # the known ones unaffected
+
+
+def test_parse_state_bounds() -> None:
+    # PortState and PortPhysicalState are small IB enums and node_type a u8 in the kernel: a number past
+    # 255 is garbage, not a state.
+    assert parse_state("255: X") == (255, "X")
+    assert parse_state("256: X") is None
+    assert parse_state("7: unspecified") == (7, "unspecified")
+    assert parse_state("4:") == (4, "")  # no name printed: the exporter's table supplies it
