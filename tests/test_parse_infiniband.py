@@ -635,3 +635,22 @@ def test_parse_state_bounds() -> None:
     assert parse_state("256: X") is None
     assert parse_state("7: unspecified") == (7, "unspecified")
     assert parse_state("4:") == (4, "")  # no name printed: the exporter's table supplies it
+
+
+def test_unpopulated_gid_entries_are_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a real kernel gid_attrs/types/N of an all-zero GID entry exists and its read fails with EINVAL:
+    # the entry must be skipped on its GID alone, or every scrape counts one read error per empty entry.
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    port = root / "class/infiniband/mlx5_0/ports/1"
+    gids = {p.name: p.read_text().strip() for p in (port / "gids").iterdir()}
+    empty = sorted((i for i, gid in gids.items() if not gid.replace(":", "").strip("0")), key=int)
+    assert empty  # the sample tree has unpopulated entries
+    baseline = samples(scrape(root))
+    (port / "gid_attrs/types" / empty[0]).write_text("IB/RoCE v1\n")
+    monkeypatch.setattr(reader_module, "os", _failing_os(f"gid_attrs/types/{empty[0]}", errno.EINVAL))
+    values = samples(scrape(root))
+    assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
+    gid_series = {k: v for k, v in values.items() if k[0] == "rdma_port_gids"}
+    assert gid_series and gid_series == {k: v for k, v in baseline.items() if k[0] == "rdma_port_gids"}
