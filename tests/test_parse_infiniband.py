@@ -27,7 +27,7 @@ from rdma_exporter.parse.infiniband import (
 )
 from rdma_exporter.parse.reader import U64_MAX, ReadErrors, SysfsReader, parse_uint
 
-from conftest import SYSFS_FIXTURES, promtool_check_metrics, samples, scrape
+from conftest import SYSFS_FIXTURES, promtool_check_metrics, samples, scrape, symlink
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
@@ -654,3 +654,20 @@ def test_unpopulated_gid_entries_are_not_read(tmp_path: Path, monkeypatch: pytes
     assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
     gid_series = {k: v for k, v in values.items() if k[0] == "rdma_port_gids"}
     assert gid_series and gid_series == {k: v for k, v in baseline.items() if k[0] == "rdma_port_gids"}
+
+
+def test_omni_path_is_known_by_its_driver_under_any_device_name(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # rdma-core's rdma_rename (NAME_PCI, NAME_GUID) renames hfi1_0 to e.g. ibp5s0: the flit unit must then
+    # come from the PCI function's driver link, not from the name.
+    root = captured_copy("prometheus-procfs")
+    (root / "class/infiniband/hfi1_0").rename(root / "class/infiniband/ibp5s0")
+    pci = "devices/pci0000:00/0000:05:00.0"
+    (root / pci).mkdir(parents=True)
+    (root / "bus/pci/drivers/hfi1").mkdir(parents=True)
+    symlink(root, f"{pci}/driver", "bus/pci/drivers/hfi1")
+    symlink(root, "class/infiniband/ibp5s0/device", pci)
+    values = samples(scrape(root))
+    port = (("device", "ibp5s0"), ("port", "1"))
+    assert values[("rdma_port_transmit_data_bytes_total", port)] == 8 * 273558326543
+    info = next(dict(ls) for name, ls in values if name == "rdma_device_info" and ("device", "ibp5s0") in ls)
+    assert (info["driver"], info["pci_address"]) == ("hfi1", "0000:05:00.0")
