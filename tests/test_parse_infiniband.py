@@ -671,3 +671,14 @@ def test_omni_path_is_known_by_its_driver_under_any_device_name(captured_copy) -
     assert values[("rdma_port_transmit_data_bytes_total", port)] == 8 * 273558326543
     info = next(dict(ls) for name, ls in values if name == "rdma_device_info" and ("device", "ibp5s0") in ls)
     assert (info["driver"], info["pci_address"]) == ("hfi1", "0000:05:00.0")
+
+
+def test_ports_are_in_numeric_order(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # mlx5 in switchdev mode gives one RDMA device a port per representor (ports/1..N, often past 9); the
+    # directory listing sorts as text ("10" < "2"), the exposition follows port numbers.
+    root = captured_copy("leptonai-gpud-h100")
+    ports = root / "class/infiniband/mlx5_0/ports"
+    for number in (2, 10):
+        shutil.copytree(ports / "1", ports / str(number), symlinks=True)
+    info = read_device_info(root, "mlx5_0", SysfsReader("mlx5_0", ReadErrors()))
+    assert [p.number for p in info.ports] == [1, 2, 10]
