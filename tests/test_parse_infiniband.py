@@ -682,3 +682,21 @@ def test_ports_are_in_numeric_order(captured_copy) -> None:  # type: ignore[no-u
         shutil.copytree(ports / "1", ports / str(number), symlinks=True)
     info = read_device_info(root, "mlx5_0", SysfsReader("mlx5_0", ReadErrors()))
     assert [p.number for p in info.ports] == [1, 2, 10]
+
+
+def test_generic_counters_that_normalise_alike_give_one_series(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # counters/ and counters_ext/ files outside the PMA table go under rdma_port_counters_<name>_total, as
+    # hw_counters/ files go under rdma_port_hw_*: two files with one metric name must give one series (the
+    # first file of the listing, as for hw_counters), not two samples with the same labels, which promtool
+    # rejects and Prometheus drops as duplicates. Found by mutation review.
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    (port / "counters/Foo Bar").write_text("3\n")
+    (port / "counters/foo_bar").write_text("4\n")
+    (port / "counters/port_rcv_ecn").write_text("1\n")
+    (port / "counters_ext/port_rcv_ecn").write_text("2\n")
+    text = scrape(root)
+    series = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line.startswith("rdma_port_counters_")]
+    assert sorted(series) == sorted(set(series))
+    values = samples(text)
+    assert values[("rdma_port_counters_foo_bar_total", MLX4_PORT1)] == 3

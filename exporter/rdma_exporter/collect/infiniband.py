@@ -332,10 +332,11 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
         out.add(PORT_GIDS, [*labels, gid_type], count)
 
     pma_counters = info.pma_counters
+    generic: dict[str, int] = {}  # files outside the PMA tables (driver extensions), rarely any
     for file, value in port.counters.items():
         counter = pma_counters.get(file)
         if counter is None:
-            out.add(_PORT_GENERIC.get(file), labels, value)
+            generic[file] = value
             continue
         out.add(_PMA_SPECS[counter.key], labels, value * counter.scale)
         if counter.width < 64:
@@ -346,9 +347,16 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
     for file, value in port.counters_ext.items():
         ext = PMA_COUNTERS_EXT.get(file)
         if ext is None:
-            out.add(_PORT_GENERIC.get(file), labels, value)
+            generic[file] = value  # beside a counters/ file of the same name, the 64-bit one
         else:
             out.add(_PMA_SPECS[ext.key], labels, value * ext.scale)
+    if generic:
+        # Two names that normalise alike (`Foo Bar`, `foo_bar`) would be one series twice: the first of
+        # the listing owns it, as for hw_counters/.
+        shadowed = _PORT_GENERIC.shadowed(tuple(sorted(generic)))
+        for file, value in generic.items():
+            if file not in shadowed:
+                out.add(_PORT_GENERIC.get(file), labels, value)
     _expose_hw(port.hw_counters, info.hw_counter_files, _PORT_HW, PORT_LIFESPAN, labels, out)
 
 
