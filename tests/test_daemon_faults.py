@@ -737,12 +737,13 @@ def test_netdev_named_with_bytes_that_are_not_utf8_costs_nothing(tmp_path: Path)
 # --- the reader pool on its own -------------------------------------------------------------------
 
 
-def pool_job(name: str, gate: threading.Event | None = None, ran: list[str] | None = None) -> DeviceJob:
+def pool_job(name: str, gate: threading.Event | None = None, ran: list[threading.Thread] | None = None) -> DeviceJob:
     """A job that records the thread running it, then blocks on `gate` (a read stuck in the kernel)."""
 
     def work(job: DeviceJob) -> None:
         if ran is not None:
-            ran.append(threading.current_thread().name)
+            # The thread itself, not its name: other tests' pools name their threads alike.
+            ran.append(threading.current_thread())
         if gate is not None:
             gate.wait(30)
 
@@ -771,7 +772,7 @@ def test_pool_lets_a_second_thread_in_while_a_job_is_slow() -> None:
 
 def test_pool_threads_end_when_idle_and_are_reused_before() -> None:
     pool = WorkerPool(parallelism=2, idle_seconds=0.3)
-    ran: list[str] = []
+    ran: list[threading.Thread] = []
     first = pool_job("a", ran=ran)
     pool.submit(first)
     wait_until(first.done.is_set, timeout=10.0)
@@ -781,7 +782,7 @@ def test_pool_threads_end_when_idle_and_are_reused_before() -> None:
     assert len(set(ran)) == 1, ran
     # A quiet exporter holds no reader threads.
     wait_until(lambda: pool.threads == 0, timeout=10.0)
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name == ran[0]], timeout=10.0)
+    wait_until(lambda: not ran[0].is_alive(), timeout=10.0)
 
 
 def test_pool_threads_let_in_by_abandoned_jobs_leave_once_they_return() -> None:
