@@ -700,3 +700,7 @@ def test_generic_counters_that_normalise_alike_give_one_series(captured_copy) ->
     assert sorted(series) == sorted(set(series))
     values = samples(text)
     assert values[("rdma_port_counters_foo_bar_total", MLX4_PORT1)] == 3
+    # The listing decides, not the files read this scrape: when the owner fails a read, its twin must
+    # not take the series over (Prometheus would see a counter jump or reset).
+    (port / "counters/Foo Bar").write_text("garbage\n")
+    assert ("rdma_port_counters_foo_bar_total", MLX4_PORT1) not in samples(scrape(root))

@@ -352,8 +352,11 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
             out.add(_PMA_SPECS[ext.key], labels, value * ext.scale)
     if generic:
         # Two names that normalise alike (`Foo Bar`, `foo_bar`) would be one series twice: the first of
-        # the listing owns it, as for hw_counters/.
-        shadowed = _PORT_GENERIC.shadowed(tuple(sorted(generic)))
+        # the listing owns it, as for hw_counters/, decided from the static listing so that the series
+        # does not switch files when the first one fails a read.
+        listing = {f for f in info.counter_files if f not in pma_counters}
+        listing.update(f for f in info.counter_ext_files if f not in PMA_COUNTERS_EXT)
+        shadowed = _PORT_GENERIC.shadowed(tuple(sorted(listing)))
         for file, value in generic.items():
             if file not in shadowed:
                 out.add(_PORT_GENERIC.get(file), labels, value)
