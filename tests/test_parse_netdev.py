@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rdma_exporter.collect.base import FamilySet
 from rdma_exporter.collect.netdev import expose_netdev
 from rdma_exporter.parse import reader as reader_module
+from rdma_exporter.parse.infiniband import read_device_info
 from rdma_exporter.parse.netdev import (
     parse_speed,
     rdma_port_netdevs,
@@ -206,7 +207,7 @@ def test_roce_lag_maps_to_bond_master_via_gid_table(tmp_path: Path) -> None:
         },
     )
     reader = SysfsReader("mlx5_bond_0")
-    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader) == ["bond0"]
+    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["bond0"]
     assert reader.errors.total() == 0
 
 
@@ -217,13 +218,13 @@ def test_roce_lag_without_gid_table_uses_the_slave_master_link(tmp_path: Path) -
     rdma_device(tmp_path, "mlx5_bond_0")
     write_files(tmp_path, {f"{PF0}/net/ens1f0np0/dev_port": "0\n"})
     reader = SysfsReader("mlx5_bond_0")
-    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader) == ["bond0"]
+    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["bond0"]
     assert reader.errors.total() == 0
 
 
 def test_gpud_capture_has_nothing_to_map() -> None:
     reader = SysfsReader("mlx5_bond_0")
-    assert rdma_port_netdevs(GPUD_SYS, "mlx5_bond_0", 1, reader) == []
+    assert rdma_port_netdevs(GPUD_SYS, "mlx5_bond_0", 1, reader, single_port=True) == []
     assert reader.errors.total() == 0
 
 
@@ -241,22 +242,22 @@ def test_bonded_slave_of_a_non_lag_device_stays_itself(tmp_path: Path) -> None:
         },
     )
     reader = SysfsReader("mlx5_0")
-    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader) == ["ens1f0np0", "bond0"]
+    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader, single_port=True) == ["ens1f0np0", "bond0"]
 
 
 def test_dual_port_function_picks_the_port_by_dev_port(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx4_0")
     write_files(tmp_path, {f"{PF0}/net/eth0/dev_port": "0\n", f"{PF0}/net/eth1/dev_port": "1\n"})
     reader = SysfsReader("mlx4_0")
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader) == ["eth0"]
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader) == ["eth1"]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader, single_port=False) == ["eth0"]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader, single_port=False) == ["eth1"]
     assert reader.errors.total() == 0
 
 
 def test_dual_port_function_on_a_kernel_without_dev_port(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx4_0")
     write_files(tmp_path, {f"{PF0}/net/eth0/dev_id": "0x0\n", f"{PF0}/net/eth1/dev_id": "0x1\n"})
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, SysfsReader("mlx4_0")) == ["eth1"]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, SysfsReader("mlx4_0"), single_port=False) == ["eth1"]
 
 
 def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
@@ -278,7 +279,7 @@ def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
             f"{PF0}/net/c1rep/phys_port_name": "c1pf0\n",
         },
     )
-    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, SysfsReader("mlx5_0")) == ["ens1f0np0"]
+    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, SysfsReader("mlx5_0"), single_port=True) == ["ens1f0np0"]
 
 
 def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
@@ -297,7 +298,7 @@ def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
     )
     reader = SysfsReader("mlx5_2")
     # Numeric GID order (a plain sort would put 10 before 2): own netdev first, then the VLAN uppers.
-    assert rdma_port_netdevs(tmp_path, "mlx5_2", 1, reader) == ["eth2", "eth2.100", "eth2.200"]
+    assert rdma_port_netdevs(tmp_path, "mlx5_2", 1, reader, single_port=True) == ["eth2", "eth2.100", "eth2.200"]
     assert reasons(reader) == {REASON_MALFORMED: 1}
 
 
@@ -335,7 +336,7 @@ def test_admin_down_attributes_answer_einval_which_is_no_value(tmp_path: Path, m
     assert (dev.operstate, dev.carrier, dev.speed_bps, dev.duplex, dev.mtu, dev.address) == (
         "down", None, None, None, 4200, None
     )  # fmt: skip
-    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader) == ["ens1f0np0"]
+    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader, single_port=True) == ["ens1f0np0"]
     assert reader.errors.total() == 0
 
 
@@ -359,7 +360,7 @@ def test_function_netdevs_without_port_numbers_all_belong_to_the_port(tmp_path: 
     rdma_device(tmp_path, "mlx5_0")
     write_files(tmp_path, {f"{PF0}/net/eth0/operstate": "up\n", f"{PF0}/net/eth1/operstate": "up\n"})
     reader = SysfsReader("mlx5_0")
-    assert sorted(rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader)) == ["eth0", "eth1"]
+    assert sorted(rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader, single_port=True)) == ["eth0", "eth1"]
     assert reader.errors.total() == 0
 
 
@@ -388,9 +389,8 @@ def test_a_lone_netdev_of_the_other_port_is_not_this_ports(tmp_path: Path) -> No
             "class/infiniband/mlx4_0/ports/2/link_layer": "Ethernet\n",
         },
     )
-    reader = SysfsReader("mlx4_0")
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader) == ["ens2p1"]
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader) == []
+    info = read_device_info(tmp_path, "mlx4_0", SysfsReader("mlx4_0"))
+    assert [(port.number, port.netdevs) for port in info.ports] == [(1, ()), (2, ("ens2p1",))]
 
 
 def test_a_one_port_devices_lone_netdev_is_its_own_whatever_dev_port_says(tmp_path: Path) -> None:
@@ -401,4 +401,5 @@ def test_a_one_port_devices_lone_netdev_is_its_own_whatever_dev_port_says(tmp_pa
         tmp_path,
         {f"{PF0}/net/ens3np0/dev_port": "1\n", "class/infiniband/mlx5_3/ports/1/link_layer": "Ethernet\n"},
     )
-    assert rdma_port_netdevs(tmp_path, "mlx5_3", 1, SysfsReader("mlx5_3")) == ["ens3np0"]
+    info = read_device_info(tmp_path, "mlx5_3", SysfsReader("mlx5_3"))
+    assert [(port.number, port.netdevs) for port in info.ports] == [(1, ("ens3np0",))]

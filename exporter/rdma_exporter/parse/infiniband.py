@@ -355,7 +355,13 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
 
 
 def read_port_info(
-    sys_root: Path, device: str, port: int, reader: SysfsReader, *, data_word_bytes: int = IB_DATA_WORD_BYTES
+    sys_root: Path,
+    device: str,
+    port: int,
+    reader: SysfsReader,
+    *,
+    data_word_bytes: int = IB_DATA_WORD_BYTES,
+    single_port: bool,
 ) -> PortInfo:
     port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
     counter_files = list_dir(port_dir / "counters", reader)
@@ -377,7 +383,7 @@ def read_port_info(
         counter_files=tuple(counter_files),
         counter_ext_files=counter_ext_files,
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
-        netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader)),
+        netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader, single_port=single_port)),
         gid_types=_gid_types(port_dir, reader),
         # counters/ is the 32-bit PortCounters beside a legacy counters_ext/, whether or not its files answer.
         pma_counters={
@@ -409,14 +415,17 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     # hfi1 names its devices hfi1_N; the name tells trees without a device link.
     is_opa = driver == "hfi1" or (driver is None and name.startswith("hfi1_"))
     word_bytes = OPA_FLIT_BYTES if is_opa else IB_DATA_WORD_BYTES
-    ports: list[PortInfo] = []
+    numbers: list[int] = []
     for entry in list_dir(device_dir / "ports", reader, optional=False):
         number = parse_uint(entry)
         if number is None or number > 255:
             reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
             continue
-        ports.append(read_port_info(sys_root, name, number, reader, data_word_bytes=word_bytes))
-    ports.sort(key=lambda p: p.number)
+        numbers.append(number)
+    ports = [
+        read_port_info(sys_root, name, number, reader, data_word_bytes=word_bytes, single_port=len(numbers) == 1)
+        for number in sorted(numbers)
+    ]
     return DeviceInfo(
         name=name,
         node_type=(NODE_TYPES.get(parsed_type[0], parsed_type[1]) if parsed_type else None),

@@ -279,7 +279,9 @@ def _bond_master(sys_root: Path, name: str) -> str | None:
     return None
 
 
-def rdma_port_netdevs(sys_root: Path, ib_device: str, port: int, reader: SysfsReader) -> list[str]:
+def rdma_port_netdevs(
+    sys_root: Path, ib_device: str, port: int, reader: SysfsReader, *, single_port: bool
+) -> list[str]:
     """Netdevs carrying RDMA port `port` of `ib_device`, unique, most specific first.
 
     First the netdevs of the populated GID entries (`gid_attrs/ndevs/N`, in index order, so the port's
@@ -291,11 +293,13 @@ def rdma_port_netdevs(sys_root: Path, ib_device: str, port: int, reader: SysfsRe
 
     Reads up to one file per GID table entry (often 256): cache the result, it changes only on hotplug
     or address changes.
+
+    `single_port`: the device has no other port, so its function's lone netdev is this port's whatever
+    its dev_port says.
     """
     device_dir = sys_root / IB_DIR / ib_device
     gids = _gid_ndevs(device_dir / "ports" / str(port), reader)
     names = list(gids)
-    single_port = sum(entry.isdigit() for entry in list_dir(device_dir / "ports", reader)) <= 1
     for name in _function_ndevs(device_dir / "device" / "net", port, reader, single_port=single_port):
         master = _bond_master(sys_root, name)
         lag = master is not None and (
