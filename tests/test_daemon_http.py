@@ -303,7 +303,10 @@ def test_scrapes_sharing_a_round_each_get_the_encoding_they_asked_for(
 
     first = scrape("first", gzip_first)
     assert gated.entered.wait(5)
-    in_flight = collector._round
+    # A pool thread can enter the read before gather() has stored the round: the store happens under
+    # _round_lock, so taking it orders this read after the store.
+    with collector._round_lock:
+        in_flight = collector._round
     assert in_flight is not None
     first_deadline = in_flight.deadline
     second = scrape("second", not gzip_first)
