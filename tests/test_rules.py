@@ -242,6 +242,8 @@ def test_alert_metadata(rule: dict[str, Any]) -> None:
     name = rule["alert"]
     assert re.fullmatch(r"Rdma[A-Z][A-Za-z]+", name)
     assert "for" in rule, f"{name} has no for:"
+    # A failed scrape must not resolve a firing page (link.test.yml shows it on RdmaPortDown).
+    assert rule.get("keep_firing_for") == "2m", f"{name} has no keep_firing_for: 2m"
     assert rule["labels"]["severity"] in SEVERITIES
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "runbook_url"}
