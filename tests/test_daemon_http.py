@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import gzip
 import http.client
 import os
@@ -724,21 +725,40 @@ def test_prometheus_timeout_header_bounds_the_scrape(
     assert daemon.stop() == 0  # a reader thread blocked in the kernel does not hold the exit
 
 
+def hold_when_read(fifo: Path, timeout: float = 20.0) -> int:
+    """Wait until a reader has opened the FIFO `fifo`; return a write end that keeps its read blocked
+    (no data, but a writer) until the caller closes it."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: nobody reads it yet
+                raise
+        assert time.monotonic() < end, f"nothing read {fifo} within {timeout} s"
+        time.sleep(0.02)
+
+
 def test_sigterm_lets_the_scrape_in_flight_finish(
     start: Callable[..., RunningDaemon], stuck_tree: tuple[Path, Path]
 ) -> None:
-    root, _ = stuck_tree
+    root, fifo = stuck_tree
     daemon = start("--path.sysfs", str(root))
     replies: list[Reply] = []
     scraper = threading.Thread(
         target=lambda: replies.append(get(daemon.port, headers={"X-Prometheus-Scrape-Timeout-Seconds": "2.5"}))
     )
     scraper.start()
-    time.sleep(0.5)
-    daemon.proc.send_signal(signal.SIGTERM)
-    scraper.join(10)
-    assert replies and replies[0].status == 200
-    assert daemon.proc.wait(10) == 0
+    # SIGTERM once the scrape is in flight: its read of mlx5_1 has reached the stuck counter. (A fixed
+    # 0.5 s wait sent it, on a loaded machine, before the daemon had even accepted the connection.)
+    writer = hold_when_read(fifo)
+    try:
+        daemon.proc.send_signal(signal.SIGTERM)
+        scraper.join(10)
+        assert replies and replies[0].status == 200
+        assert daemon.proc.wait(10) == 0
+    finally:
+        os.close(writer)
     assert "received SIGTERM, shutting down" in daemon.log()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", daemon.port), timeout=1).close()
