@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, Source
-from rdma_exporter.collect.engine import DeviceJob, DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.collect.engine import DeviceJob, DeviceReads, RdmaCollector, WorkerPool, _Round
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
 from rdma_exporter.parse.infiniband import DeviceInfo
@@ -354,17 +354,53 @@ class SlowSource:
             out.add(self.specs[0], [name], results[name])
 
 
+class HeldSource(SlowSource):
+    """A SlowSource whose read (for some devices) takes until the test sets `release`, not a fixed time:
+    a round stays in flight for as long as the test needs, however slowly the machine runs."""
+
+    def __init__(self, devices: frozenset[str] | None = None) -> None:
+        super().__init__(0.0, devices)
+        self.release = threading.Event()
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> int:
+        calls = super().read(ctx, device, reader)
+        if self.devices is None or device.name in self.devices:
+            self.release.wait(30)
+        return calls
+
+
+def round_in_flight(collector: RdmaCollector) -> _Round | None:
+    """The collector's latest round. Read under _round_lock: gather() stores it there after starting
+    its jobs, so a job may already run before the round is stored."""
+    with collector._round_lock:
+        return collector._round
+
+
+def join_round(collector: RdmaCollector, scraper: threading.Thread, timeout: float = 10.0) -> None:
+    """Start `scraper` (a thread calling gather) and wait until it has joined the round in flight, which
+    moves the round's deadline to the later of theirs. Fails if it started a round of its own."""
+    in_flight = round_in_flight(collector)
+    assert in_flight is not None
+    deadline = in_flight.deadline
+    scraper.start()
+    wait_until(lambda: in_flight.deadline > deadline, timeout)
+
+
 def test_concurrent_scrapes_share_one_collection(tmp_path: Path) -> None:
     root = make_tree(tmp_path, 3)
-    source = SlowSource(0.3)
+    source = HeldSource()
     collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
     results: list[FamilySet] = []
-    scrapers = [threading.Thread(target=lambda: results.append(collector.gather(5.0))) for _ in range(3)]
+    scrapers = [threading.Thread(target=lambda: results.append(collector.gather(10.0))) for _ in range(3)]
+    # The round is held until every scraper has joined it: with a read of fixed length (and 20 ms between
+    # the scrapers), a scraper started late on a loaded machine found the round over and started another.
+    scrapers[0].start()
+    wait_until(lambda: round_in_flight(collector) is not None, 10)
+    for scraper in scrapers[1:]:
+        join_round(collector, scraper)
+    source.release.set()
     for scraper in scrapers:
-        scraper.start()
-        time.sleep(0.02)
-    for scraper in scrapers:
-        scraper.join(5)
+        scraper.join(10)
     assert source.calls == {"mlx5_0": 1, "mlx5_1": 1, "mlx5_2": 1}  # one firmware query per device
     assert len(results) == 3 and all(result is results[0] for result in results)
     # A scrape after the collection finished starts a fresh one (no stale values).
