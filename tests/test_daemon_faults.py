@@ -410,15 +410,21 @@ def test_concurrent_scrapes_share_one_collection(tmp_path: Path) -> None:
 
 def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> None:
     root = make_tree(tmp_path, 3)
-    source = SlowSource(1.0, frozenset({"mlx5_1"}))
+    source = HeldSource(frozenset({"mlx5_1"}))
     collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
     leader: list[FamilySet] = []
     thread = threading.Thread(target=lambda: leader.append(collector.gather(5.0)))
     thread.start()
-    time.sleep(0.05)
+    # The short scrape joins once the leader's round is in flight and mlx5_0 has answered; mlx5_1's read is
+    # held until the short scrape is over. (After a fixed 50 ms, a leader not yet scheduled left the short
+    # scrape to start the round, and a 1 s read could end before a slowed short scrape did.)
+    wait_until(lambda: (rnd := round_in_flight(collector)) is not None and rnd.jobs["mlx5_0"].done.is_set(), 10)
     started = time.monotonic()
-    short = samples(prometheus_text(collector.gather(0.2)).decode())
-    assert time.monotonic() - started < 0.5
+    try:
+        short = samples(prometheus_text(collector.gather(0.2)).decode())
+        assert time.monotonic() - started < 0.5
+    finally:
+        source.release.set()
     thread.join(5)
     assert source.calls["mlx5_1"] == 1  # the short scrape joined the collection in flight
     assert value(short, "rdma_exporter_scrape_collector_success", collector="slow") == 0
