@@ -447,13 +447,25 @@ def test_a_shorter_deadline_timing_out_does_not_hide_the_read_errors_of_the_long
     counters = device_dir(root, "mlx5_0") / "ports" / "1" / "counters"
     (counters / "symbol_error").write_text("garbage\n")
     slow = fifos.make(counters / "VL15_dropped")
-    answer = fifos.answer_when_read(slow, b"5\n", lambda: time.sleep(1.5))
+    # The short scrape runs once the long one's round is reading the FIFO, and the FIFO answers once the
+    # short scrape is over. (With a fixed 50 ms and 1.5 s instead, a long scrape not yet scheduled left the
+    # short one to start the round, whose deadline then passed before the long one could join it.)
+    reading, short_done = threading.Event(), threading.Event()
+
+    def when_read() -> None:
+        reading.set()
+        short_done.wait(30)
+
+    answer = fifos.answer_when_read(slow, b"5\n", when_read)
     collector = collector_for(root, 5.0)
     results: list[FamilySet] = []
     long_scrape = threading.Thread(target=lambda: results.append(collector.gather(5.0)))
     long_scrape.start()
-    time.sleep(0.05)
-    short = samples(prometheus_text(collector.gather(0.5)).decode())
+    try:
+        assert reading.wait(10)
+        short = samples(prometheus_text(collector.gather(0.5)).decode())
+    finally:
+        short_done.set()
     long_scrape.join(5)
     answer.join(5)
 
