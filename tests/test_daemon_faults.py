@@ -329,44 +329,30 @@ def test_port_files_change_between_reads(tmp_path: Path, fifos: Fifos) -> None:
     assert value(during, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
 
 
-class SlowSource:
-    """A source whose per-device read takes `delay` seconds (for some devices) and counts its calls."""
+class HeldSource:
+    """A source whose per-device read (for some devices) takes until the test sets `release`, and counts
+    its calls: a round stays in flight for as long as the test needs, however slowly the machine runs."""
 
     name = "slow"
     specs: tuple[MetricSpec, ...] = (MetricSpec("test_slow_reads", "gauge", "Reads.", ("device",)),)
     dynamic_specs = ()
 
-    def __init__(self, delay: float, devices: frozenset[str] | None = None) -> None:
-        self.delay = delay
+    def __init__(self, devices: frozenset[str] | None = None) -> None:
         self.devices = devices
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
+        self.release = threading.Event()
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> int:
         with self.lock:
             self.calls[device.name] = self.calls.get(device.name, 0) + 1
         if self.devices is None or device.name in self.devices:
-            time.sleep(self.delay)
+            self.release.wait(30)
         return self.calls[device.name]
 
     def expose(self, results: Mapping[str, int], out: FamilySet) -> None:
         for name in sorted(results):
             out.add(self.specs[0], [name], results[name])
-
-
-class HeldSource(SlowSource):
-    """A SlowSource whose read (for some devices) takes until the test sets `release`, not a fixed time:
-    a round stays in flight for as long as the test needs, however slowly the machine runs."""
-
-    def __init__(self, devices: frozenset[str] | None = None) -> None:
-        super().__init__(0.0, devices)
-        self.release = threading.Event()
-
-    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> int:
-        calls = super().read(ctx, device, reader)
-        if self.devices is None or device.name in self.devices:
-            self.release.wait(30)
-        return calls
 
 
 def round_in_flight(collector: RdmaCollector) -> _Round | None:
@@ -884,23 +870,77 @@ def test_pool_never_exceeds_its_hard_max_however_many_jobs_are_abandoned() -> No
     wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
 
 
-def test_scrapes_sharing_a_round_count_a_device_timing_out_once(tmp_path: Path) -> None:
+class PausedClock:
+    """Stands in for the engine's `time` module: monotonic() stands still until `resume()`, then runs on
+    from where it stopped; perf_counter() and the rest are the real ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paused_at: float | None = time.monotonic()
+        self._offset = 0.0
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return (time.monotonic() if self._paused_at is None else self._paused_at) - self._offset
+
+    def resume(self) -> None:
+        with self._lock:
+            if self._paused_at is not None:
+                self._offset += time.monotonic() - self._paused_at
+                self._paused_at = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+class WatchedPool(WorkerPool):
+    """A WorkerPool that records which threads wait for a round: a scrape calls rebalance() while it waits."""
+
+    def __init__(self, **options: int) -> None:
+        super().__init__(**options)
+        self.waiting: set[str] = set()
+
+    def rebalance(self) -> None:
+        self.waiting.add(threading.current_thread().name)
+        super().rebalance()
+
+
+def test_scrapes_sharing_a_round_count_a_device_timing_out_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Three replicas timing out on one stuck device are one missed read, not three.
+    from rdma_exporter.collect import engine
+
     root = make_tree(tmp_path, 2)
-    source = SlowSource(2.0, frozenset({"mlx5_1"}))
-    reads = DeviceReads(WorkerPool(parallelism=4))
+    source = HeldSource(frozenset({"mlx5_1"}))
+    pool = WatchedPool(parallelism=4)
+    reads = DeviceReads(pool)
     collector = RdmaCollector(root, [source], reads=reads)
+    # The replicas arrive at the same moment: the engine's clock stands still until all three wait on the
+    # round. (Started at once against the real clock, a scraper that reached gather() more than its 0.6 s
+    # after the first, on a loaded machine, found the round over, started another and counted again.)
+    clock = PausedClock()
+    monkeypatch.setattr(engine, "time", clock)
     results: list[FamilySet] = []
-    scrapers = [threading.Thread(target=lambda: results.append(collector.gather(0.6))) for _ in range(3)]
-    for scraper in scrapers:
-        scraper.start()
-    for scraper in scrapers:
-        scraper.join(10)
-    assert len(results) == 3
-    assert source.calls["mlx5_1"] == 1  # one round
-    key = {"collector": "slow", "device": "mlx5_1", "reason": "timeout"}
-    for result in results:
-        metrics = samples(prometheus_text(result).decode())
-        assert value(metrics, "test_slow_reads", device="mlx5_1") is None
-        assert value(metrics, "rdma_exporter_file_read_errors_total", **key) == 1
+    scrapers = [
+        threading.Thread(target=lambda: results.append(collector.gather(0.6)), name=f"scraper-{n}")
+        for n in range(3)
+    ]
+    try:
+        for scraper in scrapers:
+            scraper.start()
+        wait_until(lambda: pool.waiting >= {scraper.name for scraper in scrapers}, 10)
+        clock.resume()
+        for scraper in scrapers:
+            scraper.join(10)
+        assert len(results) == 3
+        assert source.calls["mlx5_1"] == 1  # one round
+        key = {"collector": "slow", "device": "mlx5_1", "reason": "timeout"}
+        for result in results:
+            metrics = samples(prometheus_text(result).decode())
+            assert value(metrics, "test_slow_reads", device="mlx5_1") is None
+            assert value(metrics, "rdma_exporter_file_read_errors_total", **key) == 1
+    finally:
+        clock.resume()
+        source.release.set()
     wait_until(lambda: reads.outstanding() == 0, timeout=10.0)
