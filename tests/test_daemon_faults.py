@@ -4,6 +4,7 @@ are right, the failures are counted, and a blocked device never holds more than 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -38,6 +39,19 @@ class Fifos:
 
     def __init__(self) -> None:
         self.paths: list[Path] = []
+        self.held: dict[Path, int] = {}
+
+    def opened_at(self, path: Path) -> list[float]:
+        """When a reader opens the FIFO `path` (appended by a thread, no earlier than the open). The thread
+        keeps a write end open, so the read stays blocked until `release`."""
+        when: list[float] = []
+
+        def hold() -> None:
+            self.held[path] = os.open(path, os.O_WRONLY)  # returns once a reader has opened the FIFO
+            when.append(time.monotonic())
+
+        threading.Thread(target=hold, daemon=True).start()
+        return when
 
     def make(self, path: Path) -> Path:
         path.unlink()
@@ -54,6 +68,8 @@ class Fifos:
         else:
             os.write(fd, value)
             os.close(fd)
+        if path in self.held:
+            os.close(self.held.pop(path))
         if path.exists():
             path.unlink()
             path.write_bytes(value or b"0\n")
@@ -75,6 +91,8 @@ class Fifos:
 
     def release_all(self) -> None:
         for path in self.paths:
+            with contextlib.suppress(OSError):  # a thread of opened_at still waiting for a reader
+                os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
             self.release(path)
 
 
@@ -139,7 +157,9 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
     fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
     reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
     collector = collector_for(root, 1.0, reads)
+    fifo_opened = fifos.opened_at(fifo)
 
+    started = time.monotonic()
     first, took = timed_scrape(collector)
     assert 0.9 <= took < 1.6, f"the scrape took {took:.2f} s with a 1 s deadline"
     for source in sources_of(collector):
@@ -149,7 +169,11 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
             value(first, "rdma_exporter_file_read_errors_total", collector=source, device="mlx5_1", reason="timeout")
             == 1
         )
-    assert value(first, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1") >= 0.9
+    # Blocked since the device's job started, which was no later than its read of the FIFO: at least from
+    # then to the deadline. (Not simply 0.9 s: on a loaded machine the job can start well after the scrape.)
+    assert fifo_opened
+    blocked_since_read = started + 1.0 - fifo_opened[0]
+    assert value(first, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1") >= blocked_since_read - 0.001
     assert value(first, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
     assert value(first, "rdma_exporter_devices") == 4
     for device in ("mlx5_0", "mlx5_2", "mlx5_3"):
