@@ -247,7 +247,7 @@ class Inventory:
         now = self._clock()
         with self._lock:
             resync = not self.rescan_each_scrape and now - self._resynced_at >= UDEV_RESYNC_SECONDS
-            if resync and self._listing is not None:
+            if resync:  # also when an event since the last scrape already asked for a relist
                 self._epoch_all += 1
                 self._cache.clear()
             if self.rescan_each_scrape or self._listing is None or resync:
