@@ -110,3 +110,50 @@ def test_counter_and_info_naming() -> None:
         b"# HELP x_build_info Build.\n# TYPE x_build_info gauge\n"
         b'x_build_info{version="1"} 1.0\n'
     )
+
+
+def test_spec_names_follow_their_kind() -> None:
+    # The text format's counter naming: the exposed name of a counter ends in _total (prometheus_client's
+    # writer strips and re-appends it, so a counter without it would be served under another name than
+    # METRICS.md documents); info metrics end in _info, as OpenMetrics names them.
+    with pytest.raises(ValueError, match="x_errors must end in _total"):
+        MetricSpec("x_errors", "counter", "Errors.", ())
+    with pytest.raises(ValueError, match="x_build must end in _info"):
+        MetricSpec("x_build", "info", "Build.", ())
+    for name in ("x_errors", "x_errors_total", "x_build_info"):  # a gauge may be named anything
+        assert MetricSpec(name, "gauge", "Gauge.", ()).name == name
+
+
+# Values at each edge of the integer fast paths (format_value's and render_chunks' own), written out as
+# Go (and prometheus_client's floatToGoString) writes them: exponent from 1e6 up, a negative integer in
+# full until Python's repr switches at 1e16, an integer past 2**53 as its nearest float, a bool as a number.
+EDGE_VALUES = [
+    (0, "0.0"),
+    (999_999, "999999.0"),
+    (1_000_000, "1e+06"),
+    (123_456_789, "1.23456789e+08"),
+    (-1, "-1.0"),
+    (-1_000_000, "-1000000.0"),
+    (-999_999_999_999_999, "-999999999999999.0"),
+    (-(10**16) + 1, "-1e+16"),
+    (-(10**16), "-1e+16"),
+    (2**53 + 1, "9.007199254740992e+15"),
+    (2**63 - 1, "9.223372036854776e+18"),
+    (True, "1.0"),
+    (False, "0.0"),
+    (0.5, "0.5"),
+    (-0.0, "-0.0"),
+    (1e-07, "1e-07"),
+    (1e21, "1e+21"),
+    (math.nan, "NaN"),
+    (math.inf, "+Inf"),
+    (-math.inf, "-Inf"),
+]
+
+
+@pytest.mark.parametrize(("value", "text"), EDGE_VALUES, ids=[repr(value) for value, _ in EDGE_VALUES])
+def test_sample_values_at_the_edges(value: float, text: str) -> None:
+    assert format_value(value) == text
+    families = FamilySet()
+    families.add(MetricSpec("x_things", "gauge", "Things.", ()), [], value)
+    assert families.render_text().decode().splitlines()[-1] == f"x_things {text}"
