@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
 
-from rdma_exporter.collect.base import FamilySet, MetricSpec, SeriesPrefixes, _layout, format_value
+from rdma_exporter.collect.base import FamilySet, MetricSpec, SeriesPrefixes, _layout, format_value, label, lint_safe
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
 from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree
@@ -157,3 +157,74 @@ def test_sample_values_at_the_edges(value: float, text: str) -> None:
     families = FamilySet()
     families.add(MetricSpec("x_things", "gauge", "Things.", ()), [], value)
     assert families.render_text().decode().splitlines()[-1] == f"x_things {text}"
+
+
+def test_label_values_escape_backslash_quote_and_newline_only() -> None:
+    # The text format escapes exactly these three in a label value (and HELP escapes backslash and newline
+    # only, not quotes); names that are not UTF-8 bytes come from os.listdir with surrogate escapes, and are
+    # served as \xNN, as `ip link` shows them (the backslash is then escaped as any other).
+    spec = MetricSpec("x_things", "gauge", 'A "quoted"\\help\nline.', ("device", "netdev"))
+    families = FamilySet()
+    families.add(spec, ["back\\slash", 'say "hi"'], 1)  # each alone: a mutant that misses one is seen
+    families.add(spec, ["two\nlines", "enp1\udcff"], 2)
+    families.add(spec, ["\ud800", "ünï"], 3)  # a lone surrogate no file name decodes to stays visible
+    assert families.render_text().decode("utf-8") == (
+        '# HELP x_things A "quoted"\\\\help\\nline.\n'
+        "# TYPE x_things gauge\n"
+        'x_things{device="back\\\\slash",netdev="say \\"hi\\""} 1.0\n'
+        'x_things{device="two\\nlines",netdev="enp1\\\\xff"} 2.0\n'
+        'x_things{device="\\\\ud800",netdev="ünï"} 3.0\n'
+    )
+
+
+def test_label_of_an_unknown_attribute_is_empty() -> None:
+    assert (label(None), label(""), label(0), label(1), label("mlx5_0")) == ("", "", "0", "1", "mlx5_0")
+
+
+def test_series_prefixes_follow_changed_label_values() -> None:
+    # A port whose netdev was renamed keeps its device label: the cached text of its label set must not be
+    # served for the new one, on a render that prunes or one that only looks texts up.
+    spec = MetricSpec("x_port_info", "gauge", "Port.", ("device", "netdev", "port"))
+    prefixes = SeriesPrefixes()
+    for render in range(1, 2 * SeriesPrefixes.PRUNE_EVERY + 2):
+        netdev = f"eth{render}"
+        families = FamilySet(prefixes)
+        families.add(spec, ["mlx5_0", netdev, "1"], 1)
+        line = families.render_text().decode().splitlines()[-1]
+        assert line == f'x_port_info{{device="mlx5_0",netdev="{netdev}",port="1"}} 1.0'
+
+
+def test_series_prefixes_are_per_label_names() -> None:
+    # Families with the same label values under other label names share no text.
+    prefixes = SeriesPrefixes()
+    device = MetricSpec("x_devices", "gauge", "Devices.", ("device",))
+    netdev = MetricSpec("x_netdevs", "gauge", "Netdevs.", ("netdev",))
+    for _ in range(3):
+        families = FamilySet(prefixes)
+        families.add(device, ["mlx5_0"], 1)
+        families.add(netdev, ["mlx5_0"], 1)
+        lines = families.render_text().decode().splitlines()[2::3]
+        assert lines == ['x_devices{device="mlx5_0"} 1.0', 'x_netdevs{netdev="mlx5_0"} 1.0']
+
+
+# lint_safe's documented rewrites (its docstring): a plural non-base unit loses its "s" ("bits" -> "bit", as
+# the curated ethtool renames read), an abbreviation is spelled out, a type's name gets an "x"; a base unit,
+# or a token that only starts like a prefixed unit, stays.
+LINT_SAFE_CASES = [
+    ("rx_bits_phy", "counter", "rx_bit_phy"),
+    ("latency_milliseconds", "gauge", "latency_millisecond"),
+    ("tx_kilobytes", "counter", "tx_kilobyte"),
+    ("rx_kilobits", "counter", "rx_kilobit"),
+    ("rx_q7_hours", "counter", "rx_q7_hour"),
+    ("rx_timeout_ms", "counter", "rx_timeout_msec"),
+    ("tx_s_b_kb", "counter", "tx_secs_byte_kbyte"),
+    ("rx_gauge_counter", "counter", "rx_gaugex_counterx"),
+    ("q_histogram_summary", "gauge", "q_histogramx_summaryx"),
+    ("rx_bytes_seconds_kelvin", "gauge", "rx_bytes_seconds_kelvin"),
+    ("rx_kilo_total", "counter", "rx_kilo_total"),
+]
+
+
+@pytest.mark.parametrize(("key", "kind", "safe"), LINT_SAFE_CASES, ids=[case[0] for case in LINT_SAFE_CASES])
+def test_lint_safe_rewrites(key: str, kind: str, safe: str) -> None:
+    assert lint_safe(key, kind) == safe
