@@ -1,0 +1,134 @@
+"""The scrape engine's own series, on stand-in sources whose reads the test controls: what a scrape
+serves when a device's read is stuck, fails or raises, and what the exporter says about itself."""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdma_exporter import __version__
+from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
+from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.parse.infiniband import DeviceInfo
+from rdma_exporter.parse.reader import REASON_IO, SysfsReader
+from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+from conftest import samples
+
+VALUE = MetricSpec("x_value", "gauge", "The stand-in source's value.", ("device",))
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+class StandIn:
+    """A source whose read of a device blocks on that device's gate, counts a read error or raises, as told."""
+
+    name = "standin"
+    specs = (VALUE,)
+    dynamic_specs = ()
+
+    def __init__(self) -> None:
+        self.gates: dict[str, threading.Event] = {}
+        self.errors: set[str] = set()  # devices whose read counts one io error (their value still stands)
+        self.raises: set[str] = set()  # devices whose read raises
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> Any:
+        gate = self.gates.get(device.name)
+        if gate is not None:
+            gate.wait(30)
+        if device.name in self.raises:
+            raise OSError("the device went away")
+        if device.name in self.errors:
+            reader.errors.add(device.name, REASON_IO, "EIO")
+        return 1
+
+    def expose(self, results: Mapping[str, Any], out: FamilySet) -> None:
+        for name, value in sorted(results.items()):
+            out.add(VALUE, [name], value)
+
+    def release(self) -> None:
+        for gate in self.gates.values():
+            gate.set()
+
+
+@pytest.fixture
+def standin() -> Iterator[StandIn]:
+    source = StandIn()
+    yield source
+    source.release()
+
+
+def collector(tmp_path: Path, source: StandIn, devices: int = 2, parallelism: int = 4) -> RdmaCollector:
+    root = build_tree(tmp_path / "t", spec_for_devices(devices))
+    reads = DeviceReads(WorkerPool(parallelism=parallelism, hard_max=8))
+    return RdmaCollector(root, [source], scrape_timeout=5.0, reads=reads)
+
+
+def scrape(rdma: RdmaCollector, timeout: float = 5.0) -> Samples:
+    return samples(rdma.gather(timeout).render_text().decode())
+
+
+def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(tmp_path: Path, standin: StandIn) -> None:
+    # One reader thread: mlx5_1's job waits behind mlx5_0's, stuck in firmware. The scrape that gives up at
+    # its deadline drops the job that never started and lets another thread past the stuck one, so the next
+    # scrape reads mlx5_1 instead of reporting it skipped behind a read that never began.
+    standin.gates["mlx5_0"] = threading.Event()
+    rdma = collector(tmp_path, standin, parallelism=1)
+    first = scrape(rdma, 0.5)
+    assert ("x_value", (("device", "mlx5_1"),)) not in first
+    second = scrape(rdma)
+    assert second[("x_value", (("device", "mlx5_1"),))] == 1
+    assert second[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_0"),))] == 1
+    assert ("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),)) not in second
+
+
+def errors_of(metrics: Samples, device: str, reason: str = "io", collector: str = "standin") -> float | None:
+    key = (("collector", collector), ("device", device), ("reason", reason))
+    return metrics.get(("rdma_exporter_file_read_errors_total", key))
+
+
+def success_of(metrics: Samples, collector: str = "standin") -> float | None:
+    return metrics.get(("rdma_exporter_scrape_collector_success", (("collector", collector),)))
+
+
+def test_a_device_that_fails_fails_the_collector_whatever_the_devices_after_it(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    # mlx5_0 is read first: mlx5_1 answering afterwards must not make the scrape a success again.
+    standin.raises.add("mlx5_0")
+    metrics = scrape(collector(tmp_path, standin))
+    assert success_of(metrics) == 0
+    assert success_of(metrics, "inventory") == 1
+    assert metrics[("x_value", (("device", "mlx5_1"),))] == 1
+    assert ("x_value", (("device", "mlx5_0"),)) not in metrics
+    assert errors_of(metrics, "mlx5_0") == 1
+    assert metrics[("rdma_exporter_devices", ())] == 2
+
+
+def test_read_errors_accumulate_and_go_with_their_device(tmp_path: Path, standin: StandIn) -> None:
+    # A counter: each scrape's errors add to the last, and a read error costs only its value (the source
+    # still succeeds). A device that is no longer listed takes its error series with it, as every other
+    # series of it; a device listed again starts from nothing.
+    standin.errors.update({"mlx5_0", "mlx5_1"})
+    rdma = collector(tmp_path, standin)
+    assert errors_of(scrape(rdma), "mlx5_1") == 1
+    metrics = scrape(rdma)
+    assert (errors_of(metrics, "mlx5_0"), errors_of(metrics, "mlx5_1"), success_of(metrics)) == (2, 2, 1)
+    link = rdma.sys_root / "class" / "infiniband" / "mlx5_1"
+    target = link.readlink()
+    link.unlink()
+    metrics = scrape(rdma)
+    assert (errors_of(metrics, "mlx5_0"), errors_of(metrics, "mlx5_1")) == (3, None)
+    link.symlink_to(target)
+    metrics = scrape(rdma)
+    assert (errors_of(metrics, "mlx5_0"), errors_of(metrics, "mlx5_1")) == (4, 1)
+
+
+def test_build_info_names_this_version_and_python(tmp_path: Path, standin: StandIn) -> None:
+    metrics = scrape(collector(tmp_path, standin))
+    labels = (("python_version", platform.python_version()), ("version", __version__))
+    assert metrics[("rdma_exporter_build_info", labels)] == 1
