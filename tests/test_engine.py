@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,13 +13,14 @@ from typing import Any
 import pytest
 
 from rdma_exporter import __version__
+from rdma_exporter.collect import engine
 from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import REASON_IO, SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import samples
+from conftest import samples, wait_until
 
 VALUE = MetricSpec("x_value", "gauge", "The stand-in source's value.", ("device",))
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -35,11 +37,13 @@ class StandIn:
         self.gates: dict[str, threading.Event] = {}
         self.errors: set[str] = set()  # devices whose read counts one io error (their value still stands)
         self.raises: set[str] = set()  # devices whose read raises
+        self.seconds = 0.0  # how long each read takes
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> Any:
         gate = self.gates.get(device.name)
         if gate is not None:
             gate.wait(30)
+        time.sleep(self.seconds)
         if device.name in self.raises:
             raise OSError("the device went away")
         if device.name in self.errors:
@@ -80,6 +84,8 @@ def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(tmp_path:
     rdma = collector(tmp_path, standin, parallelism=1)
     first = scrape(rdma, 0.5)
     assert ("x_value", (("device", "mlx5_1"),)) not in first
+    # mlx5_1's job ends (dropped, or run by the thread let in): only the stuck read is left outstanding.
+    wait_until(lambda: rdma.reads.outstanding() == 1)
     second = scrape(rdma)
     assert second[("x_value", (("device", "mlx5_1"),))] == 1
     assert second[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_0"),))] == 1
@@ -132,3 +138,50 @@ def test_build_info_names_this_version_and_python(tmp_path: Path, standin: Stand
     metrics = scrape(collector(tmp_path, standin))
     labels = (("python_version", platform.python_version()), ("version", __version__))
     assert metrics[("rdma_exporter_build_info", labels)] == 1
+
+
+def test_scrapes_sharing_a_round_count_each_error_once(tmp_path: Path, standin: StandIn) -> None:
+    # Two scrapes (two Prometheus replicas) join one round, in which mlx5_0's static read has an error and
+    # its source read is stuck, and mlx5_1's source read has an error: each is counted once, however many
+    # scrapes serve the round.
+    standin.gates["mlx5_0"] = threading.Event()
+    standin.errors.add("mlx5_1")
+    rdma = collector(tmp_path, standin)
+    fw_ver = rdma.sys_root / "class" / "infiniband" / "mlx5_0" / "fw_ver"
+    fw_ver.unlink()
+    fw_ver.mkdir()  # reading it fails with EISDIR: an io error of the static attributes
+    longer: list[Samples] = []
+    thread = threading.Thread(target=lambda: longer.append(scrape(rdma, 3.0)))
+    thread.start()
+    time.sleep(0.2)
+    shorter = scrape(rdma, 1.5)
+    thread.join()
+    for metrics in (shorter, longer[0]):
+        assert errors_of(metrics, "mlx5_0", "io", "inventory") == 1
+        assert errors_of(metrics, "mlx5_0", "timeout") == 1
+        assert errors_of(metrics, "mlx5_1") == 1
+        assert success_of(metrics) == 0
+    assert rdma._round is not None and rdma._round.result is None  # one round, still unfinished
+
+
+def test_durations_include_static_and_source_reads(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Time a collector spent in this scrape, summed over devices: the inventory's includes each device's
+    # static read, done in the device's job.
+    real = engine.read_device_info
+
+    def slow_read_device_info(*args: Any, **kwargs: Any) -> DeviceInfo:
+        time.sleep(0.1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "read_device_info", slow_read_device_info)
+    standin.seconds = 0.1
+    metrics = scrape(collector(tmp_path, standin))
+    durations = {
+        labels[0][1]: value for (name, labels), value in metrics.items()
+        if name == "rdma_exporter_scrape_collector_duration_seconds"
+    }
+    assert durations.keys() == {"inventory", "standin"}
+    assert durations["inventory"] >= 0.2
+    assert durations["standin"] >= 0.2
