@@ -185,3 +185,23 @@ def test_durations_include_static_and_source_reads(
     assert durations.keys() == {"inventory", "standin"}
     assert durations["inventory"] >= 0.2
     assert durations["standin"] >= 0.2
+
+
+def test_a_device_whose_static_read_raises_is_counted_by_the_inventory_only(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without its static info the device has no reads to time out: the failure is an inventory read error,
+    # not a timeout of every source, and the device is not counted as answering.
+    real = engine.read_device_info
+
+    def failing(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
+        if name == "mlx5_0":
+            raise OSError("EIO")
+        return real(sys_root, name, reader)
+
+    monkeypatch.setattr(engine, "read_device_info", failing)
+    metrics = scrape(collector(tmp_path, standin))
+    assert errors_of(metrics, "mlx5_0", "io", "inventory") == 1
+    assert errors_of(metrics, "mlx5_0", "timeout") is None
+    assert (success_of(metrics), metrics[("rdma_exporter_devices", ())]) == (1, 1)
+    assert metrics[("x_value", (("device", "mlx5_1"),))] == 1
