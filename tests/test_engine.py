@@ -239,3 +239,19 @@ def test_a_device_missing_the_short_deadline_of_each_round_is_logged_once(
         assert len(longer) == rounds and longer[-1][("x_value", (("device", "mlx5_0"),))] == 1
     assert len(blocked_logs(caplog, "mlx5_0")) == 1
 
+
+def test_a_device_blocked_again_after_a_healthy_scrape_is_logged_again(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Once per episode: a round in which the device answered ends the episode, and its next stall is news,
+    # logged again.
+    caplog.set_level(logging.WARNING, logger=engine.log.name)
+    rdma = collector(tmp_path, standin, devices=1)
+    for _ in range(2):
+        gate = standin.gates["mlx5_0"] = threading.Event()
+        assert ("x_value", (("device", "mlx5_0"),)) not in scrape(rdma, 0.2)
+        gate.set()
+        wait_until(lambda: rdma.reads.outstanding() == 0, 10)
+        assert scrape(rdma, 30.0)[("x_value", (("device", "mlx5_0"),))] == 1
+    assert len(blocked_logs(caplog, "mlx5_0")) == 2
+
