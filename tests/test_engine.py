@@ -39,8 +39,10 @@ class StandIn:
         self.errors: set[str] = set()  # devices whose read counts one io error (their value still stands)
         self.raises: set[str] = set()  # devices whose read raises
         self.seconds = 0.0  # how long each read takes
+        self.reading: set[str] = set()  # devices whose read has begun
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> Any:
+        self.reading.add(device.name)
         gate = self.gates.get(device.name)
         if gate is not None:
             gate.wait(30)
@@ -254,4 +256,56 @@ def test_a_device_blocked_again_after_a_healthy_scrape_is_logged_again(
         wait_until(lambda: rdma.reads.outstanding() == 0, 10)
         assert scrape(rdma, 30.0)[("x_value", (("device", "mlx5_0"),))] == 1
     assert len(blocked_logs(caplog, "mlx5_0")) == 2
+
+
+PRESENT = MetricSpec("x_present", "gauge", "The I/O-free stand-in's value.", ("device",))
+
+
+class IoFreeStandIn:
+    """An I/O-free source (reads only the cached static info) whose read of mlx5_0 raises."""
+
+    name = "iofree"
+    io_free = True
+    specs = (PRESENT,)
+    dynamic_specs = ()
+
+    def __init__(self) -> None:
+        self.read_devices: set[str] = set()
+
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> Any:
+        self.read_devices.add(device.name)
+        if device.name == "mlx5_0":
+            raise ValueError("a bug in the source")
+        return 1
+
+    def expose(self, results: Mapping[str, Any], out: FamilySet) -> None:
+        for name, value in sorted(results.items()):
+            out.add(PRESENT, [name], value)
+
+
+def test_an_io_free_source_raising_on_the_cached_info_of_a_stuck_device_fails(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    # mlx5_0's read is stuck after its static info was read: a scrape that stops waiting for it evaluates the
+    # I/O-free source on that cached info itself. The source raising there fails the source (base.Source:
+    # "The source fails the round only if it raises"), though it counts no timeout and mlx5_1 still answers.
+    gate = standin.gates["mlx5_0"] = threading.Event()
+    iofree = IoFreeStandIn()
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    rdma = RdmaCollector(root, [standin, iofree], scrape_timeout=5.0, reads=reads)
+    thread = threading.Thread(target=lambda: scrape(rdma, 30.0))
+    thread.start()
+    try:
+        # The long scrape's round has mlx5_0's static info and is stuck in its read; mlx5_1 has been read.
+        wait_until(lambda: "mlx5_0" in standin.reading and "mlx5_1" in iofree.read_devices, 10)
+        metrics = scrape(rdma, 0.2)  # joins the round, and stops waiting for mlx5_0
+    finally:
+        gate.set()
+        thread.join(30)
+    assert metrics[("x_present", (("device", "mlx5_1"),))] == 1
+    assert ("x_present", (("device", "mlx5_0"),)) not in metrics
+    assert success_of(metrics, "iofree") == 0
+    assert errors_of(metrics, "mlx5_0", "timeout", "iofree") is None
+    assert success_of(metrics) == 0  # the stand-in's read of mlx5_0 did time out
 
