@@ -12,12 +12,18 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from hypothesis import HealthCheck, settings
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_exporter.collect.base import FamilySet
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry
+
+# Property tests check behaviour, not speed (bench/ measures that): no per-example time limit, which a
+# busy 2-core CI machine can overrun. Loaded here, before any test module builds its @settings on it.
+settings.register_profile("rdma-exporter", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("rdma-exporter")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYSFS_FIXTURES = FIXTURES / "sysfs"
