@@ -100,7 +100,7 @@ def test_metric_fragment_driver_names() -> None:
     assert metric_fragment("rx_write_requests") == "rx_write_requests"
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_reader_survives_any_file_content(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "attr"
@@ -284,7 +284,7 @@ def test_static_and_snapshot_split() -> None:
     assert errors.total() == 0
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(
