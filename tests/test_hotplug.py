@@ -29,7 +29,7 @@ from rdma_exporter.hotplug import Event, HotplugMonitor, apply_event, start_moni
 from rdma_exporter.parse.reader import is_sysfs_mount
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import require_binary, samples, skip_or_fail, wait_until
+from conftest import SYSFS_FIXTURES, copy_tree, require_binary, samples, skip_or_fail, wait_until
 
 TESTS = Path(__file__).resolve().parent
 
@@ -384,3 +384,63 @@ def test_reload_while_the_monitor_dies_leaves_the_new_collector_rescanning(tree:
         assert daemon.exporter.serving.collector.inventory.rescan_each_scrape
     finally:
         daemon.server.shutdown(grace=0)
+
+
+# --- mutation review additions ------------------------------------------------------------------------
+
+
+def test_a_netdev_rename_decoded_from_the_uevent_refreshes_the_device_of_its_old_name(tree: Path) -> None:
+    # What the monitor thread gets from udev: the new name in INTERFACE and DEVPATH, the old one only in
+    # DEVPATH_OLD. A rename by udev rules must re-read the RDMA device that owned the old name.
+    collector, fake, monitor = monitor_on_fake_events(tree)
+    try:
+        netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+        props = {
+            "ACTION": "move",
+            "SUBSYSTEM": "net",
+            "INTERFACE": "ib-rail1",
+            "DEVPATH": "/devices/virtual/net/ib-rail1",
+            "DEVPATH_OLD": f"/devices/virtual/net/{netdev}",
+        }
+        assert Event.from_properties(props) == Event(
+            "move", "net", "ib-rail1", "/devices/virtual/net/ib-rail1", f"/devices/virtual/net/{netdev}"
+        )
+        fake.items.put(FakeDevice(props))
+        assert monitor.wait_for_events(1, UEVENT_DEADLINE)
+        assert fw_of(collector, "mlx5_1") == "99.0.0"
+    finally:
+        monitor.stop()
+
+
+def test_an_infiniband_event_on_a_device_without_pci_function_refreshes_that_device_only(tmp_path: Path) -> None:
+    # Devices with no PCI function in sysfs (mlx4_0 and i40iw0 of this capture): `that device`, not every
+    # device whose PCI address is equally unknown.
+    root = copy_tree(SYSFS_FIXTURES / "prometheus-node_exporter" / "sys", tmp_path / "sys")
+    collector = udev_collector(root)
+    scrape_samples(collector)
+    assert {name: info.pci_address for name, info in collector.inventory.cached().items()} == {
+        "mlx4_0": None,
+        "i40iw0": None,
+    }
+    assert apply_event(collector.inventory, Event("change", "infiniband", "mlx4_0")) == "device mlx4_0"
+    assert set(collector.inventory.cached()) == {"i40iw0"}
+    scrape_samples(collector)
+    assert apply_event(collector.inventory, Event("remove", "infiniband", "i40iw0")) == "device i40iw0"
+    assert set(collector.inventory.cached()) == {"mlx4_0"}
+
+
+def test_container_veths_do_not_relist_but_an_unknown_physical_netdev_does(tree: Path) -> None:
+    link = tree / "class" / "infiniband" / "mlx5_3"
+    target = os.readlink(link)
+    link.unlink()
+    collector = udev_collector(tree)
+    assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}
+    link.symlink_to(target)  # an HCA appears; its infiniband event has not come yet
+    # A container's veth or a bridge changes nothing: not even a relist.
+    assert apply_event(collector.inventory, Event("add", "net", "veth1a2b", "/devices/virtual/net/veth1a2b")) is None
+    assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}
+    # A netdev on a PCI function of no cached device may be the new HCA's: the device list is re-read.
+    physical = Event("add", "net", "eth7", "/devices/pci0000:e0/0000:e0:01.0/0000:e1:00.0/net/eth7")
+    assert apply_event(collector.inventory, physical) is None  # no cached device to re-read
+    assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
