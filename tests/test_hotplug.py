@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from rdma_exporter import hotplug
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import Daemon, build_collector, build_registry
@@ -444,3 +445,86 @@ def test_container_veths_do_not_relist_but_an_unknown_physical_netdev_does(tree:
     physical = Event("add", "net", "eth7", "/devices/pci0000:e0/0000:e0:01.0/0000:e1:00.0/net/eth7")
     assert apply_event(collector.inventory, physical) is None  # no cached device to re-read
     assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
+
+
+def test_a_failed_uevent_socket_stops_the_monitor_and_leaves_the_collector_rescanning(tree: Path) -> None:
+    # Any error but an overflow: no more events will come, so the cache must not be trusted any longer.
+    collector, fake, monitor = monitor_on_fake_events(tree)
+    try:
+        assert not collector.inventory.rescan_each_scrape
+        fake.items.put(OSError(errno.EBADF, "Bad file descriptor"))
+        wait_until(lambda: not monitor.running, UEVENT_DEADLINE)
+        assert collector.inventory.rescan_each_scrape
+    finally:
+        monitor.stop()
+
+
+def test_stop_ends_the_monitor_thread(tree: Path) -> None:
+    _, _, monitor = monitor_on_fake_events(tree)
+    assert monitor.running
+    monitor.stop()
+    wait_until(lambda: not monitor.running, UEVENT_DEADLINE)
+
+
+class OpenedMonitor(FakeMonitor):
+    """Stands in for the pyudev.Monitor that start_monitor opens: records its source and filters."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+        self.subsystems: list[str] = []
+
+    def filter_by(self, subsystem: str) -> None:
+        self.subsystems.append(subsystem)
+
+    def start(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("udevd", "source"), [(True, "udev"), (False, "kernel")])
+def test_udevd_events_are_used_when_udevd_runs_else_the_kernels(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, udevd: bool, source: str
+) -> None:
+    # udevd's events come after its rules renamed the netdevs; without udevd none would ever come on its
+    # multicast group, so the kernel's are listened to instead (operations.md: "device discovery: udev
+    # (kernel uevents, no udevd running ...)"). All four subsystems are listened to.
+    import pyudev
+
+    control = tmp_path / "control"
+    if udevd:
+        control.touch()
+    monkeypatch.setattr(hotplug, "UDEVD_CONTROL", control)
+    monkeypatch.setattr(hotplug, "is_sysfs_mount", lambda path: True)  # as if `tree` were /sys
+    opened: list[OpenedMonitor] = []
+
+    def from_netlink(context: object, source: str = "udev") -> OpenedMonitor:
+        opened.append(OpenedMonitor(source))
+        return opened[-1]
+
+    monkeypatch.setattr(pyudev.Monitor, "from_netlink", staticmethod(from_netlink))
+    collector = udev_collector(tree)
+    monitor, mode = start_monitor(tree, lambda: collector.inventory)
+    assert monitor is not None, mode
+    try:
+        assert monitor.running  # listening from start-up on, not from some later call
+    finally:
+        monitor.stop()
+    assert [(m.source, m.subsystems) for m in opened] == [(source, ["infiniband", "infiniband_verbs", "net", "pci"])]
+    assert monitor.source == source
+    how = "udevd events" if udevd else "kernel uevents, no udevd running"
+    assert mode == f"udev ({how} on infiniband, infiniband_verbs, net, pci)"
+
+
+def test_a_refused_uevent_socket_means_rescan_mode(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # operations.md: "rescan (...)" when the netlink socket is refused (a seccomp or address-family filter).
+    import pyudev
+
+    def refused(context: object, source: str = "udev") -> OpenedMonitor:
+        raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(hotplug, "is_sysfs_mount", lambda path: True)
+    monkeypatch.setattr(pyudev.Monitor, "from_netlink", staticmethod(refused))
+    collector = udev_collector(tree)
+    monitor, mode = start_monitor(tree, lambda: collector.inventory)
+    assert monitor is None
+    assert mode.startswith("rescan (cannot open the uevent socket: ") and "Address family not supported" in mode
