@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_exporter import __version__
+from rdma_exporter import __version__, cli
 from rdma_exporter.cli import build_parser, resolve_config, use_sample_tree
 from rdma_exporter.config import DEFAULT_PORT, Config, ConfigError, load_config_file
 
@@ -387,3 +388,59 @@ def test_settings_for_a_collector_without_settings_are_refused(tmp_path: Path) -
     assert (info.value.source, info.value.key) == (str(path), "collector.pcie")
     assert "no settings for this collector" in info.value.reason
     assert "expected" in info.value.reason  # names the collectors that do have settings
+
+
+def test_every_setting_flag_beats_the_file(tmp_path: Path) -> None:
+    # README: flags given on the command line win over the file, the file wins over the defaults.
+    (tmp_path / "sys").mkdir()
+    path = write(
+        tmp_path,
+        "web:\n  telemetry_path: /file\n  scrape_timeout_seconds: 5\n  config_file: web-file.yml\n"
+        "log:\n  level: error\n",
+    )
+    config = resolve_config(build_parser().parse_args(["--config.file", str(path)]))
+    assert (config.telemetry_path, config.scrape_timeout, config.log_level) == ("/file", 5.0, "error")
+    assert config.web_config_file == tmp_path / "web-file.yml"
+    args = [
+        "--config.file", str(path), "--web.telemetry-path", "/flag", "--web.scrape-timeout", "2.5",
+        "--log.level", "debug", "--web.config.file", "web-flag.yml",
+    ]
+    config = resolve_config(build_parser().parse_args(args))
+    assert (config.telemetry_path, config.scrape_timeout, config.log_level) == ("/flag", 2.5, "debug")
+    assert config.web_config_file == Path("web-flag.yml")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "reason"),
+    [
+        ("--web.telemetry-path", "/healthz", "other than / and /healthz"),
+        ("--web.telemetry-path", "metrics", "starting with /"),
+        ("--web.scrape-timeout", "0", "expected a number of seconds in (0, 300], got 0.0"),
+        ("--web.scrape-timeout", "301", "expected a number of seconds in (0, 300], got 301.0"),
+        ("--devices.include", "mlx5_[0-", "invalid regular expression"),
+        ("--devices.exclude", "mlx5_[0-", "invalid regular expression"),
+    ],
+)
+def test_invalid_flag_values_are_refused_with_the_flag_and_reason(flag: str, value: str, reason: str) -> None:
+    # The same checks as the file's keys: a bad flag stops start-up instead of serving something else.
+    with pytest.raises(ConfigError) as info:
+        resolve_config(build_parser().parse_args([flag, value]))
+    assert (info.value.source, info.value.key) == ("command line", flag)
+    assert reason in info.value.reason
+
+
+def test_both_forms_of_a_collector_flag_are_refused() -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--collector.pcie", "--no-collector.pcie"])
+    assert info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [("debug", logging.DEBUG), ("info", logging.INFO), ("warn", logging.WARNING), ("error", logging.ERROR)],
+)
+def test_log_level_sets_the_level_of_the_log(monkeypatch: pytest.MonkeyPatch, level: str, expected: int) -> None:
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: calls.append(kwargs))
+    cli.setup_logging(level)
+    assert [call["level"] for call in calls] == [expected]
