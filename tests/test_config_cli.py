@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -444,3 +445,85 @@ def test_log_level_sets_the_level_of_the_log(monkeypatch: pytest.MonkeyPatch, le
     monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: calls.append(kwargs))
     cli.setup_logging(level)
     assert [call["level"] for call in calls] == [expected]
+
+
+class RunRecorder:
+    """Stands in for daemon.run: records what main() would serve, and how it would reload."""
+
+    def __init__(self) -> None:
+        self.config: Config | None = None
+        self.reload: Callable[[], Config] | None = None
+        self.log_levels: list[str] = []
+
+    def __call__(self, config: Config, reload: Callable[[], Config] | None = None) -> int:
+        self.config, self.reload = config, reload
+        return 0
+
+
+@pytest.fixture
+def recorded_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> RunRecorder:
+    import tempfile
+
+    from rdma_exporter import daemon
+
+    recorder = RunRecorder()
+    monkeypatch.setattr(daemon, "run", recorder)
+    monkeypatch.setattr(cli, "setup_logging", recorder.log_levels.append)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where --sample builds its tree
+    return recorder
+
+
+@pytest.mark.parametrize(
+    ("args", "forced", "configured"),
+    [
+        ([], False, False),
+        (["--sample"], True, False),
+        (["--path.sysfs", "{tmp}"], False, True),
+        (["--config.file", "{config}"], False, True),
+    ],
+    ids=["bare", "sample", "path-sysfs", "config-file"],
+)
+def test_only_a_bare_run_may_fall_back_to_the_sample_tree(
+    recorded_run: RunRecorder, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    args: list[str], forced: bool, configured: bool,
+) -> None:
+    # README: given --config.file or --path.sysfs, it serves the node's own tree, even without devices.
+    config_file = write(tmp_path, "log:\n  level: info\n")
+    asked: list[tuple[bool, bool]] = []
+
+    def recording(config: Config, forced: bool, configured: bool) -> Config:
+        asked.append((forced, configured))
+        return config
+
+    monkeypatch.setattr(cli, "use_sample_tree", recording)
+    argv = [arg.format(tmp=tmp_path, config=config_file) for arg in args]
+    assert cli.main(argv) == 0
+    assert asked == [(forced, configured)]
+
+
+def test_a_reload_rereads_the_file_and_keeps_the_sample_tree(recorded_run: RunRecorder, tmp_path: Path) -> None:
+    # operations.md: SIGHUP re-reads the config file and re-applies the flags; the sample tree stays.
+    path = write(tmp_path, "web:\n  telemetry_path: /before\n")
+    assert cli.main(["--sample", "--config.file", str(path), "--log.level", "debug"]) == 0
+    served, reload = recorded_run.config, recorded_run.reload
+    assert recorded_run.log_levels == ["debug"]  # the log is set up before anything is served
+    assert served is not None and reload is not None
+    assert served.sample_tree and (served.sysfs / "class" / "infiniband" / "mlx5_0").is_dir()
+    path.write_text("web:\n  telemetry_path: /after\nlog:\n  level: error\n")
+    reloaded = reload()
+    assert reloaded.telemetry_path == "/after"
+    assert reloaded.log_level == "debug"  # the flag still beats the file
+    assert (reloaded.sysfs, reloaded.ethtool_dir, reloaded.sample_tree) == (served.sysfs, served.ethtool_dir, True)
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_running_as_root_is_warned_about(
+    recorded_run: RunRecorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+    uid: int,
+) -> None:
+    monkeypatch.setattr(cli.os, "geteuid", lambda: uid)
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter"):
+        assert cli.main(["--path.sysfs", str(tmp_path)]) == 0
+    warned = [r.getMessage() for r in caplog.records if "running as root" in r.getMessage()]
+    assert warned == (["running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user"]
+                      if uid == 0 else [])
