@@ -431,6 +431,42 @@ def test_an_infiniband_event_on_a_device_without_pci_function_refreshes_that_dev
     assert set(collector.inventory.cached()) == {"mlx4_0"}
 
 
+def move_to_domain(root: Path, buses: tuple[str, ...], domain: str) -> None:
+    """Move PCI buses of domain 0000 into `domain`: every directory name and symlink target naming them."""
+
+    def moved(text: str) -> str:
+        for bus in buses:
+            text = text.replace(f"0000:{bus}", f"{domain}:{bus}")
+        return text
+
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):  # children before their parents
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            if path.is_symlink() and moved(os.readlink(path)) != os.readlink(path):
+                target = moved(os.readlink(path))
+                path.unlink()
+                path.symlink_to(target)
+            if moved(name) != name:
+                path.rename(path.with_name(moved(name)))
+
+
+def test_a_netdev_event_in_a_five_digit_pci_domain_refreshes_its_device(tree: Path) -> None:
+    # Intel VMD puts the devices behind it in PCI domains from 10000 up: five hex digits, where a plain
+    # host has four. A netdev appearing on such a function must still be matched to its RDMA device.
+    function = real_dir(tree, "mlx5_2").parent.parent
+    root_bus = function.parent.name.split(":")[1]  # the root port, 0000:<bus>:01.0
+    bus = function.name.split(":")[1]
+    move_to_domain(tree, (root_bus, bus), "10000")
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    pci = collector.inventory.cached()["mlx5_2"].pci_address
+    assert pci == f"10000:{bus}:00.0"
+    (real_dir(tree, "mlx5_2") / "fw_ver").write_text("99.0.0\n")
+    devpath = f"/devices/pci10000:{root_bus}/10000:{root_bus}:01.0/{pci}/net/eth9"
+    assert apply_event(collector.inventory, Event("add", "net", "eth9", devpath)) == "device mlx5_2"
+    assert fw_of(collector, "mlx5_2") == "99.0.0"
+
+
 def test_container_veths_do_not_relist_but_an_unknown_physical_netdev_does(tree: Path) -> None:
     link = tree / "class" / "infiniband" / "mlx5_3"
     target = os.readlink(link)
