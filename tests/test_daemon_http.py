@@ -81,7 +81,9 @@ class RunningDaemon:
         if wait:
             self.wait_listening()
 
-    def wait_listening(self, timeout: float = 20.0) -> None:
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        # A generous bound on a polled condition: with 20 CPU burners on the test's two cores, starting
+        # Python and importing the exporter took over 20 s.
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -91,6 +93,9 @@ class RunningDaemon:
                 return
             except OSError:
                 time.sleep(0.05)
+        # The caller never got this daemon to stop: do not leave it running after the test.
+        self.proc.kill()
+        self.proc.wait()
         raise AssertionError(f"daemon not listening after {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
