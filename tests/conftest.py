@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import time
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -173,3 +175,46 @@ def record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     fake.pread = recording_pread
     monkeypatch.setattr(reader_module, "os", fake)
     return reads
+
+
+# --- timing under load ------------------------------------------------------------------------------
+
+
+def run_delays(*pids: int) -> dict[tuple[int, str], int]:
+    """{(pid, thread id): nanoseconds that thread has spent runnable but waiting for a CPU} (schedstat)."""
+    delays: dict[tuple[int, str], int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):  # a process that just ended
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that just ended
+                    delays[(pid, task)] = int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[1])
+    return delays
+
+
+@dataclass(frozen=True)
+class Took:
+    wall: float  # seconds from the request to the answer
+    queued: float  # what the threads of the processes watched spent meanwhile waiting for a CPU, summed
+
+    @property
+    def scheduled(self) -> float:
+        """Wall time less the waits for a CPU: what the deadline and the code decide, not the machine's load.
+        Upper bounds use this; a lower bound (a deadline was waited for) uses `wall`."""
+        return max(0.0, self.wall - self.queued)
+
+    def __str__(self) -> str:
+        return f"{self.wall:.2f} s ({self.queued:.2f} s waiting for a CPU)"
+
+
+@contextlib.contextmanager
+def timed(*pids: int) -> Iterator[list[Took]]:
+    """Time the with block; its Took (appended on exit) counts the CPU waits of this process's threads and
+    of those of `pids`. A thread that ends inside the block takes its waits with it: that errs strict."""
+    took: list[Took] = []
+    before = run_delays(os.getpid(), *pids)
+    started = time.monotonic()
+    yield took
+    wall = time.monotonic() - started
+    after = run_delays(os.getpid(), *pids)
+    queued = sum(max(0, delay - before.get(task, 0)) for task, delay in after.items())
+    took.append(Took(wall, queued / 1e9))

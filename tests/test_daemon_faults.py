@@ -10,7 +10,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
-from conftest import prometheus_text, samples, wait_until
+from conftest import Took, prometheus_text, samples, timed, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -122,36 +122,10 @@ def udev_collector_with_clock(tmp_path: Path) -> tuple[Path, RdmaCollector, list
     return root, collector, now
 
 
-def cpu_queued() -> float:
-    """Seconds the threads of this process have spent runnable but waiting for a CPU (schedstat run_delay)."""
-    total = 0
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that just ended
-            total += int(Path(f"/proc/self/task/{task}/schedstat").read_text().split()[1])
-    return total / 1e9
-
-
-@dataclass(frozen=True)
-class Took:
-    wall: float  # seconds from the request to the answer
-    queued: float  # what this process's threads spent meanwhile waiting for a CPU, summed
-
-    @property
-    def scheduled(self) -> float:
-        """Wall time less the waits for a CPU: what the deadline and the code decide, not the machine's load.
-        Upper bounds use this; a lower bound (the deadline was waited for) uses `wall`."""
-        return max(0.0, self.wall - self.queued)
-
-    def __str__(self) -> str:
-        return f"{self.wall:.2f} s ({self.queued:.2f} s waiting for a CPU)"
-
-
 def timed_scrape(collector: RdmaCollector) -> tuple[Samples, Took]:
-    queued = cpu_queued()
-    started = time.monotonic()
-    text = generate_latest(build_registry(collector)).decode()
-    wall = time.monotonic() - started
-    return samples(text), Took(wall, max(0.0, cpu_queued() - queued))
+    with timed() as took:
+        text = generate_latest(build_registry(collector)).decode()
+    return samples(text), took[0]
 
 
 def value(metrics: Samples, name: str, **labels: str) -> float | None:
