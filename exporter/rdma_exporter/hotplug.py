@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .collect.engine import Inventory
+from .parse.infiniband import PCI_ADDRESS
 from .parse.reader import is_sysfs_mount
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 SUBSYSTEMS: Final = ("infiniband", "infiniband_verbs", "net", "pci")
 ACTIONS: Final = frozenset({"add", "remove", "change", "move", "bind", "unbind"})
 UDEVD_CONTROL: Final = Path("/run/udev/control")
-_PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +82,7 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
     if event.devpath_old:
         names.add(os.path.basename(event.devpath_old))
     # The PCI functions on the netdev's path, e.g. /devices/pci0000:00/0000:00:01.0/0000:17:00.0/net/ib0.
-    functions = {part for part in event.devpath.split("/") if _PCI_ADDRESS.match(part)}
+    functions = {part for part in event.devpath.split("/") if PCI_ADDRESS.match(part)}
     hit = sorted(
         device
         for device, info in inventory.cached().items()

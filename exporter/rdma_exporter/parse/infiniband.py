@@ -322,7 +322,8 @@ def _numa_node(path: Path, reader: SysfsReader) -> int | None:
     return node if node >= 0 else None
 
 
-_PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# A PCI function name, domain:bus:device.function; the domain can be wider than 4 digits (Intel VMD).
+PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 def _pci_function(device_dir: Path) -> Path | None:
@@ -332,7 +333,7 @@ def _pci_function(device_dir: Path) -> Path | None:
         resolved = Path(os.path.realpath(link))
     except OSError:
         return None
-    if not resolved.is_dir() or not _PCI_ADDRESS.match(resolved.name):
+    if not resolved.is_dir() or not PCI_ADDRESS.match(resolved.name):
         return None
     return resolved
 
