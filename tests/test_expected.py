@@ -331,7 +331,7 @@ def test_source_is_pure() -> None:
 
     source = ExpectedSource([ExpectedPort("mlx5_0", 1, pcie_width=16), ExpectedPort("mlx5_0", 2)])
     out = FamilySet()
-    source.expose({"mlx5_0": frozenset({1})}, out)
+    source.expose({"mlx5_0": (None, frozenset({1}))}, out)
     got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
     assert ("rdma_expected_port_present", ("mlx5_0", "1"), 1) in got
     assert ("rdma_expected_port_present", ("mlx5_0", "2"), 0) in got
@@ -351,7 +351,7 @@ def test_source_merges_pcie_speed_and_width_of_a_device() -> None:
         ]
     )
     out = FamilySet()
-    source.expose({"mlx5_0": frozenset({1, 2, 3})}, out)
+    source.expose({"mlx5_0": (None, frozenset({1, 2, 3}))}, out)
     got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
     assert ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
@@ -438,3 +438,141 @@ def test_infinite_speed_is_refused(key: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse(f"collector: {{expected: {{ports: [{{devices: mlx5_0, link_layer: Ethernet, {key}: .inf}}]}}}}")
     assert err.value.key == f"collector.expected.ports[0].{key}"
+
+
+# --- expectations by PCI address -----------------------------------------------------------------------
+
+# The sample tree's eight InfiniBand HCAs, mlx5_0..mlx5_7 in slot order.
+IB_SLOTS = [
+    "0000:18:00.0",
+    "0000:40:00.0",
+    "0000:4f:00.0",
+    "0000:5e:00.0",
+    "0000:9a:00.0",
+    "0000:aa:00.0",
+    "0000:c0:00.0",
+    "0000:ce:00.0",
+]
+BY_ADDRESS = f"""
+collector:
+  expected:
+    ports:
+      - pci_addresses: [{", ".join(f'"{slot}"' for slot in IB_SLOTS)}]
+        link_layer: InfiniBand
+        rate_gbps: 400
+        pcie_width: 16
+"""
+
+
+def renumber_without(tree: Path, tmp_path: Path, gone: int) -> Path:
+    """The tree after a reboot without HCA mlx5_<gone>: the kernel names the ones after it one lower."""
+    tree = Path(shutil.copytree(tree, tmp_path / "renumbered", symlinks=True))
+    ib = tree / "class" / "infiniband"
+    (ib / f"mlx5_{gone}").unlink()
+    for n in range(gone + 1, 8):
+        (ib / f"mlx5_{n}").rename(ib / f"mlx5_{n - 1}")
+    return tree
+
+
+def test_expectations_by_pci_address_follow_the_hca_under_its_current_name(tree: Path, tmp_path: Path) -> None:
+    config = parse(BY_ADDRESS)
+    metrics = scrape(tree, config)
+    for n, address in enumerate(IB_SLOTS):
+        assert value(metrics, "rdma_expected_pci_device_present", pci_address=address) == 1
+        assert value(metrics, "rdma_expected_port_rate_bytes_per_second", device=f"mlx5_{n}", port="1") == 5e10
+        assert value(metrics, "rdma_expected_port_present", device=f"mlx5_{n}", port="1") == 1
+        assert value(metrics, "rdma_expected_device_present", device=f"mlx5_{n}") == 1
+        assert value(metrics, "rdma_expected_pcie_link_width_lanes", device=f"mlx5_{n}") == 16
+
+    # mlx5_3's HCA is gone: its slot is reported, and mlx5_4's HCA, now named mlx5_3, keeps its
+    # expectations. By name, mlx5_7 would be reported missing instead.
+    metrics = scrape(renumber_without(tree, tmp_path, 3), config)
+    assert value(metrics, "rdma_expected_pci_device_present", pci_address=IB_SLOTS[3]) == 0
+    for address in IB_SLOTS[:3] + IB_SLOTS[4:]:
+        assert value(metrics, "rdma_expected_pci_device_present", pci_address=address) == 1
+    for n in range(7):
+        assert value(metrics, "rdma_expected_device_present", device=f"mlx5_{n}") == 1
+        assert value(metrics, "rdma_expected_port_present", device=f"mlx5_{n}", port="1") == 1
+    assert value(metrics, "rdma_expected_device_present", device="mlx5_7") is None
+    assert value(metrics, "rdma_expected_port_rate_bytes_per_second", device="mlx5_7", port="1") is None
+    by_name = scrape(renumber_without(tree, tmp_path / "by-name", 3), parse(DGX))
+    assert value(by_name, "rdma_expected_device_present", device="mlx5_7") == 0
+
+
+def test_pci_addresses_are_normalised_and_checked() -> None:
+    config = parse("collector: {expected: {ports: [{pci_addresses: ['18:00.0', '0000:4F:00.0', '10000:01:00.1']}]}}")
+    ports = config.collector_settings["expected"]["ports"]
+    assert [p.pci_address for p in ports] == ["0000:18:00.0", "0000:4f:00.0", "10000:01:00.1"]
+    assert {p.device for p in ports} == {""}
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "reason"),
+    [
+        ("ports: [{port: 1}]", "collector.expected.ports[0].devices", "either the device names or the pci_addresses"),
+        (
+            "ports: [{devices: mlx5_0, pci_addresses: '0000:18:00.0'}]",
+            "collector.expected.ports[0].devices",
+            "not both",
+        ),
+        ("ports: [{pci_addresses: []}]", "collector.expected.ports[0].pci_addresses", "a PCI address"),
+        ("ports: [{pci_addresses: mlx5_0}]", "collector.expected.ports[0].pci_addresses", "got 'mlx5_0'"),
+        ("ports: [{pci_addresses: ['0000:18:00.8']}]", "collector.expected.ports[0].pci_addresses[0]", "like 0000"),
+        ("ports: [{pci_addresses: [18]}]", "collector.expected.ports[0].pci_addresses[0]", "got 18"),
+        # YAML 1.1 reads unquoted colon-separated digits as a base-60 number: 18:00.0 is 1080.0.
+        ("ports: [{pci_addresses: [18:00.0]}]", "collector.expected.ports[0].pci_addresses[0]", "got 1080.0 (quote it"),
+        ("ports: [{pci_addresses: 0000:18:00.0}]", "collector.expected.ports[0].pci_addresses", "(quote it"),
+        (
+            "ports: [{pci_addresses: ['18:00.0', '0000:18:00.0']}]",
+            "collector.expected.ports[0].pci_addresses[1]",
+            "0000:18:00.0 is listed twice",
+        ),
+        (
+            "ports: [{pci_addresses: '0000:18:00.0'}, {pci_addresses: '18:00.0', rate_gbps: 200}]",
+            "collector.expected.ports[1].pci_addresses",
+            "0000:18:00.0 port 1 is already expected by collector.expected.ports[0]",
+        ),
+        (
+            "ports: [{pci_addresses: '18:00.0', pcie_gen: 5}, {pci_addresses: '18:00.0', port: 2, pcie_gen: 4}]",
+            "collector.expected.ports[1].pcie_gen",
+            "PCIe link speed for 0000:18:00.0",
+        ),
+    ],
+)
+def test_invalid_pci_expectations_name_the_key(body: str, key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"collector": {"expected": yaml.safe_load(body)}}, "rdma.yml")
+    assert (err.value.key, reason in err.value.reason) == (key, True), err.value.reason
+
+
+def test_an_address_no_known_device_holds_is_not_missing_while_a_device_is_unknown() -> None:
+    """A listed device whose static info is not known yet may be the one at the address."""
+    from rdma_exporter.collect.base import FamilySet
+
+    source = ExpectedSource([ExpectedPort("", 1, pci_address="0000:18:00.0")])
+
+    def present(results: dict) -> set[tuple[tuple[str, ...], float]]:
+        out = FamilySet()
+        source.expose(results, out)
+        family = "rdma_expected_pci_device_present"
+        return {(tuple(s.labels.values()), s.value) for m in out for s in m.samples if m.name == family}
+
+    assert present({"mlx5_0": ("0000:40:00.0", frozenset({1}))}) == {(("0000:18:00.0",), 0)}
+    assert present({"mlx5_0": ("0000:40:00.0", frozenset({1})), "mlx5_1": None}) == set()
+    assert present({"mlx5_0": ("0000:18:00.0", frozenset({1})), "mlx5_1": None}) == {(("0000:18:00.0",), 1)}
+
+
+def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
+    from rdma_exporter.collect.base import FamilySet
+
+    source = ExpectedSource(
+        [
+            ExpectedPort("mlx5_0", 1, rate_bytes_per_second=5e10),
+            ExpectedPort("", 1, rate_bytes_per_second=2.5e10, pci_address="0000:18:00.0"),
+        ]
+    )
+    out = FamilySet()
+    source.expose({"mlx5_0": ("0000:18:00.0", frozenset({1}))}, out)
+    family = "rdma_expected_port_rate_bytes_per_second"
+    rates = [(s.labels, s.value) for m in out for s in m.samples if m.name == family]
+    assert rates == [({"device": "mlx5_0", "port": "1"}, 5e10)]

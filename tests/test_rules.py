@@ -367,7 +367,10 @@ def emitted_labels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[s
     expectations and ethtool captures."""
     dest = tmp_path_factory.mktemp("sample")
     sys_root = build_tree(dest, SAMPLE_SPEC)
-    config = parse_config(yaml.safe_load(EXPECTED_CONFIG), "test")
+    document = yaml.safe_load(EXPECTED_CONFIG)
+    # The example expects by name; one entry by PCI address (mlx5_0's) adds the series those give.
+    document["collector"]["expected"]["ports"].append({"pci_addresses": "0000:18:00.0", "port": 2})
+    config = parse_config(document, "test")
     config = replace(config, sysfs=sys_root, ethtool_dir=dest / "ethtool")
     registry = build_registry(build_collector(config))
     generate_latest(registry)

@@ -19,6 +19,12 @@ a plain `<`. It also reports expected devices and ports that are not there at al
 patterns must enumerate concrete names (a list, or one numeric range `mlx5_[0-7]`): a regex can say
 what matches but not what is missing.
 
+An entry can name PCI functions instead (`pci_addresses: ["0000:17:00.0", ...]`). The kernel names
+`mlx5_N` in probe order, so after a reboot without one HCA every HCA after it is renumbered, and
+expectations by name then report the last name missing and compare the others with their neighbours'
+expectations. By address, each HCA keeps its expectations under whatever name it has now, and the one
+that is gone is reported by its slot.
+
 Nothing is read from sysfs: presence comes from the inventory the engine already holds.
 """
 
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..config import COLLECTOR_SETTINGS, ConfigError
-from ..parse.infiniband import DeviceInfo
+from ..parse.infiniband import PCI_ADDRESS, DeviceInfo
 from ..parse.reader import SysfsReader
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
@@ -46,6 +52,7 @@ _PCIE_GEN_OF: Final = {transfers: gen for gen, transfers in PCIE_GEN_TRANSFERS.i
 
 _ENTRY_KEYS: Final = (
     "devices",
+    "pci_addresses",
     "port",
     "link_layer",
     "rate_gbps",
@@ -59,11 +66,16 @@ _ENTRY_KEYS: Final = (
 _RANGE: Final = re.compile(r"^([^\[\]]*)\[(\d+)-(\d+)\]([^\[\]]*)\Z")
 _LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+\Z")
 _MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a million names
+# `lspci` prints bus:device.function without the domain: that is domain 0000.
+_LSPCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 
 
 @dataclass(frozen=True, slots=True)
 class ExpectedPort:
-    """The expectation for one concrete port. None means "not specified": nothing is exported for it."""
+    """The expectation for one concrete port. None means "not specified": nothing is exported for it.
+
+    An expectation by PCI address has an empty `device`: its name is whatever device sits there now.
+    """
 
     device: str
     port: int
@@ -73,6 +85,12 @@ class ExpectedPort:
     pcie_transfers_per_second: float | None = None
     pcie_width: int | None = None
     netdev_speed_bytes_per_second: float | None = None
+    pci_address: str | None = None
+
+    @property
+    def key(self) -> str:
+        """What the expectation is for: a device name, or a PCI address."""
+        return self.pci_address or self.device
 
 
 def expand_devices(source: str, key: str, pattern: str) -> list[str]:
@@ -126,15 +144,41 @@ def _devices(source: str, key: str, value: Any) -> list[str]:
     return names
 
 
+def _pci_addresses(source: str, key: str, value: Any) -> list[str]:
+    addresses = value if isinstance(value, list) else [value]
+    if not addresses:
+        raise ConfigError(source, key, "expected a PCI address like 0000:17:00.0 or a list of them, got []")
+    out: list[str] = []
+    for index, address in enumerate(addresses):
+        where = f"{key}[{index}]" if isinstance(value, list) else key
+        text = address.strip().lower() if isinstance(address, str) else ""
+        if _LSPCI_ADDRESS.match(text):
+            text = "0000:" + text
+        if not PCI_ADDRESS.match(text) or text.endswith("\n"):
+            reason = f"expected a PCI address domain:bus:device.function like 0000:17:00.0, got {address!r}"
+            if isinstance(address, (int, float)):
+                reason += " (quote it: YAML reads an unquoted 17:00.0 as a base-60 number)"
+            raise ConfigError(source, where, reason)
+        if text in out:
+            raise ConfigError(source, where, f"{text} is listed twice")
+        out.append(text)
+    return out
+
+
 def _entry(source: str, key: str, value: Any) -> list[ExpectedPort]:
     if not isinstance(value, Mapping):
         raise ConfigError(source, key, f"expected a mapping with devices, port, ..., got {type(value).__name__}")
     for name in value:
         if name not in _ENTRY_KEYS:
             raise ConfigError(source, f"{key}.{name}", f"unknown key (known: {', '.join(_ENTRY_KEYS)})")
-    if "devices" not in value:
-        raise ConfigError(source, f"{key}.devices", "required: the device names this expectation is for")
-    devices = _devices(source, f"{key}.devices", value["devices"])
+    if ("devices" in value) == ("pci_addresses" in value):
+        reason = "required: either the device names or the pci_addresses this expectation is for, not both"
+        raise ConfigError(source, f"{key}.devices", reason)
+    targets: list[tuple[str, str | None]]
+    if "devices" in value:
+        targets = [(device, None) for device in _devices(source, f"{key}.devices", value["devices"])]
+    else:
+        targets = [("", pci) for pci in _pci_addresses(source, f"{key}.pci_addresses", value["pci_addresses"])]
     port = value.get("port", 1)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 255:
         raise ConfigError(source, f"{key}.port", f"expected a port number from 1 to 255, got {port!r}")
@@ -160,8 +204,9 @@ def _entry(source: str, key: str, value: Any) -> list[ExpectedPort]:
             pcie_transfers_per_second=None if gen is None else PCIE_GEN_TRANSFERS[gen],
             pcie_width=pcie_width,
             netdev_speed_bytes_per_second=None if netdev is None else netdev * 1e9 / 8,
+            pci_address=pci_address,
         )
-        for device in devices
+        for device, pci_address in targets
     ]
 
 
@@ -175,11 +220,12 @@ def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
     pcie: dict[tuple[str, str], tuple[int, int]] = {}  # (device, setting) -> (entry index, value)
     for index, item in enumerate(value):
         for expected in _entry(source, f"{key}[{index}]", item):
-            ident = (expected.device, expected.port)
+            ident = (expected.key, expected.port)
             if ident in ports:
                 first = ports[ident][0]
-                reason = f"{expected.device} port {expected.port} is already expected by {key}[{first}]"
-                raise ConfigError(source, f"{key}[{index}].devices", reason)
+                reason = f"{expected.key} port {expected.port} is already expected by {key}[{first}]"
+                field = "pci_addresses" if expected.pci_address else "devices"
+                raise ConfigError(source, f"{key}[{index}].{field}", reason)
             ports[ident] = (index, expected)
             # PCIe is per device: entries for two of its ports may each set its speed, its width or both
             # (expose merges them), but must not set the same one to different values.
@@ -188,10 +234,10 @@ def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
             for setting, what, wanted in (("pcie_gen", "speed", gen), ("pcie_width", "width", expected.pcie_width)):
                 if wanted is None:
                     continue
-                first, seen = pcie.setdefault((expected.device, setting), (index, wanted))
+                first, seen = pcie.setdefault((expected.key, setting), (index, wanted))
                 if seen != wanted:
                     reason = (
-                        f"PCIe link {what} for {expected.device} ({setting} {wanted}) differs from "
+                        f"PCIe link {what} for {expected.key} ({setting} {wanted}) differs from "
                         f"{key}[{first}] ({setting} {seen})"
                     )
                     raise ConfigError(source, f"{key}[{index}].{setting}", reason)
@@ -254,6 +300,17 @@ PORT_PRESENT: Final = MetricSpec(
     "filters exclude it).",
     PORT,
 )
+PCI_DEVICE_PRESENT: Final = MetricSpec(
+    "rdma_expected_pci_device_present",
+    "gauge",
+    "1 if an RDMA device is listed at a PCI address the configuration expects one at, whatever its name "
+    "(its expectations are then exported under that name), 0 if none is; absent while the address of a "
+    "listed device is not known (its first read is stuck, or the device filters exclude it).",
+    ("pci_address",),
+)
+
+# What `read` hands `expose` for a listed device: its PCI address and its port numbers.
+Listed = tuple[str | None, frozenset[int]]
 
 
 class ExpectedSource:
@@ -272,6 +329,7 @@ class ExpectedSource:
         PCIE_WIDTH,
         DEVICE_PRESENT,
         PORT_PRESENT,
+        PCI_DEVICE_PRESENT,
     )
     dynamic_specs: tuple[DynamicMetricSpec, ...] = ()
 
@@ -282,17 +340,34 @@ class ExpectedSource:
     def from_settings(cls, settings: Mapping[str, Any]) -> ExpectedSource:
         return cls(settings.get("ports", ()))
 
-    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> frozenset[int]:
-        # The inventory already knows the ports: no file is opened.
-        return frozenset(port.number for port in device.ports)
+    def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> Listed:
+        # The inventory already knows the address and the ports: no file is opened.
+        return device.pci_address, frozenset(port.number for port in device.ports)
 
-    def expose(self, results: Mapping[str, frozenset[int] | None], out: FamilySet) -> None:
-        # A device is present when it is listed. None: listed, but its static info (and so its ports) is
-        # not known yet, e.g. its first read is stuck in firmware; its ports are then not reported at
-        # all rather than reported missing.
+    def expose(self, results: Mapping[str, Listed | None], out: FamilySet) -> None:
+        # A device is present when it is listed. None: listed, but its static info (and so its ports and
+        # its address) is not known yet, e.g. its first read is stuck in firmware; its ports are then not
+        # reported at all rather than reported missing, and neither is an expected address that no known
+        # device holds: it may be that one's.
+        at_address = {listed[0]: name for name, listed in results.items() if listed is not None and listed[0]}
+        identity_unknown = any(listed is None for listed in results.values())
+        pci_present: dict[str, bool] = {}
+        exported: set[tuple[str, int]] = set()
         pcie: dict[str, tuple[float | None, int | None]] = {}  # device -> (speed, width)
         for expected in self.ports:
-            labels = [expected.device, str(expected.port)]
+            device = expected.device
+            if expected.pci_address is not None:
+                found = at_address.get(expected.pci_address)
+                pci_present[expected.pci_address] = found is not None
+                if found is None:
+                    continue  # no name to report it under: the address's own series says it is missing
+                device = found
+            # An entry by name and one by address can meet on one port: the first one in the file wins,
+            # so that no series is exported twice.
+            if (device, expected.port) in exported:
+                continue
+            exported.add((device, expected.port))
+            labels = [device, str(expected.port)]
             out.add(PORT_INFO, [*labels, expected.link_layer or ""], 1)
             if expected.rate_bytes_per_second is not None:
                 out.add(PORT_RATE, labels, expected.rate_bytes_per_second)
@@ -300,13 +375,13 @@ class ExpectedSource:
                 out.add(PORT_WIDTH, labels, expected.width)
             if expected.netdev_speed_bytes_per_second is not None:
                 out.add(NETDEV_SPEED, labels, expected.netdev_speed_bytes_per_second)
-            ports = results.get(expected.device, frozenset())
-            if ports is not None:
-                out.add(PORT_PRESENT, labels, 1 if expected.port in ports else 0)
+            listed = results.get(device, (None, frozenset()))
+            if listed is not None:
+                out.add(PORT_PRESENT, labels, 1 if expected.port in listed[1] else 0)
             # The ports of a device may each give part of its PCIe expectation: the speed and the width each
             # come from the first port that sets it (validation made the others agree).
-            speed, width = pcie.get(expected.device, (None, None))
-            pcie[expected.device] = (
+            speed, width = pcie.get(device, (None, None))
+            pcie[device] = (
                 expected.pcie_transfers_per_second if speed is None else speed,
                 expected.pcie_width if width is None else width,
             )
@@ -317,3 +392,6 @@ class ExpectedSource:
             if width is not None:
                 out.add(PCIE_WIDTH, [name], width)
             out.add(DEVICE_PRESENT, [name], 1 if name in results else 0)
+        for address in sorted(pci_present):
+            if pci_present[address] or not identity_unknown:
+                out.add(PCI_DEVICE_PRESENT, [address], 1 if pci_present[address] else 0)
