@@ -633,17 +633,30 @@ def test_slow_and_idle_clients_time_out(high_fds: None) -> None:
         idle.close()
 
 
-def test_idle_connections_hold_no_threads_and_are_bounded() -> None:
+def test_idle_connections_hold_no_threads_and_are_bounded(high_fds: None) -> None:
     threads_before = threading.active_count()
-    with InProcessServer(lambda r: Response(200, b"ok"), workers=2, max_connections=64, idle_timeout=30) as server:
-        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(150)]
-        time.sleep(0.3)
-        assert server.connections() <= 64
-        # Two workers, 150 idle sockets: requests are still answered at once.
+    clients, bound = 150, 64
+    with InProcessServer(lambda r: Response(200, b"ok"), workers=2, max_connections=bound, idle_timeout=30) as server:
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(clients)]
+        assert idle[0].fileno() > 1024  # high_fds: select.select() could not wait on these
+        with selectors.DefaultSelector() as closed_by_server:
+            for sock in idle:
+                closed_by_server.register(sock, selectors.EVENT_READ)  # the server never writes: EOF
+
+            def closed() -> int:
+                return len(closed_by_server.select(0))
+
+            # Every client accepted: each is either open in the server or was closed by it (seen as EOF
+            # here). Closed ones are counted first, so the sum reaches 150 only once all accepts and
+            # their closes are done. (A fixed 0.3 s sleep looked before the accepts had necessarily
+            # happened: 0 <= 64 tested nothing.)
+            wait_until(lambda: closed() + server.connections() >= clients, 30)
+            assert (server.connections(), closed()) == (bound, clients - bound)
+        # Two workers, 150 idle sockets: requests are still answered at once (less any wait for a CPU).
         for _ in range(5):
-            started = time.monotonic()
-            assert get(server.port, "/").status == 200
-            assert time.monotonic() - started < 1.0
+            with timed() as took:
+                assert get(server.port, "/").status == 200
+            assert took[0].scheduled < 1.0, str(took[0])
         # The server thread, two workers and this test's own: nothing per connection.
         assert threading.active_count() <= threads_before + 4
         for sock in idle:
