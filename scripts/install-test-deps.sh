@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the test suite uses on a fresh Debian machine: the real Prometheus tools the
 # tests run against (promtool, prometheus, alertmanager, amtool, node_exporter), the network and
-# tracing tools (ethtool, iproute2, strace, openssl, curl, systemd-analyze), and the Python package with
-# its test extras. Safe to run again: apt and pip skip what is already there.
+# tracing tools (ethtool, iproute2, strace, openssl, curl, systemd-analyze), qemu and a Debian kernel for
+# the tests that boot a VM with soft RoCE (tests/vm/), and the Python package with its test extras. Safe to
+# run again: apt and pip skip what is already there, and the kernel is fetched only when absent.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -18,6 +19,11 @@ DEBIAN_PACKAGES=(
     systemd                    # systemd-analyze verify / security for the unit
     udev                       # a udev daemon for the hotplug test where the host allows one
     curl                       # a second TLS client for the HTTPS tests
+    qemu-system-x86            # boots the Debian kernel for tests/test_real_kernel.py (KVM when /dev/kvm allows)
+    busybox-static             # the VM's initramfs: a static shell, insmod, mount, chroot, poweroff
+    rdma-core                  # the rdma_rxe udev/modprobe setup and rdma-core's libibverbs for the VM
+    ibverbs-utils              # ibv_rc_pingpong, the real RDMA traffic the VM test sends over rxe0
+    ibverbs-providers          # librxe, the userspace provider of the soft-RoCE device
 )
 
 as_root() {
@@ -35,6 +41,25 @@ if [ "${#missing[@]}" -gt 0 ]; then
     # services: the tests start their own on free loopback ports.
     as_root env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
+fi
+
+# The VM tests boot the distribution's own kernel, which has rdma_rxe, 9p and virtio as modules. It is
+# unpacked into a cache and never installed into the host (that would run initramfs and bootloader hooks).
+# The version is the one linux-image-amd64 depends on at the time of the first run.
+VM_CACHE="${RDMA_EXPORTER_VM_CACHE:-$HOME/.cache/rdma-exporter-vm}"
+if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
+    kernel_package="$(apt-cache depends linux-image-amd64 | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')"
+    if [ -z "$kernel_package" ]; then
+        as_root apt-get update -qq
+        kernel_package="$(apt-cache depends linux-image-amd64 | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')"
+    fi
+    echo "fetching $kernel_package-unsigned into $VM_CACHE"
+    download="$(mktemp -d)"
+    # -unsigned: the same kernel without the Secure Boot signature, which a VM booted by -kernel needs not.
+    (cd "$download" && apt-get download -qq -o APT::Sandbox::User=root "$kernel_package-unsigned")
+    rm -rf "$VM_CACHE/kernel.new" && mkdir -p "$VM_CACHE/kernel.new"
+    dpkg-deb -x "$download"/*.deb "$VM_CACHE/kernel.new"
+    rm -rf "$download" "$VM_CACHE/kernel" && mv "$VM_CACHE/kernel.new" "$VM_CACHE/kernel"
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
