@@ -1,0 +1,125 @@
+"""Runs inside the test VM (tests/test_real_kernel.py): the daemon on the live /sys, scraped at each step.
+
+Standard library only, so the VM's Python starts fast. Usage: `python scenario.py OUT_DIR ITERS SIZE`.
+Writes to OUT_DIR: scrape-<step>.prom for the steps start, traffic, down and deleted, plus
+pingpong-server.log, pingpong-client.log, daemon.log and steps.log (what was run, with times).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+LISTEN = "127.0.0.1:9315"
+PINGPONG_PORT = 18515  # ibv_rc_pingpong's default TCP port for exchanging QP numbers
+NETDEV = "veth0"
+ADDRESS = "10.55.0.1"
+
+
+def wait_for_listener(port: int, timeout: float) -> bool:
+    """Whether a TCP socket listens on `port` (IPv4 or IPv6) within `timeout` seconds, from /proc/net."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as lines:
+                for line in list(lines)[1:]:
+                    fields = line.split()
+                    if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: TCP_LISTEN
+                        return True
+        time.sleep(0.1)
+    return False
+
+
+def main() -> int:
+    out, iters, size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    steps = open(out / "steps.log", "w", buffering=1)  # noqa: SIM115 - kept open for the whole run
+
+    def log(text: str) -> None:
+        steps.write(f"{time.monotonic():.2f} {text}\n")
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://{LISTEN}/metrics", timeout=30) as response:
+            return response.read().decode()
+
+    def save(step: str) -> str:
+        text = scrape()
+        (out / f"scrape-{step}.prom").write_text(text)
+        log(f"scraped {step}: {len(text)} bytes")
+        return text
+
+    def run(*argv: str) -> None:
+        log("run " + " ".join(argv))
+        subprocess.run(argv, check=True)
+
+    daemon_log = open(out / "daemon.log", "w")  # noqa: SIM115
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "rdma_exporter", f"--web.listen-address={LISTEN}", "--path.sysfs=/sys"],
+        stdout=daemon_log,
+        stderr=subprocess.STDOUT,
+    )
+    log(f"daemon pid {daemon.pid}")
+    try:
+        end = time.monotonic() + 120
+        while True:
+            try:
+                scrape()
+                break
+            except OSError:
+                if daemon.poll() is not None or time.monotonic() > end:
+                    log(f"daemon not answering (exit status {daemon.poll()})")
+                    return 1
+                time.sleep(0.2)
+        log("daemon answers")
+        save("start")
+
+        # (b) Real RDMA traffic over rxe0: server and client on this VM, over veth0's RoCEv2 GID.
+        pingpong = ["ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-n", str(iters), "-s", str(size)]
+        if iters > 0:
+            log("run " + " ".join(pingpong))
+            with open(out / "pingpong-server.log", "w") as server_log:
+                server = subprocess.Popen(pingpong, stdout=server_log, stderr=subprocess.STDOUT)
+                # Not a fixed sleep: on a loaded TCG VM the server took over a second to listen. Nor a
+                # probe connection: the server accepts exactly one.
+                listening = wait_for_listener(PINGPONG_PORT, timeout=60)
+                log(f"pingpong server listening: {listening}")
+                with open(out / "pingpong-client.log", "w") as client_log:
+                    client = subprocess.run(
+                        [*pingpong, ADDRESS], stdout=client_log, stderr=subprocess.STDOUT, timeout=120
+                    )
+                try:
+                    server_status = server.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server_status = server.wait()
+            log(f"pingpong client {client.returncode} server {server_status}")
+        save("traffic")
+
+        # (c) The netdev goes down: rxe0's port follows it, and must stay exported.
+        run("ip", "link", "set", NETDEV, "down")
+        end = time.monotonic() + 20
+        while 'rdma_port_state{device="rxe0",port="1",state="DOWN"} 1.0' not in save("down"):
+            if time.monotonic() > end:
+                break
+            time.sleep(0.5)
+
+        # (d) The device is deleted: it is gone from the scrape, which still succeeds.
+        run("rdma", "link", "delete", "rxe0")
+        save("deleted")
+        log(f"daemon still running: {daemon.poll() is None}")
+        return 0
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        log(f"daemon exit status {daemon.returncode}")
+        os.fsync(steps.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
