@@ -11,6 +11,8 @@ import json
 import os
 import queue
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -26,7 +28,7 @@ from rdma_exporter import hotplug
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import Daemon, build_collector, build_registry
-from rdma_exporter.hotplug import Event, HotplugMonitor, apply_event, start_monitor
+from rdma_exporter.hotplug import Event, HotplugMonitor, apply_address_change, apply_event, start_monitor
 from rdma_exporter.parse.reader import is_sysfs_mount
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
@@ -564,3 +566,37 @@ def test_a_refused_uevent_socket_means_rescan_mode(tree: Path, monkeypatch: pyte
     monitor, mode = start_monitor(tree, lambda: collector.inventory)
     assert monitor is None
     assert mode.startswith("rescan (cannot open the uevent socket: ") and "Address family not supported" in mode
+
+
+def rtnetlink_message(kind: int, index: int) -> bytes:
+    """One rtnetlink message: nlmsghdr, an ifaddrmsg for `index`, one 8-byte attribute (IFA_ADDRESS)."""
+    body = struct.pack("=BBBBI", socket.AF_INET, 24, 0, 0, index) + struct.pack("=HH4s", 8, 1, bytes([10, 0, 0, 1]))
+    return struct.pack("=IHHII", 16 + len(body), kind, 0, 0, 0) + body
+
+
+def test_address_changes_are_read_from_rtnetlink_datagrams() -> None:
+    newlink = struct.pack("=IHHII", 16 + 16, 16, 0, 0, 0) + bytes(16)  # RTM_NEWLINK: not an address change
+    data = rtnetlink_message(hotplug.RTM_NEWADDR, 7) + newlink + rtnetlink_message(hotplug.RTM_DELADDR, 9)
+    assert hotplug.address_changes(data) == [("add", 7), ("remove", 9)]
+    assert hotplug.address_changes(data[:-3]) == [("add", 7)]  # a truncated message is not read
+
+
+def test_an_address_on_a_port_netdev_or_an_upper_of_it_refreshes_that_device(tree: Path) -> None:
+    """The kernel adds a GID for a new address without any uevent (a real rxe0 showed it: 3 RoCE v2 GIDs
+    while rdma_port_gids said 2 until the resync); the rtnetlink address watch refreshes the device."""
+    collector = udev_collector(tree)
+    info = collector.inventory
+    fw_of(collector, "mlx5_0")
+    netdev = info.cached()["mlx5_1"].ports[0].netdevs[0]
+    (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+    assert apply_address_change(info, "veth1a2b", tree) is None  # a container's veth
+    assert fw_of(collector, "mlx5_1") == "28.41.1000"
+    assert apply_address_change(info, netdev, tree) == "device mlx5_1"
+    assert fw_of(collector, "mlx5_1") == "99.0.0"
+    # A VLAN on the port's netdev is not among the port's netdevs before its address makes a GID.
+    vlan = tree / "class" / "net" / f"{netdev}.100"
+    vlan.mkdir()
+    os.symlink(f"../{netdev}", vlan / f"lower_{netdev}")
+    (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.1.0\n")
+    assert apply_address_change(info, f"{netdev}.100", tree) == "device mlx5_1"
+    assert fw_of(collector, "mlx5_1") == "99.1.0"

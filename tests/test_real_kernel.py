@@ -11,6 +11,7 @@ unpacks; with KVM the module takes about half a minute, under TCG a few minutes.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import sys
@@ -131,7 +132,26 @@ def test_deleted_device_is_gone_and_the_scrape_still_succeeds(vm: VmResult) -> N
     assert "daemon still running: True" in steps, steps
 
 
-@pytest.mark.parametrize("step", ["start", "traffic", "down", "deleted"])
+STEPS = ["start", "traffic", "address", "down", "deleted"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_exporter_agrees_with_the_kernel_files(vm: VmResult, step: str) -> None:
+    """The values that live in the exporter's cached static info match what the kernel says at that moment."""
+    found = scrape(vm, step)
+    kernel = json.loads((vm.out_dir / f"kernel-{step}.json").read_text())
+    if not kernel["exists"]:
+        assert value(found, "rdma_port_info", (*PORT, ("link_layer", "Ethernet"))) is None
+        return
+    exported_gids = {dict(k[1])["gid_type"]: v for k, v in found.items() if k[0] == "rdma_port_gids"}
+    assert exported_gids == kernel["gid_types"], f"rdma_port_gids {exported_gids}, the kernel's GID table {kernel}"
+    state = kernel["state"].split(": ")[1]
+    assert value(found, "rdma_port_state", (*PORT, ("state", state))) == 1, kernel
+    gbps = float(kernel["rate"].split()[0])
+    assert value(found, "rdma_port_rate_bytes_per_second") == gbps * 1e9 / 8, kernel
+
+
+@pytest.mark.parametrize("step", STEPS)
 def test_live_scrape_passes_promtool(vm: VmResult, step: str) -> None:
     scrape(vm, step)  # says why it is missing
     promtool_check_metrics((vm.out_dir / f"scrape-{step}.prom").read_text())

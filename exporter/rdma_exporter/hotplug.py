@@ -11,6 +11,13 @@ static attributes that the engine caches. The monitor listens to uevents of the 
 - net: the RDMA devices that own the netdev (by its name, old name on a rename, or its PCI function);
   netdevs of no RDMA device (container veths, bridges) change nothing.
 
+An IP address added to or removed from a RoCE port's netdev (or an upper of it, such as a VLAN) adds or
+removes a GID of the port, and the kernel sends no uevent for it. Address changes are therefore watched
+on an rtnetlink socket (RTM_NEWADDR/RTM_DELADDR) beside the uevent one, and refresh the RDMA devices whose
+ports carry that netdev or one of its lowers. Without it the GID counts and the port's netdevs stayed as
+they were at start-up until the 15-minute resync (seen on a real rxe0: a second IPv4 address made the
+kernel's RoCE v2 GIDs 3 while rdma_port_gids kept saying 2).
+
 Events come from udevd when it runs (after its rules renamed the netdevs), else straight from the kernel
 (containers with the host's network namespace but no udevd). Without either, or when the exporter reads
 a tree that is not the kernel's sysfs (fixtures, a replayed node), it falls back to rescanning.
@@ -21,6 +28,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import socket
+import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +45,14 @@ log = logging.getLogger(__name__)
 SUBSYSTEMS: Final = ("infiniband", "infiniband_verbs", "net", "pci")
 ACTIONS: Final = frozenset({"add", "remove", "change", "move", "bind", "unbind"})
 UDEVD_CONTROL: Final = Path("/run/udev/control")
+# rtnetlink: the multicast groups of IPv4 and IPv6 address changes, and their message types.
+RTMGRP_IPV4_IFADDR: Final = 0x10
+RTMGRP_IPV6_IFADDR: Final = 0x100
+RTM_NEWADDR: Final = 20
+RTM_DELADDR: Final = 21
+_NLMSGHDR: Final = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
+_IFADDRMSG: Final = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
+_MAX_STACK: Final = 4  # uppers of uppers followed down, as parse.netdev does
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +112,69 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
     return _forget(inventory, hit)
 
 
+def address_changes(data: bytes) -> list[tuple[str, int]]:
+    """(action, interface index) of each RTM_NEWADDR ("add") and RTM_DELADDR ("remove") in a datagram."""
+    changes: list[tuple[str, int]] = []
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size or offset + length > len(data):
+            break  # truncated or malformed: nothing after it can be trusted
+        if kind in (RTM_NEWADDR, RTM_DELADDR) and length >= _NLMSGHDR.size + _IFADDRMSG.size:
+            index = _IFADDRMSG.unpack_from(data, offset + _NLMSGHDR.size)[4]
+            changes.append(("add" if kind == RTM_NEWADDR else "remove", index))
+        offset += (length + 3) & ~3
+    return changes
+
+
+def _lowers(sys_root: Path, name: str) -> set[str]:
+    """The netdev and the netdevs under it (lower_* links, a few levels down)."""
+    names = {name}
+    level = [name]
+    for _ in range(_MAX_STACK):
+        below: list[str] = []
+        for upper in level:
+            try:
+                entries = os.listdir(sys_root / "class" / "net" / upper)
+            except OSError:
+                continue
+            below += [e[len("lower_") :] for e in entries if e.startswith("lower_")]
+        level = [n for n in below if n not in names]
+        if not level:
+            break
+        names.update(level)
+    return names
+
+
+def apply_address_change(inventory: Inventory, name: str, sys_root: Path) -> str | None:
+    """An address came or went on netdev `name`: refresh the devices whose ports carry it or a lower of it.
+
+    A GID appears for an address on an upper (a VLAN) that is not yet among the port's netdevs, so the
+    netdev's lowers are matched too. Netdevs of no RDMA device (container veths) change nothing.
+    """
+    names = _lowers(sys_root, name)
+    hit = sorted(
+        device for device, info in inventory.cached().items() if any(names.intersection(p.netdevs) for p in info.ports)
+    )
+    return _forget(inventory, hit)
+
+
+def open_address_socket() -> socket.socket | None:
+    """An rtnetlink socket subscribed to IPv4 and IPv6 address changes; None if the host refuses one."""
+    try:
+        route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    except OSError as exc:
+        log.warning("cannot open an rtnetlink socket (%s): GID counts follow address changes only at resync", exc)
+        return None
+    try:
+        route.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+    except OSError as exc:
+        route.close()
+        log.warning("cannot watch address changes (%s): GID counts follow them only at resync", exc)
+        return None
+    return route
+
+
 def _forget(inventory: Inventory, devices: list[str]) -> str | None:
     """Invalidate each device's static info; what was done, for the log (None for nothing)."""
     for device in devices:
@@ -115,8 +195,19 @@ class HotplugMonitor:
     `inventory` is a callable so that a config reload (a new collector) needs no new monitor.
     """
 
-    def __init__(self, monitor: Any, source: str, inventory: Callable[[], Inventory]) -> None:
+    def __init__(
+        self,
+        monitor: Any,
+        source: str,
+        inventory: Callable[[], Inventory],
+        *,
+        addresses: socket.socket | None = None,
+        sys_root: Path = Path("/sys"),
+    ) -> None:
         self._monitor = monitor
+        self._addresses = addresses  # rtnetlink address changes (open_address_socket), watched on a 2nd thread
+        self._address_thread: threading.Thread | None = None
+        self._sys_root = sys_root
         self.source = source
         self._inventory = inventory
         self._stop = threading.Event()
@@ -133,11 +224,56 @@ class HotplugMonitor:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="rdma-hotplug", daemon=True)
         self._thread.start()
+        if self._addresses is not None:
+            self._address_thread = threading.Thread(target=self._watch_addresses, name="rdma-addr", daemon=True)
+            self._address_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=3)
+        if self._address_thread is not None:
+            self._address_thread.join(timeout=3)
+        if self._addresses is not None:
+            self._addresses.close()
+
+    def handle_address(self, action: str, name: str) -> None:
+        self.seen += 1
+        try:
+            what = apply_address_change(self._inventory(), name, self._sys_root)
+        except Exception:
+            log.exception("cannot apply an address change on %s", name)
+            return
+        if what is None:
+            return
+        log.info("address %s on %s: refreshing %s", action, name, what)
+        with self.changed:
+            self.events += 1
+            self.changed.notify_all()
+
+    def _watch_addresses(self) -> None:
+        route = self._addresses
+        assert route is not None
+        route.settimeout(1.0)
+        while not self._stop.is_set():
+            try:
+                data = route.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    log.warning("rtnetlink socket overflowed; re-reading every device")
+                    self._inventory().invalidate()
+                    continue
+                if not self._stop.is_set():  # closed by stop() otherwise
+                    log.error("address watch failed (%s); GID counts follow address changes only at resync", exc)
+                return
+            for action, index in address_changes(data):
+                try:
+                    name = socket.if_indextoname(index)
+                except OSError:
+                    continue  # the netdev is gone already: its removal sends a net uevent
+                self.handle_address(action, name)
 
     def wait_for_events(self, count: int, timeout: float) -> bool:
         """Block until `count` events changed the inventory (tests)."""
@@ -215,7 +351,7 @@ def start_monitor(
         monitor.start()
     except Exception as exc:  # no libudev, netlink refused by a seccomp or address-family filter
         return None, f"rescan (cannot open the uevent socket: {exc})"
-    hotplug = HotplugMonitor(monitor, chosen, inventory)
+    hotplug = HotplugMonitor(monitor, chosen, inventory, addresses=open_address_socket(), sys_root=sys_root)
     hotplug.start()
     how = "udevd events" if chosen == "udev" else "kernel uevents, no udevd running"
     return hotplug, f"udev ({how} on {', '.join(SUBSYSTEMS)})"

@@ -1,12 +1,14 @@
 """Runs inside the test VM (tests/test_real_kernel.py): the daemon on the live /sys, scraped at each step.
 
 Standard library only, so the VM's Python starts fast. Usage: `python scenario.py OUT_DIR ITERS SIZE`.
-Writes to OUT_DIR: scrape-<step>.prom for the steps start, traffic, down and deleted, plus
+Writes to OUT_DIR: scrape-<step>.prom and kernel-<step>.json (the kernel's own rxe0 files at the same
+moment) for the steps start, traffic, address, down and deleted, plus
 pingpong-server.log, pingpong-client.log, daemon.log and steps.log (what was run, with times).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +20,23 @@ LISTEN = "127.0.0.1:9315"
 PINGPONG_PORT = 18515  # ibv_rc_pingpong's default TCP port for exchanging QP numbers
 NETDEV = "veth0"
 ADDRESS = "10.55.0.1"
+
+
+def kernel_view() -> dict[str, object]:
+    """What the kernel's own files say about rxe0 port 1 and veth0 right now, for the test to compare."""
+    port = Path("/sys/class/infiniband/rxe0/ports/1")
+    view: dict[str, object] = {"exists": port.is_dir()}
+    if not port.is_dir():
+        return view
+    for name in ("state", "phys_state", "rate", "link_layer"):
+        view[name] = (port / name).read_text().strip()
+    gid_types: dict[str, int] = {}
+    for entry in (port / "gids").iterdir():
+        if entry.read_text().strip().replace(":", "").strip("0"):
+            gid_type = (port / "gid_attrs" / "types" / entry.name).read_text().strip()
+            gid_types[gid_type] = gid_types.get(gid_type, 0) + 1
+    view["gid_types"] = gid_types
+    return view
 
 
 def wait_for_listener(port: int, timeout: float) -> bool:
@@ -48,6 +67,7 @@ def main() -> int:
     def save(step: str) -> str:
         text = scrape()
         (out / f"scrape-{step}.prom").write_text(text)
+        (out / f"kernel-{step}.json").write_text(json.dumps(kernel_view(), indent=1, sort_keys=True))
         log(f"scraped {step}: {len(text)} bytes")
         return text
 
@@ -97,6 +117,17 @@ def main() -> int:
                     server_status = server.wait()
             log(f"pingpong client {client.returncode} server {server_status}")
         save("traffic")
+
+        # A second address on veth0 adds a RoCE v2 GID: no uevent tells the exporter.
+        run("ip", "addr", "add", "10.55.1.1/24", "dev", NETDEV)
+        # The kernel adds the GID from a workqueue; it takes the lowest free index (2). Reading all 1024
+        # entries each time is slow under TCG.
+        gid2 = Path("/sys/class/infiniband/rxe0/ports/1/gids/2")
+        end = time.monotonic() + 10
+        while not gid2.read_text().strip().replace(":", "").strip("0") and time.monotonic() < end:
+            time.sleep(0.1)
+        time.sleep(1)  # the exporter's address watch runs on its own thread
+        save("address")
 
         # (c) The netdev goes down: rxe0's port follows it, and must stay exported.
         run("ip", "link", "set", NETDEV, "down")
