@@ -62,7 +62,8 @@ def main() -> int:
 
     def scrape() -> str:
         with urllib.request.urlopen(f"http://{LISTEN}/metrics", timeout=30) as response:
-            return response.read().decode()
+            body: bytes = response.read()
+            return body.decode()
 
     def save(step: str) -> str:
         text = scrape()
