@@ -19,6 +19,7 @@ import shlex
 import shutil
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -307,7 +308,8 @@ def run_in_vm(
 ) -> VmResult:
     """Boot the VM, run `command` (shell) in the chroot after `setup`, return when it has powered off.
 
-    `work_dir` (on the host) receives initrd.gz, console.log and out/ (the VM's $VM_OUT, holding
+    `work_dir` (on the host) receives initrd.gz, qemu-argv.txt, console.log (console-kvm.log too when a
+    KVM boot hung and TCG was used) and out/ (the VM's $VM_OUT, holding
     setup.log, command.log, exit-code and whatever the command writes). `keep`: host paths under /tmp the
     command needs; the checkout and the Python in use are added. With `check`, a VM that fails to boot or
     finish, or a command that exits non-zero, raises VmError with the logs' tails.
@@ -318,8 +320,6 @@ def run_in_vm(
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise FileNotFoundError("qemu-system-x86_64 is not installed (scripts/install-test-deps.sh)")
-    import sys
-
     work_dir.mkdir(parents=True, exist_ok=True)
     out = work_dir / "out"
     out.mkdir(exist_ok=True)
