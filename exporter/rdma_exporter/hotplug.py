@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from .collect.engine import Inventory
 from .parse.infiniband import PCI_ADDRESS
+from .parse.netdev import MAX_STACK
 from .parse.reader import is_sysfs_mount
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ RTM_NEWADDR: Final = 20
 RTM_DELADDR: Final = 21
 _NLMSGHDR: Final = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _IFADDRMSG: Final = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
-_MAX_STACK: Final = 4  # uppers of uppers followed down, as parse.netdev does
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +131,7 @@ def _lowers(sys_root: Path, name: str) -> set[str]:
     """The netdev and the netdevs under it (lower_* links, a few levels down)."""
     names = {name}
     level = [name]
-    for _ in range(_MAX_STACK):
+    for _ in range(MAX_STACK):
         below: list[str] = []
         for upper in level:
             try:

@@ -312,7 +312,7 @@ def rdma_port_netdevs(
 
 
 # Uppers of uppers (a VLAN on a bond) are followed this deep to the physical netdev under them.
-_MAX_STACK: Final = 4
+MAX_STACK: Final = 4
 
 
 class Locality:
@@ -367,7 +367,7 @@ class Locality:
         return lowers
 
     def anchor(self, name: str) -> str:
-        for _ in range(_MAX_STACK):
+        for _ in range(MAX_STACK):
             if name in self._own:
                 break
             lowers = self.lowers(name)
