@@ -551,7 +551,7 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
     def ours_cmd(port: int) -> list[str]:
         cmd = [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(sys_root)]
         cmd += ["--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn"]
-        return cmd + (["--path.ethtool", str(ethtool_dir)] if ethtool_dir else [])
+        return cmd + (["--path.ethtool", str(ethtool_dir)] if ethtool_dir else []) + args.ours_flag
 
     def node_cmd(port: int) -> list[str]:
         return [
@@ -806,7 +806,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {name} | {_fmt(p50 and p50['slope'], 3)} | {_fmt(p50 and p50['intercept'])} "
             f"| {_fmt(cpu and cpu['slope'], 3)} | {_fmt(files and files['slope'], 1)} | {_fmt(p50 and p50['r2'], 3)} |"
         )
-    lines += ["", "## Targets", "", "| target | measured | result |", "| --- | --- | --- |"]
+    lines += ["", "## Targets", ""]
+    if report["settings"].get("ours_flags"):
+        flags = " ".join(report["settings"]["ours_flags"])
+        lines += [f"rdma_exporter ran with `{flags}`: not the default configuration, so these do not count.", ""]
+    lines += ["| target | measured | result |", "| --- | --- | --- |"]
     for t in report["targets"]:
         result = {True: "met", False: "**NOT MET**", None: "not measured"}[t["met"]]
         lines.append(f"| {t['target']} | {t['measured']} | {result} |")
@@ -896,6 +900,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-exporter", default=None, help="node_exporter binary (default: found on PATH)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed for start-up and each scrape")
     parser.add_argument("--keep", action="store_true", help="keep the generated trees and strace logs")
+    parser.add_argument(
+        "--ours-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra flag for rdma-exporter (repeatable), e.g. --no-collector.netdev to time it on node_exporter's "
+        "share of the work; the report then says its targets are not the default configuration's",
+    )
     return parser
 
 
@@ -953,6 +965,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_tree": memory_tree.name,
             "quick": quick,
             "accept": args.accept,
+            "ours_flags": args.ours_flag,
         },
         "trees": results,
         "scaling": scaling(results),
