@@ -499,6 +499,26 @@ def test_expectations_by_pci_address_follow_the_hca_under_its_current_name(tree:
     assert value(by_name, "rdma_expected_device_present", device="mlx5_7") == 0
 
 
+def test_excluding_a_device_keeps_expectations_by_address_judged(tree: Path, tmp_path: Path) -> None:
+    """Excluding a misbehaving HCA (the ScrapeSlow runbook's advice) must not blind the missing-HCA check:
+    the excluded device's address comes from its class link, so the other HCAs' addresses are still
+    judged, and a really missing HCA is still reported. Its own address counts as present, its ports
+    as unknown."""
+    config = replace(parse(BY_ADDRESS), device_exclude=re.compile("mlx5_1"))
+    metrics = scrape(tree, config)
+    for address in IB_SLOTS:
+        assert value(metrics, "rdma_expected_pci_device_present", pci_address=address) == 1
+    assert value(metrics, "rdma_expected_device_present", device="mlx5_1") == 1
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_1", port="1") is None
+    assert value(metrics, "rdma_expected_port_present", device="mlx5_0", port="1") == 1
+
+    metrics = scrape(renumber_without(tree, tmp_path, 3), config)
+    assert value(metrics, "rdma_expected_pci_device_present", pci_address=IB_SLOTS[3]) == 0
+    # mlx5_1 is still the excluded name; it is the HCA in the second slot.
+    assert value(metrics, "rdma_expected_pci_device_present", pci_address=IB_SLOTS[1]) == 1
+    assert value(metrics, "rdma_exporter_device_excluded", device="mlx5_1") == 1
+
+
 def test_pci_addresses_are_normalised_and_checked() -> None:
     config = parse("collector: {expected: {ports: [{pci_addresses: ['18:00.0', '0000:4F:00.0', '10000:01:00.1']}]}}")
     ports = config.collector_settings["expected"]["ports"]

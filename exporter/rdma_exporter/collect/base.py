@@ -265,7 +265,9 @@ class Source(Protocol):
     A source whose `read` only looks at the cached `DeviceInfo` sets `io_free = True`: the engine then
     evaluates it for every listed device, even one whose reads are stuck, so that (for example) a device
     in a firmware stall is still reported present. Its `expose` gets None for a listed device whose static
-    info is not known yet, and no timeout is ever counted against it.
+    info is not known yet, and no timeout is ever counted against it. It may also define
+    `read_excluded(pci_address)`, the value for a listed device the filters skip, whose address is known
+    from its class link alone (None for a non-PCI device).
     """
 
     name: str

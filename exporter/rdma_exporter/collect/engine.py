@@ -36,7 +36,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, read_device_info
+from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, pci_address_of, read_device_info
 from ..parse.reader import (
     DEFAULT_MAX_OPEN_FILES,
     REASON_IO,
@@ -216,7 +216,13 @@ class Inventory:
         self._cache: dict[str, tuple[str, DeviceInfo, float, bool]] = {}
         self._epoch_all = 0
         self._epochs: dict[str, int] = {}
-        self.excluded: tuple[str, ...] = ()  # listed devices the filters skip
+        # Listed devices the filters skip, with their PCI address (from the class link alone), or None.
+        # One dict swapped whole, so that a scrape never sees names and addresses of different listings.
+        self.excluded_pci: dict[str, str | None] = {}
+
+    @property
+    def excluded(self) -> tuple[str, ...]:
+        return tuple(self.excluded_pci)
 
     @property
     def mode(self) -> str:
@@ -286,7 +292,7 @@ class Inventory:
         for name in listed:
             if os.path.isdir(self.class_dir + name):
                 (allowed if self.device_filter.allows(name) else excluded).append(name)
-        self.excluded = tuple(excluded)
+        self.excluded_pci = {name: pci_address_of(self.sys_root, name) for name in excluded}
         listing = []
         for name in allowed:
             try:
@@ -856,11 +862,16 @@ class RdmaCollector(Collector):
                     success[source.name] = success[source.name] and outcome.ok
                     if outcome.ok:
                         results[source.name][name] = outcome.value
-            for name in self.inventory.excluded:
+            for name, address in self.inventory.excluded_pci.items():
                 # Listed but filtered out: I/O-free sources see it as present with its layout unknown,
-                # so that excluding a misbehaving device does not page it as missing.
+                # so that excluding a misbehaving device does not page it as missing. Its PCI address is
+                # known from its class link: without it, expectations by address could not be judged.
                 for source in self.sources:
-                    self._read_io_free(source, name, None, results, success)
+                    read_excluded = getattr(source, "read_excluded", None)
+                    if read_excluded is not None:
+                        results[source.name][name] = read_excluded(address)
+                    else:
+                        self._read_io_free(source, name, None, results, success)
             if not rnd.logged:
                 rnd.logged = True
                 self._log_blocked(blocked, rnd)

@@ -305,12 +305,13 @@ PCI_DEVICE_PRESENT: Final = MetricSpec(
     "gauge",
     "1 if an RDMA device is listed at a PCI address the configuration expects one at, whatever its name "
     "(its expectations are then exported under that name), 0 if none is; absent while the address of a "
-    "listed device is not known (its first read is stuck, or the device filters exclude it).",
+    "listed device is not known (its first read is stuck).",
     ("pci_address",),
 )
 
-# What `read` hands `expose` for a listed device: its PCI address and its port numbers.
-Listed = tuple[str | None, frozenset[int]]
+# What `read` hands `expose` for a listed device: its PCI address and its port numbers (None when the
+# device filters skip it: its address is known from its class link, its ports are not).
+Listed = tuple[str | None, frozenset[int] | None]
 
 
 class ExpectedSource:
@@ -344,6 +345,11 @@ class ExpectedSource:
         # The inventory already knows the address and the ports: no file is opened.
         return device.pci_address, frozenset(port.number for port in device.ports)
 
+    def read_excluded(self, pci_address: str | None) -> Listed:
+        # Known to be at that address (or, for rxe and siw, at none), which is all an expectation by
+        # address needs; its ports are not known.
+        return pci_address, None
+
     def expose(self, results: Mapping[str, Listed | None], out: FamilySet) -> None:
         # A device is present when it is listed. None: listed, but its static info (and so its ports and
         # its address) is not known yet, e.g. its first read is stuck in firmware; its ports are then not
@@ -376,7 +382,7 @@ class ExpectedSource:
             if expected.netdev_speed_bytes_per_second is not None:
                 out.add(NETDEV_SPEED, labels, expected.netdev_speed_bytes_per_second)
             listed = results.get(device, (None, frozenset()))
-            if listed is not None:
+            if listed is not None and listed[1] is not None:
                 out.add(PORT_PRESENT, labels, 1 if expected.port in listed[1] else 0)
             # The ports of a device may each give part of its PCIe expectation: the speed and the width each
             # come from the first port that sets it (validation made the others agree).

@@ -338,6 +338,13 @@ def _pci_function(device_dir: Path) -> Path | None:
     return resolved
 
 
+def pci_address_of(sys_root: Path, name: str) -> str | None:
+    """The PCI address of a device from its `device` link alone: no attribute file is opened, so this is
+    safe for a device the filters skip because its reads misbehave."""
+    pci_dir = _pci_function(sys_root / CLASS_DIR / name)
+    return pci_dir.name if pci_dir else None
+
+
 def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ...]:
     """Count populated GID table entries by type (IB/RoCE v1, RoCE v2).
 
