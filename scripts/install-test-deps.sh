@@ -47,11 +47,21 @@ fi
 # unpacked into a cache and never installed into the host (that would run initramfs and bootloader hooks).
 # The version is the one linux-image-amd64 depends on at the time of the first run.
 VM_CACHE="${RDMA_EXPORTER_VM_CACHE:-$HOME/.cache/rdma-exporter-vm}"
+current_kernel_package() {
+    # apt-cache exits 100 when the package lists were cleaned (as container images do): under pipefail
+    # that would end the script, but it only means "not known yet", which an update answers.
+    { apt-cache depends linux-image-amd64 2>/dev/null || true; } |
+        awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}'
+}
 if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
-    kernel_package="$(apt-cache depends linux-image-amd64 | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')"
+    kernel_package="$(current_kernel_package)"
     if [ -z "$kernel_package" ]; then
         as_root apt-get update -qq
-        kernel_package="$(apt-cache depends linux-image-amd64 | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')"
+        kernel_package="$(current_kernel_package)"
+    fi
+    if [ -z "$kernel_package" ]; then
+        echo "install-test-deps: apt knows no linux-image-amd64 dependency; cannot fetch the VM kernel" >&2
+        exit 1
     fi
     echo "fetching $kernel_package-unsigned into $VM_CACHE"
     download="$(mktemp -d)"

@@ -1,0 +1,108 @@
+"""scripts/install-test-deps.sh, run against stand-in apt tools on PATH: the real ones would change the
+machine. The stand-ins act as a container image with cleaned package lists does: `apt-cache depends`
+exits 100 until `apt-get update` ran. The VM kernel package they hand out is a real .deb built by
+dpkg-deb, which the script unpacks with the real dpkg-deb."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "install-test-deps.sh"
+KERNEL = "linux-image-6.1.0-99-amd64"
+
+STUBS = {
+    # Every Debian package the script checks for is installed already.
+    "dpkg-query": 'printf "install ok installed"\n',
+    "apt-cache": f"""
+[ -e "$STATE/updated" ] || {{ echo "E: No packages found" >&2; exit 100; }}
+echo "linux-image-amd64"
+echo "  Depends: {KERNEL}"
+""",
+    "apt-get": f"""
+echo "apt-get $*" >> "$STATE/apt-get.log"
+case " $* " in
+  *" update "*) touch "$STATE/updated" ;;
+  *" download "*)
+    [ "${{@: -1}}" = "{KERNEL}-unsigned" ] || exit 100
+    cp "$STATE/kernel.deb" "./{KERNEL}-unsigned.deb" ;;
+esac
+""",
+    # The project's own install is not what is under test.
+    "python3": 'echo "python3 $*" >> "$STATE/python3.log"\n',
+}
+
+
+@pytest.fixture
+def stubbed(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    require_binary("dpkg-deb")
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, project / "scripts" / SCRIPT.name)
+    state = tmp_path / "state"
+    state.mkdir()
+    package = tmp_path / "package"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        f"Package: {KERNEL}-unsigned\nVersion: 1\nArchitecture: amd64\nMaintainer: test <t@example.org>\n"
+        "Description: stand-in kernel\n"
+    )
+    (package / "boot").mkdir()
+    (package / "boot" / "vmlinuz-6.1.0-99-amd64").write_text("not a kernel\n")
+    subprocess.run(["dpkg-deb", "--build", str(package), str(state / "kernel.deb")], check=True, capture_output=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        stub = bin_dir / name
+        stub.write_text("#!/usr/bin/env bash\nset -eu\n" + body)
+        stub.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STATE": str(state),
+        "RDMA_EXPORTER_VM_CACHE": str(tmp_path / "cache"),
+    }
+    return project, env
+
+
+def run(project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    if os.geteuid() != 0:
+        pytest.skip("the script calls apt through sudo when not root; the stand-ins are not sudo's PATH")
+    return subprocess.run(
+        ["bash", str(project / "scripts" / SCRIPT.name)], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_cleaned_package_lists_are_updated_then_the_kernel_is_fetched(stubbed: tuple[Path, dict[str, str]]) -> None:
+    project, env = stubbed
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    state = Path(env["STATE"])
+    log = (state / "apt-get.log").read_text().splitlines()
+    assert log[0] == "apt-get update -qq"
+    assert log[1].endswith(f"download -qq -o APT::Sandbox::User=root {KERNEL}-unsigned")
+    cache = Path(env["RDMA_EXPORTER_VM_CACHE"])
+    assert (cache / "kernel" / "boot" / "vmlinuz-6.1.0-99-amd64").read_text() == "not a kernel\n"
+    pip = "python3 -m pip install --quiet --disable-pip-version-check -e .[test]\n"
+    assert (state / "python3.log").read_text() == pip
+
+    # A second run finds the kernel in the cache and asks apt nothing.
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    assert (state / "apt-get.log").read_text().splitlines() == log
+
+
+def test_no_kernel_package_after_an_update_is_a_clear_failure(stubbed: tuple[Path, dict[str, str]]) -> None:
+    project, env = stubbed
+    (project.parent / "bin" / "apt-cache").write_text("#!/usr/bin/env bash\nexit 100\n")
+    result = run(project, env)
+    assert result.returncode == 1
+    assert "apt knows no linux-image-amd64 dependency" in result.stderr
+    assert not (Path(env["STATE"]) / "python3.log").exists()
