@@ -14,6 +14,7 @@ over the VM's own tmpfs at the same place, so host paths work unchanged in the V
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import shlex
 import shutil
@@ -109,9 +110,28 @@ def kvm_usable() -> bool:
 # --- kernel modules ----------------------------------------------------------------------------------
 
 
-def _modinfo(path: Path) -> dict[str, list[str]]:
-    """The `.modinfo` section of an ELF64 little-endian .ko: {key: [values]}."""
+# Debian compresses modules with xz from trixie on (CONFIG_MODULE_COMPRESS_XZ); bookworm's are plain.
+MODULE_SUFFIXES: Final = (".ko", ".ko.xz")
+
+
+def module_name(path: Path) -> str:
+    """The module a file holds, as the kernel names it: suffix off, - and _ the same."""
+    name = path.name
+    for suffix in MODULE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)].replace("-", "_")
+    raise ValueError(f"{path}: not a kernel module file ({' or '.join(MODULE_SUFFIXES)})")
+
+
+def module_bytes(path: Path) -> bytes:
+    """The ELF image of a module file, decompressed: busybox insmod takes plain .ko files only."""
     data = path.read_bytes()
+    return lzma.decompress(data) if path.name.endswith(".xz") else data
+
+
+def _modinfo(path: Path) -> dict[str, list[str]]:
+    """The `.modinfo` section of an ELF64 little-endian module: {key: [values]}."""
+    data = module_bytes(path)
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError(f"{path}: not an ELF64 little-endian module")
     shoff = struct.unpack_from("<Q", data, 0x28)[0]
@@ -138,17 +158,18 @@ def _modinfo(path: Path) -> dict[str, list[str]]:
 
 
 def module_load_order(modules_dir: Path, wanted: Iterable[str]) -> list[Path]:
-    """The .ko files of `wanted` and everything they depend on, each after its dependencies.
+    """The module files of `wanted` and everything they depend on, each after its dependencies.
 
     Built-in modules (modules.builtin) need no loading. Names with - and _ are the same module.
     """
     files: dict[str, Path] = {}
-    for path in (modules_dir / "kernel").rglob("*.ko"):
-        files[path.stem.replace("-", "_")] = path
+    for path in (modules_dir / "kernel").rglob("*.ko*"):
+        if path.name.endswith(MODULE_SUFFIXES):
+            files[module_name(path)] = path
     builtin = {
-        Path(line).stem.replace("-", "_")
+        module_name(Path(line))
         for line in (modules_dir / "modules.builtin").read_text().split()
-        if line.endswith(".ko")
+        if line.endswith(MODULE_SUFFIXES)
     }
     order: list[Path] = []
     seen: set[str] = set()
@@ -269,9 +290,10 @@ def build_initramfs(kernel: Kernel, dest: Path, keep: Sequence[str] = ()) -> Pat
         archive.directory(directory)
     archive.char_device("dev/console", 5, 1)
     archive.file("bin/busybox", BUSYBOX.read_bytes(), 0o755)
-    for module in modules:
-        archive.file(f"modules/{module.name}", module.read_bytes())
-    archive.file("init", _init_script([m.name for m in modules], keep).encode(), 0o755)
+    names = [f"{module_name(module)}.ko" for module in modules]
+    for name, module in zip(names, modules, strict=True):
+        archive.file(f"modules/{name}", module_bytes(module))
+    archive.file("init", _init_script(names, keep).encode(), 0o755)
     dest.write_bytes(gzip.compress(archive.finish(), compresslevel=1))
     return dest
 

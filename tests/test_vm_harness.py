@@ -1,0 +1,58 @@
+"""The VM harness's module handling, on the real Debian kernel the install script unpacks: the same load
+order and the same ELF images come out of xz-compressed modules (Debian trixie's layout) as out of plain
+ones (bookworm's), and the initramfs carries them decompressed, since busybox insmod reads plain .ko."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+from vm.harness import BUSYBOX, KERNEL_MODULES, Kernel, build_initramfs, find_kernel, module_bytes, module_load_order
+
+from conftest import skip_or_fail
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Kernel:
+    found = find_kernel()
+    if found is None:
+        skip_or_fail("no Debian kernel unpacked for the VM (scripts/install-test-deps.sh)")
+    assert found is not None
+    return found
+
+
+def compressed_copy(kernel: Kernel, modules: list[Path], dest: Path) -> Path:
+    """A lib/modules/<release> with only `modules`, each as .ko.xz, and the kernel's modules.builtin."""
+    root = dest / kernel.release
+    for module in modules:
+        target = root / module.relative_to(kernel.modules).with_name(module.name + ".xz")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(lzma.compress(module.read_bytes(), preset=0))
+    shutil.copy(kernel.modules / "modules.builtin", root / "modules.builtin")
+    return root
+
+
+def test_xz_modules_resolve_to_the_same_order_and_images(kernel: Kernel, tmp_path: Path) -> None:
+    plain = module_load_order(kernel.modules, KERNEL_MODULES)
+    assert plain[-1].name in {"ib_uverbs.ko", "rdma_rxe.ko"}  # the wanted ones come after what they need
+    xz_root = compressed_copy(kernel, plain, tmp_path)
+    packed = module_load_order(xz_root, KERNEL_MODULES)
+    assert [p.name for p in packed] == [p.name + ".xz" for p in plain]
+    for a, b in zip(plain, packed, strict=True):
+        assert module_bytes(b) == a.read_bytes()
+
+
+def test_initramfs_carries_decompressed_modules(kernel: Kernel, tmp_path: Path) -> None:
+    if not BUSYBOX.is_file():
+        skip_or_fail("busybox-static is not installed (scripts/install-test-deps.sh)")
+    plain = module_load_order(kernel.modules, KERNEL_MODULES)
+    xz_kernel = Kernel(kernel.vmlinuz, compressed_copy(kernel, plain, tmp_path), kernel.release)
+    archive = gzip.decompress(build_initramfs(xz_kernel, tmp_path / "initramfs.gz").read_bytes())
+    for module in plain:
+        # newc stores names then data 4-byte aligned: the name and the whole ELF image are both in there.
+        assert f"modules/{module.name}\0".encode() in archive
+        assert module.read_bytes() in archive
+    assert b".ko.xz" not in archive
