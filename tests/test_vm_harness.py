@@ -56,3 +56,19 @@ def test_initramfs_carries_decompressed_modules(kernel: Kernel, tmp_path: Path) 
         assert f"modules/{module.name}\0".encode() in archive
         assert module.read_bytes() in archive
     assert b".ko.xz" not in archive
+
+
+def test_scenario_reads_rxe0_gid_counts_from_an_exposition() -> None:
+    from vm.scenario import exported_gid_types
+
+    text = "\n".join(
+        [
+            "# TYPE rdma_port_gids gauge",
+            'rdma_port_gids{device="rxe0",port="1",gid_type="IB/RoCE v1"} 2.0',
+            'rdma_port_gids{device="rxe0",port="1",gid_type="RoCE v2"} 3.0',
+            'rdma_port_gids{device="rxe1",port="1",gid_type="RoCE v2"} 9.0',
+            'rdma_port_gids_other{device="rxe0",port="1",gid_type="RoCE v2"} 7.0',
+        ]
+    )
+    assert exported_gid_types(text) == {"IB/RoCE v1": 2, "RoCE v2": 3}
+    assert exported_gid_types("") == {}

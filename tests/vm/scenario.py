@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +38,17 @@ def kernel_view() -> dict[str, object]:
             gid_types[gid_type] = gid_types.get(gid_type, 0) + 1
     view["gid_types"] = gid_types
     return view
+
+
+def exported_gid_types(text: str) -> dict[str, int]:
+    """rxe0 port 1's rdma_port_gids by gid_type, from an exposition."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("rdma_port_gids{") and 'device="rxe0"' in line and 'port="1"' in line:
+            gid_type = re.search(r'gid_type="([^"]*)"', line)
+            if gid_type:
+                found[gid_type.group(1)] = int(float(line.rsplit(" ", 1)[1]))
+    return found
 
 
 def wait_for_listener(port: int, timeout: float) -> bool:
@@ -127,8 +139,11 @@ def main() -> int:
         end = time.monotonic() + 10
         while not gid2.read_text().strip().replace(":", "").strip("0") and time.monotonic() < end:
             time.sleep(0.1)
-        time.sleep(1)  # the exporter's address watch runs on its own thread
-        save("address")
+        # The exporter's address watch runs on its own thread: scrape until its GID count agrees with the
+        # kernel's (a fixed pause was either too short under TCG or wasted time).
+        end = time.monotonic() + 20
+        while exported_gid_types(save("address")) != kernel_view()["gid_types"] and time.monotonic() < end:
+            time.sleep(0.2)
 
         # (c) The netdev goes down: rxe0's port follows it, and must stay exported.
         run("ip", "link", "set", NETDEV, "down")
