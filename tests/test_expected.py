@@ -539,6 +539,11 @@ def test_pci_addresses_are_normalised_and_checked() -> None:
         ("ports: [{pci_addresses: mlx5_0}]", "collector.expected.ports[0].pci_addresses", "got 'mlx5_0'"),
         ("ports: [{pci_addresses: ['0000:18:00.8']}]", "collector.expected.ports[0].pci_addresses[0]", "like 0000"),
         ("ports: [{pci_addresses: [18]}]", "collector.expected.ports[0].pci_addresses[0]", "got 18"),
+        (
+            "ports: [{pci_addresses: ['00000:18:00.0']}]",
+            "collector.expected.ports[0].pci_addresses[0]",
+            "has no leading zero",
+        ),
         # YAML 1.1 reads unquoted colon-separated digits as a base-60 number: 18:00.0 is 1080.0.
         ("ports: [{pci_addresses: [18:00.0]}]", "collector.expected.ports[0].pci_addresses[0]", "got 1080.0 (quote it"),
         ("ports: [{pci_addresses: 0000:18:00.0}]", "collector.expected.ports[0].pci_addresses", "(quote it"),

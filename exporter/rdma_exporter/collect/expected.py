@@ -159,6 +159,11 @@ def _pci_addresses(source: str, key: str, value: Any) -> list[str]:
             if isinstance(address, (int, float)):
                 reason += " (quote it: YAML reads an unquoted 17:00.0 as a base-60 number)"
             raise ConfigError(source, where, reason)
+        domain = text.split(":", 1)[0]
+        if len(domain) > 4 and domain.startswith("0"):
+            # The kernel prints the domain as %04x: wider only when it needs the digits, never zero-padded.
+            reason = f"the kernel names no PCI device {text!r}: a domain wider than 4 digits has no leading zero"
+            raise ConfigError(source, where, reason)
         if text in out:
             raise ConfigError(source, where, f"{text} is listed twice")
         out.append(text)
