@@ -519,6 +519,28 @@ def test_excluding_a_device_keeps_expectations_by_address_judged(tree: Path, tmp
     assert value(metrics, "rdma_exporter_device_excluded", device="mlx5_1") == 1
 
 
+def test_the_examples_topology_by_address_is_the_one_by_name(tree: Path) -> None:
+    """The commented by-address form in deploy/examples is the same topology as the file's own by-name
+    form on the tree it describes: every slot is found and every expectation is exported as by name."""
+    example = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
+    lines = example.splitlines()
+    start = lines.index("# collector:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("# ") or not line[2:].strip():
+            break
+        block.append(line[2:])
+    by_address = scrape(tree, parse("\n".join(block)))
+    by_name = scrape(tree, parse(example))
+    expected = {key: v for key, v in by_name.items() if key[0].startswith("rdma_expected_")}
+    assert len(expected) > 50
+    slots = {key: v for key, v in by_address.items() if key[0] == "rdma_expected_pci_device_present"}
+    assert len(slots) == 10 and set(slots.values()) == {1}
+    assert {key: v for key, v in by_address.items() if key[0].startswith("rdma_expected_") and key not in slots} == (
+        expected
+    )
+
+
 def test_pci_addresses_are_normalised_and_checked() -> None:
     config = parse("collector: {expected: {ports: [{pci_addresses: ['18:00.0', '0000:4F:00.0', '10000:01:00.1']}]}}")
     ports = config.collector_settings["expected"]["ports"]
