@@ -600,3 +600,49 @@ def test_an_address_on_a_port_netdev_or_an_upper_of_it_refreshes_that_device(tre
     (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.1.0\n")
     assert apply_address_change(info, f"{netdev}.100", tree) == "device mlx5_1"
     assert fw_of(collector, "mlx5_1") == "99.1.0"
+
+
+def test_an_address_change_is_applied_again_once_the_gid_table_settled(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel writes an address's GID from a workqueue after RTM_NEWADDR went out: a scrape that came
+    in between cached the old GID table until the next event or the 15-minute resync. The watch applies
+    each change once more after the settle time. (Static info read after the scrape stands in for the
+    GID: fw_ver is re-read by the same invalidation, and fw_of shows it.)"""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+
+    def indextoname(index: int) -> str:
+        if index == 7:
+            return netdev
+        raise OSError(errno.ENXIO, "No such device")
+
+    monkeypatch.setattr(hotplug.socket, "if_indextoname", indextoname)
+    kernel_side, watched = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    settle = 1.0
+    monitor = HotplugMonitor(
+        FakeMonitor(),
+        "kernel",
+        lambda: collector.inventory,
+        addresses=watched,
+        sys_root=tree,
+        address_settle_seconds=settle,
+    )
+    monitor.start()
+    try:
+        sent = time.monotonic()
+        kernel_side.send(rtnetlink_message(hotplug.RTM_NEWADDR, 7) + rtnetlink_message(hotplug.RTM_NEWADDR, 8))
+        assert monitor.wait_for_events(1, 5)
+        assert fw_of(collector, "mlx5_1") == "28.41.1000"  # the scrape in between: cached again
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")  # the kernel's late change
+        assert fw_of(collector, "mlx5_1") == "28.41.1000"
+        assert monitor.wait_for_events(2, 5)
+        assert time.monotonic() - sent >= settle
+        assert fw_of(collector, "mlx5_1") == "99.0.0"
+        # Applied once more, not again and again: nothing is cached-and-invalidated a third time.
+        time.sleep(settle * 1.5)
+        assert monitor.events == 2
+    finally:
+        monitor.stop()
+        kernel_side.close()

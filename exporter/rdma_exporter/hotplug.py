@@ -14,7 +14,8 @@ static attributes that the engine caches. The monitor listens to uevents of the 
 An IP address added to or removed from a RoCE port's netdev (or an upper of it, such as a VLAN) adds or
 removes a GID of the port, and the kernel sends no uevent for it. Address changes are therefore watched
 on an rtnetlink socket (RTM_NEWADDR/RTM_DELADDR) beside the uevent one, and refresh the RDMA devices whose
-ports carry that netdev or one of its lowers. Without it the GID counts and the port's netdevs stayed as
+ports carry that netdev or one of its lowers, and once more when the kernel's GID work has surely run
+(ADDRESS_SETTLE_SECONDS). Without it the GID counts and the port's netdevs stayed as
 they were at start-up until the 15-minute resync (seen on a real rxe0: a second IPv4 address made the
 kernel's RoCE v2 GIDs 3 while rdma_port_gids kept saying 2).
 
@@ -31,6 +32,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,10 @@ RTMGRP_IPV4_IFADDR: Final = 0x10
 RTMGRP_IPV6_IFADDR: Final = 0x100
 RTM_NEWADDR: Final = 20
 RTM_DELADDR: Final = 21
+# The kernel adds or removes an address's GID from a workqueue, after RTM_NEWADDR/RTM_DELADDR went out:
+# a scrape in between would cache the old GID table until the next event or the resync. So each change
+# is applied once more when the GID table has surely followed.
+ADDRESS_SETTLE_SECONDS: Final = 2.0
 _NLMSGHDR: Final = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _IFADDRMSG: Final = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
 
@@ -203,10 +209,12 @@ class HotplugMonitor:
         *,
         addresses: socket.socket | None = None,
         sys_root: Path = Path("/sys"),
+        address_settle_seconds: float = ADDRESS_SETTLE_SECONDS,
     ) -> None:
         self._monitor = monitor
         self._addresses = addresses  # rtnetlink address changes (open_address_socket), watched on a 2nd thread
         self._address_thread: threading.Thread | None = None
+        self._address_settle = address_settle_seconds
         self._sys_root = sys_root
         self.source = source
         self._inventory = inventory
@@ -254,8 +262,13 @@ class HotplugMonitor:
     def _watch_addresses(self) -> None:
         route = self._addresses
         assert route is not None
-        route.settimeout(1.0)
+        settling: dict[str, float] = {}  # netdev -> when to apply its last address change once more
         while not self._stop.is_set():
+            now = time.monotonic()
+            for name in [name for name, due in settling.items() if due <= now]:
+                del settling[name]
+                self.handle_address("settled", name)
+            route.settimeout(min([1.0, *(due - now for due in settling.values())]) if settling else 1.0)
             try:
                 data = route.recv(65536)
             except TimeoutError:
@@ -274,6 +287,7 @@ class HotplugMonitor:
                 except OSError:
                     continue  # the netdev is gone already: its removal sends a net uevent
                 self.handle_address(action, name)
+                settling[name] = time.monotonic() + self._address_settle
 
     def wait_for_events(self, count: int, timeout: float) -> bool:
         """Block until `count` events changed the inventory (tests)."""
