@@ -322,6 +322,21 @@ def uevent_helper(workdir: str) -> None:
     received = monitor.wait_for_events(1, UEVENT_DEADLINE)  # counted once the cache was invalidated
     after = fw_of(collector, "mlx5_1")
     alive = monitor.running
+    # Addresses send no uevent: the rtnetlink watch must re-read the device (its GIDs follow them). First
+    # an IPv6 address on an upper of the port's netdev, whose lower link is in the exporter's tree only
+    # (read from its sys_root, not from this namespace's /sys); then an IPv4 one on the netdev itself.
+    upper = f"{netdev}.7"
+    (root / "class" / "net" / upper).mkdir()
+    os.symlink(f"../{netdev}", root / "class" / "net" / upper / f"lower_{netdev}")
+    subprocess.run(["ip", "link", "add", upper, "type", "veth", "peer", "name", "rdmapeer1"], check=True)
+    addresses: dict[str, bool] = {}
+    for step, (family, address, dev) in enumerate((("-6", "fd00::7/64", upper), ("-4", "10.7.7.7/24", netdev))):
+        fw_ver.write_text(f"28.99.{step + 2}\n")
+        counted = monitor.events
+        nodad = ["nodad"] if family == "-6" else []  # no duplicate address detection: no wait, no link needed
+        subprocess.run(["ip", family, "addr", "add", address, "dev", dev, *nodad], check=True)
+        received_address = monitor.wait_for_events(counted + 1, UEVENT_DEADLINE)
+        addresses[f"{family} {dev}"] = received_address and fw_of(collector, "mlx5_1") == f"28.99.{step + 2}"
     monitor.stop()
     report = {
         "before": before,
@@ -334,6 +349,7 @@ def uevent_helper(workdir: str) -> None:
         "netdev": netdev,
         "alive": alive,
         "undecodable": undecodable,
+        "addresses": addresses,
     }
     print(json.dumps(report))
 
@@ -362,6 +378,8 @@ def test_real_uevent_from_a_veth_in_a_network_namespace(tmp_path: Path) -> None:
     assert report["cached"] == "28.50.0001", report
     # The netdev's event reached the monitor and re-read its RDMA device.
     assert report["received"] and report["after"] == "28.99.0001", report
+    # Each address change reached the rtnetlink watch (IPv4 and IPv6 groups) and re-read the device.
+    assert report["addresses"] == {f"-6 {report['netdev']}.7": True, f"-4 {report['netdev']}": True}, report
 
 
 class MonitorDyingDuringReload:
