@@ -15,6 +15,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -664,3 +665,21 @@ def test_an_address_change_is_applied_again_once_the_gid_table_settled(
     finally:
         monitor.stop()
         kernel_side.close()
+
+
+def test_malformed_rtnetlink_messages_end_the_datagram_without_hanging_or_raising() -> None:
+    """The watch thread reads every datagram with address_changes and has no handler around it: a message
+    claiming zero bytes must not spin it forever, nor one too short for its ifaddrmsg raise."""
+    zero = struct.pack("=IHHII", 0, hotplug.RTM_NEWADDR, 0, 0, 0)
+    short = struct.pack("=IHHII", 20, hotplug.RTM_DELADDR, 0, 0, 0) + bytes(4)  # header and 4 bytes of body
+    results: list[list[tuple[str, int]]] = []
+    reader = threading.Thread(
+        target=lambda: results.extend(hotplug.address_changes(d) for d in (zero + rtnetlink_message(20, 7), short)),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(5)
+    assert results == [[], []]
+    # A short message is skipped, not read into the next one's bytes.
+    assert hotplug.address_changes(short + rtnetlink_message(hotplug.RTM_NEWADDR, 9)) == [("add", 9)]
+
