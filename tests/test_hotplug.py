@@ -683,3 +683,67 @@ def test_malformed_rtnetlink_messages_end_the_datagram_without_hanging_or_raisin
     # A short message is skipped, not read into the next one's bytes.
     assert hotplug.address_changes(short + rtnetlink_message(hotplug.RTM_NEWADDR, 9)) == [("add", 9)]
 
+
+class FakeRouteSocket:
+    """Stands in for the rtnetlink socket: recv() returns queued datagrams, raises queued errors, and times
+    out as the real one does when nothing is queued."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[bytes | BaseException] = queue.Queue()
+        self.timeout: float | None = None
+
+    def settimeout(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    def recv(self, size: int) -> bytes:
+        try:
+            item = self.items.get(timeout=self.timeout)
+        except queue.Empty:
+            raise TimeoutError("timed out") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        pass
+
+
+def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet second, a netdev gone before its index is named, or an overflowed socket must not end the
+    watch: after any of them, GIDs would again follow addresses only at the 15-minute resync."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    indexes = {7: netdev}
+
+    def if_indextoname(index: int) -> str:
+        if index not in indexes:
+            raise OSError(errno.ENXIO, "No such device or address")  # what the kernel says for a gone index
+        return indexes[index]
+
+    monkeypatch.setattr(hotplug.socket, "if_indextoname", if_indextoname)
+    route = FakeRouteSocket()
+    monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, addresses=route)  # type: ignore[arg-type]
+    monitor.start()
+    try:
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+        route.items.put(TimeoutError("timed out"))
+        route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7))
+        assert monitor.wait_for_events(1, UEVENT_DEADLINE)
+        assert fw_of(collector, "mlx5_1") == "99.0.0"
+        # Index 8 is gone; the change on 7 after it in the same datagram is still read.
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.1.0\n")
+        route.items.put(rtnetlink_message(hotplug.RTM_DELADDR, 8))
+        route.items.put(rtnetlink_message(hotplug.RTM_DELADDR, 7))
+        assert monitor.wait_for_events(2, UEVENT_DEADLINE)
+        assert fw_of(collector, "mlx5_1") == "99.1.0"
+        # Overflowed: the changes lost are unknown, so every device is re-read.
+        (real_dir(tree, "mlx5_2") / "fw_ver").write_text("99.2.0\n")
+        route.items.put(OSError(errno.ENOBUFS, "No buffer space available"))
+        route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7))
+        # Seen after the overflow was handled (counted as no event: the cache it would refresh is empty).
+        wait_until(lambda: monitor.seen >= 3, UEVENT_DEADLINE)
+        assert fw_of(collector, "mlx5_2") == "99.2.0"
+    finally:
+        monitor.stop()
+
