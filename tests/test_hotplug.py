@@ -747,3 +747,17 @@ def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monk
     finally:
         monitor.stop()
 
+
+def test_an_address_on_a_stack_of_uppers_refreshes_the_device_below(tree: Path) -> None:
+    """A macvlan on a VLAN of the port's netdev (a container's address on a tagged RoCE port): its GID is
+    the port's, two lower links down."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    net = tree / "class" / "net"
+    for upper, lower in ((f"{netdev}.100", netdev), ("mv0", f"{netdev}.100")):
+        (net / upper).mkdir()
+        os.symlink(f"../{lower}", net / upper / f"lower_{lower}")
+    (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+    assert apply_address_change(collector.inventory, "mv0", tree) == "device mlx5_1"
+    assert fw_of(collector, "mlx5_1") == "99.0.0"
