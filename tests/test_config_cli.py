@@ -393,22 +393,28 @@ def test_settings_for_a_collector_without_settings_are_refused(tmp_path: Path) -
 
 def test_every_setting_flag_beats_the_file(tmp_path: Path) -> None:
     # README: flags given on the command line win over the file, the file wins over the defaults.
-    (tmp_path / "sys").mkdir()
+    # --path.sysfs is how a container reads the host's /sys mounted elsewhere: ignored, it would serve the
+    # container's own (often empty) tree.
+    for directory in ("sys", "host-sys", "ethtool-file", "ethtool-flag"):
+        (tmp_path / directory).mkdir()
     path = write(
         tmp_path,
         "web:\n  telemetry_path: /file\n  scrape_timeout_seconds: 5\n  config_file: web-file.yml\n"
-        "log:\n  level: error\n",
+        "log:\n  level: error\npath:\n  sysfs: sys\n  ethtool: ethtool-file\n",
     )
     config = resolve_config(build_parser().parse_args(["--config.file", str(path)]))
     assert (config.telemetry_path, config.scrape_timeout, config.log_level) == ("/file", 5.0, "error")
     assert config.web_config_file == tmp_path / "web-file.yml"
+    assert (config.sysfs, config.ethtool_dir) == (tmp_path / "sys", tmp_path / "ethtool-file")
     args = [
         "--config.file", str(path), "--web.telemetry-path", "/flag", "--web.scrape-timeout", "2.5",
         "--log.level", "debug", "--web.config.file", "web-flag.yml",
+        "--path.sysfs", str(tmp_path / "host-sys"), "--path.ethtool", str(tmp_path / "ethtool-flag"),
     ]
     config = resolve_config(build_parser().parse_args(args))
     assert (config.telemetry_path, config.scrape_timeout, config.log_level) == ("/flag", 2.5, "debug")
     assert config.web_config_file == Path("web-flag.yml")
+    assert (config.sysfs, config.ethtool_dir) == (tmp_path / "host-sys", tmp_path / "ethtool-flag")
 
 
 @pytest.mark.parametrize(
