@@ -761,3 +761,20 @@ def test_an_address_on_a_stack_of_uppers_refreshes_the_device_below(tree: Path) 
     (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
     assert apply_address_change(collector.inventory, "mv0", tree) == "device mlx5_1"
     assert fw_of(collector, "mlx5_1") == "99.0.0"
+
+
+def test_an_address_on_the_second_port_of_a_two_port_device_refreshes_it(tree: Path) -> None:
+    """A two-port function (a ConnectX-3 VPI): an address on port 2's netdev adds a GID of port 2, so the
+    device is refreshed although port 1's netdev did not change."""
+    device = real_dir(tree, "mlx5_1")
+    shutil.copytree(device / "ports" / "1", device / "ports" / "2", symlinks=True)
+    own = next((device / "device" / "net").iterdir())
+    second = own.with_name(f"{own.name}d1")  # the mlx4 name of a port-2 netdev
+    second.mkdir()
+    (second / "dev_port").write_text("1\n")
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    assert [port.netdevs for port in collector.inventory.cached()["mlx5_1"].ports] == [(own.name,), (second.name,)]
+    (device / "fw_ver").write_text("99.0.0\n")
+    assert apply_address_change(collector.inventory, second.name, tree) == "device mlx5_1"
+    assert fw_of(collector, "mlx5_1") == "99.0.0"
