@@ -259,6 +259,17 @@ def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:
     assert use_sample_tree(empty, forced=True, configured=True).sysfs != empty.sysfs
 
 
+def test_a_bare_run_on_a_node_with_rdma_devices_serves_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sample is for machines without /sys/class/infiniband: a bare run on an HCA node must serve the
+    node's own devices, never eight made-up healthy ones under its name. (The test above can check only
+    the other case on a machine without RDMA, so the node's class directory is made to exist here.)"""
+    is_dir = Path.is_dir
+    monkeypatch.setattr(Path, "is_dir", lambda path: path == Path("/sys/class/infiniband") or is_dir(path))
+    default = Config()
+    assert default.sysfs == Path("/sys")
+    assert use_sample_tree(default, forced=False, configured=False) is default
+
+
 def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # systemd runs the exporter in /: a relative web.config_file must not depend on where it is checked from.
     etc = tmp_path / "etc"
