@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import queue
 import shutil
@@ -778,3 +779,24 @@ def test_an_address_on_the_second_port_of_a_two_port_device_refreshes_it(tree: P
     (device / "fw_ver").write_text("99.0.0\n")
     assert apply_address_change(collector.inventory, second.name, tree) == "device mlx5_1"
     assert fw_of(collector, "mlx5_1") == "99.0.0"
+
+
+def test_changes_to_container_veths_are_neither_counted_nor_logged_at_info(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A busy Kubernetes node creates a veth, and addresses on it, for every pod: those refresh nothing and
+    must not fill the info log (nor count as events, which tests and debug logs rely on)."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, sys_root=tree)
+    with caplog.at_level(logging.INFO, logger="rdma_exporter.hotplug"):
+        monitor.handle(Event("add", "net", "veth1a2b", "/devices/virtual/net/veth1a2b"))
+        monitor.handle_address("add", "veth1a2b")
+    assert (monitor.seen, monitor.events) == (2, 0)
+    assert [r.getMessage() for r in caplog.records if r.name == hotplug.__name__ and r.levelno >= logging.INFO] == []
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    with caplog.at_level(logging.INFO, logger="rdma_exporter.hotplug"):
+        monitor.handle_address("add", netdev)
+    assert monitor.events == 1
+    logged = [r.getMessage() for r in caplog.records if r.name == hotplug.__name__]
+    assert logged == [f"address add on {netdev}: refreshing device mlx5_1"]
