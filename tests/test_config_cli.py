@@ -218,10 +218,14 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    # The tree is built under TMPDIR, and removed on exit: restarts must not pile up copies.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     process = subprocess.Popen(
         [sys.executable, "-m", "rdma_exporter", "--sample", "--web.listen-address", f"127.0.0.1:{port}"],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     try:
         import time
@@ -239,10 +243,17 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
         assert 'rdma_port_rate_bytes_per_second{device="mlx5_7",port="1"} 5e+10' in body
         # Said in the metrics too, where an alert can see it: a log line alone reaches nobody.
         assert "\nrdma_exporter_sample_tree 1.0\n" in body
+        # The RoCE ports' ethtool view comes from the sample's own captures (no ioctl reads a made-up netdev).
+        assert "\nrdma_ethtool_pfc_pause_frames_total{" in body
+        assert [p.name[:21] for p in scratch.iterdir()] == ["rdma-exporter-sample-"]
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=15)
-    assert "sample tree of an 8-GPU node (10 RDMA devices)" in stderr
+    assert process.returncode == 0, stderr
+    warning = next(line for line in stderr.splitlines() if "sample tree of an 8-GPU node (10 RDMA devices)" in line)
+    # key=value lines, as node_exporter's, for whoever filters the log by level or logger.
+    assert warning.startswith("ts=") and " level=WARNING logger=rdma_exporter msg=no " in warning, warning
+    assert list(scratch.iterdir()) == []
 
 
 def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:
