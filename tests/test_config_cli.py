@@ -156,6 +156,9 @@ def test_read_threads_default_flag_and_file(tmp_path: Path) -> None:
     assert resolve_config(build_parser().parse_args(["--config.file", str(path)])).read_threads == 8
     args = build_parser().parse_args(["--config.file", str(path), "--web.read-threads", "1"])
     assert resolve_config(args).read_threads == 1  # flag beats file
+    # A value templated from a YAML block scalar ends in a newline: still the number, for both count flags.
+    args = build_parser().parse_args(["--web.read-threads", "2\n", "--read.max-open-files", " 100 "])
+    assert (resolve_config(args).read_threads, resolve_config(args).max_open_files) == (2, 100)
 
 
 def test_max_open_files_default_flag_file_and_errors(tmp_path: Path) -> None:
