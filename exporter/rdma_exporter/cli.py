@@ -86,9 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _integer(text: str) -> int | str:
     """A flag's digits as an int, anything else as given. Not argparse's type=int: a bad value is
-    reported by the setting's check as a ConfigError, like every other setting."""
+    reported by the setting's check as a ConfigError, like every other setting.
+
+    ASCII digits only: str.isdigit() also takes superscripts, which int() refuses with a ValueError (a
+    traceback, not the flag and reason), and other scripts' digits, which the config file refuses."""
     text = text.strip()
-    return int(text) if text.isdigit() else text
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
