@@ -124,6 +124,17 @@ def test_valid_config_and_flag_precedence(tmp_path: Path) -> None:
     assert "configuration OK" in result.stdout
 
 
+def test_no_flags_and_no_file_give_the_readme_defaults() -> None:
+    """README's table of flags: what a bare run serves (debug logging or a missing collector by default
+    would show up on every node)."""
+    config = resolve_config(build_parser().parse_args([]))
+    assert (config.listen_address, config.telemetry_path) == (f":{DEFAULT_PORT}", "/metrics")
+    assert config.web_config_file is None
+    assert (config.scrape_timeout, config.sysfs, config.ethtool_dir) == (8.0, Path("/sys"), None)
+    assert (config.device_include, config.device_exclude, config.log_level) == (None, None, "info")
+    assert set(config.collectors.values()) == {True}
+
+
 def test_invalid_flag_value() -> None:
     result = run_cli("--web.listen-address", "nonsense", "--check-config")
     assert result.returncode == 2
