@@ -56,7 +56,18 @@ def test_parse_rate_forms(text: str, bits: float, lanes: int | None, speed: str 
     assert rate.bytes_per_second == bits / 8
 
 
-@pytest.mark.parametrize("text", ["", "garbage", "Gb/sec", "-10 Gb/sec (4X)", "N/A (no PMA)", "400 Mb/sec (4X NDR)"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "garbage",
+        "Gb/sec",
+        "-10 Gb/sec (4X)",
+        "N/A (no PMA)",
+        "400 Mb/sec (4X NDR)",
+        "40 Gb/sec (4X QDR) x",  # the whole line is the format: trailing text is not a rate
+    ],
+)
 def test_parse_rate_rejects_garbage(text: str) -> None:
     assert parse_rate(text) is None
 
@@ -242,6 +253,19 @@ def test_rate_without_a_valid_width_is_absent_not_an_error(monkeypatch: pytest.M
     assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
     assert values[("rdma_port_state_id", MLX5_0)] == 4
     assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
+
+
+def test_unrecognised_rate_is_a_counted_error_that_costs_only_the_rate(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # A rate file in no known format must show in the read errors (RdmaExporterReadErrors), not leave a
+    # silently missing rate; the port's other values stay. Not counting it passed every test (mutation review).
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/ports/1/rate").write_text("400 Gbps (4X NDR)\n")
+    values = samples(scrape(root))
+    assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
+    assert ("rdma_port_link_width_lanes", MLX5_0) not in values
+    assert values[("rdma_port_state_id", MLX5_0)] == 4
+    assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
+    assert values[read_errors_key("mlx5_0", "malformed")] == 1
 
 
 def test_missing_optional_attributes_are_not_errors() -> None:
