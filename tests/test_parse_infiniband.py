@@ -652,6 +652,24 @@ def test_unknown_counters_ext_file_is_exported_generically(captured_copy) -> Non
     assert values[("rdma_port_receive_unicast_packets_total", MLX4_PORT1)] == 61148  # the known ones unaffected
 
 
+def test_port_no_subnet_manager_has_swept_reports_lid_zero(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # Until an SM sweeps the subnet an InfiniBand port sits in INIT and lid_show()/sm_lid_show() print
+    # 0x0: the 0 sample is how a dashboard tells "no SM" from "no data". Exporting only non-zero LIDs
+    # passed every test (mutation review).
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    (port / "state").write_text("2: INIT\n")
+    (port / "lid").write_text("0x0\n")
+    (port / "sm_lid").write_text("0x0\n")
+    values = samples(scrape(root))
+    assert values[("rdma_port_state_id", MLX4_PORT1)] == 2
+    assert values[("rdma_port_lid", MLX4_PORT1)] == 0
+    assert values[("rdma_port_sm_lid", MLX4_PORT1)] == 0
+    # An assigned LID is read in the kernel's hex form.
+    (port / "lid").write_text("0x1a\n")
+    assert samples(scrape(root))[("rdma_port_lid", MLX4_PORT1)] == 26
+
+
 def test_parse_state_bounds() -> None:
     # PortState and PortPhysicalState are small IB enums and node_type a u8 in the kernel: a number past
     # 255 is garbage, not a state.
