@@ -138,8 +138,8 @@ def test_parse_expands_and_converts_units() -> None:
         ("ports: [{devices: 'mlx5_*'}]", "collector.expected.ports[0].devices", "enumerable"),
         ("ports: [{devices: [mlx5_0, 'x[1-']}]", "collector.expected.ports[0].devices[1]", "enumerable"),
         ("ports: [{devices: [], rate_gbps: 1}]", "collector.expected.ports[0].devices", "expected a device"),
-        ("ports: [{devices: mlx5_0, port: 0}]", "collector.expected.ports[0].port", "from 1 to 255"),
-        ("ports: [{devices: mlx5_0, port: true}]", "collector.expected.ports[0].port", "from 1 to 255"),
+        ("ports: [{devices: mlx5_0, port: 0}]", "collector.expected.ports[0].port", "from 1 to 4294967294"),
+        ("ports: [{devices: mlx5_0, port: true}]", "collector.expected.ports[0].port", "from 1 to 4294967294"),
         ("ports: [{devices: mlx5_0, rate_gbps: -400}]", "collector.expected.ports[0].rate_gbps", "positive"),
         ("ports: [{devices: mlx5_0, rate_gbps: '400G'}]", "collector.expected.ports[0].rate_gbps", "positive"),
         ("ports: [{devices: mlx5_0, width: 3}]", "collector.expected.ports[0].width", "one of 1, 2, 4, 8, 12"),
@@ -180,7 +180,11 @@ def test_parse_expands_and_converts_units() -> None:
             "collector.expected.ports[0].netdev_speed_gbps",
             "positive number, got 0",
         ),
-        ("ports: [{devices: mlx5_0, port: 256}]", "collector.expected.ports[0].port", "from 1 to 255, got 256"),
+        (
+            "ports: [{devices: mlx5_0, port: 4294967295}]",
+            "collector.expected.ports[0].port",
+            "from 1 to 4294967294, got 4294967295",
+        ),
         (
             "ports: [{devices: mlx5_0, link_layer: infiniband}]",
             "collector.expected.ports[0].link_layer",
@@ -409,11 +413,13 @@ def test_expansion_limit_is_inclusive() -> None:
         expand_devices("f", "k", "d[0-4096]")
 
 
-def test_port_255_and_width_1_are_accepted() -> None:
-    # The bounds of the valid ranges, so that an off-by-one refusing them fails.
-    port = parse("collector: {expected: {ports: [{devices: mlx5_0, port: 255, width: 1, pcie_gen: 1}]}}")
+def test_port_4294967294_and_width_1_are_accepted() -> None:
+    # The bounds of the valid ranges, so that an off-by-one refusing them fails. Ports above 255 exist:
+    # an mlx5 switchdev representor device has one per vport (kernel 5.13 made port numbers u32).
+    port = parse("collector: {expected: {ports: [{devices: mlx5_0, port: 4294967294, width: 1, pcie_gen: 1}]}}")
     got = port.collector_settings["expected"]["ports"][0]
-    assert (got.port, got.width, got.pcie_transfers_per_second) == (255, 1, 2.5e9)
+    assert (got.port, got.width, got.pcie_transfers_per_second) == (4294967294, 1, 2.5e9)
+    assert parse("collector: {expected: {ports: [{devices: mlx5_0, port: 256}]}}")
 
 
 def test_empty_ports_list_expects_nothing() -> None:

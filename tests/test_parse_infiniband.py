@@ -617,13 +617,26 @@ def test_stray_entry_in_ports_costs_only_itself(captured_copy) -> None:  # type:
     # ports/ holds port numbers only; anything else is counted and skipped, the real ports are still read.
     root = captured_copy("leptonai-gpud-h100")
     (root / "class/infiniband/mlx5_0/ports/lost+found").mkdir()
-    (root / "class/infiniband/mlx5_0/ports/256").mkdir()  # PortInfo port numbers are 8 bit
+    (root / "class/infiniband/mlx5_0/ports/4294967295").mkdir()  # U32_MAX: the kernel's "no port"
     values = samples(scrape(root))
     assert values[("rdma_port_state_id", MLX5_0)] == 4
     assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
     assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 2
     ports = {dict(ls)["port"] for name, ls in values if name == "rdma_port_info" and ("device", "mlx5_0") in ls}
     assert ports == {"1"}
+
+
+def test_port_numbers_above_255_are_ports(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # mlx5 in switchdev mode gives its representor device one port per vport: with enough VFs or SFs
+    # they pass 255 (port numbers are u32 since kernel 5.13). Such a port is read like any other.
+    root = captured_copy("leptonai-gpud-h100")
+    ports = root / "class/infiniband/mlx5_0/ports"
+    shutil.copytree(ports / "1", ports / "300", symlinks=True)
+    values = samples(scrape(root))
+    port_300 = (("device", "mlx5_0"), ("port", "300"))
+    assert values[("rdma_port_state_id", port_300)] == values[("rdma_port_state_id", MLX5_0)] == 4
+    assert values[("rdma_port_symbol_errors_total", port_300)] == 0
+    assert not [key for key in values if key[0] == "rdma_exporter_read_errors_total"]
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..config import COLLECTOR_SETTINGS, ConfigError
-from ..parse.infiniband import PCI_ADDRESS, DeviceInfo
+from ..parse.infiniband import MAX_PORT_NUMBER, PCI_ADDRESS, DeviceInfo
 from ..parse.reader import SysfsReader
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
@@ -185,8 +185,8 @@ def _entry(source: str, key: str, value: Any) -> list[ExpectedPort]:
     else:
         targets = [("", pci) for pci in _pci_addresses(source, f"{key}.pci_addresses", value["pci_addresses"])]
     port = value.get("port", 1)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 255:
-        raise ConfigError(source, f"{key}.port", f"expected a port number from 1 to 255, got {port!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT_NUMBER:
+        raise ConfigError(source, f"{key}.port", f"expected a port number from 1 to {MAX_PORT_NUMBER}, got {port!r}")
 
     def opt(name: str, check: Any) -> Any:
         return None if value.get(name) is None else check(source, f"{key}.{name}", value[name])

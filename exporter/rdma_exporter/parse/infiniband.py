@@ -402,6 +402,12 @@ def read_port_info(
     )
 
 
+# Port numbers are u32 in the kernel since 5.13 (U32_MAX is reserved): mlx5 in switchdev mode gives its
+# representor device one port per vport, more than 255 with enough VFs or SFs. (Only the verbs API still
+# says 255.) Port 0 is a switch's management port.
+MAX_PORT_NUMBER: Final = 2**32 - 2
+
+
 def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
     """Everything static about one device. Only files of this device are read."""
     device_dir = sys_root / CLASS_DIR / name
@@ -426,7 +432,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     numbers: list[int] = []
     for entry in list_dir(device_dir / "ports", reader, optional=False):
         number = parse_uint(entry)
-        if number is None or number > 255:
+        if number is None or number > MAX_PORT_NUMBER:
             reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
             continue
         numbers.append(number)
