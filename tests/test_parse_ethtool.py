@@ -797,6 +797,23 @@ def test_old_kernel_growth_filling_the_headroom_exactly_is_retried() -> None:
     assert read_stats_ioctl("eth0", call=kernel) == dict(grown)
 
 
+def test_old_kernel_growth_filling_the_headroom_between_strings_and_values_is_retried() -> None:
+    # The same boundary for GSTATS: an old kernel that grew the set after GSTRINGS writes exactly our capacity.
+    grown = [(f"ch{i}_poll", i) for i in range(len(BASE) + ethtool._MIN_HEADROOM)]
+    kernel = FakeKernel([BASE, grown], [0, 0, 1], honours_len=False)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(grown)
+    assert kernel.calls.count(ETHTOOL_GSTATS) == 2
+
+
+def test_headroom_grows_with_a_large_stat_set() -> None:
+    # mlx5 with many channels lists thousands of stats; adding channels adds more than the fixed minimum
+    # headroom. An old kernel writes the grown set whatever we asked, so the buffer must hold it.
+    big = [(f"ch{i}_poll", i) for i in range(3000)]
+    bigger = big + [(f"ch{i}_poll", i) for i in range(3000, 5500)]
+    kernel = FakeKernel([big, bigger], [0, 1], honours_len=False)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(bigger)
+
+
 class LyingKernel:
     """Answers GSSET_INFO with `count` and GSTRINGS/GSTATS with `reported` entries, writing none of them."""
 
