@@ -172,6 +172,19 @@ def test_read_stats_file(tmp_path: Path) -> None:
     with pytest.raises(EthtoolError) as directory:
         read_stats_file(tmp_path, "adir")
     assert directory.value.reason == REASON_IO
+    # Names no netdev can have never leave the capture directory, even where the path they make exists.
+    captures = tmp_path / "captures"
+    captures.mkdir()
+    for name in ("../ens1f0np0", ".", ".."):
+        with pytest.raises(EthtoolError) as outside:
+            read_stats_file(captures, name)
+        assert outside.value.reason == REASON_MISSING, name
+
+
+def test_capture_with_bytes_that_are_not_utf8_keeps_its_stats(tmp_path: Path) -> None:
+    # A capture saved through a tool that mangled one byte must not cost every statistic of the netdev.
+    (tmp_path / "eth0").write_bytes(b"NIC statistics:\n     rx_prio3_pause: 5\n     bad\xffname: 1\n")
+    assert read_stats_file(tmp_path, "eth0") == {"rx_prio3_pause": 5, "bad\ufffdname": 1}
 
 
 # --- curation ------------------------------------------------------------------------------------------
