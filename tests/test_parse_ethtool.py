@@ -420,6 +420,13 @@ def test_extra_generic_naming_rule() -> None:
     assert generic_key("rxCamelCase_total") == ("stat_rx_camel_case", (("direction", ""),))
     assert generic_key("rx_65_to_127_bytes_phy") == ("stat_n65_to_127_bytes_phy", (("direction", "rx"),))
     assert generic_key("rx01_packets")[0] == "stat_rx01_packets"  # a zero-padded index is not an index
+    assert generic_key("tx_q3_bytes") == ("stat_queue_bytes", (("direction", "tx"), ("queue", "3")))
+    # Dimensions go into the key in one fixed order, whatever their order in the name, so keys stay stable.
+    both = ("stat_priority_lane_x", (("direction", "rx"), ("priority", "3"), ("lane", "2")))
+    assert generic_key("rx_prio3_lane2_x") == generic_key("rx_lane2_prio3_x") == both
+    # The exposition appends `_total` itself: every trailing one goes, and a name of nothing else is `value`.
+    assert generic_key("tx_bytes_total_total")[0] == "stat_bytes"
+    assert generic_key("rx_total") == ("stat_value", (("direction", "rx"),))
 
 
 def test_colliding_extras_keep_the_first() -> None:
