@@ -8,6 +8,7 @@ device that trained below its maximum, all joinable with rdma_port_info on devic
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import struct
@@ -844,6 +845,17 @@ def test_live_sysfs(tmp_path: Path) -> None:
         skip_or_fail("/sys is not a sysfs mount here")
     assert live_sysfs("/sys")
     assert not live_sysfs(str(tmp_path))
+
+
+def test_not_a_sysfs_mount_is_warned_about_once(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every scrape finds the same fixture tree: one warning says why there is no ethtool data, not one per scrape."""
+    if live_sysfs(str(tree / "sys")):
+        skip_or_fail("cannot tell a sysfs mount from a directory here (/proc/self/mountinfo unreadable)")
+    exporter = Exporter(tree / "sys")
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.collect.ethtool"):
+        for _ in range(3):
+            exporter.scrape()
+    assert len([r for r in caplog.records if "not a mounted sysfs" in r.getMessage()]) == 1
 
 
 def test_reader_absent_errnos_on_a_real_attribute() -> None:
