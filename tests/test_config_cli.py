@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rdma_exporter import __version__, cli
-from rdma_exporter.cli import build_parser, resolve_config, use_sample_tree
+from rdma_exporter.cli import LogfmtFormatter, build_parser, resolve_config, use_sample_tree
 from rdma_exporter.config import DEFAULT_PORT, Config, ConfigError, load_config_file
 
 from conftest import SYSFS_FIXTURES, record_reads, samples, scrape
@@ -268,8 +270,11 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
         _, stderr = process.communicate(timeout=15)
     assert process.returncode == 0, stderr
     warning = next(line for line in stderr.splitlines() if "sample tree of an 8-GPU node (10 RDMA devices)" in line)
-    # key=value lines, as node_exporter's, for whoever filters the log by level or logger.
-    assert warning.startswith("ts=") and " level=WARNING logger=rdma_exporter msg=no " in warning, warning
+    # logfmt, as node_exporter's, for whoever filters the log by level or logger.
+    fields = parse_logfmt(warning)
+    assert list(fields) == ["ts", "level", "logger", "msg"], warning
+    assert (fields["level"], fields["logger"]) == ("warn", "rdma_exporter")
+    assert fields["msg"].startswith("no /sys/class/infiniband")
     assert list(scratch.iterdir()) == []
 
 
@@ -572,3 +577,43 @@ def test_running_as_root_is_warned_about(
     warned = [r.getMessage() for r in caplog.records if "running as root" in r.getMessage()]
     assert warned == (["running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user"]
                       if uid == 0 else [])
+
+
+LOGFMT_PAIR = re.compile(r'([^\s=]+)=("(?:[^"\\]|\\.)*"|[^\s"=]*)(?: |$)')
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    """A strict logfmt reader: the whole line must be key=value pairs, quoted values JSON-escaped."""
+    fields: dict[str, str] = {}
+    position = 0
+    while position < len(line):
+        match = LOGFMT_PAIR.match(line, position)
+        assert match, f"not logfmt at column {position}: {line!r}"
+        key, raw = match.groups()
+        assert key not in fields, f"{key} twice in {line!r}"
+        fields[key] = json.loads(raw) if raw.startswith('"') else raw
+        position = match.end()
+    return fields
+
+
+def test_log_records_are_one_logfmt_line_each() -> None:
+    """A log shipper's logfmt parser (Loki, Vector) must get one whole record per line: a space in the
+    time stamp, or an unquoted message, split records into stray keys; a traceback split them into lines."""
+    formatter = LogfmtFormatter()
+    record = logging.LogRecord("rdma_exporter.daemon", logging.WARNING, __file__, 1, "device %s: %s", None, None)
+    record.args = ("mlx5_1", 'no answer before "the deadline"\tx=1\x07')
+    line = formatter.format(record)
+    fields = parse_logfmt(line)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields["ts"]), line
+    assert fields["level"] == "warn" and fields["logger"] == "rdma_exporter.daemon"
+    assert fields["msg"] == 'device mlx5_1: no answer before "the deadline"\tx=1\x07'
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        record = logging.LogRecord("rdma_exporter", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+    line = formatter.format(record)
+    assert "\n" not in line
+    fields = parse_logfmt(line)
+    assert (fields["level"], fields["msg"]) == ("error", "failed")
+    assert fields["exc"].startswith("Traceback (most recent call last):\n") and fields["exc"].endswith("bad\nvalue")
+    assert parse_logfmt(formatter.format(logging.LogRecord("x", logging.INFO, "", 1, "up", None, None)))["msg"] == "up"

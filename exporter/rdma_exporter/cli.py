@@ -9,9 +9,10 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from . import __version__
 from .config import (
@@ -132,11 +133,42 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return replace(config, **flag)
 
 
+def logfmt_value(text: str) -> str:
+    """A logfmt value: bare when it can be, else quoted with \\, " and control characters escaped as JSON
+    escapes them (as go-logfmt does), so a quoted value reads back with any JSON string decoder."""
+    if text and not any(c in text for c in ' ="\\') and text.isprintable():
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return '"' + "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in escaped) + '"'
+
+
+# node_exporter's level names.
+LEVEL_NAMES: Final = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn", logging.ERROR: "error"}
+
+
+class LogfmtFormatter(logging.Formatter):
+    """One record per line in logfmt, as node_exporter writes: `ts=<RFC 3339, UTC> level=info logger=...
+    msg="..."`. A traceback goes in `exc`, escaped, so that a log shipper's logfmt parser (Loki,
+    Vector) sees one record and not a dozen broken ones."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        level = LEVEL_NAMES.get(record.levelno, record.levelname.lower())
+        fields = [f"ts={ts}", f"level={level}", f"logger={logfmt_value(record.name)}"]
+        fields.append(f"msg={logfmt_value(record.getMessage())}")
+        if record.exc_info:
+            fields.append(f"exc={logfmt_value(self.formatException(record.exc_info))}")
+        elif record.exc_text:
+            fields.append(f"exc={logfmt_value(record.exc_text)}")
+        return " ".join(fields)
+
+
 def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
     logging.basicConfig(
-        stream=sys.stderr,
         level={"warn": logging.WARNING}.get(level, getattr(logging, level.upper(), logging.INFO)),
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s",
+        handlers=[handler],
     )
 
 
