@@ -622,52 +622,6 @@ def test_an_address_on_a_port_netdev_or_an_upper_of_it_refreshes_that_device(tre
     assert fw_of(collector, "mlx5_1") == "99.1.0"
 
 
-def test_an_address_change_is_applied_again_once_the_gid_table_settled(
-    tree: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The kernel writes an address's GID from a workqueue after RTM_NEWADDR went out: a scrape that came
-    in between cached the old GID table until the next event or the 15-minute resync. The watch applies
-    each change once more after the settle time. (Static info read after the scrape stands in for the
-    GID: fw_ver is re-read by the same invalidation, and fw_of shows it.)"""
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_0")
-    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
-
-    def indextoname(index: int) -> str:
-        if index == 7:
-            return netdev
-        raise OSError(errno.ENXIO, "No such device")
-
-    monkeypatch.setattr(hotplug.socket, "if_indextoname", indextoname)
-    kernel_side, watched = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    settle = 1.0
-    monitor = HotplugMonitor(
-        FakeMonitor(),
-        "kernel",
-        lambda: collector.inventory,
-        addresses=watched,
-        sys_root=tree,
-        address_settle_seconds=settle,
-    )
-    monitor.start()
-    try:
-        sent = time.monotonic()
-        kernel_side.send(rtnetlink_message(hotplug.RTM_NEWADDR, 7) + rtnetlink_message(hotplug.RTM_NEWADDR, 8))
-        assert monitor.wait_for_events(1, 5)
-        assert fw_of(collector, "mlx5_1") == "28.41.1000"  # the scrape in between: cached again
-        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")  # the kernel's late change
-        assert fw_of(collector, "mlx5_1") == "28.41.1000"
-        assert monitor.wait_for_events(2, 5)
-        assert time.monotonic() - sent >= settle
-        assert fw_of(collector, "mlx5_1") == "99.0.0"
-        # Applied once more, not again and again: nothing is cached-and-invalidated a third time.
-        time.sleep(settle * 1.5)
-        assert monitor.events == 2
-    finally:
-        monitor.stop()
-        kernel_side.close()
-
-
 def test_malformed_rtnetlink_messages_end_the_datagram_without_hanging_or_raising() -> None:
     """The watch thread reads every datagram with address_changes and has no handler around it: a message
     claiming zero bytes must not spin it forever, nor one too short for its ifaddrmsg raise."""
@@ -709,13 +663,8 @@ class FakeRouteSocket:
         pass
 
 
-def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A quiet second, a netdev gone before its index is named, or an overflowed socket must not end the
-    watch: after any of them, GIDs would again follow addresses only at the 15-minute resync."""
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_0")
-    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
-    indexes = {7: netdev}
+def name_indexes(monkeypatch: pytest.MonkeyPatch, indexes: dict[int, str]) -> None:
+    """socket.if_indextoname for the watch, knowing only `indexes`: any other index is gone."""
 
     def if_indextoname(index: int) -> str:
         if index not in indexes:
@@ -723,6 +672,15 @@ def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monk
         return indexes[index]
 
     monkeypatch.setattr(hotplug.socket, "if_indextoname", if_indextoname)
+
+
+def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet second, a netdev gone before its index is named, or an overflowed socket must not end the
+    watch: after any of them, GIDs would again follow addresses only at the 15-minute resync."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    name_indexes(monkeypatch, {7: netdev})
     route = FakeRouteSocket()
     monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, addresses=route)  # type: ignore[arg-type]
     monitor.start()
@@ -800,3 +758,42 @@ def test_changes_to_container_veths_are_neither_counted_nor_logged_at_info(
     assert monitor.events == 1
     logged = [r.getMessage() for r in caplog.records if r.name == hotplug.__name__]
     assert logged == [f"address add on {netdev}: refreshing device mlx5_1"]
+
+
+def test_an_address_change_is_applied_again_once_the_gid_table_settled(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel writes an address's GID from a workqueue after RTM_NEWADDR went out: a scrape that came
+    in between cached the old GID table until the next event or the 15-minute resync. The watch applies
+    each change once more after the settle time. (Static info read after the scrape stands in for the
+    GID: fw_ver is re-read by the same invalidation, and fw_of shows it.)"""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    name_indexes(monkeypatch, {7: netdev})
+    route = FakeRouteSocket()
+    settle = 1.0
+    monitor = HotplugMonitor(
+        FakeMonitor(),
+        "kernel",
+        lambda: collector.inventory,
+        addresses=route,  # type: ignore[arg-type]
+        sys_root=tree,
+        address_settle_seconds=settle,
+    )
+    monitor.start()
+    try:
+        sent = time.monotonic()
+        route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7) + rtnetlink_message(hotplug.RTM_NEWADDR, 8))
+        assert monitor.wait_for_events(1, 5)
+        assert fw_of(collector, "mlx5_1") == "28.41.1000"  # the scrape in between: cached again
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")  # the kernel's late change
+        assert fw_of(collector, "mlx5_1") == "28.41.1000"
+        assert monitor.wait_for_events(2, 5)
+        assert time.monotonic() - sent >= settle
+        assert fw_of(collector, "mlx5_1") == "99.0.0"
+        # Applied once more, not again and again: nothing is cached-and-invalidated a third time.
+        time.sleep(settle * 1.5)
+        assert monitor.events == 2
+    finally:
+        monitor.stop()
