@@ -72,6 +72,7 @@ def function(root: Path, address: str, files: dict[str, str]) -> Path:
         ("32.0 GT/s PCIe", 32.0, 5),
         ("16.0 GT/s PCIe\n", 16.0, 4),
         ("64.0 GT/s PCIe", 64.0, 6),
+        ("128.0 GT/s PCIe", 128.0, 7),  # PCIe 7.0, as pci_speed_string() names it
         ("16.0 GT/s", 16.0, 4),
         ("8 GT/s", 8.0, 3),
         ("8.0 GT/s PCIe", 8.0, 3),
@@ -86,6 +87,7 @@ def function(root: Path, address: str, files: dict[str, str]) -> Path:
         ("fast", None, None),
         ("0 GT/s", None, None),
         ("-8 GT/s", None, None),
+        ("16.0 GT/s PCIe x16", None, None),  # more than a speed: not one the kernel printed
     ],
 )
 def test_parse_link_speed(text: str, gts: float | None, gen: int | None) -> None:
@@ -399,3 +401,62 @@ def test_function_removed_after_its_identity_was_read_is_gone(tmp_path: Path) ->
     shutil.rmtree(pf)
     assert read_pcie_state(pf, identity, reader) is None
     assert reader.errors.total() == 0
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 8, 12, 16, 32])
+def test_every_width_the_spec_defines_is_a_width(tmp_path: Path, width: int) -> None:
+    # LNKCAP/LNKSTA encode x1, x2, x4, x8, x12, x16 and x32: an x1 management function or an x32 slot
+    # is as real a link as an x16 one.
+    pf = function(tmp_path, PF, pf_link("8.0 GT/s PCIe\n", f"{width}\n", "8.0 GT/s PCIe\n", f"{width}\n"))
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(pf, reader)
+    assert got is not None and reader.errors.total() == 0
+    assert (got.current_width, got.max_width, got.degraded) == (width, width, False)
+
+
+@pytest.mark.parametrize("width", ["3\n", "5\n", "24\n", "64\n"])
+def test_a_width_the_spec_does_not_define_is_malformed(tmp_path: Path, width: str) -> None:
+    pf = function(tmp_path, PF, pf_link("8.0 GT/s PCIe\n", width))
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(pf, reader)
+    assert got is not None and (got.current_width, got.max_width) == (None, 16)
+    assert reader.errors.counts == {("mlx5_0", REASON_MALFORMED): 1}
+
+
+def test_degraded_is_unknown_while_a_width_is(tmp_path: Path) -> None:
+    # Both speeds known, the trained width not (the link is retraining: LNKSTA's width reads 0).
+    pf = function(tmp_path, PF, pf_link("16.0 GT/s PCIe\n", "0\n"))
+    got = read_pcie_link(pf, SysfsReader("mlx5_0"))
+    assert got is not None and (got.current_speed_gts, got.current_width) == (16.0, None)
+    assert got.degraded is None
+    # The same for the device's maximum width (LNKCAP read 0: pcie_get_width_cap() gives 255).
+    (pf / "current_link_width").write_text("16\n")
+    (pf / "max_link_width").write_text("255\n")
+    got = read_pcie_link(pf, SysfsReader("mlx5_0"))
+    assert got is not None and (got.current_width, got.max_width) == (16, None)
+    assert got.degraded is None
+
+
+
+
+
+def test_the_partner_is_found_through_the_rdma_device_link(tmp_path: Path) -> None:
+    # Collectors reach the function through /sys/class/infiniband/<dev>/device, a symlink: the port above
+    # is the parent of where it points, not of the link. A VF's link partner is its PF's.
+    port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "16.0 GT/s PCIe\n", "max_link_width": "8\n"})
+    pf, vf = port / PF, port / VF
+    pf.mkdir()
+    vf.mkdir()
+    for name, text in pf_link("16.0 GT/s PCIe\n", "8\n").items():
+        (pf / name).write_text(text)
+    for name, text in pf_link("Unknown\n", "0\n", "Unknown\n", "0\n").items():
+        (vf / name).write_text(text)
+    os.symlink(f"../{PF}", vf / "physfn")
+    for rdma, target in (("mlx5_0", pf), ("mlx5_1", vf)):
+        (tmp_path / rdma).mkdir()
+        os.symlink(os.path.relpath(target, tmp_path / rdma), tmp_path / rdma / "device")
+        reader = SysfsReader(rdma)
+        got = read_pcie_link(tmp_path / rdma / "device", reader)
+        assert got is not None and reader.errors.total() == 0
+        assert (got.link_address, got.partner_max_speed_gts, got.partner_max_width) == (PF, 16.0, 8), rdma
+        assert got.degraded is False, rdma
