@@ -437,7 +437,39 @@ def test_degraded_is_unknown_while_a_width_is(tmp_path: Path) -> None:
     assert got.degraded is None
 
 
+def test_aer_lines_that_are_not_name_and_count_are_malformed() -> None:
+    # "%s %llu": one C identifier, one ASCII decimal. Anything else is a line the kernel did not print,
+    # and must neither become an error type (a `type` label) nor break the scrape.
+    lines = ["RxErr 1 2", "Rx-Err 2", "1394 0", "_ 3", "RxErr \u00b2", "RxErr \u0663", "BadTLP[3]x 1"]
+    parsed = parse_aer("\n".join(["Timeout 4", *lines, "TOTAL_ERR_COR 4"]) + "\n")
+    assert parsed.counts == {"Timeout": 4}
+    assert parsed.total == 4
+    assert parsed.malformed == tuple(lines)
 
+
+def test_a_non_ascii_digit_in_an_aer_file_is_counted_not_raised(tmp_path: Path) -> None:
+    # "²" is a digit to str.isdigit() but not to int(): the file is malformed, the rest is still read.
+    pf = function(tmp_path, PF, {"aer_dev_correctable": "RxErr \u00b2\nBadTLP 3\nTOTAL_ERR_COR 3\n"})
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(pf, reader)
+    assert got is not None
+    assert (got.aer, got.aer_totals) == ({("correctable", "BadTLP"): 3}, {"correctable": 3})
+    assert reader.errors.counts == {("mlx5_0", REASON_MALFORMED): 1}
+
+
+def test_aer_file_gone_after_its_identity_was_read(tmp_path: Path) -> None:
+    # The identity (which AER files exist) is cached; a file that is gone at scrape time (the function
+    # is being removed) leaves the other severities read, and is no failed read.
+    files = {"aer_dev_correctable": AER_CORRECTABLE, "aer_dev_nonfatal": AER_NONFATAL, "aer_dev_fatal": AER_FATAL}
+    pf = function(tmp_path, PF, {**pf_link("32.0 GT/s PCIe\n", "16\n"), **files})
+    reader = SysfsReader("mlx5_0")
+    identity = read_pcie_identity(pf, reader)
+    assert identity is not None
+    (pf / "aer_dev_correctable").unlink()
+    got = read_pcie_state(pf, identity, reader)
+    assert got is not None and reader.errors.total() == 0
+    assert got.aer_totals == {"nonfatal": 1, "fatal": 0}
+    assert got.aer[("nonfatal", "CmpltTO")] == 1 and ("correctable", "BadTLP") not in got.aer
 
 
 def test_the_partner_is_found_through_the_rdma_device_link(tmp_path: Path) -> None:
