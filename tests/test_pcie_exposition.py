@@ -1,0 +1,95 @@
+"""The PCIe collector's exposition on small sample trees whose PCI function files are then edited.
+
+The sample tree's links are x16 at both ends and mostly untouched, so a current value exported under the
+maximum's name (or the device's maximum under the partner's) would look the same there. These trees give
+every value its own number, and cover a link that is down and an AER file that ends early.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rdma_exporter.sample_tree import TreeSpec, build_tree
+
+from conftest import samples, scrape
+
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+DEVICE = (("device", "mlx5_0"),)
+
+
+def one_hca(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-HCA sample tree: its sysfs root and mlx5_0's PCI function directory (the port is its parent)."""
+    sys_root = build_tree(tmp_path / "t", TreeSpec(ib_hcas=1, roce_hcas=0, degraded_pcie=(), down_ports=()))
+    return sys_root, (sys_root / "class/infiniband/mlx5_0/device").resolve()
+
+
+def pcie(metrics: Sample) -> dict[str, float]:
+    """mlx5_0's link series, by metric name."""
+    return {name: v for (name, labels), v in metrics.items() if name.startswith("rdma_pcie_link") and labels == DEVICE}
+
+
+def test_every_link_value_is_exported_under_its_own_name(tmp_path: Path) -> None:
+    # A Gen5 x16 HCA in a Gen4 x8 slot that trained at Gen3 x4: six different numbers.
+    sys_root, fn = one_hca(tmp_path)
+    (fn / "current_link_speed").write_text("8.0 GT/s PCIe\n")
+    (fn / "current_link_width").write_text("4\n")
+    (fn.parent / "max_link_speed").write_text("16.0 GT/s PCIe\n")
+    (fn.parent / "max_link_width").write_text("8\n")
+    assert pcie(samples(scrape(sys_root))) == {
+        "rdma_pcie_link_speed_transfers_per_second": 8e9,
+        "rdma_pcie_link_max_speed_transfers_per_second": 32e9,
+        "rdma_pcie_link_partner_max_speed_transfers_per_second": 16e9,
+        "rdma_pcie_link_width_lanes": 4,
+        "rdma_pcie_link_max_width_lanes": 16,
+        "rdma_pcie_link_partner_max_width_lanes": 8,
+    }
+
+
+def test_a_link_that_is_down_has_no_current_series(tmp_path: Path) -> None:
+    # LNKSTA of a link in training or down: the kernel prints "Unknown" and a width of 0. The maxima are
+    # still known; the trained values are absent, not 0 (which would read as a link that lost every lane).
+    sys_root, fn = one_hca(tmp_path)
+    (fn / "current_link_speed").write_text("Unknown\n")
+    (fn / "current_link_width").write_text("0\n")
+    metrics = samples(scrape(sys_root))
+    assert pcie(metrics) == {
+        "rdma_pcie_link_max_speed_transfers_per_second": 32e9,
+        "rdma_pcie_link_partner_max_speed_transfers_per_second": 32e9,
+        "rdma_pcie_link_max_width_lanes": 16,
+        "rdma_pcie_link_partner_max_width_lanes": 16,
+    }
+    failed = [k for k, v in metrics.items() if k[0] == "rdma_exporter_file_read_errors_total" and v]
+    assert not failed
+
+
+def test_an_aer_file_without_its_total_line_gives_no_report_count(tmp_path: Path) -> None:
+    # The kernel ends every aer_dev_* file with its TOTAL_ERR_* line; a file cut short before it still
+    # gives its per-type counts, but no number of reports for that severity.
+    sys_root, fn = one_hca(tmp_path)
+    (fn / "aer_dev_correctable").write_text("RxErr 7\nBadTLP 2\n")
+    metrics = samples(scrape(sys_root))
+    errors = {dict(ls)["type"]: v for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_errors_total"
+              and ("severity", "correctable") in ls}  # fmt: skip
+    assert errors == {"RxErr": 7, "BadTLP": 2}
+    reports = {dict(ls)["severity"]: v for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_reports_total"}
+    assert reports == {"nonfatal": 0, "fatal": 0}
+
+
+def test_a_vf_exports_its_own_aer_counters_but_not_its_pfs_link(tmp_path: Path) -> None:
+    # A VF may implement AER (SR-IOV makes it optional): its counters are its own, so they are exported;
+    # its link is the PF's, exported once under the PF.
+    spec = TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=1, degraded_pcie=(), down_ports=())
+    sys_root = build_tree(tmp_path / "t", spec)
+    vf = (sys_root / "class/infiniband/mlx5_1/device").resolve()
+    assert (vf / "physfn").is_symlink()
+    (vf / "aer_dev_correctable").write_text("RxErr 0\nBadTLP 0\nBadDLLP 3\nTOTAL_ERR_COR 3\n")
+    metrics = samples(scrape(sys_root))
+    vf_label = ("device", "mlx5_1")
+    vf_series = {(n, ls): v for (n, ls), v in metrics.items() if n.startswith("rdma_pcie_") and vf_label in ls}
+    assert vf_series == {
+        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("severity", "correctable"), ("type", "RxErr"))): 0,
+        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("severity", "correctable"), ("type", "BadTLP"))): 0,
+        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("severity", "correctable"), ("type", "BadDLLP"))): 3,
+        ("rdma_pcie_aer_reports_total", (("device", "mlx5_1"), ("severity", "correctable"))): 3,
+    }
+    assert metrics[("rdma_pcie_link_width_lanes", DEVICE)] == 16
