@@ -617,3 +617,22 @@ def test_log_records_are_one_logfmt_line_each() -> None:
     assert (fields["level"], fields["msg"]) == ("error", "failed")
     assert fields["exc"].startswith("Traceback (most recent call last):\n") and fields["exc"].endswith("bad\nvalue")
     assert parse_logfmt(formatter.format(logging.LogRecord("x", logging.INFO, "", 1, "up", None, None)))["msg"] == "up"
+
+
+# --- config/expected mutation review ----------------------------------------------------------------
+
+
+def test_an_empty_sysfs_key_is_refused_and_an_empty_ethtool_key_is_not_set(tmp_path: Path) -> None:
+    # `sysfs:` left empty in a template is None in YAML: --check-config passed it, and the daemon then
+    # stopped with a TypeError traceback on `None / "class"`. path.ethtool has no default: empty is unset.
+    for text in ("path:\n  sysfs:\n", "path:\n  sysfs: ''\n"):
+        path = write(tmp_path, text)
+        with pytest.raises(ConfigError) as info:
+            load_config_file(path)
+        assert (info.value.source, info.value.key) == (str(path), "path.sysfs")
+        assert "expected a non-empty string" in info.value.reason
+        result = run_cli("--config.file", str(path), "--check-config")
+        assert result.returncode == 2
+        assert f"{path}: path.sysfs: expected a non-empty string, got " in result.stderr
+    config = load_config_file(write(tmp_path, "path:\n  ethtool:\nweb:\n  config_file:\n"))
+    assert (config.sysfs, config.ethtool_dir, config.web_config_file) == (Path("/sys"), None, None)

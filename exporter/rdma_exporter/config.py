@@ -86,13 +86,20 @@ def check_path(source: str, key: str, value: Any) -> Path | None:
     return Path(check_string(source, key, value))
 
 
-def check_directory(source: str, key: str, value: Any) -> Path | None:
+def check_required_directory(source: str, key: str, value: Any) -> Path:
     """A directory the exporter reads from: a typo (or a missing host mount) stops start-up, rather than
-    serving an exporter with no devices that looks like a node whose RDMA modules did not load."""
-    path = check_path(source, key, value)
-    if path is not None and not path.is_dir():
+    serving an exporter with no devices that looks like a node whose RDMA modules did not load. For
+    `path.sysfs`, whose default is /sys and not "none": an empty `sysfs:` left in a template passed
+    --check-config as no directory at all, and the daemon then failed on it with a traceback."""
+    path = Path(check_string(source, key, value))
+    if not path.is_dir():
         raise ConfigError(source, key, f"not a directory: {path}")
     return path
+
+
+def check_directory(source: str, key: str, value: Any) -> Path | None:
+    """An optional directory (None: not set), else as check_required_directory."""
+    return None if value is None else check_required_directory(source, key, value)
 
 
 def check_listen(source: str, key: str, value: Any) -> str:
@@ -153,7 +160,7 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[str, str, Any], Any]]]] = {
     "web.scrape_timeout_seconds": ("scrape_timeout", check_seconds),
     "web.read_threads": ("read_threads", check_read_threads),
     "read.max_open_files": ("max_open_files", check_open_files),
-    "path.sysfs": ("sysfs", check_directory),
+    "path.sysfs": ("sysfs", check_required_directory),
     "path.ethtool": ("ethtool_dir", check_directory),
     "devices.include": ("device_include", check_regex),
     "devices.exclude": ("device_exclude", check_regex),
@@ -162,7 +169,8 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[str, str, Any], Any]]]] = {
 _SECTIONS: Final = frozenset(key.split(".")[0] for key in _FIELDS) | {"collectors", "collector"}
 # Path-valued keys: a relative value in the file is relative to the file's directory, as in the web
 # config, so a check from another working directory (systemd's is /) resolves it the same way.
-_PATH_KEYS: Final = frozenset(key for key, (_, check) in _FIELDS.items() if check in (check_path, check_directory))
+_PATH_CHECKS: Final = (check_path, check_directory, check_required_directory)
+_PATH_KEYS: Final = frozenset(key for key, (_, check) in _FIELDS.items() if check in _PATH_CHECKS)
 
 # Per-collector setting validators, registered by the collectors that own them: name -> key -> validator.
 COLLECTOR_SETTINGS: dict[str, dict[str, Callable[[str, str, Any], Any]]] = {}
