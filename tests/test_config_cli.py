@@ -636,3 +636,18 @@ def test_an_empty_sysfs_key_is_refused_and_an_empty_ethtool_key_is_not_set(tmp_p
         assert f"{path}: path.sysfs: expected a non-empty string, got " in result.stderr
     config = load_config_file(write(tmp_path, "path:\n  ethtool:\nweb:\n  config_file:\n"))
     assert (config.sysfs, config.ethtool_dir, config.web_config_file) == (Path("/sys"), None, None)
+
+
+@pytest.mark.parametrize("port", ["\u00b2", "\u0663", "９８８３"])
+def test_a_listen_port_of_non_ascii_digits_is_refused(tmp_path: Path, port: str) -> None:
+    # '²' is a digit to str.isdigit() but not to int(): start-up ended in a ValueError traceback (exit 1)
+    # instead of the key and reason. '٣' and fullwidth digits are int() digits; the flags refuse them too.
+    path = write(tmp_path, f"web:\n  listen_address: ':{port}'\n")
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert (info.value.key, info.value.reason) == (
+        "web.listen_address", f"expected [host]:port with a port from 1 to 65535, got ':{port}'"
+    )
+    result = run_cli("--config.file", str(path), "--check-config")
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: web.listen_address: expected [host]:port" in result.stderr

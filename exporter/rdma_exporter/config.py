@@ -105,7 +105,8 @@ def check_directory(source: str, key: str, value: Any) -> Path | None:
 def check_listen(source: str, key: str, value: Any) -> str:
     text = check_string(source, key, value)
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    # isascii: '²' is a digit to isdigit() but not to int(), and '٣' (Arabic-Indic 3) is one to both.
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError(source, key, f"expected [host]:port with a port from 1 to 65535, got {text!r}")
     if host.startswith("[") != host.endswith("]"):
         raise ConfigError(source, key, f"unbalanced brackets in IPv6 host {host!r}")
