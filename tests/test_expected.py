@@ -629,3 +629,37 @@ def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
     family = "rdma_expected_port_rate_bytes_per_second"
     rates = [(s.labels, s.value) for m in out for s in m.samples if m.name == family]
     assert rates == [({"device": "mlx5_0", "port": "1"}, 5e10)]
+
+
+# --- config/expected mutation review (2) ------------------------------------------------------------
+
+ANCHORED = """
+collector:
+  expected:
+    ports:
+      - &ib {devices: "mlx5_[0-7]", link_layer: InfiniBand, rate_gbps: 400, width: 4}
+      - <<: *ib
+        devices: [mlx5_8, mlx5_9]
+        link_layer: Ethernet
+        rate_gbps: 200
+"""
+
+
+def test_entries_may_share_settings_through_a_yaml_merge_key(tree: Path, tmp_path: Path) -> None:
+    """`<<: *ib` then `devices:` is YAML's way to reuse an entry with changes: the keys given next to the
+    merge override the merged ones. The duplicate-key check counted the merged `devices` as a second one
+    and refused the file."""
+    path = tmp_path / "anchored.yml"
+    path.write_text(ANCHORED)
+    run = check_config(path)
+    assert run.returncode == 0, run.stderr
+    metrics = scrape(tree, load_config_file(path))
+    assert value(metrics, "rdma_expected_port_info", device="mlx5_0", port="1", link_layer="InfiniBand") == 1
+    assert value(metrics, "rdma_expected_port_info", device="mlx5_9", port="1", link_layer="Ethernet") == 1
+    assert value(metrics, "rdma_expected_port_rate_bytes_per_second", device="mlx5_9", port="1") == 2.5e10
+    assert value(metrics, "rdma_expected_port_link_width_lanes", device="mlx5_9", port="1") == 4  # merged
+    # A key the entry itself gives twice is still refused, merge or not.
+    path.write_text(ANCHORED + "        rate_gbps: 100\n")
+    run = check_config(path)
+    assert run.returncode == 2
+    assert f"{path}: line 10, column 9: invalid YAML: duplicate key 'rate_gbps'" in run.stderr

@@ -234,13 +234,16 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping, where PyYAML keeps the last one: a
-    second `devices:` section further down would otherwise silently replace the first."""
+    second `devices:` section further down would otherwise silently replace the first. Keys a merge
+    (`<<: *defaults`) brings in are not the mapping's own: a key given next to it overrides them, as YAML
+    says."""
 
 
 def _unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # construct_mapping puts its keys before the mapping's own, which so override them
         key = loader.construct_object(key_node, deep=deep)
         try:
             duplicate = key in seen
@@ -251,7 +254,7 @@ def _unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool 
                 "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
             )
         seen.add(key)
-    return loader.construct_mapping(node, deep)
+    return loader.construct_mapping(node, deep)  # SafeConstructor's flattens the merges first
 
 
 UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
