@@ -85,6 +85,10 @@ def test_registered_as_collector() -> None:
         ("ib[00-02]x", ["ib00x", "ib01x", "ib02x"]),
         ("mlx5_bond_0", ["mlx5_bond_0"]),
         ("mlx5_[5-5]", ["mlx5_5"]),
+        # Names other than the kernel's: rxe and siw devices are named by whoever adds them.
+        ("rxe_eth0.100", ["rxe_eth0.100"]),
+        ("siw-enp1s0", ["siw-enp1s0"]),
+        ("rxe-vlan[1-2].10", ["rxe-vlan1.10", "rxe-vlan2.10"]),
     ],
 )
 def test_expand_devices(pattern: str, names: list[str]) -> None:
@@ -191,6 +195,10 @@ def test_parse_expands_and_converts_units() -> None:
             "InfiniBand, Ethernet",
         ),
         ("port: []", "collector.expected.port", "unknown key"),
+        # An unquoted number in a list of names is no name: refused, not a TypeError traceback.
+        ("ports: [{devices: [mlx5_0, 5]}]", "collector.expected.ports[0].devices[1]", "non-empty string, got 5"),
+        ("ports: [{devices: 5}]", "collector.expected.ports[0].devices", "expected a device name"),
+        ("ports: [{devices: [mlx5_0, '']}]", "collector.expected.ports[0].devices[1]", "non-empty string, got ''"),
     ],
 )
 def test_invalid_settings_name_file_key_and_reason(body: str, key: str, reason: str) -> None:
