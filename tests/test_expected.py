@@ -583,6 +583,8 @@ def test_pci_addresses_are_normalised_and_checked() -> None:
         # YAML 1.1 reads unquoted colon-separated digits as a base-60 number: 18:00.0 is 1080.0.
         ("ports: [{pci_addresses: [18:00.0]}]", "collector.expected.ports[0].pci_addresses[0]", "got 1080.0 (quote it"),
         ("ports: [{pci_addresses: 0000:18:00.0}]", "collector.expected.ports[0].pci_addresses", "(quote it"),
+        # Without its function, 18:00 is a base-60 int, not a float: the hint is for it too.
+        ("ports: [{pci_addresses: [18:00]}]", "collector.expected.ports[0].pci_addresses[0]", "got 1080 (quote it"),
         (
             "ports: [{pci_addresses: ['18:00.0', '0000:18:00.0']}]",
             "collector.expected.ports[0].pci_addresses[1]",
@@ -671,3 +673,46 @@ def test_entries_may_share_settings_through_a_yaml_merge_key(tree: Path, tmp_pat
     run = check_config(path)
     assert run.returncode == 2
     assert f"{path}: line 10, column 9: invalid YAML: duplicate key 'rate_gbps'" in run.stderr
+
+
+def test_pci_addresses_with_surrounding_white_space_are_normalised() -> None:
+    # A quoted address with a stray space, or one from a block scalar (`|`, which ends in a newline), is
+    # the same slot: refused, the operator would chase an address that looks right.
+    text = """
+collector:
+  expected:
+    ports:
+      - pci_addresses: [' 18:00.0 ']
+      - pci_addresses: |
+          0000:40:00.0
+"""
+    ports = parse(text).collector_settings["expected"]["ports"]
+    assert [p.pci_address for p in ports] == ["0000:18:00.0", "0000:40:00.0"]
+
+
+def test_a_missing_address_exports_nothing_under_an_empty_device_name(tree: Path, tmp_path: Path) -> None:
+    # The slot's own series says it is missing; its expectations have no name to be exported under, and
+    # a `device=""` series would be a device that never exists, present 0 forever.
+    metrics = scrape(renumber_without(tree, tmp_path, 3), parse(BY_ADDRESS))
+    devices = {dict(labels).get("device") for name, labels in metrics if name.startswith("rdma_expected_")}
+    assert devices == {f"mlx5_{n}" for n in range(7)} | {None}  # None: rdma_expected_pci_device_present
+
+
+def test_pcie_expectations_by_name_and_by_address_on_one_device_first_in_the_file_wins() -> None:
+    # Validation compares entries for one name or one address, not a name with an address: as for a port
+    # expected both ways, the first entry in the file gives the device's PCIe expectation.
+    from rdma_exporter.collect.base import FamilySet
+
+    source = ExpectedSource(
+        [
+            ExpectedPort("mlx5_0", 1, pcie_transfers_per_second=32e9, pcie_width=16),
+            ExpectedPort("", 2, pcie_transfers_per_second=16e9, pcie_width=8, pci_address="0000:18:00.0"),
+        ]
+    )
+    out = FamilySet()
+    source.expose({"mlx5_0": ("0000:18:00.0", frozenset({1, 2}))}, out)
+    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples if "pcie" in m.name}
+    assert got == {
+        ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9),
+        ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16),
+    }
