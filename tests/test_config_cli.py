@@ -57,6 +57,18 @@ def write(tmp_path: Path, text: str) -> Path:
         ("devices:\n  exclude: 'mlx5_0'\n  exclude: 'mlx5_1'\n", "line 3, column 3", "duplicate key 'exclude'"),
         ("path:\n  sysfs: /nonexistent/sys\n", "path.sysfs", "not a directory: /nonexistent/sys"),
         ("path:\n  ethtool: /nonexistent/ethtool\n", "path.ethtool", "not a directory"),
+        # Each check on its own: a traceback, or a value served as something else, if it were gone.
+        ("devices:\n  include: 5\n", "devices.include", "expected a regular expression string, got int"),
+        ("web:\n  listen_address: '9883'\n", "web.listen_address", "[host]:port with a port from 1 to 65535"),
+        ("web:\n  listen_address: '[::1:9883'\n", "web.listen_address", "unbalanced brackets in IPv6 host '[::1'"),
+        ("web:\n  listen_address: '::1]:9883'\n", "web.listen_address", "unbalanced brackets in IPv6 host '::1]'"),
+        ("web:\n  telemetry_path: /\n", "web.telemetry_path", "other than / and /healthz, got '/'"),
+        ("log:\n  level: warning\n", "log.level", "expected one of debug, info, warn, error, got 'warning'"),
+        ("web:\n  scrape_timeout_seconds: true\n", "web.scrape_timeout_seconds", "in (0, 300], got True"),
+        ("web:\n  1: ':9883'\n", "web.1", "keys must be strings"),
+        ("path:\n  sysfs_root: /sys\n", "path.sysfs_root", "unknown key (known: path.ethtool, path.sysfs)"),
+        ("? [a, b]\n: 1\n", "line 1, column 3", "invalid YAML: found unhashable key"),
+        ('log: "\x01"\n', "line 1, column 7", "invalid YAML: character #x0001"),
     ],
 )
 def test_invalid_config_names_file_key_and_reason(tmp_path: Path, text: str, key: str, reason: str) -> None:
@@ -651,3 +663,20 @@ def test_a_listen_port_of_non_ascii_digits_is_refused(tmp_path: Path, port: str)
     result = run_cli("--config.file", str(path), "--check-config")
     assert result.returncode == 2, result.stderr
     assert f"{path}: web.listen_address: expected [host]:port" in result.stderr
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_and_a_good_one_is_named(tmp_path: Path) -> None:
+    # UTF-16 from a Windows editor: a UnicodeDecodeError traceback, or (read as Latin-1) a file of NULs.
+    path = tmp_path / "rdma-exporter.yml"
+    path.write_text("log:\n  level: info\n", encoding="utf-16")
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert (info.value.source, info.value.key, info.value.reason) == (str(path), "(file)", "not UTF-8 text")
+    result = run_cli("--config.file", str(path), "--check-config")
+    assert result.returncode == 2
+    assert result.stderr == f"rdma-exporter: invalid configuration: {path}: (file): not UTF-8 text\n"
+    # --check-config says which file it checked (a wrong path in a unit file shows up here).
+    path.write_text("log:\n  level: info\n", encoding="utf-8")
+    assert load_config_file(path).config_file == path
+    result = run_cli("--config.file", str(path), "--check-config")
+    assert result.returncode == 0 and f"configuration OK ({path}; web: " in result.stdout, result.stderr
