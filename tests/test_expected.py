@@ -716,3 +716,37 @@ def test_pcie_expectations_by_name_and_by_address_on_one_device_first_in_the_fil
         ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9),
         ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16),
     }
+
+
+def test_a_setting_left_empty_is_not_specified() -> None:
+    # As `ports:` left empty in a template: `rate_gbps:` with no value is no expectation, not an error.
+    text = """
+collector:
+  expected:
+    ports:
+      - devices: mlx5_0
+        link_layer:
+        rate_gbps:
+        width: ~
+        pcie_gen:
+        pcie_width:
+        netdev_speed_gbps:
+"""
+    (port,) = parse(text).collector_settings["expected"]["ports"]
+    assert port == ExpectedPort("mlx5_0", 1)
+
+
+def test_different_pcie_expectations_for_different_addresses_do_not_conflict() -> None:
+    # A Gen5 HCA and a Gen4 one, each by its slot: only two entries for one slot must agree.
+    text = """
+collector:
+  expected:
+    ports:
+      - {pci_addresses: '18:00.0', pcie_gen: 5, pcie_width: 16}
+      - {pci_addresses: '40:00.0', pcie_gen: 4, pcie_width: 8}
+"""
+    ports = parse(text).collector_settings["expected"]["ports"]
+    assert [(p.pci_address, p.pcie_transfers_per_second, p.pcie_width) for p in ports] == [
+        ("0000:18:00.0", 32e9, 16),
+        ("0000:40:00.0", 16e9, 8),
+    ]
