@@ -57,6 +57,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ("devices:\n  exclude: 'mlx5_0'\n  exclude: 'mlx5_1'\n", "line 3, column 3", "duplicate key 'exclude'"),
         ("path:\n  sysfs: /nonexistent/sys\n", "path.sysfs", "not a directory: /nonexistent/sys"),
         ("path:\n  ethtool: /nonexistent/ethtool\n", "path.ethtool", "not a directory"),
+        ("path:\n  sysfs: /dev/null\n", "path.sysfs", "not a directory: /dev/null"),  # there, but no tree
         # Each check on its own: a traceback, or a value served as something else, if it were gone.
         ("devices:\n  include: 5\n", "devices.include", "expected a regular expression string, got int"),
         ("web:\n  listen_address: '9883'\n", "web.listen_address", "[host]:port with a port from 1 to 65535"),
