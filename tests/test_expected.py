@@ -85,6 +85,8 @@ def test_registered_as_collector() -> None:
         ("ib[00-02]x", ["ib00x", "ib01x", "ib02x"]),
         ("mlx5_bond_0", ["mlx5_bond_0"]),
         ("mlx5_[5-5]", ["mlx5_5"]),
+        ("mlx5_[0-10]", [f"mlx5_{n}" for n in range(11)]),
+        ("mlx5_[010-011]", ["mlx5_010", "mlx5_011"]),
         # Names other than the kernel's: rxe and siw devices are named by whoever adds them.
         ("rxe_eth0.100", ["rxe_eth0.100"]),
         ("siw-enp1s0", ["siw-enp1s0"]),
@@ -104,6 +106,11 @@ def test_expand_devices(pattern: str, names: list[str]) -> None:
         ("mlx5_[7-0]", "empty"),
         ("mlx5_[0-999999]", "expands to more than"),
         ("mlx 5_[0-1]", "around its range"),
+        # Zero padding on one bound only: mlx5_01.. or mlx5_1..? Refused rather than guessed.
+        ("mlx5_[01-100]", "zero-padded"),
+        ("mlx5_[00-9]", "zero-padded"),
+        # Digits of other scripts: \d and int() take them, and mlx5_[٠-٣] became mlx5_0..mlx5_3.
+        ("mlx5_[\u0660-\u0663]", "enumerable"),
     ],
 )
 def test_expand_devices_rejects(pattern: str, reason: str) -> None:

@@ -63,7 +63,8 @@ _ENTRY_KEYS: Final = (
 )
 # One optional numeric range in brackets; everything else must be a literal device name.
 # \Z, not $: $ also matches before a final newline, which a YAML block scalar leaves on a name.
-_RANGE: Final = re.compile(r"^([^\[\]]*)\[(\d+)-(\d+)\]([^\[\]]*)\Z")
+# [0-9], not \d: \d takes any script's digits (mlx5_[٠-٣]), which int() then reads as ASCII ones.
+_RANGE: Final = re.compile(r"^([^\[\]]*)\[([0-9]+)-([0-9]+)\]([^\[\]]*)\Z")
 _LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+\Z")
 _MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a million names
 # `lspci` prints bus:device.function without the domain: that is domain 0000.
@@ -113,8 +114,14 @@ def expand_devices(source: str, key: str, pattern: str) -> list[str]:
         raise ConfigError(source, key, f"range [{low}-{high}] in {pattern!r} is empty (start above end)")
     if last - first + 1 > _MAX_EXPANSION:
         raise ConfigError(source, key, f"range [{low}-{high}] in {pattern!r} expands to more than {_MAX_EXPANSION}")
-    # mlx5_[00-15] keeps the zero padding of the bounds; mlx5_[0-15] does not pad.
-    width = len(low) if len(low) == len(high) and low.startswith("0") and len(low) > 1 else 0
+    # mlx5_[00-15] keeps the zero padding of the bounds; mlx5_[0-15] does not pad. mlx5_[01-100] could
+    # mean either (hostlist tools disagree), so it is refused rather than guessed.
+    padded = low.startswith("0") and len(low) > 1
+    if padded and len(low) != len(high):
+        raise ConfigError(
+            source, key, f"range [{low}-{high}] in {pattern!r} is zero-padded: give both bounds the same digits"
+        )
+    width = len(low) if padded else 0
     return [f"{prefix}{n:0{width}d}{suffix}" for n in range(first, last + 1)]
 
 
