@@ -64,6 +64,27 @@ def test_missing_netdev_is_none_not_an_error(tmp_path: Path) -> None:
     assert read_netdev(PROCFS_SYS, ".", reader) is None
     assert read_netdev(PROCFS_SYS, "..", reader) is None
     assert read_netdev(tmp_path, "eth0", reader) is None
+    # The empty name joins to class/net itself, a directory; neither half of the read may take it.
+    assert read_netdev(PROCFS_SYS, "", reader) is None
+    # The static half alone: a GID table can name a netdev of another namespace (net1), which must not
+    # leave an empty identity in the device's cached info (it would shadow the netdev once it moves here).
+    assert read_netdev_identity(PROCFS_SYS, "net1", reader) is None
+    assert read_netdev_identity(PROCFS_SYS, "", reader) is None
+    assert reader.errors.total() == 0
+
+
+def test_netdev_unregistered_after_its_identity_was_read_is_none(tmp_path: Path) -> None:
+    # The identity is cached at startup; `ip link del` (or a driver unbind) removes class/net/<name>
+    # before the uevent is handled. The next scrape's state read must say "gone", not a netdev of Nones.
+    write_files(tmp_path, {"devices/virtual/net/veth0/operstate": "up\n", "devices/virtual/net/veth0/mtu": "1500\n"})
+    symlink(tmp_path, "class/net/veth0", "devices/virtual/net/veth0")
+    reader = SysfsReader("rxe0")
+    identity = read_netdev_identity(tmp_path, "veth0", reader)
+    assert identity is not None
+    state = read_netdev_state(tmp_path, identity, reader)
+    assert state is not None and (state.operstate, state.mtu) == ("up", 1500)
+    (tmp_path / "class/net/veth0").unlink()
+    assert read_netdev_state(tmp_path, identity, reader) is None
     assert reader.errors.total() == 0
 
 
@@ -294,12 +315,13 @@ def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
             f"{ndevs}/2": "eth2.100\n",
             f"{ndevs}/3": "eth2.100\n",
             f"{ndevs}/4": "../../etc\n",
+            f"{ndevs}/5": "eth\0\n",  # a torn read: no netdev name holds a NUL
         },
     )
     reader = SysfsReader("mlx5_2")
     # Numeric GID order (a plain sort would put 10 before 2): own netdev first, then the VLAN uppers.
     assert rdma_port_netdevs(tmp_path, "mlx5_2", 1, reader, single_port=True) == ["eth2", "eth2.100", "eth2.200"]
-    assert reasons(reader) == {REASON_MALFORMED: 1}
+    assert reasons(reader) == {REASON_MALFORMED: 2}
 
 
 def test_admin_down_attributes_answer_einval_which_is_no_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
