@@ -170,6 +170,25 @@ def test_ecn_tree_priority_3(tmp_path: Path) -> None:
     assert reasons(reader) == {REASON_MALFORMED: 3}
 
 
+def test_ecn_switch_that_cannot_be_read_is_absent_not_off(tmp_path: Path) -> None:
+    # A switch whose value cannot be read this scrape is unknown: reporting it as 0 would raise a false
+    # "ECN off on the RoCE priority" (RdmaRoceEcnDisabled fires on == 0).
+    files = {f"class/net/eth2/ecn/roce_{role}/enable/{p}": "1\n" for role in ("np", "rp") for p in range(8)}
+    files["class/net/eth2/ecn/roce_np/enable/3"] = "on\n"
+    write_files(tmp_path, files)
+    reader = SysfsReader("eth2")
+    identity = read_netdev_identity(tmp_path, "eth2", reader)
+    assert identity is not None and len(identity.ecn_layout) == 16
+    dev = read_netdev_state(tmp_path, identity, reader)
+    assert dev is not None
+    assert ("np", 3) not in dev.ecn and len(dev.ecn) == 15 and all(dev.ecn.values())
+    assert reasons(reader) == {REASON_MALFORMED: 1}
+    # A switch that disappeared after the layout was read (the driver reloaded without its sysfs extension).
+    (tmp_path / "class/net/eth2/ecn/roce_rp/enable/5").unlink()
+    dev = read_netdev_state(tmp_path, identity, reader)
+    assert dev is not None and ("rp", 5) not in dev.ecn and all(dev.ecn.values())
+
+
 def bond_tree(root: Path) -> None:
     write_files(
         root,
