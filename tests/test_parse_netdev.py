@@ -285,6 +285,33 @@ def test_bonded_slave_of_a_non_lag_device_stays_itself(tmp_path: Path) -> None:
     assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader, single_port=True) == ["ens1f0np0", "bond0"]
 
 
+def test_bonded_slave_of_a_non_lag_device_stays_itself_while_its_gids_are_gone(tmp_path: Path) -> None:
+    # The same active-backup bond with mlx5_0's port down: its GID table is empty, so it cannot tell the
+    # bond is an upper. Only a LAG device (its name says so) is folded into the bond; mlx5_0 is a NIC of
+    # its own whose port is the slave's.
+    bond_tree(tmp_path)
+    rdma_device(tmp_path, "mlx5_0")
+    write_files(tmp_path, {f"{PF0}/net/ens1f0np0/dev_port": "0\n"})
+    reader = SysfsReader("mlx5_0")
+    assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader, single_port=True) == ["ens1f0np0"]
+    assert reader.errors.total() == 0
+
+
+def test_roce_lag_over_a_team_keeps_the_physical_netdev(tmp_path: Path) -> None:
+    # mlx5 also forms a RoCE LAG under a team device, which has no bonding/ directory to list its ports.
+    # The GID table names team0; the function's netdev is kept beside it rather than folded into a master
+    # whose slaves cannot be read (its link state and counters would be lost).
+    write_files(tmp_path, {"class/net/team0/operstate": "up\n", "class/net/ens1f0np0/operstate": "up\n",
+                           f"{PF0}/net/ens1f0np0/dev_port": "0\n",
+                           "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/0": "team0\n",
+                           "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/1": "team0\n"})  # fmt: skip
+    symlink(tmp_path, "class/net/ens1f0np0/master", "class/net/team0")
+    rdma_device(tmp_path, "mlx5_bond_0")
+    reader = SysfsReader("mlx5_bond_0")
+    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["team0", "ens1f0np0"]
+    assert reader.errors.total() == 0
+
+
 def test_dual_port_function_picks_the_port_by_dev_port(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx4_0")
     write_files(tmp_path, {f"{PF0}/net/eth0/dev_port": "0\n", f"{PF0}/net/eth1/dev_port": "1\n"})
