@@ -1,0 +1,100 @@
+"""rdma_netdev_* exposition of states a healthy capture does not show: links not up, values the kernel cannot
+give, a netdev in two devices' readings.
+
+Trees are copies of the real soft-RoCE capture (debian-6.1-rxe: rxe0 on veth0), edited the way the kernel
+changes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rdma_exporter.collect.base import FamilySet
+from rdma_exporter.collect.netdev import NetdevReading, NetdevSource
+from rdma_exporter.parse.netdev import read_netdev
+from rdma_exporter.parse.reader import SysfsReader
+
+from conftest import SYSFS_FIXTURES, prometheus_text, samples, scrape
+
+VETH = "devices/virtual/net/veth0"
+PORT = {"device": "rxe0", "port": "1", "netdev": "veth0"}
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def netdev_series(metrics: Sample) -> dict[str, float]:
+    """{metric name: value} of veth0's link series (per-priority and per-slave families have no such sample)."""
+    return {name: v for (name, labels), v in metrics.items() if dict(labels) == PORT}
+
+
+@pytest.fixture
+def rxe(captured_copy: Callable[[str], Path]) -> Path:
+    return captured_copy("debian-6.1-rxe")
+
+
+def test_captured_veth_is_up_with_carrier(rxe: Path) -> None:
+    # The baseline the edits below start from.
+    got = netdev_series(samples(scrape(rxe)))
+    assert (got["rdma_netdev_up"], got["rdma_netdev_carrier"]) == (1, 1)
+    assert got["rdma_netdev_speed_bytes_per_second"] == 10_000e6 / 8
+
+
+@pytest.mark.parametrize("operstate", ["lowerlayerdown", "dormant", "unknown", "notpresent", "testing"])
+def test_any_operstate_but_up_is_0(rxe: Path, operstate: str) -> None:
+    # veth0 whose peer went down shows lowerlayerdown (it has a lower, its iflink); carrier is off then.
+    (rxe / VETH / "operstate").write_text(f"{operstate}\n")
+    (rxe / VETH / "carrier").write_text("0\n")
+    got = netdev_series(samples(scrape(rxe)))
+    assert (got["rdma_netdev_up"], got["rdma_netdev_carrier"]) == (0, 0)
+
+
+def test_administratively_down_netdev_has_no_carrier_or_speed(rxe: Path) -> None:
+    # `ip link set veth0 down`: carrier, speed and duplex have no value (EINVAL on a live kernel, which the
+    # reader treats as it treats an absent file). No carrier series: 0 would claim a cable problem.
+    (rxe / VETH / "operstate").write_text("down\n")
+    for name in ("carrier", "speed", "duplex"):
+        (rxe / VETH / name).unlink()
+    metrics = samples(scrape(rxe))
+    got = netdev_series(metrics)
+    assert got["rdma_netdev_up"] == 0
+    assert "rdma_netdev_carrier" not in got and "rdma_netdev_speed_bytes_per_second" not in got
+    assert got["rdma_netdev_mtu_bytes"] == 1500
+    assert not [k for k in metrics if k[0] == "rdma_exporter_file_read_errors_total"]
+
+
+def test_unreadable_operstate_is_no_up_series_and_an_error(rxe: Path) -> None:
+    # A state that cannot be read is unknown, not "down": no rdma_netdev_up sample, and the read is counted.
+    (rxe / VETH / "operstate").write_bytes(b"\xff\xfe\n")
+    metrics = samples(scrape(rxe))
+    got = netdev_series(metrics)
+    assert "rdma_netdev_up" not in got and got["rdma_netdev_carrier"] == 1
+    errors = {dict(ls)["reason"]: v for (n, ls), v in metrics.items() if n == "rdma_exporter_file_read_errors_total"}
+    assert errors == {"malformed": 1}
+
+
+def test_netdev_in_two_devices_readings_is_exposed_once_under_the_first() -> None:
+    # Locality gives each netdev one reader; should two devices still both read one (a scrape racing a
+    # change of the RDMA devices on the NIC), the series must not be doubled, whatever the read order.
+    veth = read_netdev(SYSFS_FIXTURES / "debian-6.1-rxe" / "sys", "veth0", SysfsReader("rxe0"))
+    assert veth is not None
+    single = FamilySet()
+    NetdevSource().expose({"rxe0": NetdevReading(((1, veth),))}, single)
+    out = FamilySet()
+    NetdevSource().expose({"rxe1": NetdevReading(((1, veth),)), "rxe0": NetdevReading(((1, veth),))}, out)
+    assert prometheus_text(out) == prometheus_text(single)
+
+
+def test_statistics_files_that_normalise_alike_give_one_series() -> None:
+    # statistics/ is exported file by file, the names made metric-safe: two files that map to one metric
+    # name (a driver's "rx-bytes" beside the kernel's rx_bytes) must not give it two samples of one series
+    # (the first file in sorted order is kept).
+    veth = read_netdev(SYSFS_FIXTURES / "debian-6.1-rxe" / "sys", "veth0", SysfsReader("rxe0"))
+    assert veth is not None
+    out = FamilySet()
+    stats = {"rx-bytes": 7, "rx_bytes": 726, "rx_packets": 9}
+    NetdevSource().expose({"rxe0": NetdevReading(((1, replace(veth, statistics=stats)),))}, out)
+    got = sorted((s.name, s.value) for family in out for s in family.samples if s.name.startswith("rdma_netdev_rx_"))
+    assert got == [("rdma_netdev_rx_bytes_total", 7), ("rdma_netdev_rx_packets_total", 9)]
