@@ -678,6 +678,29 @@ def test_bond_slaves_are_read_every_scrape(tmp_path: Path) -> None:
     assert modes == {"active-backup"}
 
 
+def test_slave_enslaved_after_startup_is_read_without_a_uevent(tmp_path: Path) -> None:
+    """`ip link set ens1f1np1 master bond0` after the device's static info was read: no uevent refreshes
+    that info, yet the new slave's series (its statistics too) must show on the next scrape."""
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0"])
+    exporter = Exporter(tmp_path)
+    exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+    lag = {"device": "mlx5_bond_0", "port": "1"}
+    assert value(exporter.scrape(), "rdma_netdev_up", **lag, netdev="ens1f1np1") is None
+    write_files(tmp_path, {"devices/virtual/net/bond0/bonding/slaves": "ens1f0np0 ens1f1np1\n"})
+    symlink(tmp_path, "devices/virtual/net/bond0/lower_ens1f1np1", "class/net/ens1f1np1")
+    symlink(tmp_path, "class/net/ens1f1np1/master", "devices/virtual/net/bond0")
+    for _ in range(2):
+        metrics = exporter.scrape()
+        new = {**lag, "netdev": "ens1f1np1"}
+        assert value(metrics, "rdma_netdev_up", **new) == 1
+        assert value(metrics, "rdma_netdev_rx_bytes_total", **new) == 5
+        assert value(metrics, "rdma_netdev_ecn_enabled", **new, role="np", priority="3") == 1
+        assert value(metrics, "rdma_netdev_bond_slave_info", **lag, netdev="bond0", slave="ens1f1np1") == 1
+        assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+
+
 def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
     # Active-backup over two single-port NICs: both GID tables name the bond as an upper, and a VLAN on the
     # first one; a container's macvlan (net1) appears in the second but not in this namespace.
@@ -698,6 +721,46 @@ def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
     ethtool = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
     assert ethtool == {"ens1f0np0": "mlx5_0", "ens1f1np1": "mlx5_1"}
     assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+    check_unique_and_promtool(text)
+
+
+def test_vlan_on_a_bond_is_read_by_the_device_under_the_bond(tmp_path: Path) -> None:
+    # A VLAN on a bond over two NICs (bond0.100 -> bond0 -> enp1s0np0 and enp2s0np0) is followed down two
+    # levels to the bond's first lower, here mlx5_1's netdev: mlx5_1 reads the bond and its VLAN, even
+    # though mlx5_0 comes first in device order and reaches both through its GID table.
+    _function(tmp_path, "0000:3b:00.0", "enp2s0np0", "mlx5_0", ["enp2s0np0", "enp2s0np0", "bond0", "bond0.100"])
+    _function(tmp_path, "0000:3b:00.1", "enp1s0np0", "mlx5_1", ["enp1s0np0", "enp1s0np0", "bond0", "bond0.100"])
+    _bond(tmp_path, "bond0", ["enp2s0np0", "enp1s0np0"])
+    vlan = "devices/virtual/net/bond0.100"
+    write_files(tmp_path, {f"{vlan}/operstate": "up\n", f"{vlan}/mtu": "9000\n"})
+    symlink(tmp_path, f"{vlan}/lower_bond0", "class/net/bond0")
+    symlink(tmp_path, "class/net/bond0.100", vlan)
+    metrics, _, text = scrape_lag(tmp_path)
+    owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert owners == {"enp2s0np0": "mlx5_0", "enp1s0np0": "mlx5_1", "bond0": "mlx5_1", "bond0.100": "mlx5_1"}
+    check_unique_and_promtool(text)
+
+
+def test_bond_without_lower_links_is_read_by_one_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tree without the bond's lower_* links (kernels before 3.13 lack them): bonding/slaves names the
+    # lowers instead, so the bond still has one reader, the device of its first slave.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "ens1f0np0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1", "ens1f1np1", "bond0"])
+    _bond(tmp_path, "bond0", ["ens1f1np1", "ens1f0np0"])
+    for lower in (tmp_path / "devices/virtual/net/bond0").glob("lower_*"):
+        lower.unlink()
+    reads: Counter[str] = Counter()
+    real = netdev_collector.read_netdev_state
+
+    def counting(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> object:
+        reads[identity.name] += 1
+        return real(sys_root, identity, reader)
+
+    monkeypatch.setattr(netdev_collector, "read_netdev_state", counting)
+    metrics, _, text = scrape_lag(tmp_path)
+    assert dict(reads) == {"ens1f0np0": 1, "ens1f1np1": 1, "bond0": 1}
+    owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert owners == {"ens1f0np0": "mlx5_0", "ens1f1np1": "mlx5_1", "bond0": "mlx5_1"}
     check_unique_and_promtool(text)
 
 
