@@ -764,6 +764,37 @@ def test_bond_without_lower_links_is_read_by_one_device(tmp_path: Path, monkeypa
     check_unique_and_promtool(text)
 
 
+def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_path: Path) -> None:
+    # A two-port function (ConnectX-3: one PCI function, mlx4_0 with ports 1 and 2, dev_port 0 and 1)
+    # whose netdevs are bonded without a RoCE LAG: the bond's address GIDs go to the active slave's port
+    # only. eth1 is still port 2's netdev: its link state must join port 2, which lost its link, and
+    # not make port 1 look down beside its up eth0.
+    fn = f"{PCI}/0000:3b:00.0"
+    rdma = f"{fn}/infiniband/mlx4_0"
+    for i in (0, 1):
+        net = f"{fn}/net/eth{i}"
+        write_files(tmp_path, {f"{net}/operstate": "up\n", f"{net}/carrier": f"{1 - i}\n", f"{net}/mtu": "1500\n",
+                               f"{net}/dev_port": f"{i}\n"})  # fmt: skip
+        symlink(tmp_path, f"{net}/device", fn)
+        symlink(tmp_path, f"class/net/eth{i}", net)
+        port = f"{rdma}/ports/{i + 1}"
+        write_files(tmp_path, {f"{port}/link_layer": "Ethernet\n", f"{port}/state": "4: ACTIVE\n",
+                               f"{port}/phys_state": "5: LinkUp\n"})  # fmt: skip
+        gids = ["eth0", "eth0", "bond0"] if i == 0 else ["eth1", "eth1"]
+        write_files(tmp_path, {f"{port}/gid_attrs/ndevs/{n}": f"{name}\n" for n, name in enumerate(gids)})
+    symlink(tmp_path, f"{rdma}/device", fn)
+    symlink(tmp_path, "class/infiniband/mlx4_0", rdma)
+    _bond(tmp_path, "bond0", ["eth0", "eth1"])
+    metrics, _, text = scrape_lag(tmp_path)
+    ports = {dict(ls)["netdev"]: dict(ls)["port"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert ports == {"eth0": "1", "bond0": "1", "eth1": "2"}
+    assert value(metrics, "rdma_netdev_carrier", device="mlx4_0", port="2", netdev="eth1") == 0
+    assert value(metrics, "rdma_netdev_carrier", device="mlx4_0", port="1", netdev="eth0") == 1
+    slaves = {dict(ls)["slave"] for (n, ls) in metrics if n == "rdma_netdev_bond_slave_info"}
+    assert slaves == {"eth0", "eth1"}
+    check_unique_and_promtool(text)
+
+
 def test_read_order_does_not_change_the_exposition(tmp_path: Path) -> None:
     _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "bond0"])
     _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1", "bond0"])

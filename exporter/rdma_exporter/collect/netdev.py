@@ -232,13 +232,20 @@ class NetdevSource:
                 netdevs.append((port, netdev))
             return netdev
 
+        bonds: list[tuple[int, Netdev]] = []
         for port in device.ports:
             for name in port.netdevs:
                 netdev = visit(port.number, name)
                 if netdev is not None and netdev.is_bond_master:
-                    # RoCE LAG: the port maps to the bond; its slaves are the physical links.
-                    for slave in netdev.bond_slaves:
-                        visit(port.number, slave)
+                    bonds.append((port.number, netdev))
+        # RoCE LAG: the port maps to the bond; its slaves are the physical links. They are visited after
+        # every port's own netdevs: a bond over both ports of a two-port function that is no RoCE LAG
+        # (the RDMA device keeps both ports) is in the active slave's GID table only, and its other
+        # slave is the other port's netdev, whose series must join that port.
+        for number, bond in bonds:
+            for slave in bond.bond_slaves:
+                visit(number, slave)
+        netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return NetdevReading(tuple(netdevs))
 
     def expose(self, results: Mapping[str, NetdevReading], out: FamilySet) -> None:
