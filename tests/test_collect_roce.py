@@ -785,9 +785,16 @@ def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_pat
     symlink(tmp_path, f"{rdma}/device", fn)
     symlink(tmp_path, "class/infiniband/mlx4_0", rdma)
     _bond(tmp_path, "bond0", ["eth0", "eth1"])
-    metrics, _, text = scrape_lag(tmp_path)
+    exporter = Exporter(tmp_path)
+    nics = exporter.ethtool.call = FakeNics(dict.fromkeys(("eth0", "eth1"), STATS))
+    text = exporter.text()
+    metrics = samples(text)
     ports = {dict(ls)["netdev"]: dict(ls)["port"] for (n, ls) in metrics if n == "rdma_netdev_up"}
     assert ports == {"eth0": "1", "bond0": "1", "eth1": "2"}
+    # The ethtool series of each slave join the same port as its netdev series, read once each.
+    ethtool_ports = {dict(ls)["netdev"]: dict(ls)["port"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
+    assert ethtool_ports == {"eth0": "1", "eth1": "2"}
+    assert dict(nics.calls) == {"eth0": 3, "eth1": 3}
     assert value(metrics, "rdma_netdev_carrier", device="mlx4_0", port="2", netdev="eth1") == 0
     assert value(metrics, "rdma_netdev_carrier", device="mlx4_0", port="1", netdev="eth0") == 1
     slaves = {dict(ls)["slave"] for (n, ls) in metrics if n == "rdma_netdev_bond_slave_info"}

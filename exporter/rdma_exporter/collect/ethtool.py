@@ -235,37 +235,50 @@ class EthtoolSource:
             )
         return False
 
-    def _targets(self, locality: Locality, names: Sequence[str], reader: SysfsReader) -> list[str]:
-        """The netdevs of one port whose hardware statistics this device reads."""
-        targets: list[str] = []
+    def _targets(
+        self, locality: Locality, names: Sequence[str], reader: SysfsReader
+    ) -> tuple[list[str], list[str]]:
+        """The netdevs of one port whose hardware statistics this device reads: its own, and its bonds'
+        slaves."""
+        own: list[str] = []
+        slaves: list[str] = []
         for name in names:
             if not locality.exists(name):
                 self.seen.check_vanished(locality, name, reader)
             elif locality.is_bond(name):
                 # A bond has no ethtool statistics of its own; PFC and PHY counters live on the slaves.
-                targets += [s for s in locality.bond_slaves(name) if locality.is_physical(s) and locality.is_local(s)]
+                slaves += [s for s in locality.bond_slaves(name) if locality.is_physical(s) and locality.is_local(s)]
             elif locality.is_physical(name) and locality.is_local(name):
-                targets.append(name)
+                own.append(name)
             # else a software upper (VLAN, macvlan), whose lower is the port's netdev, or another device's
-        return targets
+        return own, slaves
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
         if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
             return EthtoolReading(())
         locality = Locality(ctx.sys_root, device.name, reader)
-        done: set[str] = set()
+        own: list[tuple[int, str]] = []
+        slaves: list[tuple[int, str]] = []
         for port in device.ports:
             if port.link_layer != "Ethernet":
                 continue  # IPoIB netdevs have no PFC, ECN or PHY counters of the RDMA link
-            for name in self._targets(locality, port.netdevs, reader):
-                if name in done:
-                    continue
-                done.add(name)
-                curated = self._read_netdev(name, reader)
-                if curated is not None:
-                    self.seen.add(name)
-                    netdevs.append((port.number, name, curated))
+            port_own, port_slaves = self._targets(locality, port.netdevs, reader)
+            own += [(port.number, name) for name in port_own]
+            slaves += [(port.number, name) for name in port_slaves]
+        # Bond slaves after every port's own netdevs, as in NetdevSource.read: a bond over both ports of a
+        # two-port function that is no RoCE LAG is in one port's GID table, and its other slave is the
+        # other port's netdev.
+        done: set[str] = set()
+        for number, name in own + slaves:
+            if name in done:
+                continue
+            done.add(name)
+            curated = self._read_netdev(name, reader)
+            if curated is not None:
+                self.seen.add(name)
+                netdevs.append((number, name, curated))
+        netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return EthtoolReading(tuple(netdevs))
 
     def _read_netdev(self, name: str, reader: SysfsReader) -> tuple[CuratedStat, ...] | None:
