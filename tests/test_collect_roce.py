@@ -607,6 +607,13 @@ def _bond(root: Path, name: str, slaves: list[str], uppers: bool = True) -> None
             symlink(root, f"class/net/{slave}/master", bond)
 
 
+def _vlan(root: Path, name: str, lower: str) -> None:
+    vlan = f"devices/virtual/net/{name}"
+    write_files(root, {f"{vlan}/operstate": "up\n", f"{vlan}/mtu": "9000\n"})
+    symlink(root, f"{vlan}/lower_{lower}", f"class/net/{lower}")
+    symlink(root, f"class/net/{name}", vlan)
+
+
 STATS = {"rx_prio3_pause": 7, "tx_prio3_pause": 3, "rx_discards_phy": 1, "rx_packets": 9}
 
 
@@ -707,10 +714,7 @@ def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
     _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "ens1f0np0", "bond0", "ens1f0np0.7"])
     _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1", "ens1f1np1", "bond0", "net1"])
     _bond(tmp_path, "bond0", ["ens1f1np1", "ens1f0np0"])
-    vlan = "devices/virtual/net/ens1f0np0.7"
-    write_files(tmp_path, {f"{vlan}/operstate": "up\n", f"{vlan}/mtu": "9000\n"})
-    symlink(tmp_path, f"{vlan}/lower_ens1f0np0", "class/net/ens1f0np0")
-    symlink(tmp_path, "class/net/ens1f0np0.7", vlan)
+    _vlan(tmp_path, "ens1f0np0.7", "ens1f0np0")
     metrics, nics, text = scrape_lag(tmp_path)
     up = [dict(ls) for (n, ls) in metrics if n == "rdma_netdev_up"]
     owners = {labels["netdev"]: (labels["device"], labels["port"]) for labels in up}
@@ -731,10 +735,7 @@ def test_vlan_on_a_bond_is_read_by_the_device_under_the_bond(tmp_path: Path) -> 
     _function(tmp_path, "0000:3b:00.0", "enp2s0np0", "mlx5_0", ["enp2s0np0", "enp2s0np0", "bond0", "bond0.100"])
     _function(tmp_path, "0000:3b:00.1", "enp1s0np0", "mlx5_1", ["enp1s0np0", "enp1s0np0", "bond0", "bond0.100"])
     _bond(tmp_path, "bond0", ["enp2s0np0", "enp1s0np0"])
-    vlan = "devices/virtual/net/bond0.100"
-    write_files(tmp_path, {f"{vlan}/operstate": "up\n", f"{vlan}/mtu": "9000\n"})
-    symlink(tmp_path, f"{vlan}/lower_bond0", "class/net/bond0")
-    symlink(tmp_path, "class/net/bond0.100", vlan)
+    _vlan(tmp_path, "bond0.100", "bond0")
     metrics, _, text = scrape_lag(tmp_path)
     owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
     assert owners == {"enp2s0np0": "mlx5_0", "enp1s0np0": "mlx5_1", "bond0": "mlx5_1", "bond0.100": "mlx5_1"}
