@@ -216,7 +216,13 @@ def _version(source: str, key: str, value: Any) -> ssl.TLSVersion:
     return TLS_VERSIONS[value]
 
 
-def _tls(source: str, body: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext | None, frozenset[str]]:
+def _tls(source: str, body: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str]]:
+    if body is None:
+        return None, frozenset()
+    # Checked first: `tls_server_config: []` (or "") must not pass for "no TLS", nor a string be searched
+    # for the refused keys below.
+    if not isinstance(body, Mapping):
+        raise ConfigError(source, "tls_server_config", f"expected a mapping, got {type(body).__name__}")
     for key, reason in _REFUSED_TLS_KEYS.items():
         if key in body:
             raise ConfigError(source, f"tls_server_config.{key}", reason)
@@ -304,8 +310,10 @@ def _users(source: str, body: Any) -> BasicAuth | None:
 
 
 def _headers(source: str, body: Mapping[str, Any]) -> dict[str, str]:
-    headers = body.get("headers") or {}
-    if not isinstance(headers, Mapping):
+    headers = body.get("headers")
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):  # `headers: []` or "" sets nothing: refused, not ignored
         raise ConfigError(source, "http_server_config.headers", "expected a mapping of header to value")
     result: dict[str, str] = {}
     for name, value in headers.items():
@@ -328,7 +336,7 @@ def load_web_config(path: Path | None) -> WebConfig:
     document = read_yaml_file(path)
     top = _mapping(source, "", document, _TOP_KEYS)
     base = path.parent
-    context, sans = _tls(source, top.get("tls_server_config") or {}, base)
+    context, sans = _tls(source, top.get("tls_server_config"), base)
     http = _mapping(source, "http_server_config", top.get("http_server_config"), _HTTP_KEYS)
     return WebConfig(
         ssl_context=context,
