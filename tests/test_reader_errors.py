@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rdma_exporter.parse import reader as reader_module
-from rdma_exporter.parse.reader import FileBudget, OpenFiles, ReadErrors, SysfsReader
+from rdma_exporter.parse.reader import FileBudget, OpenFiles, ReadErrors, SysfsReader, link_name, list_dir
 
 
 def failing_os(path_suffix: str, code: int) -> types.SimpleNamespace:
@@ -80,3 +80,56 @@ def test_failed_and_one_off_reads_leave_no_fd_open(tmp_path: Path) -> None:
         if files is not None:
             files.close()
     assert open_fds() == before
+
+
+def test_an_optional_attribute_that_fails_is_still_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `optional` excuses a file that does not exist (no `lid` on a RoCE port), not one that fails.
+    (tmp_path / "lid").write_text("0x1\n")
+    monkeypatch.setattr(reader_module, "os", failing_os("/lid", errno.EIO))
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors)
+    assert reader.uint(tmp_path / "lid", optional=True, base=0) is None
+    assert reader.uint(tmp_path / "sm_lid", optional=True, base=0) is None  # absent: no error
+    assert errors.counts == {("mlx5_0", "io"): 1}
+
+
+def test_a_non_decimal_attribute_is_parsed_in_its_base(tmp_path: Path) -> None:
+    # dev_id is hex ("0x1", or bare digits on a hand-written tree): "10" there is sixteen, not ten.
+    (tmp_path / "dev_id").write_text("10\n")
+    (tmp_path / "lid").write_text("010\n")  # base 0 takes 0x.., but a leading zero is no number there
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors)
+    assert reader.uint(tmp_path / "dev_id", base=16) == 16
+    assert reader.uint(tmp_path / "lid", base=0) is None
+    assert errors.counts == {("mlx5_0", "malformed"): 1}
+
+
+def test_a_driver_link_with_a_trailing_slash_names_the_driver(tmp_path: Path) -> None:
+    (tmp_path / "drivers" / "mlx5_core").mkdir(parents=True)
+    os.symlink("drivers/mlx5_core/", tmp_path / "driver")
+    assert link_name(tmp_path / "driver") == "mlx5_core"
+    assert link_name(tmp_path / "drivers") is None  # not a link
+
+
+def test_a_listing_is_sorted_and_only_a_missing_optional_directory_is_silent(tmp_path: Path) -> None:
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    for name in ("port_xmit_data", "link_downed", "symbol_error", "VL15_dropped"):
+        (counters / name).write_text("0\n")
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors)
+    assert list_dir(counters, reader) == ["VL15_dropped", "link_downed", "port_xmit_data", "symbol_error"]
+    assert list_dir(tmp_path / "hw_counters", reader) == []  # optional and absent: no error
+    assert list_dir(counters / "link_downed", reader) == []  # a file, not a directory: ENOTDIR
+    assert list_dir(tmp_path / "ports", reader, optional=False) == []
+    assert errors.counts == {("mlx5_0", "io"): 1, ("mlx5_0", "missing"): 1}
+
+
+def test_an_attribute_longer_than_a_small_page_is_read_whole(tmp_path: Path) -> None:
+    # Kernels with 64 KiB pages (many aarch64) can print more than 4 KiB; up to 8 KiB is read.
+    text = "".join(f"{n:04}\n" for n in range(1300))  # 6500 bytes
+    (tmp_path / "gids").write_text(text)
+    for files in (None, OpenFiles(FileBudget(8))):
+        reader = SysfsReader("mlx5_0", ReadErrors(), files)
+        assert reader.text(tmp_path / "gids") == text.strip()
+        assert reader.text(tmp_path / "gids") == text.strip()  # kept: pread, small then the rest
