@@ -232,6 +232,25 @@ def test_is_sysfs_mount(tmp_path: Path) -> None:
         skip_or_fail("/sys is not a sysfs mount here")
 
 
+
+def test_mount_table_lines_cut_short_are_ignored() -> None:
+    # A line with fewer than five fields before the separator has no mount point: skipped, not a crash
+    # that would take the mode decision (udev, ethtool ioctl) down with it.
+    text = "1 2 3 4 - sysfs sysfs rw\n1 2 3 - sysfs sysfs rw\n22 1 0:21 / /sys rw - sysfs sysfs rw\n"
+    assert sysfs_mount_points(text) == {"/sys"}
+
+
+def test_is_sysfs_mount_resolves_the_path_it_is_given(tmp_path: Path) -> None:
+    # --sysfs may be given through a symlink or with a trailing slash; the table lists the real path.
+    root = tmp_path / "host" / "sys"
+    root.mkdir(parents=True)
+    (tmp_path / "sys-link").symlink_to(root)
+    table = tmp_path / "mountinfo"
+    table.write_text(f"22 1 0:21 / {root} rw - sysfs sysfs rw\n")
+    assert is_sysfs_mount(tmp_path / "sys-link", str(table)) is True
+    assert is_sysfs_mount(f"{root}/", str(table)) is True
+    assert is_sysfs_mount(root / ".." / "sys", str(table)) is True
+
 # --- the pool -----------------------------------------------------------------------------------------
 
 
