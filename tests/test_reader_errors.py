@@ -133,3 +133,14 @@ def test_an_attribute_longer_than_a_small_page_is_read_whole(tmp_path: Path) -> 
         reader = SysfsReader("mlx5_0", ReadErrors(), files)
         assert reader.text(tmp_path / "gids") == text.strip()
         assert reader.text(tmp_path / "gids") == text.strip()  # kept: pread, small then the rest
+
+
+def test_a_text_attribute_that_is_not_utf8_is_malformed(tmp_path: Path) -> None:
+    # A node_desc with a stray latin-1 byte must not become a mojibake label value: no value, one error.
+    (tmp_path / "node_desc").write_bytes(b"gpu-node-07 HCA-1 \xe9\n")
+    (tmp_path / "board_id").write_bytes("MT_0000000838 \u00b5\n".encode())
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors)
+    assert reader.text(tmp_path / "node_desc") is None
+    assert reader.text(tmp_path / "board_id") == "MT_0000000838 \u00b5"
+    assert errors.counts == {("mlx5_0", "malformed"): 1}
