@@ -79,10 +79,6 @@ class ReadErrors:
         self.counts[key] += 1
         self.last[key] = detail
 
-    def merge(self, other: ReadErrors) -> None:
-        self.counts.update(other.counts)
-        self.last.update(other.last)
-
     def total(self) -> int:
         return sum(self.counts.values())
 
