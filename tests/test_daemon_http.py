@@ -912,8 +912,12 @@ def _leaf(name: str, ca: str, san: str, usage: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def make_pki(d: Path) -> Pki:
+    """Two CAs and the server, client, intruder (wrong name) and rogue (wrong CA) certificates, in d."""
     require_binary("openssl")
-    d = tmp_path_factory.mktemp("pki")
     _ca("ca", d)
     _ca("rogue-ca", d)
     _leaf("server", "ca", "IP:127.0.0.1,DNS:localhost", "serverAuth", d)

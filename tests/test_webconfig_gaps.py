@@ -16,11 +16,10 @@ from test_daemon_http import (
     InProcessServer,
     Pki,
     RunningDaemon,
-    _ca,
-    _leaf,
     basic,
     client_context,
     get,
+    make_pki,
     refused,
     web_config,
 )
@@ -31,23 +30,10 @@ from rdma_exporter.daemon import Response
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import WebConfig, load_web_config
 
-from conftest import require_binary
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    require_binary("openssl")
-    d = tmp_path_factory.mktemp("pki")
-    _ca("ca", d)
-    _ca("rogue-ca", d)
-    _leaf("server", "ca", "IP:127.0.0.1,DNS:localhost", "serverAuth", d)
-    _leaf("client", "ca", "DNS:prometheus", "clientAuth", d)
-    _leaf("intruder", "ca", "DNS:intruder", "clientAuth", d)
-    _leaf("rogue", "rogue-ca", "DNS:prometheus", "clientAuth", d)
-    return Pki(
-        d, d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key",
-        d / "intruder.crt", d / "intruder.key", d / "rogue.crt", d / "rogue.key",
-    )
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
