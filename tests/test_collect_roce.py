@@ -617,18 +617,15 @@ def _vlan(root: Path, name: str, lower: str) -> None:
 STATS = {"rx_prio3_pause": 7, "tx_prio3_pause": 3, "rx_discards_phy": 1, "rx_packets": 9}
 
 
-def scrape_lag(root: Path) -> tuple[Sample, FakeNics, str]:
+def scrape_lag(root: Path, nics: tuple[str, ...] = ("ens1f0np0", "ens1f1np1")) -> tuple[Sample, FakeNics, str]:
     exporter = Exporter(root)
-    nics = exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+    fake = exporter.ethtool.call = FakeNics(dict.fromkeys(nics, STATS))
     text = exporter.text()
-    return samples(text), nics, text
+    return samples(text), fake, text
 
 
-def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # mlx5_bond_0 sits on the first function; the second function has no RDMA device while bonded.
-    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
-    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
-    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+def count_netdev_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How often each netdev's state is read from now on."""
     reads: Counter[str] = Counter()
     real = netdev_collector.read_netdev_state
 
@@ -637,6 +634,15 @@ def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, mo
         return real(sys_root, identity, reader)
 
     monkeypatch.setattr(netdev_collector, "read_netdev_state", counting)
+    return reads
+
+
+def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # mlx5_bond_0 sits on the first function; the second function has no RDMA device while bonded.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    reads = count_netdev_reads(monkeypatch)
     metrics, nics, text = scrape_lag(tmp_path)
     assert dict(reads) == {"bond0": 1, "ens1f0np0": 1, "ens1f1np1": 1}
     assert dict(nics.calls) == {"ens1f0np0": 3, "ens1f1np1": 3}  # the bond itself has no ethtool stats
@@ -750,14 +756,7 @@ def test_bond_without_lower_links_is_read_by_one_device(tmp_path: Path, monkeypa
     _bond(tmp_path, "bond0", ["ens1f1np1", "ens1f0np0"])
     for lower in (tmp_path / "devices/virtual/net/bond0").glob("lower_*"):
         lower.unlink()
-    reads: Counter[str] = Counter()
-    real = netdev_collector.read_netdev_state
-
-    def counting(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> object:
-        reads[identity.name] += 1
-        return real(sys_root, identity, reader)
-
-    monkeypatch.setattr(netdev_collector, "read_netdev_state", counting)
+    reads = count_netdev_reads(monkeypatch)
     metrics, _, text = scrape_lag(tmp_path)
     assert dict(reads) == {"ens1f0np0": 1, "ens1f1np1": 1, "bond0": 1}
     owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
@@ -786,10 +785,7 @@ def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_pat
     symlink(tmp_path, f"{rdma}/device", fn)
     symlink(tmp_path, "class/infiniband/mlx4_0", rdma)
     _bond(tmp_path, "bond0", ["eth0", "eth1"])
-    exporter = Exporter(tmp_path)
-    nics = exporter.ethtool.call = FakeNics(dict.fromkeys(("eth0", "eth1"), STATS))
-    text = exporter.text()
-    metrics = samples(text)
+    metrics, nics, text = scrape_lag(tmp_path, nics=("eth0", "eth1"))
     ports = {dict(ls)["netdev"]: dict(ls)["port"] for (n, ls) in metrics if n == "rdma_netdev_up"}
     assert ports == {"eth0": "1", "bond0": "1", "eth1": "2"}
     # The ethtool series of each slave join the same port as its netdev series, read once each.
