@@ -189,11 +189,18 @@ def _bcrypt_cost(hashed: bytes) -> int:
     return int(hashed.split(b"$")[2])  # $2b$12$...: the cost is the number after the second $
 
 
-def _mapping(source: str, key: str, value: Any, known: frozenset[str]) -> Mapping[str, Any]:
+def _mapping(
+    source: str, key: str, value: Any, known: frozenset[str], refused: Mapping[str, str] | None = None
+) -> Mapping[str, Any]:
+    """A section: absent is empty, anything but a mapping is refused (`tls_server_config: []` must not
+    pass for "no TLS"), and so is a key in `refused` (with its reason) or not in `known`."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise ConfigError(source, key, f"expected a mapping, got {type(value).__name__}")
+    for sub, reason in (refused or {}).items():
+        if sub in value:
+            raise ConfigError(source, f"{key}.{sub}", reason)
     for sub in value:
         if sub not in known:
             where = f"{key}.{sub}" if key else str(sub)
@@ -216,17 +223,8 @@ def _version(source: str, key: str, value: Any) -> ssl.TLSVersion:
     return TLS_VERSIONS[value]
 
 
-def _tls(source: str, body: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str]]:
-    if body is None:
-        return None, frozenset()
-    # Checked first: `tls_server_config: []` (or "") must not pass for "no TLS", nor a string be searched
-    # for the refused keys below.
-    if not isinstance(body, Mapping):
-        raise ConfigError(source, "tls_server_config", f"expected a mapping, got {type(body).__name__}")
-    for key, reason in _REFUSED_TLS_KEYS.items():
-        if key in body:
-            raise ConfigError(source, f"tls_server_config.{key}", reason)
-    _mapping(source, "tls_server_config", body, _TLS_KEYS)
+def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str]]:
+    body = _mapping(source, "tls_server_config", section, _TLS_KEYS, _REFUSED_TLS_KEYS)
     if not body:
         return None, frozenset()
     if "cert_file" not in body or "key_file" not in body:
