@@ -564,3 +564,30 @@ def test_threads_share_one_malloc_arena() -> None:
     default, heaps = run_allocator_probe(_ARENA_PROBE, "default")
     assert default == "None" and int(heaps) >= 2
     assert run_allocator_probe(_ARENA_PROBE, "one") == ["True", "1"]
+
+
+def test_a_failing_close_costs_neither_the_read_nor_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_text("1\n")
+    budget = FileBudget(8)
+    files = OpenFiles(budget, verify=True)
+    for name in ("a", "b", "c"):
+        files.read(str(tmp_path / name))
+    real_close = os.close
+    closed: list[int] = []
+
+    def close_reporting_eio(fd: int) -> None:
+        real_close(fd)  # Linux has freed the fd whatever close(2) then says
+        closed.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "close", close_reporting_eio)
+    replaced = tmp_path / "a.new"
+    replaced.write_text("2\n")
+    replaced.rename(tmp_path / "a")  # a new inode: the kept fd is dropped on the next read
+    assert files.read(str(tmp_path / "a")) == b"2\n"
+    assert len(closed) == 1 and len(files) == 3 and budget.used == 3
+    files.close()  # every directory's fds, though each close reports an error
+    assert len(closed) == 4 and len(files) == 0 and budget.used == 0

@@ -255,13 +255,13 @@ class OpenFiles:
             self._forget(kept, name)
 
     def _forget(self, kept: _KeptDir, name: str) -> None:
-        os.close(kept.fds.pop(name))
+        _close(kept.fds.pop(name))
         self._budget.give(1)
 
     def _drop_dir(self, directory: str) -> None:
         kept = self._dirs.pop(directory)
         for fd in kept.fds.values():
-            os.close(fd)
+            _close(fd)
         self._budget.give(len(kept.fds))
 
     def close(self) -> None:
@@ -272,6 +272,13 @@ class OpenFiles:
         # A collector dropped without closing (a reload, a test) must not leak its fds.
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _close(fd: int) -> None:
+    # Linux frees the fd even when close(2) reports an error, and a read-only fd has nothing to flush:
+    # the error must not fail a read, nor leave the other fds of a directory and their budget behind.
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _unescape_mount(path: str) -> str:
