@@ -392,11 +392,13 @@ def test_parse_head_keeps_what_the_handler_needs() -> None:
     [
         (b"GET http://node7:9883/metrics?x=1 HTTP/1.1\r\nHost: node7\r\n\r\n", "/metrics"),  # absolute form
         (b"GET https://node7 HTTP/1.1\r\n\r\n", "/"),  # absolute form without a path
+        (b"GET http://node7?x=1 HTTP/1.1\r\n\r\n", "/"),  # absolute form with a query but no path
         (b"\r\nGET /metrics HTTP/1.1\r\n\r\n", "/metrics"),  # an empty line before the request line
         (b"GET /metrics HTTP/1.1\nHost: a\n\r\n", "/metrics"),  # bare LF line ends, then CRLF
         (b"GET /metrics HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", "/metrics"),
     ],
-    ids=["absolute-form", "absolute-form-no-path", "leading-empty-line", "lf-then-crlf", "repeated-length"],
+    ids=["absolute-form", "absolute-form-no-path", "absolute-form-query", "leading-empty-line", "lf-then-crlf",
+         "repeated-length"],
 )
 def test_heads_rfc_9112_says_to_accept(head: bytes, path: str) -> None:
     # Prometheus never sends these, but a proxy or a hand-written client may; each used to be refused
@@ -413,8 +415,14 @@ def test_heads_rfc_9112_says_to_accept(head: bytes, path: str) -> None:
         b"GET http://node7#frag HTTP/1.1\r\n\r\n",
         b"GET / HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 1\r\n\r\n",
         b"GET / HTTP/1.1\r\nContent-Length: \xd9\xa0\r\n\r\n",  # a non-ASCII digit
+        b"G(T / HTTP/1.1\r\n\r\n",  # a method that is no token
+        b"GET  HTTP/1.1\r\n\r\n",  # no target between the two spaces
+        b"GET / HTTP/1.1 x\r\n\r\n",  # a fourth word (unpacked as three, it raised ValueError)
+        b"GET / HTTP/1.1\r\nNoColon\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX Y: 1\r\n\r\n",  # a field name that is no token
     ],
-    ids=["absolute-form-fragment", "conflicting-lengths", "non-ascii-length"],
+    ids=["absolute-form-fragment", "conflicting-lengths", "non-ascii-length", "method-not-token", "empty-target",
+         "four-words", "field-without-colon", "field-name-not-token"],
 )
 def test_heads_still_refused(head: bytes) -> None:
     with pytest.raises(BadRequest) as refused_head:
@@ -513,6 +521,7 @@ def test_accept_encoding_negotiation() -> None:
     assert accepts_gzip("deflate, gzip;q=0.5") and accepts_gzip("gzip;q=0.001")
     assert not accepts_gzip("") and not accepts_gzip("identity") and not accepts_gzip("*")
     assert not accepts_gzip("gzip;q=0") and not accepts_gzip("gzip; q=0.000") and not accepts_gzip("gzip;Q=0")
+    assert not accepts_gzip("gzip;q = 0")  # whitespace around '=' is not RFC 9110's, but still a refusal
 
 
 def test_gzip_answers_say_they_vary_with_accept_encoding(tree: Path) -> None:
@@ -529,7 +538,7 @@ def test_scrape_timeout_header_shortens_the_deadline() -> None:
     assert scrape_timeout(config, "10") == 8.0  # Prometheus's default 10 s: our 8 s flag wins
     assert scrape_timeout(config, "3") == 2.5
     assert scrape_timeout(config, "0.2") == 0.1
-    for junk in ("nan", "-1", "inf", "soon", ""):
+    for junk in ("nan", "-1", "0", "inf", "soon", ""):
         assert scrape_timeout(config, junk) == 8.0
 
 
