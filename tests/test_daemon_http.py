@@ -19,6 +19,7 @@ import selectors
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -50,6 +51,7 @@ from rdma_exporter.daemon import (
     build_sources,
     head_end,
     parse_head,
+    parse_listen,
     scrape_timeout,
     send_blocks,
 )
@@ -760,6 +762,136 @@ def test_last_idle_first_hands_out_every_job_before_closing() -> None:
     jobs.close()
     inbox: queue.SimpleQueue[str | None] = queue.SimpleQueue()
     assert [jobs.get(inbox), jobs.get(inbox), jobs.get(inbox)] == ["first", "second", None]
+
+
+# --- daemon mutation review: what each part of the server is for ---------------------------------------
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with a TCP RST (SO_LINGER 0): the server's next recv on its end fails with ECONNRESET."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_a_client_resetting_its_connection_does_not_stop_the_server() -> None:
+    # A client killed mid-request (or a load balancer's probe) resets its connection: the recv that finds
+    # the reset must cost that connection only, not the loop thread that holds every other one.
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"GET / HTTP/1.1\r\nX-Half: ")
+        wait_until(lambda: server.connections() == 1, 10)
+        reset(sock)
+        wait_until(lambda: server.connections() == 0, 10)
+        assert get(server.port, "/").status == 200
+
+
+def test_a_half_closed_client_with_half_a_head_is_closed_at_once() -> None:
+    # Nothing more can come: the partial request is dropped now, not answered 408 at the head timeout.
+    with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=30) as server, socket.create_connection(
+        ("127.0.0.1", server.port)
+    ) as sock:
+        sock.sendall(b"GET / HT")
+        sock.shutdown(socket.SHUT_WR)
+        assert closed_within(sock, 10) == (True, b"")
+
+
+def test_a_full_server_keeps_a_client_that_is_sending_its_head() -> None:
+    # Only idle connections make room for a new client: one whose request has begun is not one of them.
+    entered, release = threading.Event(), threading.Event()
+
+    def handler(request: Request) -> Response:
+        if request.path == "/hold":
+            entered.set()
+            release.wait(20)
+        return Response(200, b"ok")
+
+    with InProcessServer(handler, max_connections=2, idle_timeout=60, head_timeout=60) as server:
+        sending = socket.create_connection(("127.0.0.1", server.port))
+        wait_until(lambda: server.connections() == 1, 10)
+        sending.sendall(b"GET / HTTP/1.1\r\n")
+        # Its bytes were queued before the busy client connected, so the loop has read them before it
+        # handed the busy client's request to a worker.
+        busy = socket.create_connection(("127.0.0.1", server.port))
+        busy.sendall(b"GET /hold HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert entered.wait(10)
+        assert raw(server.port, b"GET / HTTP/1.1\r\n\r\n", timeout=10) == b""  # no room: closed at once
+        release.set()
+        assert closed_within(busy, 10)[1].startswith(b"HTTP/1.1 200")
+        sending.sendall(b"Connection: close\r\n\r\n")
+        assert closed_within(sending, 10)[1].startswith(b"HTTP/1.1 200")
+        busy.close()
+        sending.close()
+
+
+def test_a_request_answered_after_its_head_deadline_still_gets_its_answer() -> None:
+    # The head deadline is for receiving the request; once a worker has it, only the write timeout counts.
+    entered, release = threading.Event(), threading.Event()
+
+    def handler(request: Request) -> Response:
+        entered.set()
+        release.wait(20)
+        return Response(200, b"late")
+
+    with InProcessServer(handler, head_timeout=0.3, idle_timeout=0.3) as server, socket.create_connection(
+        ("127.0.0.1", server.port)
+    ) as slow:
+        slow.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert entered.wait(10)
+        # A connection accepted after the request arrived, closed by the server at its idle timeout: the
+        # loop has checked deadlines after the slow request's head deadline had passed.
+        with socket.create_connection(("127.0.0.1", server.port)) as later:
+            assert closed_within(later, 20)[0]
+        release.set()
+        closed, answer = closed_within(slow, 10)
+        assert closed and answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"late"), answer
+
+
+def test_a_failing_clean_up_or_an_unsendable_answer_costs_no_worker() -> None:
+    def handler(request: Request) -> Response:
+        # A header that cannot be sent (not Latin-1): rendering the answer fails after the handler returned.
+        return Response(200, b"ok", headers=[("X-Name", "\u2603")] if request.path == "/bad" else [])
+
+    def after_response(response: Response) -> None:
+        raise RuntimeError("clean-up bug")
+
+    with InProcessServer(handler, workers=1, after_response=after_response) as server:  # type: ignore[arg-type]
+        for _ in range(3):
+            assert get(server.port, "/", timeout=10).status == 200
+        assert raw(server.port, b"GET /bad HTTP/1.1\r\n\r\n", timeout=10) == b""  # closed without an answer
+        assert get(server.port, "/", timeout=10).status == 200  # the only worker survived both
+
+
+def test_a_large_answer_reaches_a_client_that_reads_it() -> None:
+    # Far more than the socket buffers hold: the worker waits for the client to read, it does not give up.
+    big = os.urandom(1 << 20) * 8
+    with InProcessServer(lambda request: Response(200, big)) as server:
+        reply = get(server.port, "/", timeout=30)
+    assert reply.status == 200 and reply.body == big
+
+
+def test_a_server_with_no_workers_asked_for_still_has_one() -> None:
+    with InProcessServer(lambda request: Response(200, b"ok"), workers=0) as server:
+        assert get(server.port, "/", timeout=10).status == 200
+
+
+def test_an_ipv6_listen_address_is_served_over_ipv6() -> None:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    address = parse_listen("[::1]:0")
+    assert address == ("::1", 0)
+    server = HttpServer(address, lambda request: Response(200, b"ok"))
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
+    try:
+        conn = http.client.HTTPConnection("::1", server.port, timeout=10)
+        conn.request("GET", "/")
+        assert conn.getresponse().read() == b"ok"
+        conn.close()
+    finally:
+        server.shutdown(grace=2)
+        loop.join(5)
 
 
 # --- deadline over HTTP, SIGTERM during a scrape ----------------------------------------------------------
