@@ -12,6 +12,7 @@ import errno
 import gc
 import gzip
 import http.client
+import logging
 import os
 import queue
 import resource
@@ -41,6 +42,7 @@ from rdma_exporter.daemon import (
     MAX_REQUEST_LINE,
     SEND_BLOCK_BYTES,
     BadRequest,
+    Daemon,
     Exporter,
     HttpServer,
     LastIdleFirst,
@@ -379,7 +381,9 @@ def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], t
 )
 def test_request_limits(request_bytes: bytes, status: int) -> None:
     with InProcessServer(lambda request: Response(200, b"ok")) as server:
-        assert status_of(raw(server.port, request_bytes)) == status
+        answer = raw(server.port, request_bytes)
+    assert status_of(answer) == status
+    assert b"\r\nConnection: close\r\n" in answer  # as it does: the rest of the stream is not read
 
 
 def test_parse_head_keeps_what_the_handler_needs() -> None:
@@ -712,14 +716,19 @@ def test_a_client_that_stops_reading_frees_its_worker_at_the_write_timeout() -> 
 def test_a_kept_connection_waits_the_idle_timeout_not_the_head_timeout() -> None:
     # Prometheus reuses its connection between scrapes: a kept connection is idle, not a slow request.
     with InProcessServer(lambda r: Response(200, b"ok"), head_timeout=0.3, idle_timeout=30) as server:
+        fresh = socket.create_connection(("127.0.0.1", server.port))  # connected, nothing sent yet: idle too
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
         conn.request("GET", "/")
         conn.getresponse().read()
         first = conn.sock
         assert closed_within(first, 1.5)[0] is False  # five head timeouts later, still open
+        assert closed_within(fresh, 0.1)[0] is False
         conn.request("GET", "/")
         assert conn.getresponse().read() == b"ok" and conn.sock is first
         conn.close()
+        fresh.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert closed_within(fresh, 10)[1].startswith(b"HTTP/1.1 200")
+        fresh.close()
 
 
 def test_sequential_requests_run_on_one_worker_and_overlapping_ones_in_parallel() -> None:
@@ -982,9 +991,8 @@ def test_shutdown_refuses_new_clients_while_the_request_in_flight_finishes() -> 
     server = HttpServer(("127.0.0.1", 0), handler)
     loop = threading.Thread(target=server.serve_forever, daemon=True)
     loop.start()
-    replies: list[Reply] = []
-    client = threading.Thread(target=lambda: replies.append(get(server.port, "/", timeout=30)))
-    client.start()
+    client = socket.create_connection(("127.0.0.1", server.port))
+    client.sendall(b"GET / HTTP/1.1\r\n\r\n")  # asks to keep the connection
     assert entered.wait(20)
     stopping = threading.Thread(target=server.shutdown, kwargs={"grace": 30})
     stopping.start()
@@ -999,11 +1007,16 @@ def test_shutdown_refuses_new_clients_while_the_request_in_flight_finishes() -> 
         return False
 
     wait_until(refused, 10)
-    assert not replies  # still draining
     release.set()
-    client.join(20)
+    # The answer says the connection closes, and then it does: nobody would answer a next request on it.
+    closed, answer = closed_within(client, 20)
+    client.close()
+    assert closed and answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"done"), answer
+    assert b"\r\nConnection: close\r\n" in answer
+    # Shutdown returns once the request is answered, not at the end of its grace, and no worker is left.
     stopping.join(20)
-    assert replies and (replies[0].status, replies[0].body) == (200, b"done")
+    assert not stopping.is_alive()
+    assert not any(worker.is_alive() for worker in server._workers)
 
 
 # --- TLS, mutual TLS, basic auth ---------------------------------------------------------------------------
@@ -1381,7 +1394,39 @@ def test_invalid_web_config_stops_startup(
     assert check.returncode == 2 and message in check.stderr
 
 
+def test_a_listen_address_in_use_stops_startup(start: Callable[..., RunningDaemon], tree: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        busy = taken.getsockname()[1]
+        daemon = start("--path.sysfs", str(tree), "--web.listen-address", f"127.0.0.1:{busy}", wait=False)
+        assert daemon.proc.wait(30) == 1  # not 2, which says the configuration is invalid
+    assert f"cannot listen on 127.0.0.1:{busy}" in daemon.log()
+
+
 # --- SIGHUP -------------------------------------------------------------------------------------------------
+
+
+def test_a_reload_applies_the_read_settings_and_keeps_what_is_bound_at_start_up(tree: Path, tmp_path: Path) -> None:
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", read_threads=4, max_open_files=100)
+    new = replace(
+        config, sysfs=tmp_path / "elsewhere", listen_address="127.0.0.1:1", read_threads=2, max_open_files=10,
+        log_level="debug",
+    )
+    root, limits = logging.getLogger(), resource.getrlimit(resource.RLIMIT_NOFILE)
+    level = root.level
+    daemon = Daemon(config, reload=lambda: new)
+    try:
+        assert daemon.reload()
+        running = daemon.exporter.serving.config
+        # The socket and the uevent monitor were bound at start-up: their settings wait for a restart.
+        assert (running.listen_address, running.sysfs) == ("127.0.0.1:0", tree)
+        assert (daemon.reads.pool.parallelism, daemon.reads.budget.limit) == (2, 10)
+        assert root.level == logging.DEBUG
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+        root.setLevel(level)
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
 
 def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
