@@ -1155,8 +1155,7 @@ def test_tls_without_min_version_refuses_tls11(pki: Pki, tmp_path: Path) -> None
 def test_a_client_that_never_finishes_its_tls_handshake_is_closed_at_the_head_timeout(
     pki: Pki, tmp_path: Path
 ) -> None:
-    config = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
-    context = load_web_config(config).ssl_context
+    context = server_tls(pki, tmp_path)
     with InProcessServer(
         lambda request: Response(200, b"ok"), tls=lambda: context, head_timeout=2, idle_timeout=60  # type: ignore[arg-type]
     ) as server, socket.create_connection(("127.0.0.1", server.port)) as silent:
@@ -1170,6 +1169,37 @@ def test_a_client_that_never_finishes_its_tls_handshake_is_closed_at_the_head_ti
             socket.create_connection(("127.0.0.1", server.port)), server_hostname="127.0.0.1"
         ) as secure:
             assert closed_within(secure, 3)[0] is False
+            secure.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert closed_within(secure, 10)[1].startswith(b"HTTP/1.1 200")
+
+
+def server_tls(pki: Pki, tmp_path: Path) -> ssl.SSLContext:
+    """The server context of a web config with our server certificate and no client authentication."""
+    config = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    context = load_web_config(config).ssl_context
+    assert context is not None
+    return context
+
+
+def test_a_client_resetting_during_its_tls_handshake_does_not_stop_the_server(pki: Pki, tmp_path: Path) -> None:
+    context = server_tls(pki, tmp_path)
+    with InProcessServer(lambda request: Response(200, b"ok"), tls=lambda: context) as server:  # type: ignore[arg-type]
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        wait_until(lambda: server.connections() == 1, 10)
+        reset(sock)  # the handshake's next read fails with ECONNRESET, an OSError but no SSLError
+        wait_until(lambda: server.connections() == 0, 10)
+        assert get(server.port, "/", context=client_context(pki)).status == 200
+
+
+def test_a_full_server_keeps_a_client_in_its_tls_handshake(pki: Pki, tmp_path: Path) -> None:
+    # A handshake under way is a request begun, not an idle connection to close for a newcomer.
+    context = server_tls(pki, tmp_path)
+    with InProcessServer(
+        lambda request: Response(200, b"ok"), tls=lambda: context, max_connections=1, head_timeout=60  # type: ignore[arg-type]
+    ) as server, socket.create_connection(("127.0.0.1", server.port)) as slow:
+        wait_until(lambda: server.connections() == 1, 10)
+        assert refused(server.port, client_context(pki))  # no room: closed at once
+        with client_context(pki).wrap_socket(slow, server_hostname="127.0.0.1") as secure:
             secure.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
             assert closed_within(secure, 10)[1].startswith(b"HTTP/1.1 200")
 
