@@ -38,6 +38,7 @@ from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec,
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import (
+    ACCEPT_PAUSE,
     MAX_HEADERS,
     MAX_REQUEST_LINE,
     SEND_BLOCK_BYTES,
@@ -538,6 +539,38 @@ def test_gzip_answers_say_they_vary_with_accept_encoding(tree: Path) -> None:
         assert ("Vary", "Accept-Encoding") in response.headers
 
 
+class CountedRenders(FamilySet):
+    """A FamilySet that counts how often it is encoded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renders = 0
+
+    def render_chunks(self) -> tuple[bytes, ...]:
+        self.renders += 1
+        return super().render_chunks()
+
+
+class OneRound:
+    """A collector whose scrapes all share one round: gather hands out the same FamilySet."""
+
+    def __init__(self) -> None:
+        self.families: CountedRenders | None = CountedRenders()
+
+    def gather(self, timeout: float | None = None) -> FamilySet:
+        assert self.families is not None
+        return self.families
+
+
+def test_a_rounds_encoded_bodies_are_reused_then_dropped_with_the_round() -> None:
+    collector = OneRound()
+    exporter = Exporter(Serving(Config(), collector, WebConfig()))  # type: ignore[arg-type]
+    for encoding in ("identity", "gzip", "identity", "gzip"):
+        exporter.handle(Request("GET", "/metrics", "HTTP/1.1", {"accept-encoding": encoding}))
+    assert collector.families is not None and collector.families.renders == 2  # once per encoding
+    collector.families = None  # the round is over: its bodies must not outlive it until the next scrape
+    assert exporter._encoded == (None, {})
+
 def test_scrape_timeout_header_shortens_the_deadline() -> None:
     config = Config(scrape_timeout=8.0)
     assert scrape_timeout(config, None) == 8.0
@@ -793,6 +826,37 @@ def test_a_client_resetting_its_connection_does_not_stop_the_server() -> None:
         wait_until(lambda: server.connections() == 0, 10)
         assert get(server.port, "/").status == 200
 
+
+def test_accepts_pause_while_out_of_file_descriptors_then_resume(caplog: pytest.LogCaptureFixture) -> None:
+    # EMFILE: accept() fails while the listener stays readable. The loop stops watching it for a moment
+    # (no busy loop logging a warning per try), then accepts the waiting client once descriptors are free.
+    with InProcessServer(lambda request: Response(200, b"ok")) as server, socket.socket() as client:
+        limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+        fillers: list[int] = []
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 32, limits[1]))
+            with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+                with contextlib.suppress(OSError):  # EMFILE: every descriptor under the limit is taken
+                    while True:
+                        fillers.append(os.open(os.devnull, os.O_RDONLY))
+                client.connect(("127.0.0.1", server.port))  # accept() on the server's side fails
+                wait_until(lambda: "accept failed" in caplog.text, 10)
+                started = time.monotonic()
+                for fd in fillers:
+                    os.close(fd)
+                fillers.clear()
+                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+                window = time.monotonic() - started
+                client.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+                closed, answer = closed_within(client, 20)
+            assert closed and answer.startswith(b"HTTP/1.1 200"), answer
+            # One failed accept per pause (the window is measured after the first warning, so a slow
+            # machine only widens it); a busy loop logs thousands.
+            assert caplog.text.count("accept failed") <= 2 + window / ACCEPT_PAUSE, caplog.text[:500]
+        finally:
+            for fd in fillers:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
 def test_a_half_closed_client_with_half_a_head_is_closed_at_once() -> None:
     # Nothing more can come: the partial request is dropped now, not answered 408 at the head timeout.
