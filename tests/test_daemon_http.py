@@ -40,6 +40,7 @@ from rdma_exporter.config import Config
 from rdma_exporter.daemon import (
     ACCEPT_PAUSE,
     MAX_HEADERS,
+    MAX_REQUEST_HEAD,
     MAX_REQUEST_LINE,
     SEND_BLOCK_BYTES,
     BadRequest,
@@ -469,8 +470,11 @@ def test_http10_keep_alive_keeps_the_connection() -> None:
         # Heads longer than the buffer and never finished: answered at once, not at the head timeout.
         (b"GET /" + b"a" * 20000, 414),
         (b"GET / HTTP/1.1\r\nX-Big: " + b"b" * 20000, 431),
+        # One byte over the buffer: the loop must read it (stopping at exactly the buffer's size would leave
+        # it unread until the head timeout).
+        (b"GET / HTTP/1.1\r\nX-Big: " + b"b" * (MAX_REQUEST_HEAD + 1 - len(b"GET / HTTP/1.1\r\nX-Big: ")), 431),
     ],
-    ids=["endless-line", "endless-header"],
+    ids=["endless-line", "endless-header", "one-byte-over"],
 )
 def test_heads_over_the_buffer_are_refused_before_they_end(request_bytes: bytes, status: int) -> None:
     with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=30) as server:
