@@ -862,6 +862,15 @@ def test_accepts_pause_while_out_of_file_descriptors_then_resume(caplog: pytest.
                 os.close(fd)
             resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
+def test_the_head_timeout_runs_from_the_first_byte_not_the_idle_timeout() -> None:
+    # A connection that began a request and stopped gets 408 at the (short) head timeout, not at the idle
+    # timeout it had while it sent nothing.
+    with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=0.5, idle_timeout=60) as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as stalled:
+            stalled.sendall(b"GET / HTTP/1.1\r\n")
+            closed, answer = closed_within(stalled, 30)
+        assert closed and answer.startswith(b"HTTP/1.1 408"), answer
+
 def test_a_half_closed_client_with_half_a_head_is_closed_at_once() -> None:
     # Nothing more can come: the partial request is dropped now, not answered 408 at the head timeout.
     with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=30) as server, socket.create_connection(
