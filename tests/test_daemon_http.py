@@ -35,10 +35,12 @@ import pytest
 
 from rdma_exporter import webconfig
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
-from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.collect.engine import HARD_MAX_WORKERS, DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import (
     ACCEPT_PAUSE,
+    FD_RESERVE,
+    MAX_CONNECTIONS,
     MAX_HEADERS,
     MAX_REQUEST_HEAD,
     MAX_REQUEST_LINE,
@@ -340,6 +342,15 @@ def test_scrapes_sharing_a_round_each_get_the_encoding_they_asked_for(
     assert ("Content-Encoding", "gzip") in zipped.headers
     assert gzip.decompress(b"".join(zipped.parts)) == text
 
+
+def test_the_fd_reserve_covers_the_daemons_own_descriptors(start: Callable[..., RunningDaemon], tree: Path) -> None:
+    # FD_RESERVE is kept free for every connection and reader thread, plus the daemon's own descriptors
+    # (listener, epoll, wake pair, udev monitor, stdio, log): those must fit in what is left of it.
+    daemon = start("--path.sysfs", str(tree), "--read.max-open-files", "0")  # no kept sysfs files
+    assert get(daemon.port).status == 200
+    own = len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+    assert MAX_CONNECTIONS + HARD_MAX_WORKERS + own <= FD_RESERVE, own
+    assert daemon.stop() == 0
 
 def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], tree: Path) -> None:
     daemon = start("--path.sysfs", str(tree))
