@@ -614,8 +614,10 @@ def test_send_blocks_join_small_chunks_in_order_without_copying_big_ones() -> No
 class InProcessServer:
     """An HttpServer on a free loopback port, served from a thread for the duration of a with block."""
 
-    def __init__(self, handler: Callable[[Request], Response], **options: float) -> None:
-        self.server = HttpServer(("127.0.0.1", 0), handler, **options)  # type: ignore[arg-type]
+    def __init__(
+        self, handler: Callable[[Request], Response], address: tuple[str, int] = ("127.0.0.1", 0), **options: float
+    ) -> None:
+        self.server = HttpServer(address, handler, **options)  # type: ignore[arg-type]
         self.port = self.server.port
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -978,17 +980,11 @@ def test_an_ipv6_listen_address_is_served_over_ipv6() -> None:
         pytest.skip("no IPv6 loopback")
     address = parse_listen("[::1]:0")
     assert address == ("::1", 0)
-    server = HttpServer(address, lambda request: Response(200, b"ok"))
-    loop = threading.Thread(target=server.serve_forever, daemon=True)
-    loop.start()
-    try:
+    with InProcessServer(lambda request: Response(200, b"ok"), address) as server:
         conn = http.client.HTTPConnection("::1", server.port, timeout=10)
         conn.request("GET", "/")
         assert conn.getresponse().read() == b"ok"
         conn.close()
-    finally:
-        server.shutdown(grace=2)
-        loop.join(5)
 
 
 # --- deadline over HTTP, SIGTERM during a scrape ----------------------------------------------------------
