@@ -860,6 +860,7 @@ def test_pool_threads_let_in_by_abandoned_jobs_leave_once_they_return() -> None:
         for job in jobs:  # each scrape gives up on the job that blocks, which lets the next one start
             wait_until(lambda job=job: job.running, timeout=10.0)
             pool.abandon(job)
+            pool.abandon(job)  # another scrape of the round gives up too: one more thread, not two
         assert pool.threads == 3
     finally:
         for gate in gates:
@@ -867,6 +868,27 @@ def test_pool_threads_let_in_by_abandoned_jobs_leave_once_they_return() -> None:
     wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
     wait_until(lambda: pool.threads <= 1, timeout=10.0)
     assert pool.abandoned == 0
+
+
+def test_pool_starts_threads_for_the_queue_only_as_far_as_its_capacity() -> None:
+    # A stuck job that a scrape gave up on lets exactly one more thread in, however long it has been
+    # running (abandoned, it no longer counts as slow too), and jobs submitted while that thread is still
+    # starting need no other: capacity 2 (parallelism 4), so 2 threads whatever the number of queued jobs.
+    pool = WorkerPool(parallelism=4, hard_max=8, idle_seconds=60.0, spill_after=0.05)
+    gate = threading.Event()
+    stuck = pool_job("stuck", gate)
+    queued = [pool_job(f"q{n}", gate) for n in range(3)]
+    try:
+        pool.submit(stuck)
+        wait_until(lambda: stuck.running and time.monotonic() - stuck.since() >= 0.05, timeout=10.0)
+        pool.abandon(stuck)
+        with pool._cond:  # no thread reaches the queue (and no queued job gets slow) until all are submitted
+            for job in queued:
+                pool.submit(job)
+            assert pool.threads == 2
+    finally:
+        gate.set()
+    wait_until(lambda: all(job.done.is_set() for job in [stuck, *queued]), timeout=10.0)
 
 
 def test_pool_never_exceeds_its_hard_max_however_many_jobs_are_abandoned() -> None:
