@@ -891,6 +891,42 @@ def test_pool_starts_threads_for_the_queue_only_as_far_as_its_capacity() -> None
     wait_until(lambda: all(job.done.is_set() for job in [stuck, *queued]), timeout=10.0)
 
 
+def test_pool_survives_a_job_whose_work_raises() -> None:
+    # A bug in the work function (device faults are handled inside it) ends that job only: its thread goes
+    # on to the next job, and the pool still counts it as free.
+    pool = WorkerPool(parallelism=1, hard_max=4, idle_seconds=60.0, spill_after=60.0)
+    ran: list[threading.Thread] = []
+
+    def broken(job: DeviceJob) -> None:
+        ran.append(threading.current_thread())
+        raise ValueError("a bug")
+
+    jobs = [DeviceJob("/x/broken", "broken", broken), pool_job("after", ran=ran)]
+    for job in jobs:
+        pool.submit(job)
+    wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
+    assert len(ran) == 2 and ran[0] is ran[1] and pool.threads == 1
+
+
+def test_a_device_job_leaves_the_outstanding_jobs_before_it_is_done() -> None:
+    # A scrape that sees a job done and starts a round at once must not find the device still outstanding
+    # and skip it as stuck.
+    reads = DeviceReads(WorkerPool())
+    outstanding_when_done: list[int] = []
+
+    class WatchedDone(threading.Event):
+        def set(self) -> None:
+            outstanding_when_done.append(reads.outstanding())
+            super().set()
+
+    def work(job: DeviceJob) -> None:
+        job.done = WatchedDone()
+
+    reads.start("/x/d", "d", work)
+    wait_until(lambda: outstanding_when_done, timeout=10.0)
+    assert outstanding_when_done == [0]
+
+
 def test_pool_never_exceeds_its_hard_max_however_many_jobs_are_abandoned() -> None:
     # Each abandoned (stuck) job lets one more thread in, but never past hard_max.
     pool = WorkerPool(parallelism=1, hard_max=3, idle_seconds=60.0, spill_after=60.0)
