@@ -322,6 +322,20 @@ def test_removed_device_closes_its_files_and_returns_the_budget(tmp_path: Path) 
     assert 0 < one < both and reads.budget.used == one
 
 
+def test_collectors_sharing_the_reads_keep_each_others_files(tmp_path: Path) -> None:
+    # One DeviceReads serves every collector of the process: a scrape of one tree closes the files of the
+    # devices gone from that tree, not those of another tree's devices.
+    reads = DeviceReads(WorkerPool(), FileBudget(10_000))
+    first, second = (
+        build_collector(replace(Config(), sysfs=build_tree(tmp_path / name, spec_for_devices(1))), reads=reads)
+        for name in ("a", "b")
+    )
+    scrape(first)
+    kept = reads.open_files()
+    scrape(second)
+    assert kept > 0 and reads.open_files() > kept
+
+
 def test_settled_tree_sees_files_replaced_between_scrapes(tmp_path: Path) -> None:
     root = build_tree(tmp_path / "t", spec_for_devices(1))
     counters = (root / "class" / "infiniband" / "mlx5_0").resolve() / "ports" / "1" / "counters"
