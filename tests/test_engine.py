@@ -3,10 +3,12 @@ serves when a device's read is stuck, fails or raises, and what the exporter say
 
 from __future__ import annotations
 
+import gc
 import logging
 import platform
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -69,9 +71,11 @@ def standin() -> Iterator[StandIn]:
     source.release()
 
 
-def collector(tmp_path: Path, source: StandIn, devices: int = 2, parallelism: int = 4) -> RdmaCollector:
+def collector(
+    tmp_path: Path, source: StandIn, devices: int = 2, parallelism: int = 4, hard_max: int = 8
+) -> RdmaCollector:
     root = build_tree(tmp_path / "t", spec_for_devices(devices))
-    reads = DeviceReads(WorkerPool(parallelism=parallelism, hard_max=8))
+    reads = DeviceReads(WorkerPool(parallelism=parallelism, hard_max=hard_max))
     return RdmaCollector(root, [source], scrape_timeout=5.0, reads=reads)
 
 
@@ -89,7 +93,9 @@ def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(tmp_path:
     assert ("x_value", (("device", "mlx5_1"),)) not in first
     # mlx5_1's job ends (dropped, or run by the thread let in): only the stuck read is left outstanding.
     wait_until(lambda: rdma.reads.outstanding() == 1)
-    second = scrape(rdma)
+    second = scrape(rdma, 30.0)
+    # Over once mlx5_1 is read: the skipped device, which has no job in this round, is not waited for.
+    assert rdma._round is not None and rdma._round.all_done.is_set()
     assert second[("x_value", (("device", "mlx5_1"),))] == 1
     assert second[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_0"),))] == 1
     assert ("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),)) not in second
@@ -167,39 +173,51 @@ def test_scrapes_sharing_a_round_count_each_error_once(tmp_path: Path, standin: 
     assert rdma._round is not None and rdma._round.result is None  # one round, still unfinished
 
 
+def durations_of(metrics: Samples) -> dict[str, float]:
+    """{collector: seconds} of rdma_exporter_scrape_collector_duration_seconds."""
+    return {
+        labels[0][1]: value for (name, labels), value in metrics.items()
+        if name == "rdma_exporter_scrape_collector_duration_seconds"
+    }
+
+
 def test_durations_include_static_and_source_reads(
     tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Time a collector spent in this scrape, summed over devices: the inventory's includes each device's
-    # static read, done in the device's job.
+    # Time a collector spent in this scrape, summed over devices: the inventory's is the listing plus each
+    # device's static read, done in the device's job.
     real = engine.read_device_info
+    real_list = engine.list_devices
 
     def slow_read_device_info(*args: Any, **kwargs: Any) -> DeviceInfo:
         time.sleep(0.1)
         return real(*args, **kwargs)
 
+    def slow_list_devices(*args: Any, **kwargs: Any) -> list[str]:
+        time.sleep(0.5)
+        return real_list(*args, **kwargs)
+
     monkeypatch.setattr(engine, "read_device_info", slow_read_device_info)
+    monkeypatch.setattr(engine, "list_devices", slow_list_devices)
     standin.seconds = 0.1
-    metrics = scrape(collector(tmp_path, standin))
-    durations = {
-        labels[0][1]: value for (name, labels), value in metrics.items()
-        if name == "rdma_exporter_scrape_collector_duration_seconds"
-    }
+    durations = durations_of(scrape(collector(tmp_path, standin)))
     assert durations.keys() == {"inventory", "standin"}
-    assert durations["inventory"] >= 0.2
+    assert durations["inventory"] >= 0.7
     assert durations["standin"] >= 0.2
 
 
+@pytest.mark.parametrize("error", [OSError("EIO"), ValueError("a parser bug")], ids=["io", "bug"])
 def test_a_device_whose_static_read_raises_is_counted_by_the_inventory_only(
-    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch, error: Exception
 ) -> None:
     # Without its static info the device has no reads to time out: the failure is an inventory read error,
-    # not a timeout of every source, and the device is not counted as answering.
+    # not a timeout of every source, and the device is not counted as answering. A parser tripped by odd
+    # attributes is no different from a read that failed.
     real = engine.read_device_info
 
     def failing(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
         if name == "mlx5_0":
-            raise OSError("EIO")
+            raise error
         return real(sys_root, name, reader)
 
     monkeypatch.setattr(engine, "read_device_info", failing)
@@ -283,6 +301,14 @@ class IoFreeStandIn:
             out.add(PRESENT, [name], value)
 
 
+def iofree_collector(tmp_path: Path, standin: StandIn) -> tuple[RdmaCollector, IoFreeStandIn]:
+    """Two devices read by the stand-in, then by an I/O-free source."""
+    iofree = IoFreeStandIn()
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    return RdmaCollector(root, [standin, iofree], scrape_timeout=5.0, reads=reads), iofree
+
+
 def test_an_io_free_source_raising_on_the_cached_info_of_a_stuck_device_fails(
     tmp_path: Path, standin: StandIn
 ) -> None:
@@ -290,10 +316,7 @@ def test_an_io_free_source_raising_on_the_cached_info_of_a_stuck_device_fails(
     # I/O-free source on that cached info itself. The source raising there fails the source (base.Source:
     # "The source fails the round only if it raises"), though it counts no timeout and mlx5_1 still answers.
     gate = standin.gates["mlx5_0"] = threading.Event()
-    iofree = IoFreeStandIn()
-    root = build_tree(tmp_path / "t", spec_for_devices(2))
-    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
-    rdma = RdmaCollector(root, [standin, iofree], scrape_timeout=5.0, reads=reads)
+    rdma, iofree = iofree_collector(tmp_path, standin)
     thread = threading.Thread(target=lambda: scrape(rdma, 30.0))
     thread.start()
     try:
@@ -326,3 +349,75 @@ def test_a_listing_that_fails_forgets_no_device_error_counts(tmp_path: Path, sta
     class_dir.unlink()
     class_dir.with_name("infiniband.away").rename(class_dir)
     assert errors_of(scrape(rdma), "mlx5_0") == 2
+
+
+def test_a_short_scrape_joining_a_round_drops_no_job_the_long_one_waits_for(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    # One reader thread, and no room for another: mlx5_1's job is queued behind mlx5_0's, held. A short
+    # scrape joins the long scrape's round and serves without both; the round's deadline stays the long
+    # scrape's, so the short one's end drops nothing, and the long scrape gets mlx5_1 once mlx5_0 answers.
+    gate = standin.gates["mlx5_0"] = threading.Event()
+    rdma = collector(tmp_path, standin, parallelism=1, hard_max=1)
+    longer: list[Samples] = []
+    thread = threading.Thread(target=lambda: longer.append(scrape(rdma, 30.0)))
+    thread.start()
+    try:
+        wait_until(lambda: "mlx5_0" in standin.reading, 10)  # the long scrape's round is in flight
+        short = scrape(rdma, 0.2)
+    finally:
+        gate.set()
+        thread.join(30)
+    assert ("x_value", (("device", "mlx5_1"),)) not in short
+    assert longer[0][("x_value", (("device", "mlx5_1"),))] == 1
+
+
+def test_a_finished_round_is_freed_without_the_cyclic_gc(tmp_path: Path, standin: StandIn) -> None:
+    # The round holds its jobs; a job that kept the round's callback once called would make every scrape's
+    # readings a reference cycle, freed only whenever the cyclic GC next runs.
+    rdma = collector(tmp_path, standin)
+    gc.collect()
+    gc.disable()
+    try:
+        scrape(rdma)
+        first = weakref.ref(rdma._round)
+        scrape(rdma)  # a new round replaces it
+        assert first() is None
+    finally:
+        gc.enable()
+
+
+def test_a_read_still_running_counts_in_its_collectors_duration(tmp_path: Path, standin: StandIn) -> None:
+    # A scrape that stops waiting for a read still running counts the time it has run so far: a stuck
+    # device shows as a collector that took its whole deadline, not as one that took nothing.
+    gate = standin.gates["mlx5_0"] = threading.Event()
+    rdma = collector(tmp_path, standin, devices=1)
+    thread = threading.Thread(target=lambda: scrape(rdma, 30.0))
+    thread.start()
+    try:
+        wait_until(lambda: "mlx5_0" in standin.reading, 10)
+        metrics = scrape(rdma, 0.3)  # joins the round, whose read began before this scrape did
+    finally:
+        gate.set()
+        thread.join(30)
+    assert ("x_value", (("device", "mlx5_0"),)) not in metrics
+    assert durations_of(metrics)["standin"] >= 0.3
+
+
+def test_a_skipped_device_is_evaluated_on_the_static_info_its_stuck_job_read(
+    tmp_path: Path, standin: StandIn
+) -> None:
+    # mlx5_1's read is stuck after its job read its static info, and that info has since left the cache (an
+    # event, or its age). The next scrape skips the device; an I/O-free source still evaluates it on the info
+    # the stuck job read, not as a device whose layout is unknown.
+    gate = standin.gates["mlx5_1"] = threading.Event()
+    rdma, _ = iofree_collector(tmp_path, standin)
+    try:
+        scrape(rdma, 0.2)
+        wait_until(lambda: "mlx5_1" in standin.reading, 10)
+        rdma.inventory.invalidate("mlx5_1")
+        metrics = scrape(rdma)
+    finally:
+        gate.set()
+    assert metrics[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),))] == 1
+    assert metrics[("x_present", (("device", "mlx5_1"),))] == 1
