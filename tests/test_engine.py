@@ -333,16 +333,21 @@ def test_an_io_free_source_raising_on_the_cached_info_of_a_stuck_device_fails(
     assert success_of(metrics) == 0  # the stand-in's read of mlx5_0 did time out
 
 
-def test_a_listing_that_fails_forgets_no_device_error_counts(tmp_path: Path, standin: StandIn) -> None:
+@pytest.mark.parametrize("udev", [False, True], ids=["rescan", "udev"])
+def test_a_listing_that_fails_forgets_no_device_error_counts(tmp_path: Path, standin: StandIn, udev: bool) -> None:
     # A class/infiniband that cannot be listed (EIO, EACCES) says nothing about which devices are gone: the
     # devices' error counters stay, and go on from where they were once the listing works again (a counter
-    # that dropped to nothing and restarted would read as a reset to rate()).
+    # that dropped to nothing and restarted would read as a reset to rate()). udev mode lists only when an
+    # event says the devices changed, and a listing that failed is no listing: it is tried again at the next
+    # scrape, not served as a node without devices until the next event or the 15-minute resync.
     standin.errors.add("mlx5_0")
     rdma = collector(tmp_path, standin)
+    rdma.inventory.rescan_each_scrape = not udev
     assert errors_of(scrape(rdma), "mlx5_0") == 1
     class_dir = rdma.sys_root / "class" / "infiniband"
     class_dir.rename(class_dir.with_name("infiniband.away"))
     class_dir.write_text("")  # listing it fails with ENOTDIR
+    rdma.inventory.mark_dirty()  # the event that makes udev mode list again
     metrics = scrape(rdma)
     assert success_of(metrics, "inventory") == 0
     assert errors_of(metrics, "mlx5_0") == 1

@@ -262,9 +262,12 @@ class Inventory:
                     self._resynced_at = now
                 listed = {name for name, _ in self._listing}
                 self._cache = {n: v for n, v in self._cache.items() if n in listed}
+            listing = self._listing
+            if errors.counts:  # a listing that failed is no listing: udev mode too lists again next scrape
+                self._listing = None
             entries = []
             max_age = RESCAN_STATIC_MAX_AGE if self.rescan_each_scrape else math.inf
-            for name, target in self._listing:
+            for name, target in listing:
                 cached = self._cache.get(name)
                 info = None
                 if cached is not None and cached[0] == target:
