@@ -965,6 +965,12 @@ class PausedClock:
         with self._lock:
             return (time.monotonic() if self._paused_at is None else self._paused_at) - self._offset
 
+    def advance(self, seconds: float) -> None:
+        """Move the clock on by `seconds` while it stands still."""
+        with self._lock:
+            assert self._paused_at is not None, "advance() is for a paused clock"
+            self._paused_at += seconds
+
     def resume(self) -> None:
         with self._lock:
             if self._paused_at is not None:

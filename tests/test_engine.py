@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_daemon_faults import PausedClock
 
 from rdma_exporter import __version__
 from rdma_exporter.collect import engine
@@ -426,3 +427,26 @@ def test_a_skipped_device_is_evaluated_on_the_static_info_its_stuck_job_read(
         gate.set()
     assert metrics[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),))] == 1
     assert metrics[("x_present", (("device", "mlx5_1"),))] == 1
+
+
+def test_a_blocked_read_is_timed_from_its_start_not_from_its_submission(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rdma_exporter_device_read_blocked_seconds is how long the read has been running: the time its job
+    # spent queued behind another device's job is no part of it. One reader thread, so mlx5_1 waits for
+    # mlx5_0; the engine's clock moves only when the test says.
+    first = standin.gates["mlx5_0"] = threading.Event()
+    standin.gates["mlx5_1"] = threading.Event()
+    clock = PausedClock()
+    monkeypatch.setattr(engine, "time", clock)
+    rdma = collector(tmp_path, standin, parallelism=1, hard_max=1)
+    result: list[Samples] = []
+    thread = threading.Thread(target=lambda: result.append(scrape(rdma, 100.0)))
+    thread.start()
+    wait_until(lambda: "mlx5_0" in standin.reading, 10)
+    clock.advance(40.0)  # mlx5_1's job has been queued for 40 s
+    first.set()
+    wait_until(lambda: "mlx5_1" in standin.reading, 10)
+    clock.advance(60.0)  # the scrape's deadline: mlx5_1's read has been running for 60 s
+    thread.join(30)
+    assert result[0][("rdma_exporter_device_read_blocked_seconds", (("device", "mlx5_1"),))] == 60.0
