@@ -313,6 +313,31 @@ def test_device_removed_in_the_middle_of_a_scrape(tmp_path: Path, fifos: Fifos) 
     assert value(after, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
 
 
+def test_a_device_removed_while_its_read_is_stuck_keeps_its_files_until_the_read_returns(
+    tmp_path: Path, fifos: Fifos
+) -> None:
+    # The stuck job goes on reading with the device's kept fds once the firmware answers: closing them
+    # under it would let the numbers be reused for other files. They go at the first scrape after it.
+    root = make_tree(tmp_path, 2)
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    collector = collector_for(root, 1.0, reads)
+    timed_scrape(collector)
+    one_device = reads.open_files() // 2
+    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
+    timed_scrape(collector)  # mlx5_1 times out on the FIFO, with the files it read before it kept
+    stuck = reads.open_files()
+    assert stuck > one_device and reads.outstanding() == 1
+    (root / "class" / "infiniband" / "mlx5_1").unlink()
+    metrics, _ = timed_scrape(collector)
+    assert value(metrics, "rdma_exporter_devices") == 1
+    assert reads.outstanding() == 1 and reads.open_files() == stuck  # not closed under the running read
+
+    fifos.release(fifo, b"1000\n")
+    wait_until(lambda: reads.outstanding() == 0)
+    timed_scrape(collector)
+    assert reads.open_files() == one_device and reads.budget.used == one_device
+
+
 def test_port_files_change_between_reads(tmp_path: Path, fifos: Fifos) -> None:
     root = make_tree(tmp_path, 2)
     collector = collector_for(root, 5.0)
