@@ -21,7 +21,7 @@ from rdma_exporter.collect.engine import DeviceJob, DeviceReads, RdmaCollector, 
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
 from rdma_exporter.parse.infiniband import DeviceInfo
-from rdma_exporter.parse.reader import SysfsReader
+from rdma_exporter.parse.reader import FileBudget, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
 from conftest import Took, prometheus_text, samples, timed, wait_until
@@ -319,7 +319,7 @@ def test_a_device_removed_while_its_read_is_stuck_keeps_its_files_until_the_read
     # The stuck job goes on reading with the device's kept fds once the firmware answers: closing them
     # under it would let the numbers be reused for other files. They go at the first scrape after it.
     root = make_tree(tmp_path, 2)
-    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8), FileBudget(10_000))  # not the shared budget
     collector = collector_for(root, 1.0, reads)
     timed_scrape(collector)
     one_device = reads.open_files() // 2
