@@ -272,6 +272,11 @@ def test_no_orphan_runbooks() -> None:
     assert pages == set(ALERT_NAMES)
 
 
+def test_the_readme_counts_the_alerts() -> None:
+    counted = re.findall(r"(\d+) alerts for", (ROOT / "README.md").read_text())
+    assert counted == [str(len(ALERT_NAMES))]
+
+
 # --- alertmanager -----------------------------------------------------------------------------------
 
 
