@@ -450,3 +450,21 @@ def test_a_blocked_read_is_timed_from_its_start_not_from_its_submission(
     clock.advance(60.0)  # the scrape's deadline: mlx5_1's read has been running for 60 s
     thread.join(30)
     assert result[0][("rdma_exporter_device_read_blocked_seconds", (("device", "mlx5_1"),))] == 60.0
+
+
+def test_a_scrape_ending_exactly_at_its_deadline_drops_the_jobs_that_never_started(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The deadline is the last moment the scrape waits: assembled at that very instant (the engine's clock
+    # moves only when the test says), the round gives up on its jobs, so mlx5_1's, queued behind the stuck
+    # mlx5_0 on the one reader thread, is dropped rather than left outstanding for the next scrape to skip.
+    standin.gates["mlx5_0"] = threading.Event()
+    clock = PausedClock()
+    monkeypatch.setattr(engine, "time", clock)
+    rdma = collector(tmp_path, standin, parallelism=1, hard_max=1)
+    scraper = threading.Thread(target=lambda: scrape(rdma, 10.0))
+    scraper.start()
+    wait_until(lambda: "mlx5_0" in standin.reading, 10)
+    clock.advance(10.0)
+    scraper.join(30)
+    assert rdma.reads.outstanding() == 1  # mlx5_0's stuck read only
