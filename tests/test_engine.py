@@ -468,3 +468,22 @@ def test_a_scrape_ending_exactly_at_its_deadline_drops_the_jobs_that_never_start
     clock.advance(10.0)
     scraper.join(30)
     assert rdma.reads.outstanding() == 1  # mlx5_0's stuck read only
+
+
+def test_udev_mode_relists_after_a_device_vanished_under_its_read(tmp_path: Path, standin: StandIn) -> None:
+    # udev mode lists only on events; a device whose directory is gone by the end of its job was removed
+    # under it, so the next scrape lists again even if the remove event never came (netlink drops events).
+    gate = standin.gates["mlx5_1"] = threading.Event()
+    rdma = collector(tmp_path, standin)
+    rdma.inventory.rescan_each_scrape = False
+    scraper = threading.Thread(target=lambda: scrape(rdma, 30.0))
+    scraper.start()
+    try:
+        wait_until(lambda: "mlx5_1" in standin.reading, 10)
+        (rdma.sys_root / "class" / "infiniband" / "mlx5_1").unlink()
+    finally:
+        gate.set()
+        scraper.join(30)
+    metrics = scrape(rdma)
+    assert metrics[("rdma_exporter_devices", ())] == 1
+    assert ("x_value", (("device", "mlx5_1"),)) not in metrics
