@@ -952,6 +952,39 @@ def test_a_device_job_leaves_the_outstanding_jobs_before_it_is_done() -> None:
     assert outstanding_when_done == [0]
 
 
+def test_two_rounds_starting_one_device_at_the_same_moment_start_one_job() -> None:
+    # Collectors sharing the reads (a config reload) can start rounds at once: of two start() calls for one
+    # device, only one may find it without a job and submit one, else the device holds two threads.
+    reads = DeviceReads(WorkerPool())
+    both_looked = threading.Barrier(2, timeout=2.0)
+
+    class Outstanding(dict[str, DeviceJob]):
+        """Each lookup waits (at most the barrier's timeout) for the other start() to look too."""
+
+        def get(self, key: str, default: DeviceJob | None = None) -> DeviceJob | None:
+            found = super().get(key, default)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_looked.wait()
+            return found
+
+    reads._outstanding = Outstanding()
+    gate = threading.Event()
+    started: list[bool] = []
+    starters = [
+        threading.Thread(target=lambda: started.append(reads.start("/x/d", "d", lambda job: gate.wait(30))[1]))
+        for _ in range(2)
+    ]
+    try:
+        for starter in starters:
+            starter.start()
+        for starter in starters:
+            starter.join(10)
+        assert sorted(started) == [False, True]
+    finally:
+        gate.set()
+    wait_until(lambda: reads.outstanding() == 0, timeout=10.0)
+
+
 def test_pool_never_exceeds_its_hard_max_however_many_jobs_are_abandoned() -> None:
     # Each abandoned (stuck) job lets one more thread in, but never past hard_max.
     pool = WorkerPool(parallelism=1, hard_max=3, idle_seconds=60.0, spill_after=60.0)
