@@ -1090,3 +1090,28 @@ def test_scrapes_sharing_a_round_count_a_device_timing_out_once(
         clock.resume()
         source.release.set()
     wait_until(lambda: reads.outstanding() == 0, timeout=10.0)
+
+
+def test_a_pool_thread_stays_while_jobs_are_queued_whether_surplus_or_idle() -> None:
+    # j0, stuck and abandoned, let a second thread in for j1. When j0 returns the pool is one thread over its
+    # capacity, but j2 is queued: the thread waits for room to run it rather than leave for another to be
+    # started in its place, however many idle periods it waits.
+    pool = WorkerPool(parallelism=1, hard_max=4, idle_seconds=0.2, spill_after=60.0)
+    gates = [threading.Event() for _ in range(2)]
+    first, second, third = jobs = [pool_job("j0", gates[0]), pool_job("j1", gates[1]), pool_job("j2")]
+    try:
+        pool.submit(first)
+        wait_until(lambda: first.running, timeout=10.0)
+        pool.abandon(first)
+        pool.submit(second)
+        wait_until(lambda: second.running, timeout=10.0)
+        pool.submit(third)
+        gates[0].set()
+        wait_until(lambda: first.done.is_set() and (pool._idle == 1 or pool.threads < 2), timeout=10.0)
+        assert pool.threads == 2 and not third.running
+        time.sleep(1.0)  # at least five idle periods
+        assert pool.threads == 2 and not third.running
+    finally:
+        for gate in gates:
+            gate.set()
+    wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
