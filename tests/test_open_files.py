@@ -336,6 +336,20 @@ def test_collectors_sharing_the_reads_keep_each_others_files(tmp_path: Path) -> 
     assert kept > 0 and reads.open_files() > kept
 
 
+def test_a_device_reads_through_the_same_kept_files_scrape_after_scrape(tmp_path: Path) -> None:
+    # What its job kept open is what the device's next job reads through (the point of keeping files), not a
+    # fresh set opened again each scrape.
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    reads = DeviceReads(WorkerPool(), FileBudget(10_000))
+    collector = build_collector(replace(Config(), sysfs=root), reads=reads)
+    scrape(collector)
+    key = collector.inventory.class_dir + "mlx5_0"
+    kept = reads.files(key, verify=True)
+    assert len(kept) > 0 and len(kept) == reads.open_files() == reads.budget.used
+    scrape(collector)
+    assert reads.files(key, verify=True) is kept and reads.budget.used == len(kept)
+
+
 def test_settled_tree_sees_files_replaced_between_scrapes(tmp_path: Path) -> None:
     root = build_tree(tmp_path / "t", spec_for_devices(1))
     counters = (root / "class" / "infiniband" / "mlx5_0").resolve() / "ports" / "1" / "counters"
