@@ -350,6 +350,23 @@ def test_a_device_reads_through_the_same_kept_files_scrape_after_scrape(tmp_path
     assert reads.files(key, verify=True) is kept and reads.budget.used == len(kept)
 
 
+def test_static_info_read_again_starts_the_device_on_fresh_kept_files(tmp_path: Path) -> None:
+    # A device whose static info is read again (a uevent) may have lost files since (a counter gone after a
+    # firmware update): its kept files are closed first, so none of a file it no longer reads stays open.
+    # Kept files are checked as on sysfs (not at all), so nothing but that closing would notice.
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    reads = DeviceReads(WorkerPool(), FileBudget(10_000))
+    collector = build_collector(replace(Config(), sysfs=root), reads=reads)
+    collector._verify_files = False
+    scrape(collector)
+    (root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters" / "port_rcv_data").unlink()
+    collector.inventory.invalidate("mlx5_0")
+    scrape(collector)
+    fresh = DeviceReads(WorkerPool(), FileBudget(10_000))
+    scrape(build_collector(replace(Config(), sysfs=root), reads=fresh))
+    assert reads.budget.used == reads.open_files() == fresh.open_files() > 0
+
+
 def test_settled_tree_sees_files_replaced_between_scrapes(tmp_path: Path) -> None:
     root = build_tree(tmp_path / "t", spec_for_devices(1))
     counters = (root / "class" / "infiniband" / "mlx5_0").resolve() / "ports" / "1" / "counters"
