@@ -367,6 +367,20 @@ def test_static_info_read_again_starts_the_device_on_fresh_kept_files(tmp_path: 
     assert reads.budget.used == reads.open_files() == fresh.open_files() > 0
 
 
+def test_a_budget_lowered_by_a_reload_closes_the_engines_kept_files(tmp_path: Path) -> None:
+    # A reload with a lower --read.max-open-files sets the shared budget's limit: each device's job gives its
+    # kept files back at its next scrape, before its reads, which then keep none over the new limit.
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    reads = DeviceReads(WorkerPool(), FileBudget(10_000))
+    collector = build_collector(replace(Config(), sysfs=root), reads=reads)
+    scrape(collector)
+    assert reads.open_files() > 0
+    reads.budget.limit = 0
+    metrics = scrape(collector)
+    assert reads.open_files() == reads.budget.used == 0
+    assert metrics[("rdma_exporter_devices", ())] == 2
+
+
 def test_settled_tree_sees_files_replaced_between_scrapes(tmp_path: Path) -> None:
     root = build_tree(tmp_path / "t", spec_for_devices(1))
     counters = (root / "class" / "infiniband" / "mlx5_0").resolve() / "ports" / "1" / "counters"
