@@ -177,6 +177,24 @@ def record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
+
+def fail_pread(monkeypatch: pytest.MonkeyPatch, code: int, on: Callable[[int], bool] = lambda fd: True) -> list[int]:
+    """Make os.pread raise OSError(code) for the fds `on` picks (every one by default), as a failing sysfs
+    attribute (EIO) or a removed kernfs node (ENODEV) does; the other reads go through. Returns the fd of
+    every pread from now on, in order."""
+    real_pread = os.pread
+    reads: list[int] = []
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        failing = on(fd)
+        reads.append(fd)
+        if failing:
+            raise OSError(code, os.strerror(code))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    return reads
+
 # --- timing under load ------------------------------------------------------------------------------
 
 

@@ -34,7 +34,7 @@ from rdma_exporter.parse.reader import (
 )
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import samples, skip_or_fail
+from conftest import fail_pread, samples, skip_or_fail
 
 
 def age(path: Path, seconds: float = 60.0) -> None:
@@ -121,16 +121,7 @@ def test_a_failing_kept_fd_is_dropped_and_the_path_opened_again(
     path.write_text("4: ACTIVE\n")
     files = OpenFiles(FileBudget(8))
     files.read(str(path))
-    real_pread = os.pread
-    calls = []
-
-    def gone_once(fd: int, size: int, offset: int) -> bytes:
-        calls.append(fd)
-        if len(calls) == 1:
-            raise OSError(errno.ENODEV, "No such device")  # what a removed kernfs node answers
-        return real_pread(fd, size, offset)
-
-    monkeypatch.setattr(os, "pread", gone_once)
+    calls = fail_pread(monkeypatch, errno.ENODEV, on=lambda fd: not calls)  # the first: a removed kernfs node
     assert files.read(str(path)) == b"4: ACTIVE\n"  # re-opened by path, not an error
     assert len(files) == 1
 
@@ -461,16 +452,7 @@ def test_a_failing_attribute_is_read_once_and_counted_once(tmp_path: Path, monke
     reader = SysfsReader("mlx5_0", ReadErrors(), files)
     assert reader.uints(str(tmp_path), ["bad", "good"]) == {"bad": 2, "good": 1}
     bad_fd = files._dirs[str(tmp_path)].fds["bad"]
-    real_pread = os.pread
-    reads: list[int] = []
-
-    def failing(fd: int, size: int, offset: int) -> bytes:
-        reads.append(fd)
-        if fd == bad_fd:
-            raise OSError(errno.EIO, "Input/output error")
-        return real_pread(fd, size, offset)
-
-    monkeypatch.setattr(os, "pread", failing)
+    reads = fail_pread(monkeypatch, errno.EIO, on=lambda fd: fd == bad_fd)
     errors = ReadErrors()
     reader = SysfsReader("mlx5_0", errors, files)
     assert reader.uints(str(tmp_path), ["bad", "good"]) == {"good": 1}

@@ -13,6 +13,8 @@ import pytest
 
 from rdma_exporter.parse.reader import FileBudget, OpenFiles, ReadErrors, SysfsReader
 
+from conftest import fail_pread
+
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
@@ -109,14 +111,11 @@ def test_a_kept_attribute_failing_is_one_error_and_no_second_read(
     real_open = os.open
     opens: list[str] = []
 
-    def failing_pread(fd: int, size: int, offset: int) -> bytes:
-        raise OSError(errno.EIO, "Input/output error")
-
     def counting_open(name: str, flags: int, mode: int = 0o777) -> int:
         opens.append(name)
         return real_open(name, flags, mode)
 
-    monkeypatch.setattr(os, "pread", failing_pread)
+    fail_pread(monkeypatch, errno.EIO)
     monkeypatch.setattr(os, "open", counting_open)
     errors = ReadErrors()
     assert SysfsReader("mlx5_0", errors, files).text(str(path)) is None
@@ -138,14 +137,7 @@ def test_a_removed_kernfs_node_in_the_counter_loop_is_read_again_by_path(
     assert SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["a", "b"]) == {"a": 1, "b": 2}
     fds_before = open_fds()
     stale = files.trusted(str(tmp_path))["a"]  # type: ignore[index]
-    real_pread = os.pread
-
-    def removed(fd: int, size: int, offset: int) -> bytes:
-        if fd == stale:
-            raise OSError(errno.ENODEV, "No such device")
-        return real_pread(fd, size, offset)
-
-    monkeypatch.setattr(os, "pread", removed)
+    fail_pread(monkeypatch, errno.ENODEV, on=lambda fd: fd == stale)
     errors = ReadErrors()
     reader = SysfsReader("d", errors, files)
     assert reader.uints(str(tmp_path), ["a", "b"]) == {"a": 1, "b": 2}
@@ -157,11 +149,7 @@ def test_a_failing_counter_counts_as_a_file_read(tmp_path: Path, monkeypatch: py
     (tmp_path / "a").write_text("1\n")
     files = OpenFiles(FileBudget(8))
     SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["a"])
-
-    def failing(fd: int, size: int, offset: int) -> bytes:
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "pread", failing)
+    fail_pread(monkeypatch, errno.EIO)
     reader = SysfsReader("d", ReadErrors(), files)
     assert reader.uints(str(tmp_path), ["a"]) == {}
     assert reader.opened == 1
