@@ -370,6 +370,23 @@ def test_the_link_partner_caps_the_width_too(tmp_path: Path) -> None:
     assert got is not None and got.degraded is True
 
 
+@pytest.mark.parametrize(("partner_width", "errors"), [("255\n", 0), ("63\n", 0), ("0\n", 0), ("3\n", 1)])
+def test_a_partner_width_that_is_no_width_is_unknown(tmp_path: Path, partner_width: str, errors: int) -> None:
+    """The port above answers for its width as the device does: 0, 63 and 255 are unknown, and a width the
+    spec does not define is a malformed file; neither is exported as that many lanes, nor caps `degraded`."""
+    port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": partner_width})
+    pf = port / PF
+    pf.mkdir()
+    for name, text in pf_link("32.0 GT/s PCIe\n", "8\n").items():
+        (pf / name).write_text(text)
+    reader = SysfsReader("mlx5_0")
+    got = read_pcie_link(pf, reader)
+    assert got is not None
+    assert (got.partner_max_speed_gts, got.partner_max_width) == (32.0, None)
+    assert got.degraded is True  # x8 of x16, judged by the device's own maximum
+    assert reader.errors.total() == errors
+
+
 def test_function_with_aer_files_only_is_read(tmp_path: Path) -> None:
     # A function whose link files are not shown still has AER statistics worth exporting.
     only_aer = function(tmp_path, PF, {"aer_dev_correctable": "RxErr 5\nTOTAL_ERR_COR 5\n"})
