@@ -23,7 +23,7 @@ from rdma_exporter.parse.netdev import (
     read_netdev_identity,
     read_netdev_state,
 )
-from rdma_exporter.parse.reader import REASON_MALFORMED, ReadErrors, SysfsReader
+from rdma_exporter.parse.reader import REASON_MALFORMED, REASON_MISSING, ReadErrors, SysfsReader
 
 from conftest import symlink, write_files
 
@@ -187,6 +187,8 @@ def test_ecn_switch_that_cannot_be_read_is_absent_not_off(tmp_path: Path) -> Non
     (tmp_path / "class/net/eth2/ecn/roce_rp/enable/5").unlink()
     dev = read_netdev_state(tmp_path, identity, reader)
     assert dev is not None and ("rp", 5) not in dev.ecn and all(dev.ecn.values())
+    # It was listed and is gone: a failed read, as a vanished statistics/ file is (np/3 failed again too).
+    assert reasons(reader) == {REASON_MALFORMED: 2, REASON_MISSING: 1}
 
 
 def bond_tree(root: Path) -> None:
