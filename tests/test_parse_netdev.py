@@ -364,6 +364,7 @@ def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
             f"{ndevs}/3": "eth2.100\n",
             f"{ndevs}/4": "../../etc\n",
             f"{ndevs}/5": "eth\0\n",  # a torn read: no netdev name holds a NUL
+            f"{ndevs}/x": "eth9\n",  # not a GID index: no entry of the table, and no reason to fail the port
         },
     )
     reader = SysfsReader("mlx5_2")
