@@ -902,3 +902,43 @@ def test_port_wide_queue_totals_and_per_queue_stats_get_different_keys() -> None
     curated = curate(stats, [re.compile("stopped|dropped")])
     assert len(curated) == 4
     check_curated(curated)
+
+
+def test_names_end_at_their_first_nul_like_ethtool_prints_them() -> None:
+    # ethtool prints a name with %.*s, which stops at the first NUL: a driver that copies a fixed 32 bytes
+    # from a shorter string leaves bytes after it, and they are no part of the name.
+    class PaddedKernel(FakeKernel):
+        def __call__(self, ifname: str, buffer: array) -> None:
+            super().__call__(ifname, buffer)
+            if struct.unpack_from("=I", buffer, 0)[0] == ETHTOOL_GSTRINGS:
+                struct.pack_into("10s", buffer, 12 + len("rx_bytes"), b"\0tx_bytes\0")
+
+    assert read_stats_ioctl("eth0", call=PaddedKernel([[("rx_bytes", 7), ("tx_bytes", 8)]], [0])) == {
+        "rx_bytes": 7,
+        "tx_bytes": 8,
+    }
+
+
+def test_no_attempts_asked_still_reads_once() -> None:
+    kernel = FakeKernel([BASE], [0])
+    assert read_stats_ioctl("eth0", call=kernel, max_attempts=0) == dict(BASE)
+    assert kernel.calls.count(ETHTOOL_GSTATS) == 1
+
+
+def test_ioctl_socket_is_closed_when_the_read_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One socket per read: a scrape of many netdevs must not leave one open per netdev until the GC runs.
+    real_socket = socket.socket
+    opened: list[socket.socket] = []
+
+    def recorded(*args: object, **kwargs: object) -> socket.socket:
+        sock = real_socket(*args, **kwargs)  # type: ignore[arg-type]
+        opened.append(sock)
+        return sock
+
+    monkeypatch.setattr(ethtool.socket, "socket", recorded)
+    for name, reason in (("lo", REASON_UNSUPPORTED), ("rdmaexp-none0", REASON_MISSING)):
+        with pytest.raises(EthtoolError) as err:
+            read_stats_ioctl(name)
+        assert err.value.reason == reason
+    assert len(opened) == 2
+    assert [sock.fileno() for sock in opened] == [-1, -1]
