@@ -961,3 +961,28 @@ def test_parsed_stats_are_the_callers_own() -> None:
     del first["rx_prio3_pause"]
     first["injected"] = 1
     assert parse_stats_text(text) == {"rx_prio3_pause": 5}
+
+
+def test_extra_starting_with_all_keeps_apart_from_the_escaped_one() -> None:
+    # `tx_queue_stopped` is escaped to all_queue_stopped; a driver's own `tx_all_queue_stopped` must not land
+    # on the same key and labels, where the second would be lost.
+    stats = {"tx_queue_stopped": 5, "tx_all_queue_stopped": 7}
+    out = curate(stats, [re.compile("stopped")])
+    assert [(c.key, c.labels, c.value) for c in out] == [
+        ("stat_all_queue_stopped", (("direction", "tx"),), 5),
+        ("stat_all_all_queue_stopped", (("direction", "tx"),), 7),
+    ]
+
+
+def test_dropped_value_frees_its_key_for_the_next_name() -> None:
+    # mlx5's and ice's names for priority 3's rx pause frames share one key and labels; the first wins,
+    # unless its value is dropped as outside u64, when the other one's is exported.
+    stats = {"rx_prio3_pause": 2**64, "rx_priority_3_xoff.nic": 5}
+    assert [(c.key, c.labels, c.value, c.source) for c in curate(stats)] == [
+        ("pfc_pause_frames", (("direction", "rx"), ("priority", "3")), 5, "rx_priority_3_xoff.nic")
+    ]
+
+
+def test_bnxt_and_ice_priorities_past_seven_are_not_curated() -> None:
+    # 802.1p has priorities 0-7: a larger index in a bnxt_en or ice name is no priority label value.
+    assert curate({"pfc_pri8_rx_duration_us": 1, "rx_priority_8_xoff.nic": 2}) == []
