@@ -429,6 +429,9 @@ def test_extra_generic_naming_rule() -> None:
     # The exposition appends `_total` itself: every trailing one goes, and a name of nothing else is `value`.
     assert generic_key("tx_bytes_total_total")[0] == "stat_bytes"
     assert generic_key("rx_total") == ("stat_value", (("direction", "rx"),))
+    # A priority or lane index ends at `_` or the end: `prio3x` and `lane2b` are words, not dimensions.
+    assert generic_key("tx_prio3x_drops") == ("stat_prio3x_drops", (("direction", "tx"),))
+    assert generic_key("rx_lane2b_errs") == ("stat_lane2b_errs", (("direction", "rx"),))
 
 
 def test_colliding_extras_keep_the_first() -> None:
