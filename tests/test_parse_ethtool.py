@@ -426,6 +426,10 @@ def test_extra_generic_naming_rule() -> None:
     # Dimensions go into the key in one fixed order, whatever their order in the name, so keys stay stable.
     both = ("stat_priority_lane_x", (("direction", "rx"), ("priority", "3"), ("lane", "2")))
     assert generic_key("rx_prio3_lane2_x") == generic_key("rx_lane2_prio3_x") == both
+    # ... and a queue or channel, though taken from the name first, comes after priority and lane.
+    queued = ("stat_priority_queue_x", (("direction", "rx"), ("priority", "2"), ("queue", "3")))
+    assert generic_key("rx3_prio2_x") == queued
+    assert generic_key("ch4_lane1_x") == ("stat_lane_channel_x", (("direction", ""), ("lane", "1"), ("channel", "4")))
     # The exposition appends `_total` itself: every trailing one goes, and a name of nothing else is `value`.
     assert generic_key("tx_bytes_total_total")[0] == "stat_bytes"
     assert generic_key("rx_total") == ("stat_value", (("direction", "rx"),))
