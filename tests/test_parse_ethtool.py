@@ -423,6 +423,7 @@ def test_extra_generic_naming_rule() -> None:
     assert generic_key("rx_65_to_127_bytes_phy") == ("stat_n65_to_127_bytes_phy", (("direction", "rx"),))
     assert generic_key("rx01_packets")[0] == "stat_rx01_packets"  # a zero-padded index is not an index
     assert generic_key("tx_q3_bytes") == ("stat_queue_bytes", (("direction", "tx"), ("queue", "3")))
+    assert generic_key("channel5_rx_packets") == ("stat_channel_rx_packets", (("direction", ""), ("channel", "5")))
     # Dimensions go into the key in one fixed order, whatever their order in the name, so keys stay stable.
     both = ("stat_priority_lane_x", (("direction", "rx"), ("priority", "3"), ("lane", "2")))
     assert generic_key("rx_prio3_lane2_x") == generic_key("rx_lane2_prio3_x") == both
@@ -993,3 +994,8 @@ def test_dropped_value_frees_its_key_for_the_next_name() -> None:
 def test_bnxt_and_ice_priorities_past_seven_are_not_curated() -> None:
     # 802.1p has priorities 0-7: a larger index in a bnxt_en or ice name is no priority label value.
     assert curate({"pfc_pri8_rx_duration_us": 1, "rx_priority_8_xoff.nic": 2}) == []
+
+
+def test_lane_inside_a_word_is_no_lane_stat() -> None:
+    # Uncurated names are kept for a lane index only; `plane1` is a word, and nobody opted in to it.
+    assert curate({"rx_plane1_drops": 1}) == []
