@@ -1073,3 +1073,15 @@ def test_ipoib_netdev_of_a_vpi_devices_infiniband_port_is_not_read(tmp_path: Pat
     metrics = exporter.scrape()
     assert set(nics.calls) == {"ens1f0np0"}
     assert {dict(ls)["netdev"] for n, ls in series(metrics, "rdma_ethtool_")} == {"ens1f0np0"}
+
+
+def test_other_devices_netdev_in_the_gid_table_is_read_by_its_own_device(tmp_path: Path) -> None:
+    # mlx5_0's GID table names mlx5_1's physical netdev (no bond, no VLAN between them): that netdev's
+    # PFC and PHY counters are mlx5_1's link's, read once and joined to mlx5_1 only.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "ens1f1np1"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1"])
+    metrics, nics, text = scrape_lag(tmp_path)
+    assert dict(nics.calls) == {"ens1f0np0": 3, "ens1f1np1": 3}
+    ethtool = {(dict(ls)["netdev"], dict(ls)["device"]) for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
+    assert ethtool == {("ens1f0np0", "mlx5_0"), ("ens1f1np1", "mlx5_1")}
+    check_unique_and_promtool(text)
