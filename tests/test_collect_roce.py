@@ -1085,3 +1085,15 @@ def test_other_devices_netdev_in_the_gid_table_is_read_by_its_own_device(tmp_pat
     ethtool = {(dict(ls)["netdev"], dict(ls)["device"]) for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
     assert ethtool == {("ens1f0np0", "mlx5_0"), ("ens1f1np1", "mlx5_1")}
     check_unique_and_promtool(text)
+
+
+def test_bond_over_a_vlan_reads_no_ethtool_of_the_vlan(tmp_path: Path) -> None:
+    # A bond whose slave is a VLAN of the port's netdev: the VLAN has no hardware statistics (the ioctl
+    # would fail and count an error every scrape); the port's own netdev is read, once.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "bond0"])
+    _vlan(tmp_path, "ens1f0np0.7", "ens1f0np0")
+    _bond(tmp_path, "bond0", ["ens1f0np0.7"])
+    metrics, nics, _ = scrape_lag(tmp_path, nics=("ens1f0np0",))
+    assert dict(nics.calls) == {"ens1f0np0": 3}
+    assert {dict(ls)["netdev"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")} == {"ens1f0np0"}
+    assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
