@@ -1097,3 +1097,14 @@ def test_bond_over_a_vlan_reads_no_ethtool_of_the_vlan(tmp_path: Path) -> None:
     assert dict(nics.calls) == {"ens1f0np0": 3}
     assert {dict(ls)["netdev"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")} == {"ens1f0np0"}
     assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+
+
+def test_extras_that_lint_to_one_name_are_exposed_once_with_the_first_value() -> None:
+    # `ms` is spelled `msec` for promtool, so rx_wait_ms and rx_wait_msec make one metric and label set.
+    stats = tuple(curate({"rx_wait_ms": 1, "rx_wait_msec": 2}, [re.compile("wait")]))
+    assert len(stats) == 2
+    out = FamilySet()
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+    assert [(n, v) for n, _, v in exposed(out) if n.startswith("rdma_ethtool_stat_")] == [
+        ("rdma_ethtool_stat_wait_msec_total", 1)
+    ]
