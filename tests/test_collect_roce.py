@@ -945,6 +945,18 @@ def test_live_sysfs(tmp_path: Path) -> None:
     assert not live_sysfs(str(tmp_path))
 
 
+def test_live_sysfs_when_mountinfo_cannot_tell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Unreadable mountinfo (is_sysfs_mount answers None): a real host must not go silent, so the ioctl is used.
+    from rdma_exporter.collect import ethtool as collect_ethtool
+
+    monkeypatch.setattr(collect_ethtool, "is_sysfs_mount", lambda root: None)
+    live_sysfs.cache_clear()
+    try:
+        assert live_sysfs(str(tmp_path / "unknown"))
+    finally:
+        live_sysfs.cache_clear()
+
+
 def test_not_a_sysfs_mount_is_warned_about_once(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Every scrape finds the same fixture tree: one warning says why there is no ethtool data, not one per scrape."""
     if live_sysfs(str(tree / "sys")):
