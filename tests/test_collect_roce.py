@@ -657,6 +657,32 @@ def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, mo
     check_unique_and_promtool(text)
 
 
+def test_roce_lag_slaves_static_attributes_are_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LAG bond's slaves are no port's own netdevs, yet their static attributes (ifindex, type, address)
+    are kept in the device's static info like the bond's: the next scrape reads none of them again, as
+    for every other static file (infiniband mutation review: not following the bond to its slaves in
+    the static info passed every test, the slaves' identity being read again on every scrape)."""
+    from conftest import record_reads
+
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    exporter = Exporter(tmp_path)
+    exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+    opened = record_reads(monkeypatch)
+
+    def identity_reads() -> set[str]:
+        return {os.path.relpath(p, tmp_path) for p in opened if os.path.basename(p) in ("ifindex", "type", "address")}
+
+    cold = exporter.scrape()
+    assert identity_reads() >= {f"class/net/{n}/ifindex" for n in ("bond0", "ens1f0np0", "ens1f1np1")}
+    opened.clear()
+    warm = exporter.scrape()
+    assert identity_reads() == set()
+    slave = {"device": "mlx5_bond_0", "port": "1", "netdev": "ens1f1np1"}
+    assert value(cold, "rdma_netdev_up", **slave) == value(warm, "rdma_netdev_up", **slave) == 1  # still exported
+
+
 def test_bond_slaves_are_read_every_scrape(tmp_path: Path) -> None:
     """Releasing a slave (`ip link set X nomaster`) sends no uevent, so the cached static info does not
     change: the slave list must still be current on the next scrape (RdmaRoceLagSlaveMissing reads it)."""
