@@ -268,6 +268,19 @@ def test_unrecognised_rate_is_a_counted_error_that_costs_only_the_rate(captured_
     assert values[read_errors_key("mlx5_0", "malformed")] == 1
 
 
+@pytest.mark.parametrize("file", ["state", "phys_state"])
+def test_unrecognised_state_is_a_counted_error_that_costs_only_the_state(captured_copy, file: str) -> None:  # type: ignore[no-untyped-def]
+    # A state file in no '<id>: <name>' form must show in the read errors, not leave a port with no state
+    # series and no alert (infiniband mutation review: dropping the reader.fail passed every test).
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/ports/1" / file).write_text("ACTIVE\n")
+    values = samples(scrape(root))
+    other = "rdma_port_physical_state_id" if file == "state" else "rdma_port_state_id"
+    assert {name for name, labels in values if labels == MLX5_0 and name.endswith("state_id")} == {other}
+    assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
+    assert values[read_errors_key("mlx5_0", "malformed")] == 1
+
+
 def test_missing_optional_attributes_are_not_errors() -> None:
     # The H100 capture has no node_guid, lid, gids...: absent facts, not failed reads.
     values = samples(scrape(LEPTON))
