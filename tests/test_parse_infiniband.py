@@ -441,6 +441,21 @@ def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_cop
     assert values[read_errors_key("mlx4_0", "malformed", collector="inventory")] == 1
 
 
+def test_64_bit_files_failing_with_einval_are_not_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An HCA without extended counters lists counters_ext/ and fails each read with EINVAL: the 32-bit
+    # counters/ value is then the counter, and that is a fact about the HCA, not a read error that
+    # RdmaExporterReadErrors fires for and that has the static info read again every minute.
+    # (infiniband mutation review: counting EINVAL there passed every test.)
+    monkeypatch.setattr(reader_module, "os", _failing_os("counters_ext/port_rcv_data_64", errno.EINVAL))
+    values = samples(scrape(NODE_EXPORTER))
+    assert not any(name == "rdma_exporter_file_read_errors_total" and ("device", "mlx4_0") in labels
+                   for name, labels in values)
+    rcv_data = int((NODE_EXPORTER / "class/infiniband/mlx4_0/ports/1/counters/port_rcv_data").read_text())
+    assert values[("rdma_port_receive_data_bytes_total", MLX4_PORT1)] == 4 * rcv_data
+    assert values[("rdma_port_pma_saturated", (("counter", "port_rcv_data"), *MLX4_PORT1))] == 0
+    assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440  # its twin answered
+
+
 def test_32_bit_counters_beside_a_silent_counters_ext_are_watched_for_saturation(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # counters_ext/ is listed but none of its files answers: counters/ is still the 32-bit PortCounters,
     # and a data counter stuck at 2^32-1 hides all traffic from then on. Found by review.
