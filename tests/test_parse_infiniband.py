@@ -756,6 +756,23 @@ def test_omni_path_is_known_by_its_driver_under_any_device_name(captured_copy) -
     assert (info["driver"], info["pci_address"]) == ("hfi1", "0000:05:00.0")
 
 
+def test_pci_address_comes_from_a_device_link_to_a_pci_function(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # Behind an Intel VMD the PCI domain is wider than 4 digits (10000:01:00.0); a dangling link (the function
+    # already gone in a hot-unplug) names no PCI function. (infiniband mutation review: a 4-digit-only
+    # domain, and taking a dangling link's name as the address, passed every test.)
+    root = captured_copy("prometheus-procfs")
+    vmd = "devices/pci10000:00/10000:01:00.0"
+    (root / vmd).mkdir(parents=True)
+    symlink(root, "class/infiniband/mlx4_0/device", vmd)
+    symlink(root, "class/infiniband/mlx5_0/device", "devices/pci0000:00/0000:05:00.0")  # never created
+    values = samples(scrape(root))
+    pci = {dict(ls)["device"]: dict(ls)["pci_address"] for name, ls in values if name == "rdma_device_info"}
+    assert (pci["mlx4_0"], pci["mlx5_0"]) == ("10000:01:00.0", "")
+    assert values[("rdma_device_sriov_virtual_function", (("device", "mlx4_0"),))] == 0
+    assert ("rdma_device_sriov_virtual_function", (("device", "mlx5_0"),)) not in values
+    assert values[("rdma_port_state_id", (("device", "mlx5_0"), ("port", "1")))] == 4  # the device is still read
+
+
 def test_ports_are_in_numeric_order(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # mlx5 in switchdev mode gives one RDMA device a port per representor (ports/1..N, often past 9); the
     # directory listing sorts as text ("10" < "2"), the exposition follows port numbers.
