@@ -109,6 +109,7 @@ def test_metric_fragment_driver_names() -> None:
     assert metric_fragment("RxECNMrkd") == "rx_ecn_mrkd"
     assert metric_fragment("tx bytes") == "tx_bytes"
     assert metric_fragment("rx_write_requests") == "rx_write_requests"
+    assert metric_fragment(". -") == "unnamed"  # nothing of the name is left: still a valid fragment
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
