@@ -282,6 +282,17 @@ def test_unrecognised_state_is_a_counted_error_that_costs_only_the_state(capture
     assert values[read_errors_key("mlx5_0", "malformed")] == 1
 
 
+def test_missing_rate_file_is_a_counted_error_that_costs_only_the_rate(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # Every port has a rate file; only EINVAL (no module in the cage) means "no rate". A port without one is
+    # counted, as a missing state file is. (infiniband mutation review: reading rate as optional passed.)
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/ports/1/rate").unlink()
+    values = samples(scrape(root))
+    assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
+    assert values[("rdma_port_state_id", MLX5_0)] == 4
+    assert values[read_errors_key("mlx5_0", "missing")] == 1
+
+
 def test_missing_optional_attributes_are_not_errors() -> None:
     # The H100 capture has no node_guid, lid, gids...: absent facts, not failed reads.
     values = samples(scrape(LEPTON))
