@@ -723,6 +723,21 @@ def test_port_no_subnet_manager_has_swept_reports_lid_zero(captured_copy) -> Non
     assert samples(scrape(root))[("rdma_port_lid", MLX4_PORT1)] == 26
 
 
+def test_port_whose_link_layer_cannot_be_read_keeps_its_lids(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # Only a port known to be Ethernet (RoCE) has meaningless LIDs: an InfiniBand port whose link_layer
+    # read failed still shows its LID, and the failure is counted. (infiniband mutation review: reading
+    # LIDs only for link_layer "InfiniBand", or the state only with a link layer, passed every test.)
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    (port / "link_layer").write_bytes(b"\xff\n")
+    (port / "lid").write_text("0x1a\n")
+    values = samples(scrape(root))
+    assert values[("rdma_port_lid", MLX4_PORT1)] == 26
+    assert values[("rdma_port_state_id", MLX4_PORT1)] == 4  # and the rest of the port
+    assert values[("rdma_port_info", tuple(sorted((*MLX4_PORT1, ("link_layer", "")))))] == 1
+    assert values[read_errors_key("mlx4_0", "malformed", collector="inventory")] == 1
+
+
 def test_parse_state_bounds() -> None:
     # PortState and PortPhysicalState are small IB enums and node_type a u8 in the kernel: a number past
     # 255 is garbage, not a state.
