@@ -754,6 +754,9 @@ def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
     assert owners == {"ens1f0np0": ("mlx5_0", "1"), "ens1f0np0.7": ("mlx5_0", "1"), "bond0": ("mlx5_0", "1"),
                       "ens1f1np1": ("mlx5_1", "1")}  # fmt: skip
     assert dict(nics.calls) == {"ens1f0np0": 3, "ens1f1np1": 3}  # no ioctl for the bond or the VLAN
+    # Each port lists every netdev bound to it, its VLAN and bond too, not just the first one.
+    bound = {(dict(ls)["device"], dict(ls)["netdev"]) for (n, ls) in metrics if n == "rdma_port_netdev_info"}
+    assert bound >= {("mlx5_0", "ens1f0np0"), ("mlx5_0", "ens1f0np0.7"), ("mlx5_1", "ens1f1np1")}
     ethtool = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
     assert ethtool == {"ens1f0np0": "mlx5_0", "ens1f1np1": "mlx5_1"}
     assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
