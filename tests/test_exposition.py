@@ -7,6 +7,7 @@ Both must stay the same text, for every fixture tree and for any help, label val
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from prometheus_client.utils import floatToGoString
 from rdma_exporter.collect.base import FamilySet, MetricSpec, SeriesPrefixes, _layout, format_value, label, lint_safe
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
-from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree
+from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree, spec_for_devices
 
 from conftest import CAPTURED_TREES, SYSFS_FIXTURES, prometheus_text
 
@@ -175,6 +176,23 @@ def test_label_values_escape_backslash_quote_and_newline_only() -> None:
         'x_things{device="two\\nlines",netdev="enp1\\\\xff"} 2.0\n'
         'x_things{device="\\\\ud800",netdev="ünï"} 3.0\n'
     )
+
+
+def test_a_help_naming_a_file_that_is_not_utf8_costs_no_scrape(tmp_path: Path) -> None:
+    # A driver's hw_counters file named with bytes that are not UTF-8 comes from os.listdir with surrogate
+    # escapes, and the generic help of its family names the file: served as \xNN, as such a label value
+    # is (and the same through prometheus_client's writer), instead of every series of the scrape lost to
+    # an encoding error.
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    hw_counters = (root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "hw_counters").resolve()
+    (hw_counters / os.fsdecode(b"odd\xffname")).write_text("5\n")
+    families = build_collector(replace(Config(), sysfs=root)).gather()
+    text = families.render_text()
+    assert text == prometheus_text(families)
+    lines = text.decode("utf-8").splitlines()
+    assert "# HELP rdma_port_hw_odd_name_total Driver counter hw_counters/odd\\\\xffname." in lines
+    assert 'rdma_port_hw_odd_name_total{device="mlx5_0",port="1"} 5.0' in lines
+    assert "rdma_exporter_devices 1.0" in lines  # the rest of the scrape
 
 
 def test_label_of_an_unknown_attribute_is_empty() -> None:

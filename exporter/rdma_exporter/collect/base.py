@@ -39,8 +39,8 @@ class MetricSpec:
     def family(self) -> CounterMetricFamily | GaugeMetricFamily:
         if self.kind == "counter":
             # prometheus_client appends _total itself.
-            return CounterMetricFamily(self.name[: -len("_total")], self.help, labels=self.labels)
-        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+            return CounterMetricFamily(self.name[: -len("_total")], _help_text(self.help), labels=self.labels)
+        return GaugeMetricFamily(self.name, _help_text(self.help), labels=self.labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +98,6 @@ def lint_safe(key: str, kind: str) -> str:
     return "_".join(tokens)
 
 
-def _escape_help(text: str) -> str:
-    return text.replace("\\", r"\\").replace("\n", r"\n")
-
-
 def _printable(value: str) -> str:
     """A name the kernel holds as bytes that are not UTF-8 (a netdev or RDMA device renamed to any
     bytes) comes from os.listdir with surrogate escapes, which UTF-8 cannot encode: show those bytes as
@@ -111,6 +107,17 @@ def _printable(value: str) -> str:
     except UnicodeEncodeError:  # a surrogate no file name decodes to: keep it visible, escaped
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return raw.decode("utf-8", "backslashreplace")
+
+
+def _help_text(text: str) -> str:
+    """A help text as written: one that names a file the kernel holds as bytes that are not UTF-8 (the
+    generic help of a driver's hw_counters file) shows those bytes as \\xNN, as a label value does; with
+    the surrogate left in, encoding the answer failed and the whole scrape was lost."""
+    return text if text.isascii() else _printable(text)
+
+
+def _escape_help(text: str) -> str:
+    return _help_text(text).replace("\\", r"\\").replace("\n", r"\n")
 
 
 def _escape_value(value: str) -> str:
