@@ -240,6 +240,7 @@ LINT_SAFE_CASES = [
     ("q_histogram_summary", "gauge", "q_histogramx_summaryx"),
     ("rx_bytes_seconds_kelvin", "gauge", "rx_bytes_seconds_kelvin"),
     ("rx_kilo_total", "counter", "rx_kilo_total"),
+    ("rx_pause_m_h_d", "counter", "rx_pause_mx_hx_dx"),  # promtool's abbreviations of minutes, hours, days
 ]
 
 
