@@ -113,6 +113,11 @@ def test_vf_count_follows_the_pf_change_event_and_vf_removal(tmp_path: Path) -> 
     assert apply_event(collector.inventory, Event("add", "pci", pci, f"/devices/pci0000:00/{pci}")) is None
     assert apply_event(collector.inventory, Event("change", "pci", "0000:99:00.0", "/devices/x/0000:99:00.0")) is None
 
+    # A change on a VF's RDMA device re-reads that VF only: its PF's count of VFs did not move.
+    numvfs.write_text("3\n")
+    assert apply_event(collector.inventory, Event("change", "infiniband", vf)) == f"device {vf}"
+    assert sriov_vfs_of(collector, pf) == 2
+
     # Disabling VFs sends no event on the PF, but each VF's RDMA device goes: its PF is re-read.
     numvfs.write_text("0\n")
     assert apply_event(collector.inventory, Event("remove", "infiniband", vf)) == f"device {vf}, device {pf}"
