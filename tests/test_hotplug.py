@@ -277,6 +277,16 @@ def test_mode_is_rescan_for_trees_that_are_not_sysfs(tree: Path) -> None:
     assert is_sysfs_mount(tree) is False
 
 
+def test_mode_is_rescan_when_the_mount_table_cannot_be_read(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # is_sysfs_mount says None when /proc/self/mountinfo is unreadable: whether uevents describe the tree is
+    # unknown, so scrapes rescan rather than trust a cache that events may never refresh.
+    monkeypatch.setattr(hotplug, "is_sysfs_mount", lambda path: None)
+    collector = build_collector(replace(Config(), sysfs=tree))
+    monitor, mode = start_monitor(tree, lambda: collector.inventory)
+    assert monitor is None
+    assert mode.startswith("rescan (")
+
+
 def test_mode_is_udev_on_the_kernel_sysfs() -> None:
     if not is_sysfs_mount("/sys"):
         skip_or_fail("/sys is not a sysfs mount here")
