@@ -614,6 +614,11 @@ def test_address_changes_are_read_from_rtnetlink_datagrams() -> None:
     data = rtnetlink_message(hotplug.RTM_NEWADDR, 7) + newlink + rtnetlink_message(hotplug.RTM_DELADDR, 9)
     assert hotplug.address_changes(data) == [("add", 7), ("remove", 9)]
     assert hotplug.address_changes(data[:-3]) == [("add", 7)]  # a truncated message is not read
+    # A length that is not a multiple of 4 (a last attribute of 2 bytes): the next message starts at the
+    # 4-byte boundary (NLMSG_ALIGN), not in the padding.
+    body = struct.pack("=BBBBI", socket.AF_INET6, 64, 0, 0, 5) + struct.pack("=HH2s", 6, 3, b"x\0")
+    unaligned = struct.pack("=IHHII", 16 + len(body), hotplug.RTM_NEWADDR, 0, 0, 0) + body + bytes(2)
+    assert hotplug.address_changes(unaligned + rtnetlink_message(hotplug.RTM_DELADDR, 9)) == [("add", 5), ("remove", 9)]
 
 
 def test_an_address_on_a_port_netdev_or_an_upper_of_it_refreshes_that_device(tree: Path) -> None:
