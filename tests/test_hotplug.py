@@ -817,5 +817,10 @@ def test_an_address_change_is_applied_again_once_the_gid_table_settled(
         # Applied once more, not again and again: nothing is cached-and-invalidated a third time.
         time.sleep(settle * 1.5)
         assert monitor.events == 2
+        # And the watch goes on reading changes after a settle.
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.1.0\n")
+        route.items.put(rtnetlink_message(hotplug.RTM_DELADDR, 7))
+        assert monitor.wait_for_events(3, 5)
+        assert fw_of(collector, "mlx5_1") == "99.1.0"
     finally:
         monitor.stop()
