@@ -729,6 +729,30 @@ def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monk
         monitor.stop()
 
 
+def test_a_failed_rtnetlink_socket_ends_the_address_watch_with_one_error(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any error but an overflow leaves a socket that fails every read: the watch says so once and stops
+    reading, instead of spinning on it and filling the error log."""
+    collector = udev_collector(tree)
+    route = FakeRouteSocket()
+    monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, addresses=route)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="rdma_exporter.hotplug"):
+        for _ in range(3):
+            route.items.put(OSError(errno.EBADF, "Bad file descriptor"))
+        monitor.start()
+        try:
+            wait_until(lambda: route.items.qsize() < 3, UEVENT_DEADLINE)
+            time.sleep(0.5)  # time for a watch that went on to read the other two
+            assert route.items.qsize() == 2
+        finally:
+            monitor.stop()
+    errors = [r.getMessage() for r in caplog.records if r.name == hotplug.__name__ and r.levelno >= logging.ERROR]
+    assert errors == [
+        "address watch failed ([Errno 9] Bad file descriptor); GID counts follow address changes only at resync"
+    ]
+
+
 def test_an_address_on_a_stack_of_uppers_refreshes_the_device_below(tree: Path) -> None:
     """A macvlan on a VLAN of the port's netdev (a container's address on a tagged RoCE port): its GID is
     the port's, two lower links down."""
