@@ -269,6 +269,33 @@ def test_monitor_survives_an_undecodable_event_and_falls_back_to_rescans_if_it_d
         monitor.stop()
 
 
+def test_an_event_that_cannot_be_applied_costs_that_event_only(tree: Path) -> None:
+    # A failure applying one event is logged and the monitor goes on: the next event still refreshes its
+    # device, and scrapes keep the udev mode's cache instead of falling back to rescans.
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    calls = iter([RuntimeError("a malformed event")])
+
+    def inventory() -> Any:
+        failure = next(calls, None)
+        if failure is not None:
+            raise failure
+        return collector.inventory
+
+    fake = FakeMonitor()
+    monitor = HotplugMonitor(fake, "kernel", inventory)
+    monitor.start()
+    try:
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+        for _ in range(2):
+            fake.items.put(FakeDevice({"ACTION": "change", "SUBSYSTEM": "infiniband", "DEVPATH": "/devices/x/mlx5_1"}))
+        assert monitor.wait_for_events(1, UEVENT_DEADLINE)
+        assert monitor.running and not collector.inventory.rescan_each_scrape
+        assert fw_of(collector, "mlx5_1") == "99.0.0"
+    finally:
+        monitor.stop()
+
+
 def test_mode_is_rescan_for_trees_that_are_not_sysfs(tree: Path) -> None:
     collector = build_collector(replace(Config(), sysfs=tree))
     monitor, mode = start_monitor(tree, lambda: collector.inventory)
