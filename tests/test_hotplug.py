@@ -296,6 +296,24 @@ def test_an_event_that_cannot_be_applied_costs_that_event_only(tree: Path) -> No
         monitor.stop()
 
 
+def test_events_after_a_reload_refresh_the_new_collectors_cache(tree: Path) -> None:
+    # The daemon keeps one monitor across config reloads and hands it the collector in use: an event after
+    # a reload must refresh the new collector's cache, not the replaced one's.
+    serving = [udev_collector(tree)]
+    fake = FakeMonitor()
+    monitor = HotplugMonitor(fake, "kernel", lambda: serving[0].inventory)
+    monitor.start()
+    try:
+        serving[0] = reloaded = udev_collector(tree)
+        fw_of(reloaded, "mlx5_1")
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+        fake.items.put(FakeDevice({"ACTION": "change", "SUBSYSTEM": "infiniband", "DEVPATH": "/devices/x/mlx5_1"}))
+        assert monitor.wait_for_events(1, UEVENT_DEADLINE)
+        assert fw_of(reloaded, "mlx5_1") == "99.0.0"
+    finally:
+        monitor.stop()
+
+
 def test_mode_is_rescan_for_trees_that_are_not_sysfs(tree: Path) -> None:
     collector = build_collector(replace(Config(), sysfs=tree))
     monitor, mode = start_monitor(tree, lambda: collector.inventory)
