@@ -533,6 +533,20 @@ def test_missing_capture_is_counted(tree: Path, metrics: Sample) -> None:
     assert read_errors(got, "ethtool") == {("mlx5_8", "missing"): 1}
 
 
+def test_capture_read_errors_name_the_capture_file(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """In fixture mode the debug log blames the capture file, the one thing to fix, not an ioctl never made."""
+    missing = tree / "ethtool" / ROCE["mlx5_8"]
+    missing.unlink()
+    garbage = tree / "ethtool" / ROCE["mlx5_9"]
+    garbage.write_text(garbage.read_text() + "     half a line\n")
+    with caplog.at_level(logging.DEBUG, logger="rdma_exporter.collect.engine"):
+        Exporter(tree / "sys", tree / "ethtool").scrape()
+    logged = {r.getMessage() for r in caplog.records if r.getMessage().startswith("read error [ethtool]")}
+    assert len(logged) == 2
+    assert any(m.startswith(f"read error [ethtool] mlx5_8 missing: {missing}: ") for m in logged)
+    assert any(m.startswith(f"read error [ethtool] mlx5_9 malformed: {garbage}: ") for m in logged)
+
+
 def test_garbage_capture_lines_are_counted_and_the_rest_kept(tree: Path, metrics: Sample) -> None:
     path = tree / "ethtool" / ROCE["mlx5_8"]
     path.write_text(path.read_text() + "     rx_prio3_pause: lots\n     half a line\n\x00\x01\n")
