@@ -822,11 +822,15 @@ def test_generic_counters_that_normalise_alike_give_one_series(captured_copy) ->
     (port / "counters/foo_bar").write_text("4\n")
     (port / "counters/port_rcv_ecn").write_text("1\n")
     (port / "counters_ext/port_rcv_ecn").write_text("2\n")
+    # The listing spans both directories: a counters_ext/ file can shadow, or be shadowed by, a counters/ one.
+    (port / "counters/Baz Qux").write_text("5\n")
+    (port / "counters_ext/baz_qux").write_text("6\n")
     text = scrape(root)
     series = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line.startswith("rdma_port_counters_")]
     assert sorted(series) == sorted(set(series))
     values = samples(text)
     assert values[("rdma_port_counters_foo_bar_total", MLX4_PORT1)] == 3
+    assert values[("rdma_port_counters_baz_qux_total", MLX4_PORT1)] == 5
     # The listing decides, not the files read this scrape: when the owner fails a read, its twin must
     # not take the series over (Prometheus would see a counter jump or reset).
     (port / "counters/Foo Bar").write_text("garbage\n")
