@@ -679,10 +679,12 @@ def test_port_numbers_above_255_are_ports(captured_copy) -> None:  # type: ignor
     # they pass 255 (port numbers are u32 since kernel 5.13). Such a port is read like any other.
     root = captured_copy("leptonai-gpud-h100")
     ports = root / "class/infiniband/mlx5_0/ports"
-    shutil.copytree(ports / "1", ports / "300", symlinks=True)
+    for number in ("300", "4294967294"):  # and the last u32 short of U32_MAX (the kernel's "no port")
+        shutil.copytree(ports / "1", ports / number, symlinks=True)
     values = samples(scrape(root))
     port_300 = (("device", "mlx5_0"), ("port", "300"))
     assert values[("rdma_port_state_id", port_300)] == values[("rdma_port_state_id", MLX5_0)] == 4
+    assert values[("rdma_port_state_id", (("device", "mlx5_0"), ("port", "4294967294")))] == 4
     assert values[("rdma_port_symbol_errors_total", port_300)] == 0
     assert not [key for key in values if key[0] == "rdma_exporter_read_errors_total"]
 
