@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_exporter.collect.base import FamilySet
 from rdma_exporter.config import Config
-from rdma_exporter.daemon import build_collector, build_registry
+from rdma_exporter.daemon import build_collector
 
 # Property tests check behaviour, not speed (bench/ measures that): no per-example time limit, which a
 # busy 2-core CI machine can overrun. Loaded here, before any test module builds its @settings on it.
@@ -61,11 +61,16 @@ def require_binary(name: str) -> str:
 
 
 def scrape(sys_root: Path, config: Config | None = None, **overrides: object) -> str:
-    """One in-process scrape of `sys_root`, as the HTTP endpoint would serve it."""
+    """One in-process scrape of `sys_root`, as the HTTP endpoint would serve it: the daemon's own writer,
+    checked against prometheus_client's (which alone would hide a difference, e.g. it strips a doubled
+    `_total` that the daemon's writer would serve)."""
     from dataclasses import replace
 
     config = replace(config or Config(), sysfs=sys_root, **overrides)  # type: ignore[arg-type]
-    return generate_latest(build_registry(build_collector(config))).decode()
+    families = build_collector(config).gather()
+    text = families.render_text()
+    assert text == prometheus_text(families), "the daemon's writer differs from prometheus_client's"
+    return text.decode()
 
 
 class _Families:
