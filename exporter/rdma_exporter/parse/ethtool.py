@@ -295,8 +295,8 @@ def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = 
     path = directory / ifname
     try:
         raw = path.read_bytes()
-    except OSError as exc:
-        raise _fail(ifname, exc, os.fspath(path)) from exc
+    except OSError as exc:  # the caller names the file; the detail is only why it failed
+        raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
     return parse_stats_text(raw.decode("utf-8", "replace"), malformed)
 
 
