@@ -352,13 +352,19 @@ def test_degraded_by_speed_or_width_alone(tmp_path: Path, link: dict[str, str], 
     assert got.current_width == int(link["current_link_width"])
 
 
+def x16_pf_at_x8_behind_a_port(tmp_path: Path, port_max_width: str) -> Path:
+    """An x16 Gen5 PF trained x8, under a Gen5 root port whose max_link_width file reads `port_max_width`."""
+    port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": port_max_width})
+    pf = port / PF
+    pf.mkdir()
+    for name, text in pf_link("32.0 GT/s PCIe\n", "8\n").items():
+        (pf / name).write_text(text)
+    return pf
+
+
 def test_the_link_partner_caps_the_width_too(tmp_path: Path) -> None:
     """An x16 HCA in a slot wired x8 (its root port's maximum is x8) trains x8 at best: not degraded."""
-    port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": "8\n"})
-    in_x8_slot = port / PF
-    in_x8_slot.mkdir()
-    for name, text in pf_link("32.0 GT/s PCIe\n", "8\n").items():
-        (in_x8_slot / name).write_text(text)
+    in_x8_slot = x16_pf_at_x8_behind_a_port(tmp_path, "8\n")
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(in_x8_slot, reader)
     assert got is not None and reader.errors.total() == 0
@@ -374,11 +380,7 @@ def test_the_link_partner_caps_the_width_too(tmp_path: Path) -> None:
 def test_a_partner_width_that_is_no_width_is_unknown(tmp_path: Path, partner_width: str, errors: int) -> None:
     """The port above answers for its width as the device does: 0, 63 and 255 are unknown, and a width the
     spec does not define is a malformed file; neither is exported as that many lanes, nor caps `degraded`."""
-    port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": partner_width})
-    pf = port / PF
-    pf.mkdir()
-    for name, text in pf_link("32.0 GT/s PCIe\n", "8\n").items():
-        (pf / name).write_text(text)
+    pf = x16_pf_at_x8_behind_a_port(tmp_path, partner_width)
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(pf, reader)
     assert got is not None
