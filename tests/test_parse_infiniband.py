@@ -785,6 +785,19 @@ def test_omni_path_is_known_by_its_driver_under_any_device_name(captured_copy) -
     assert (info["driver"], info["pci_address"]) == ("hfi1", "0000:05:00.0")
 
 
+def test_a_device_named_hfi1_of_another_driver_counts_4_octet_words(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # The name decides the data unit only where no driver link tells: a device renamed hfi1_0 (`rdma dev
+    # set ... name`) whose function is bound to mlx5_core counts IB words, not flits.
+    root = captured_copy("prometheus-procfs")
+    pci = "devices/pci0000:00/0000:05:00.0"
+    (root / pci).mkdir(parents=True)
+    (root / "bus/pci/drivers/mlx5_core").mkdir(parents=True)
+    symlink(root, f"{pci}/driver", "bus/pci/drivers/mlx5_core")
+    symlink(root, "class/infiniband/hfi1_0/device", pci)
+    values = samples(scrape(root))
+    assert values[("rdma_port_transmit_data_bytes_total", (("device", "hfi1_0"), ("port", "1")))] == 4 * 273558326543
+
+
 def test_pci_address_comes_from_a_device_link_to_a_pci_function(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # Behind an Intel VMD the PCI domain is wider than 4 digits (10000:01:00.0); a dangling link (the function
     # already gone in a hot-unplug) names no PCI function. (infiniband mutation review: a 4-digit-only
