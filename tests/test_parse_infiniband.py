@@ -768,16 +768,21 @@ def test_unpopulated_gid_entries_are_not_read(tmp_path: Path, monkeypatch: pytes
     assert gid_series and gid_series == {k: v for k, v in baseline.items() if k[0] == "rdma_port_gids"}
 
 
+def on_a_function_bound_to(root: Path, device: str, driver: str) -> None:
+    """Give `device` a PCI function (0000:05:00.0) whose driver link names `driver`."""
+    pci = "devices/pci0000:00/0000:05:00.0"
+    (root / pci).mkdir(parents=True)
+    (root / "bus/pci/drivers" / driver).mkdir(parents=True)
+    symlink(root, f"{pci}/driver", f"bus/pci/drivers/{driver}")
+    symlink(root, f"class/infiniband/{device}/device", pci)
+
+
 def test_omni_path_is_known_by_its_driver_under_any_device_name(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # rdma-core's rdma_rename (NAME_PCI, NAME_GUID) renames hfi1_0 to e.g. ibp5s0: the flit unit must then
     # come from the PCI function's driver link, not from the name.
     root = captured_copy("prometheus-procfs")
     (root / "class/infiniband/hfi1_0").rename(root / "class/infiniband/ibp5s0")
-    pci = "devices/pci0000:00/0000:05:00.0"
-    (root / pci).mkdir(parents=True)
-    (root / "bus/pci/drivers/hfi1").mkdir(parents=True)
-    symlink(root, f"{pci}/driver", "bus/pci/drivers/hfi1")
-    symlink(root, "class/infiniband/ibp5s0/device", pci)
+    on_a_function_bound_to(root, "ibp5s0", "hfi1")
     values = samples(scrape(root))
     port = (("device", "ibp5s0"), ("port", "1"))
     assert values[("rdma_port_transmit_data_bytes_total", port)] == 8 * 273558326543
@@ -789,11 +794,7 @@ def test_a_device_named_hfi1_of_another_driver_counts_4_octet_words(captured_cop
     # The name decides the data unit only where no driver link tells: a device renamed hfi1_0 (`rdma dev
     # set ... name`) whose function is bound to mlx5_core counts IB words, not flits.
     root = captured_copy("prometheus-procfs")
-    pci = "devices/pci0000:00/0000:05:00.0"
-    (root / pci).mkdir(parents=True)
-    (root / "bus/pci/drivers/mlx5_core").mkdir(parents=True)
-    symlink(root, f"{pci}/driver", "bus/pci/drivers/mlx5_core")
-    symlink(root, "class/infiniband/hfi1_0/device", pci)
+    on_a_function_bound_to(root, "hfi1_0", "mlx5_core")
     values = samples(scrape(root))
     assert values[("rdma_port_transmit_data_bytes_total", (("device", "hfi1_0"), ("port", "1")))] == 4 * 273558326543
 
