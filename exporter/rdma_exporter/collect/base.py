@@ -39,8 +39,8 @@ class MetricSpec:
     def family(self) -> CounterMetricFamily | GaugeMetricFamily:
         if self.kind == "counter":
             # prometheus_client appends _total itself.
-            return CounterMetricFamily(self.name[: -len("_total")], _help_text(self.help), labels=self.labels)
-        return GaugeMetricFamily(self.name, _help_text(self.help), labels=self.labels)
+            return CounterMetricFamily(self.name[: -len("_total")], _printable(self.help), labels=self.labels)
+        return GaugeMetricFamily(self.name, _printable(self.help), labels=self.labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +100,11 @@ def lint_safe(key: str, kind: str) -> str:
 
 def _printable(value: str) -> str:
     """A name the kernel holds as bytes that are not UTF-8 (a netdev or RDMA device renamed to any
-    bytes) comes from os.listdir with surrogate escapes, which UTF-8 cannot encode: show those bytes as
-    \\xNN, as `ip link` does, instead of failing the whole answer."""
+    bytes, a driver's hw_counters file named in its family's help) comes from os.listdir with surrogate
+    escapes, which UTF-8 cannot encode: show those bytes as \\xNN, as `ip link` does, instead of failing
+    the whole answer. Label values and help texts alike; nearly all are ASCII, so test that first."""
+    if value.isascii():
+        return value
     try:
         raw = value.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # a surrogate no file name decodes to: keep it visible, escaped
@@ -109,21 +112,13 @@ def _printable(value: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _help_text(text: str) -> str:
-    """A help text as written: one that names a file the kernel holds as bytes that are not UTF-8 (the
-    generic help of a driver's hw_counters file) shows those bytes as \\xNN, as a label value does; with
-    the surrogate left in, encoding the answer failed and the whole scrape was lost."""
-    return text if text.isascii() else _printable(text)
-
-
 def _escape_help(text: str) -> str:
-    return _help_text(text).replace("\\", r"\\").replace("\n", r"\n")
+    return _printable(text).replace("\\", r"\\").replace("\n", r"\n")
 
 
 def _escape_value(value: str) -> str:
     # The same as prometheus_client's label value escaping; most values need none, so test first.
-    if not value.isascii():
-        value = _printable(value)
+    value = _printable(value)
     if "\\" in value or "\n" in value or '"' in value:
         return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return value
