@@ -182,7 +182,6 @@ def record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
-
 def fail_pread(monkeypatch: pytest.MonkeyPatch, code: int, on: Callable[[int], bool] = lambda fd: True) -> list[int]:
     """Make os.pread raise OSError(code) for the fds `on` picks (every one by default), as a failing sysfs
     attribute (EIO) or a removed kernfs node (ENODEV) does; the other reads go through. Returns the fd of
@@ -199,6 +198,7 @@ def fail_pread(monkeypatch: pytest.MonkeyPatch, code: int, on: Callable[[int], b
 
     monkeypatch.setattr(os, "pread", pread)
     return reads
+
 
 # --- timing under load ------------------------------------------------------------------------------
 
