@@ -91,6 +91,12 @@ def test_registered_as_collector() -> None:
         ("rxe_eth0.100", ["rxe_eth0.100"]),
         ("siw-enp1s0", ["siw-enp1s0"]),
         ("rxe-vlan[1-2].10", ["rxe-vlan1.10", "rxe-vlan2.10"]),
+        # The kernel refuses only '%' in a name given to `rdma link add`: a colon is a name character.
+        ("rxe:eth0", ["rxe:eth0"]),
+        # A bound without a leading zero is not padding, however many digits it has.
+        ("mlx5_[98-101]", ["mlx5_98", "mlx5_99", "mlx5_100", "mlx5_101"]),
+        # A range alone enumerates names as a bare "0" is one: nothing around it to refuse.
+        ("[0-1]", ["0", "1"]),
     ],
 )
 def test_expand_devices(pattern: str, names: list[str]) -> None:
@@ -151,6 +157,9 @@ def test_parse_expands_and_converts_units() -> None:
         ("ports: [{devices: [], rate_gbps: 1}]", "collector.expected.ports[0].devices", "expected a device"),
         ("ports: [{devices: mlx5_0, port: 0}]", "collector.expected.ports[0].port", "from 1 to 4294967294"),
         ("ports: [{devices: mlx5_0, port: true}]", "collector.expected.ports[0].port", "from 1 to 4294967294"),
+        # A port number is an integer: port 1.5 would be exported, and reported missing, forever.
+        ("ports: [{devices: mlx5_0, port: 1.5}]", "collector.expected.ports[0].port", "from 1 to 4294967294, got 1.5"),
+        ("ports: [{devices: mlx5_0, port: '1'}]", "collector.expected.ports[0].port", "from 1 to 4294967294, got '1'"),
         ("ports: [{devices: mlx5_0, rate_gbps: -400}]", "collector.expected.ports[0].rate_gbps", "positive"),
         ("ports: [{devices: mlx5_0, rate_gbps: '400G'}]", "collector.expected.ports[0].rate_gbps", "positive"),
         ("ports: [{devices: mlx5_0, width: 3}]", "collector.expected.ports[0].width", "one of 1, 2, 4, 8, 12"),
