@@ -14,6 +14,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rdma_exporter.collect.base import FamilySet
 from rdma_exporter.collect.expected import ExpectedPort, ExpectedSource, expand_devices
 from rdma_exporter.config import COLLECTORS, Config, ConfigError, load_config_file, parse_config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
@@ -57,6 +58,13 @@ def scrape(sys_root: Path, config: Config) -> dict:
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tree(tmp_path_factory.mktemp("expected"), HEALTHY_SPEC)
+
+
+def exposed(source: ExpectedSource, results: dict) -> set[tuple[str, tuple[str, ...], float]]:
+    """What `expose` exports for one round's results: (family, label values, value) per sample."""
+    out = FamilySet()
+    source.expose(results, out)
+    return {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
 
 
 def parse(text: str) -> Config:
@@ -355,8 +363,6 @@ def test_collector_can_be_disabled(tree: Path) -> None:
 
 def test_source_is_pure() -> None:
     """`expose` needs only the results dict: a device absent from it is missing."""
-    from rdma_exporter.collect.base import FamilySet
-
     source = ExpectedSource([ExpectedPort("mlx5_0", 1, pcie_width=16), ExpectedPort("mlx5_0", 2)])
     out = FamilySet()
     source.expose({"mlx5_0": (None, frozenset({1}))}, out)
@@ -369,8 +375,6 @@ def test_source_is_pure() -> None:
 
 def test_source_merges_pcie_speed_and_width_of_a_device() -> None:
     """Each field comes from the first port of the device that sets it, whichever port that is."""
-    from rdma_exporter.collect.base import FamilySet
-
     source = ExpectedSource(
         [
             ExpectedPort("mlx5_0", 1),
@@ -387,8 +391,6 @@ def test_source_merges_pcie_speed_and_width_of_a_device() -> None:
 
 def test_listed_device_with_unknown_ports_is_present() -> None:
     """None: the device is listed but its static info is not known yet; its ports are left out, not 0."""
-    from rdma_exporter.collect.base import FamilySet
-
     source = ExpectedSource([ExpectedPort("mlx5_0", 1), ExpectedPort("mlx5_1", 1)])
     out = FamilySet()
     source.expose({"mlx5_0": None}, out)
@@ -403,12 +405,16 @@ def test_listed_device_with_unknown_ports_is_present() -> None:
 
 
 @pytest.mark.parametrize(
-    ("gen", "transfers"), [(1, 2.5e9), (2, 5e9), (3, 8e9), (4, 16e9), (5, 32e9), (6, 64e9)]
+    ("gen", "transfers", "lanes"), [(1, 2.5e9, 1), (2, 5e9, 2), (3, 8e9, 4), (4, 16e9, 8), (5, 32e9, 16), (6, 64e9, 32)]
 )
-def test_every_pcie_generation_maps_to_its_transfer_rate(gen: int, transfers: float) -> None:
-    # Compared with the PCIe collector's observed speed, so every generation must be exact, not only Gen5.
-    ports = parse(f"collector: {{expected: {{ports: [{{devices: mlx5_0, pcie_gen: {gen}}}]}}}}")
-    assert ports.collector_settings["expected"]["ports"][0].pcie_transfers_per_second == transfers
+def test_every_pcie_generation_and_width_is_exported_as_configured(gen: int, transfers: float, lanes: int) -> None:
+    # Compared with the PCIe collector's observed speed and width, so every generation and width must
+    # come out exact, not only Gen5 x16.
+    config = parse(f"collector: {{expected: {{ports: [{{devices: mlx5_0, pcie_gen: {gen}, pcie_width: {lanes}}}]}}}}")
+    source = ExpectedSource.from_settings(config.collector_settings["expected"])
+    got = exposed(source, {"mlx5_0": ("0000:18:00.0", frozenset({1}))})
+    assert ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), transfers) in got
+    assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), lanes) in got
 
 
 def test_explicit_netdev_speed_beats_the_port_rate_on_ethernet() -> None:
@@ -626,8 +632,6 @@ def test_invalid_pci_expectations_name_the_key(body: str, key: str, reason: str)
 
 def test_an_address_no_known_device_holds_is_not_missing_while_a_device_is_unknown() -> None:
     """A listed device whose static info is not known yet may be the one at the address."""
-    from rdma_exporter.collect.base import FamilySet
-
     source = ExpectedSource([ExpectedPort("", 1, pci_address="0000:18:00.0")])
 
     def present(results: dict) -> set[tuple[tuple[str, ...], float]]:
@@ -642,8 +646,6 @@ def test_an_address_no_known_device_holds_is_not_missing_while_a_device_is_unkno
 
 
 def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
-    from rdma_exporter.collect.base import FamilySet
-
     source = ExpectedSource(
         [
             ExpectedPort("mlx5_0", 1, rate_bytes_per_second=5e10),
@@ -717,8 +719,6 @@ def test_a_missing_address_exports_nothing_under_an_empty_device_name(tree: Path
 def test_pcie_expectations_by_name_and_by_address_on_one_device_first_in_the_file_wins() -> None:
     # Validation compares entries for one name or one address, not a name with an address: as for a port
     # expected both ways, the first entry in the file gives the device's PCIe expectation.
-    from rdma_exporter.collect.base import FamilySet
-
     source = ExpectedSource(
         [
             ExpectedPort("mlx5_0", 1, pcie_transfers_per_second=32e9, pcie_width=16),
