@@ -364,9 +364,7 @@ def test_collector_can_be_disabled(tree: Path) -> None:
 def test_source_is_pure() -> None:
     """`expose` needs only the results dict: a device absent from it is missing."""
     source = ExpectedSource([ExpectedPort("mlx5_0", 1, pcie_width=16), ExpectedPort("mlx5_0", 2)])
-    out = FamilySet()
-    source.expose({"mlx5_0": (None, frozenset({1}))}, out)
-    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
+    got = exposed(source, {"mlx5_0": (None, frozenset({1}))})
     assert ("rdma_expected_port_present", ("mlx5_0", "1"), 1) in got
     assert ("rdma_expected_port_present", ("mlx5_0", "2"), 0) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
@@ -382,9 +380,7 @@ def test_source_merges_pcie_speed_and_width_of_a_device() -> None:
             ExpectedPort("mlx5_0", 3, pcie_width=16),
         ]
     )
-    out = FamilySet()
-    source.expose({"mlx5_0": (None, frozenset({1, 2, 3}))}, out)
-    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
+    got = exposed(source, {"mlx5_0": (None, frozenset({1, 2, 3}))})
     assert ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
 
@@ -392,9 +388,7 @@ def test_source_merges_pcie_speed_and_width_of_a_device() -> None:
 def test_listed_device_with_unknown_ports_is_present() -> None:
     """None: the device is listed but its static info is not known yet; its ports are left out, not 0."""
     source = ExpectedSource([ExpectedPort("mlx5_0", 1), ExpectedPort("mlx5_1", 1)])
-    out = FamilySet()
-    source.expose({"mlx5_0": None}, out)
-    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples}
+    got = exposed(source, {"mlx5_0": None})
     assert ("rdma_expected_device_present", ("mlx5_0",), 1) in got
     assert not [row for row in got if row[0] == "rdma_expected_port_present" and row[1][0] == "mlx5_0"]
     assert ("rdma_expected_device_present", ("mlx5_1",), 0) in got
@@ -635,10 +629,8 @@ def test_an_address_no_known_device_holds_is_not_missing_while_a_device_is_unkno
     source = ExpectedSource([ExpectedPort("", 1, pci_address="0000:18:00.0")])
 
     def present(results: dict) -> set[tuple[tuple[str, ...], float]]:
-        out = FamilySet()
-        source.expose(results, out)
         family = "rdma_expected_pci_device_present"
-        return {(tuple(s.labels.values()), s.value) for m in out for s in m.samples if m.name == family}
+        return {(labels, v) for name, labels, v in exposed(source, results) if name == family}
 
     assert present({"mlx5_0": ("0000:40:00.0", frozenset({1}))}) == {(("0000:18:00.0",), 0)}
     assert present({"mlx5_0": ("0000:40:00.0", frozenset({1})), "mlx5_1": None}) == set()
@@ -725,9 +717,7 @@ def test_pcie_expectations_by_name_and_by_address_on_one_device_first_in_the_fil
             ExpectedPort("", 2, pcie_transfers_per_second=16e9, pcie_width=8, pci_address="0000:18:00.0"),
         ]
     )
-    out = FamilySet()
-    source.expose({"mlx5_0": ("0000:18:00.0", frozenset({1, 2}))}, out)
-    got = {(m.name, tuple(s.labels.values()), s.value) for m in out for s in m.samples if "pcie" in m.name}
+    got = {row for row in exposed(source, {"mlx5_0": ("0000:18:00.0", frozenset({1, 2}))}) if "pcie" in row[0]}
     assert got == {
         ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9),
         ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16),
