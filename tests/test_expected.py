@@ -18,7 +18,7 @@ from rdma_exporter.collect.base import FamilySet
 from rdma_exporter.collect.expected import ExpectedPort, ExpectedSource, expand_devices
 from rdma_exporter.config import COLLECTORS, Config, ConfigError, load_config_file, parse_config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
-from rdma_exporter.sample_tree import HEALTHY_SPEC, build_tree
+from rdma_exporter.sample_tree import HEALTHY_SPEC, TreeSpec, build_tree
 
 DGX = """
 collector:
@@ -756,3 +756,36 @@ collector:
         ("0000:18:00.0", 32e9, 16),
         ("0000:40:00.0", 16e9, 8),
     ]
+
+# --- expected mutation review (3) ---------------------------------------------------------------------
+
+LINKS = """
+collector:
+  expected:
+    ports:
+      - {devices: "mlx5_[0-7]", link_layer: InfiniBand, rate_gbps: 400, width: 4, pcie_gen: 5, pcie_width: 16}
+      - {devices: "mlx5_[8-9]", link_layer: Ethernet, rate_gbps: 200, width: 2, pcie_gen: 4, pcie_width: 16}
+"""
+
+
+def below(metrics: dict, observed: str, expected: str) -> set[tuple[tuple[str, str], ...]]:
+    """The series whose observation is below their expectation, as an `observed < expected` rule sees them."""
+    wanted = {labels: v for (name, labels), v in metrics.items() if name == expected}
+    got = {labels: v for (name, labels), v in metrics.items() if name == observed}
+    # Every expectation has its observation to compare with: an empty answer is not an empty comparison.
+    assert wanted and wanted.keys() == got.keys(), (observed, sorted(got), sorted(wanted))
+    return {labels for labels, v in got.items() if v < wanted[labels]}
+
+
+def test_links_trained_below_their_expectation_are_the_ones_seen_below(tmp_path: Path) -> None:
+    """The BlueField-3s sit in Gen4 slots (expected Gen4), mlx5_5's link fell to Gen4 (expected Gen5) and
+    mlx5_3's port is down at 4X QDR: a plain `<` finds exactly the degraded two, no healthy one."""
+    spec = TreeSpec(degraded_pcie=("mlx5_5",), gen4_slots=("mlx5_8", "mlx5_9"), down_ports=("mlx5_3",))
+    metrics = scrape(build_tree(tmp_path, spec), parse(LINKS))
+    pcie = "rdma_pcie_link_speed_transfers_per_second", "rdma_expected_pcie_link_speed_transfers_per_second"
+    assert below(metrics, *pcie) == {(("device", "mlx5_5"),)}
+    assert value(metrics, pcie[1], device="mlx5_8") == value(metrics, pcie[0], device="mlx5_8") == 16e9
+    width = "rdma_pcie_link_width_lanes", "rdma_expected_pcie_link_width_lanes"
+    assert below(metrics, *width) == set()
+    rate = "rdma_port_rate_bytes_per_second", "rdma_expected_port_rate_bytes_per_second"
+    assert below(metrics, *rate) == {(("device", "mlx5_3"), ("port", "1"))}
