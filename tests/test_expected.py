@@ -789,3 +789,14 @@ def test_links_trained_below_their_expectation_are_the_ones_seen_below(tmp_path:
     assert below(metrics, *width) == set()
     rate = "rdma_port_rate_bytes_per_second", "rdma_expected_port_rate_bytes_per_second"
     assert below(metrics, *rate) == {(("device", "mlx5_3"), ("port", "1"))}
+
+
+def test_every_port_of_a_dual_port_hca_is_judged(tree: Path, tmp_path: Path) -> None:
+    # A dual-port ConnectX: both ports are present, a third one the configuration expects is missing.
+    tree = Path(shutil.copytree(tree, tmp_path / "dual", symlinks=True))
+    ports = (tree / "class" / "infiniband" / "mlx5_0" / "ports").resolve()
+    shutil.copytree(ports / "1", ports / "2", symlinks=True)
+    entries = ", ".join(f"{{devices: mlx5_0, port: {port}}}" for port in (1, 2, 3))
+    metrics = scrape(tree, parse(f"collector: {{expected: {{ports: [{entries}]}}}}"))
+    present = {port: value(metrics, "rdma_expected_port_present", device="mlx5_0", port=port) for port in "123"}
+    assert present == {"1": 1, "2": 1, "3": 0}
