@@ -823,7 +823,7 @@ def test_last_idle_first_hands_out_every_job_before_closing() -> None:
     assert [jobs.get(inbox), jobs.get(inbox), jobs.get(inbox)] == ["first", "second", None]
 
 
-# --- daemon mutation review: what each part of the server is for ---------------------------------------
+# --- what each part of the server is for --------------------------------------------------------------
 
 
 def reset(sock: socket.socket) -> None:

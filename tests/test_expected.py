@@ -395,7 +395,7 @@ def test_listed_device_with_unknown_ports_is_present() -> None:
     assert ("rdma_expected_port_present", ("mlx5_1", "1"), 0) in got
 
 
-# --- mutation review additions ----------------------------------------------------------------------
+# --- bounds, units and edge values of the settings ----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -651,7 +651,7 @@ def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
     assert rates == [({"device": "mlx5_0", "port": "1"}, 5e10)]
 
 
-# --- config/expected mutation review (2) ------------------------------------------------------------
+# --- YAML merge keys, empty settings and name-or-address overlaps -------------------------------------
 
 ANCHORED = """
 collector:

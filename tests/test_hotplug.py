@@ -469,7 +469,7 @@ def test_reload_while_the_monitor_dies_leaves_the_new_collector_rescanning(tree:
         daemon.server.shutdown(grace=0)
 
 
-# --- mutation review additions ------------------------------------------------------------------------
+# --- uevent and rtnetlink edge cases ------------------------------------------------------------------
 
 
 def test_a_netdev_rename_decoded_from_the_uevent_refreshes_the_device_of_its_old_name(tree: Path) -> None:
