@@ -70,6 +70,12 @@ def write(tmp_path: Path, text: str) -> Path:
         ("path:\n  sysfs_root: /sys\n", "path.sysfs_root", "unknown key (known: path.ethtool, path.sysfs)"),
         ("? [a, b]\n: 1\n", "line 1, column 3", "invalid YAML: found unhashable key"),
         ('log: "\x01"\n', "line 1, column 7", "invalid YAML: character #x0001"),
+        # An empty path.ethtool string is a mistake, as path.sysfs's; only an empty YAML value (null) is unset.
+        ("path:\n  ethtool: ''\n", "path.ethtool", "expected a non-empty string, got ''"),
+        # Not a string: refused, not joined to the file's directory (a TypeError traceback).
+        ("path:\n  sysfs: 5\n", "path.sysfs", "expected a non-empty string, got 5"),
+        # 0 == False in Python: a check by equality would take a number for a switch.
+        ("collectors:\n  pcie: 0\n", "collectors.pcie", "expected true or false, got 0"),
     ],
 )
 def test_invalid_config_names_file_key_and_reason(tmp_path: Path, text: str, key: str, reason: str) -> None:
@@ -114,10 +120,13 @@ def test_range_bound_is_accepted_and_one_past_it_refused(
     assert getattr(load_config_file(path), field) == bound
 
 
-def test_missing_config_file(tmp_path: Path) -> None:
-    result = run_cli("--config.file", str(tmp_path / "absent.yml"))
+@pytest.mark.parametrize(("name", "reason"), [("absent.yml", "No such file or directory"), ("", "Is a directory")])
+def test_an_unreadable_config_file_is_named_with_the_reason(tmp_path: Path, name: str, reason: str) -> None:
+    # The OS's reason alone, not Python's "[Errno 2] ...: '<the path again>'".
+    path = tmp_path / name
+    result = run_cli("--config.file", str(path))
     assert result.returncode == 2
-    assert "absent.yml: (file): cannot read" in result.stderr
+    assert result.stderr == f"rdma-exporter: invalid configuration: {path}: (file): cannot read: {reason}\n"
 
 
 def test_valid_config_and_flag_precedence(tmp_path: Path) -> None:
@@ -681,3 +690,69 @@ def test_a_config_file_that_is_not_utf8_is_refused_and_a_good_one_is_named(tmp_p
     assert load_config_file(path).config_file == path
     result = run_cli("--config.file", str(path), "--check-config")
     assert result.returncode == 0 and f"configuration OK ({path}; web: " in result.stdout, result.stderr
+
+
+# --- config/cli mutation review: defaults as documented, reasons exact, flags never silently empty ---------
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_flag_defaults() -> dict[str, str]:
+    """{flag: default} from README's table of flags (the "default" column, backquotes removed)."""
+    defaults: dict[str, str] = {}
+    for line in README.read_text().splitlines():
+        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("--"):
+            defaults[cells[0]] = cells[2]
+    return defaults
+
+
+def test_a_bare_run_serves_the_defaults_readme_documents() -> None:
+    # The test of the defaults above compares with the constants: a changed DEFAULT_PORT passed it, while
+    # every scrape config and firewall rule written from README would then miss the exporter.
+    config = resolve_config(build_parser().parse_args([]))
+    served = {
+        "--web.listen-address": config.listen_address,
+        "--web.telemetry-path": config.telemetry_path,
+        "--web.config.file": str(config.web_config_file or "none"),
+        "--web.scrape-timeout": f"{config.scrape_timeout:g}",
+        "--web.read-threads": str(config.read_threads),
+        "--path.sysfs": str(config.sysfs),
+        "--path.ethtool": str(config.ethtool_dir or "none"),
+        "--devices.exclude": "none" if config.device_exclude is None else config.device_exclude.pattern,
+        "--log.level": config.log_level,
+    }
+    documented = readme_flag_defaults()
+    assert {flag: documented.get(flag) for flag in served} == served
+
+
+def test_check_config_without_a_file_says_what_it_checked() -> None:
+    result = run_cli("--check-config")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "rdma-exporter: configuration OK (defaults and flags; web: HTTP)\n"
+
+
+def test_a_reload_of_a_run_without_the_sample_applies_the_file(recorded_run: RunRecorder, tmp_path: Path) -> None:
+    # Only a sample run keeps its tree over a reload: a deployed exporter must not start reporting
+    # rdma_exporter_sample_tree 1, nor keep a sysfs the file no longer names.
+    for directory in ("before", "after"):
+        (tmp_path / directory).mkdir()
+    path = write(tmp_path, "path:\n  sysfs: before\n")
+    assert cli.main(["--config.file", str(path)]) == 0
+    served, reload = recorded_run.config, recorded_run.reload
+    assert served is not None and reload is not None
+    assert (served.sysfs, served.sample_tree) == (tmp_path / "before", False)
+    path.write_text("path:\n  sysfs: after\n")
+    reloaded = reload()
+    assert (reloaded.sysfs, reloaded.ethtool_dir, reloaded.sample_tree) == (tmp_path / "after", None, False)
+
+
+@pytest.mark.parametrize("message", ["k=v", 'say"hi"', "bell\x07", "C:\\new"])
+def test_a_message_without_spaces_is_still_one_logfmt_value(message: str) -> None:
+    # Without a space the value may be bare: an '=', a quote, a control character or a backslash in it must
+    # still be quoted and escaped, or a logfmt parser splits it, or reads another string back.
+    record = logging.LogRecord("rdma_exporter", logging.INFO, __file__, 1, "%s", (message,), None)
+    line = LogfmtFormatter().format(record)
+    assert line.isprintable(), line
+    assert parse_logfmt(line)["msg"] == message
