@@ -727,6 +727,16 @@ def test_a_bare_run_serves_the_defaults_readme_documents() -> None:
     assert {flag: documented.get(flag) for flag in served} == served
 
 
+@pytest.mark.parametrize("flag", ["--config.file", "--web.config.file"])
+def test_an_empty_file_flag_stops_start_up(flag: str) -> None:
+    # `--config.file=$CONFIG` with the variable unset: the exporter ran on the defaults, without the file's
+    # devices.exclude, and said "configuration OK"; an empty --web.config.file was reported as the file ".".
+    result = run_cli(f"{flag}=", "--check-config")
+    assert result.returncode == 2
+    expected = f"rdma-exporter: invalid configuration: command line: {flag}: expected a non-empty string, got ''\n"
+    assert result.stderr == expected
+
+
 def test_check_config_without_a_file_says_what_it_checked() -> None:
     result = run_cli("--check-config")
     assert result.returncode == 0, result.stderr

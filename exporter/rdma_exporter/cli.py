@@ -26,9 +26,11 @@ from .config import (
     check_listen,
     check_log_level,
     check_open_files,
+    check_path,
     check_read_threads,
     check_regex,
     check_seconds,
+    check_string,
     check_telemetry_path,
     load_config_file,
 )
@@ -98,15 +100,17 @@ def _integer(text: str) -> int | str:
 def resolve_config(args: argparse.Namespace) -> Config:
     """Defaults < config file < explicit flags; every invalid value raises ConfigError."""
     config = Config()
-    if args.config_file:
-        config = load_config_file(Path(args.config_file), config)
+    if args.config_file is not None:
+        # An empty value (`--config.file=$CONFIG`, the variable unset) is refused, not taken for "no file":
+        # the exporter would run on the defaults, without the file's devices.exclude.
+        config = load_config_file(Path(check_string("command line", "--config.file", args.config_file)), config)
     flag: dict[str, Any] = {}
     if args.listen_address is not None:
         flag["listen_address"] = check_listen("command line", "--web.listen-address", args.listen_address)
     if args.telemetry_path is not None:
         flag["telemetry_path"] = check_telemetry_path("command line", "--web.telemetry-path", args.telemetry_path)
     if args.web_config_file is not None:
-        flag["web_config_file"] = Path(args.web_config_file)
+        flag["web_config_file"] = check_path("command line", "--web.config.file", args.web_config_file)
     if args.scrape_timeout is not None:
         flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", args.scrape_timeout)
     if args.read_threads is not None:
