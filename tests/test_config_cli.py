@@ -411,7 +411,7 @@ def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: st
     assert f"{web}: {key}: {reason}" in result.stderr and "<unicode string>" not in result.stderr
 
 
-# --- mutation review additions (self-contained) -----------------------------------------------------
+# --- flags against the file, log levels, the sample fallback, logfmt ----------------------------------
 
 
 def test_device_filter_flags_override_the_file(tmp_path: Path) -> None:
@@ -641,7 +641,7 @@ def test_log_records_are_one_logfmt_line_each() -> None:
     assert parse_logfmt(formatter.format(logging.LogRecord("x", logging.INFO, "", 1, "up", None, None)))["msg"] == "up"
 
 
-# --- config/expected mutation review ----------------------------------------------------------------
+# --- empty keys, non-ASCII ports, encodings -----------------------------------------------------------
 
 
 def test_an_empty_sysfs_key_is_refused_and_an_empty_ethtool_key_is_not_set(tmp_path: Path) -> None:
@@ -692,7 +692,7 @@ def test_a_config_file_that_is_not_utf8_is_refused_and_a_good_one_is_named(tmp_p
     assert result.returncode == 0 and f"configuration OK ({path}; web: " in result.stdout, result.stderr
 
 
-# --- config/cli mutation review: defaults as documented, reasons exact, flags never silently empty ---------
+# --- defaults as documented, reasons exact, flags never silently empty ---------
 
 
 README = Path(__file__).resolve().parent.parent / "README.md"
