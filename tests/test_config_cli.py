@@ -588,6 +588,17 @@ def test_a_reload_rereads_the_file_and_keeps_the_sample_tree(recorded_run: RunRe
     assert (reloaded.sysfs, reloaded.ethtool_dir, reloaded.sample_tree) == (served.sysfs, served.ethtool_dir, True)
 
 
+
+def test_the_sample_tree_uses_the_ethtool_captures_the_flag_names(recorded_run: RunRecorder, tmp_path: Path) -> None:
+    # --sample builds its sysfs tree but --path.ethtool still says where the ethtool captures are read.
+    captures = tmp_path / "captures"
+    captures.mkdir()
+    assert cli.main(["--sample", "--path.ethtool", str(captures)]) == 0
+    served = recorded_run.config
+    assert served is not None and served.sample_tree
+    assert served.ethtool_dir == captures
+
+
 @pytest.mark.parametrize("uid", [0, 1000])
 def test_running_as_root_is_warned_about(
     recorded_run: RunRecorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path,
