@@ -588,7 +588,6 @@ def test_a_reload_rereads_the_file_and_keeps_the_sample_tree(recorded_run: RunRe
     assert (reloaded.sysfs, reloaded.ethtool_dir, reloaded.sample_tree) == (served.sysfs, served.ethtool_dir, True)
 
 
-
 def test_the_sample_tree_uses_the_ethtool_captures_the_flag_names(recorded_run: RunRecorder, tmp_path: Path) -> None:
     # --sample builds its sysfs tree but --path.ethtool still says where the ethtool captures are read.
     captures = tmp_path / "captures"
@@ -703,7 +702,7 @@ def test_a_config_file_that_is_not_utf8_is_refused_and_a_good_one_is_named(tmp_p
     assert result.returncode == 0 and f"configuration OK ({path}; web: " in result.stdout, result.stderr
 
 
-# --- defaults as documented, reasons exact, flags never silently empty ---------
+# --- defaults as documented, reasons exact, flags never silently empty --------------------------------
 
 
 README = Path(__file__).resolve().parent.parent / "README.md"
