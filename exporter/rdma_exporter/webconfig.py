@@ -218,7 +218,8 @@ def _file(source: str, key: str, value: Any, base: Path) -> Path:
 
 
 def _version(source: str, key: str, value: Any) -> ssl.TLSVersion:
-    if value not in TLS_VERSIONS:
+    # Strings only: `in` hashes the value, and a list (`min_version: [TLS13]`) would raise a TypeError.
+    if not isinstance(value, str) or value not in TLS_VERSIONS:
         raise ConfigError(source, key, f"expected one of {', '.join(TLS_VERSIONS)}, got {value!r}")
     return TLS_VERSIONS[value]
 
@@ -249,7 +250,7 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
             f"{auth_type} accepts unverified client certificates, which is not supported; "
             "use RequireAndVerifyClientCert or VerifyClientCertIfGiven with client_ca_file",
         )
-    if auth_type not in CLIENT_AUTH:
+    if not isinstance(auth_type, str) or auth_type not in CLIENT_AUTH:  # a list is unhashable: TypeError
         raise ConfigError(
             source, "tls_server_config.client_auth_type", f"expected one of {', '.join(CLIENT_AUTH)}, got {auth_type!r}"
         )
