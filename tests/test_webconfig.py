@@ -1,12 +1,16 @@
-"""`--web.config.file` cases that hand-made mutation testing of webconfig.py found unchecked: client
-certificates that are optional, TLS version bounds, what is refused at start-up (with the key named), basic
-auth edge cases and the bound on the auth cache. Real files, real handshakes and real HTTP on loopback.
+"""`--web.config.file`: the exporter-toolkit web config. Client certificates that are optional, TLS
+version bounds, basic auth (hash flavours and costs, how credentials are split and remembered, what
+unknown users cost, the bound on the auth cache), and every setting of the wrong shape, type or value, or
+with a file that cannot be loaded, stopping start-up with file, key and reason. Real files, real
+handshakes and real HTTP on loopback.
 """
 
 from __future__ import annotations
 
 import base64
 import ssl
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,7 +32,7 @@ from rdma_exporter import webconfig
 from rdma_exporter.config import ConfigError
 from rdma_exporter.daemon import Response
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
-from rdma_exporter.webconfig import WebConfig, load_web_config
+from rdma_exporter.webconfig import BasicAuth, WebConfig, load_web_config
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +78,35 @@ def refusal(tmp_path: Path, text: str) -> ConfigError:
     return info.value
 
 
-# --- client certificates ------------------------------------------------------------------------------------
+def checked_refusal(tmp_path: Path, text: str) -> ConfigError:
+    """The start-up error for this web config, also checked through --check-config (exit 2, file named)."""
+    path = web_config(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_web_config(path)
+    check = subprocess.run(
+        [sys.executable, "-m", "rdma_exporter", "--check-config", "--web.config.file", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert check.returncode == 2 and f"{path}: {info.value.key}: {info.value.reason}" in check.stderr, check.stderr
+    return info.value
+
+
+def bcrypt_hash(password: str, cost: int = 4) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=cost)).decode()
+
+
+def users(tmp_path: Path, **hashes: str) -> BasicAuth:
+    text = "basic_auth_users:\n" + "".join(f"  {user}: '{hashed}'\n" for user, hashed in hashes.items())
+    auth = load_web_config(web_config(tmp_path, text)).auth
+    assert auth is not None
+    return auth
+
+
+def login(auth: BasicAuth, user: str, password: str) -> bool:
+    return auth.check(basic(user, password)["Authorization"])
+
+
+# --- client certificates --------------------------------------------------------------------------------------
 
 
 def test_verify_client_cert_if_given_admits_clients_without_one_and_checks_those_with_one(
@@ -116,7 +148,7 @@ def test_client_allowed_sans_must_be_a_list_of_names(
     assert (error.key, error.reason) == ("tls_server_config.client_allowed_sans", reason)
 
 
-# --- TLS versions -------------------------------------------------------------------------------------------
+# --- TLS versions ---------------------------------------------------------------------------------------------
 
 
 def test_max_version_caps_the_handshake_and_may_equal_min_version(certs: Pki, tmp_path: Path) -> None:
@@ -173,7 +205,7 @@ def test_relative_certificate_paths_are_relative_to_the_web_config_file(
         assert get(server.port, "/", context=client_context(certs, "client")).status == 200
 
 
-# --- what the file may leave out ----------------------------------------------------------------------------
+# --- what the file may leave out ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("text", ["", "http_server_config:\n", "tls_server_config:\nhttp_server_config:\n"])
@@ -190,7 +222,7 @@ def test_http2_is_a_known_http_server_config_key(tmp_path: Path) -> None:
     assert web.scheme == "http"
 
 
-# --- refused at start-up ------------------------------------------------------------------------------------
+# --- refused at start-up --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -242,7 +274,7 @@ def test_configured_headers_are_sent_as_written(tmp_path: Path) -> None:
         assert get(server.port, "/").headers["x-content-type-options"] == "nosniff"
 
 
-def _hash(cost: int) -> str:
+def hash_claiming_cost(cost: int) -> str:
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
     return f"$2b${cost:02d}${hashed[7:]}"
 
@@ -260,12 +292,13 @@ def _hash(cost: int) -> str:
 def test_basic_auth_users_that_could_never_log_in_are_refused(
     tmp_path: Path, users: str, key: str, reason: str
 ) -> None:
-    text = "basic_auth_users: " + users.format(hash=_hash(4), cost3=_hash(3), cost32=_hash(32)) + "\n"
+    claimed = {"hash": hash_claiming_cost(4), "cost3": hash_claiming_cost(3), "cost32": hash_claiming_cost(32)}
+    text = "basic_auth_users: " + users.format(**claimed) + "\n"
     error = refusal(tmp_path, text)
     assert error.key == key and error.reason.startswith(reason), error
 
 
-# --- basic auth over HTTP -----------------------------------------------------------------------------------
+# --- basic auth over HTTP -------------------------------------------------------------------------------------
 
 
 def test_basic_auth_refuses_malformed_credentials_like_go_does(
@@ -330,3 +363,196 @@ def test_the_auth_cache_is_bounded_and_evicts_the_oldest_entry(
     assert login("u2")
     assert login(f"u{size + 1}")  # evicts the oldest entry, which is no longer u2
     assert not login("u2")
+
+
+# --- basic auth: hash flavours, credentials, remembered logins, unknown users ---------------------------------
+
+
+@pytest.mark.parametrize("prefix", ["$2y$", "$2a$", "$2b$"])
+def test_hashes_of_every_bcrypt_flavour_log_in(tmp_path: Path, prefix: str) -> None:
+    # htpasswd -B writes $2y$, older tools $2a$, Python's bcrypt $2b$: all three are the same algorithm.
+    auth = users(tmp_path, prometheus=prefix + bcrypt_hash("pw")[4:])
+    assert login(auth, "prometheus", "pw")
+    assert not login(auth, "prometheus", "px")
+
+
+def test_a_password_may_contain_colons(tmp_path: Path) -> None:
+    # The user name ends at the first ':' (Go's BasicAuth, RFC 7617): names cannot hold one, passwords can.
+    auth = users(tmp_path, prometheus=bcrypt_hash("a:b:c"))
+    assert login(auth, "prometheus", "a:b:c")
+
+
+def test_users_sharing_a_hash_do_not_share_remembered_logins(tmp_path: Path) -> None:
+    # One hash copied to several users is common. A remembered login of "a" with "bc" must not let "ab" in
+    # with "c": the cache key keeps the user name and the password apart.
+    shared = bcrypt_hash("bc")
+    auth = users(tmp_path, a=shared, ab=shared)
+    assert login(auth, "a", "bc")
+    assert not login(auth, "ab", "c")
+    assert login(auth, "ab", "bc")
+
+
+def test_credentials_that_are_not_utf8_are_refused(tmp_path: Path) -> None:
+    # Valid base64 of bytes that are not UTF-8: a 401 like any bad password, not a failing handler (500).
+    auth = users(tmp_path, prometheus=bcrypt_hash("pw"))
+    assert not auth.check("Basic " + base64.b64encode(b"prometheus:\xff\xfe").decode())
+    assert not auth.check("Basic " + base64.b64encode(b"\xc3:pw").decode())
+
+
+def test_an_unknown_user_costs_as_much_bcrypt_work_as_the_costliest_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check an unknown name gets must run at the configured cost (5 here), not at the fixed dummy's (10):
+    # otherwise response times tell which user names exist.
+    auth = users(tmp_path, cheap=bcrypt_hash("a", 4), dear=bcrypt_hash("b", 5))
+    costs: list[int] = []
+    real_checkpw = bcrypt.checkpw
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        costs.append(int(hashed.split(b"$")[2]))
+        return real_checkpw(password, hashed)
+
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", checkpw)
+    assert not login(auth, "nobody", "b")
+    assert costs == [5]
+
+
+def test_the_start_up_line_counts_users_and_says_what_is_required(certs: Pki, tmp_path: Path) -> None:
+    text = (
+        f"tls_server_config:\n  cert_file: {certs.server_cert}\n  key_file: {certs.server_key}\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {certs.ca}\n"
+        f"basic_auth_users:\n  a: '{bcrypt_hash('a')}'\n  b: '{bcrypt_hash('b')}'\n"
+    )
+    assert load_web_config(web_config(tmp_path, text)).describe() == (
+        "HTTPS, client certificates required, basic auth (2 users)"
+    )
+
+
+# --- refused at start-up, also by --check-config --------------------------------------------------------------
+
+VERSIONS = "expected one of TLS10, TLS11, TLS12, TLS13"
+AUTH_TYPES = "expected one of NoClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert"
+A_HASH = "$2b$04$" + "a" * 53  # well-formed; its salt is never checked before the user name is
+
+
+@pytest.mark.parametrize(
+    ("tls", "key", "reason"),
+    [
+        ("max_version: TLS14", "max_version", f"{VERSIONS}, got 'TLS14'"),
+        # A list or mapping where a name belongs was a TypeError traceback (exit 1), not a config error.
+        ("min_version: [TLS12]", "min_version", f"{VERSIONS}, got ['TLS12']"),
+        ("max_version: {TLS13: 1}", "max_version", f"{VERSIONS}, got {{'TLS13': 1}}"),
+        ("client_auth_type: [RequireAndVerifyClientCert]", "client_auth_type",
+         f"{AUTH_TYPES}, got ['RequireAndVerifyClientCert']"),
+        ("client_auth_type: requireandverifyclientcert", "client_auth_type",
+         f"{AUTH_TYPES}, got 'requireandverifyclientcert'"),
+        ("cert_file: 5", "cert_file", "expected a file path, got 5"),
+        ("key_file: ''", "key_file", "expected a file path, got ''"),
+    ],
+)
+def test_tls_settings_of_the_wrong_type_or_value_are_refused(
+    certs: Pki, tmp_path: Path, tls: str, key: str, reason: str
+) -> None:
+    # A cert_file or key_file under test replaces the good one: a key given twice is refused before this.
+    head = {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)}
+    head.pop(tls.split(":")[0], None)
+    text = "tls_server_config:\n" + "".join(f"  {k}: {v}\n" for k, v in head.items()) + f"  {tls}\n"
+    error = checked_refusal(tmp_path, text)
+    assert (error.key, error.reason) == (f"tls_server_config.{key}", reason)
+
+
+# /proc/self/mem is a regular file that cannot be read (EIO): like a key only root may read, for an exporter
+# that runs as its own user, but unreadable even when the tests run as root.
+UNREADABLE = Path("/proc/self/mem")
+
+
+@pytest.mark.parametrize(
+    ("key", "file", "reason"),
+    [
+        # The certificate and key are loaded together: a failure names the section and both files.
+        ("key_file", UNREADABLE, "tls_server_config: cannot load {dir}/server.crt with /proc/self/mem: "),
+        ("client_ca_file", Path("server.key"), "tls_server_config.client_ca_file: cannot load {dir}/server.key: "),
+        ("client_ca_file", UNREADABLE, "tls_server_config.client_ca_file: cannot load /proc/self/mem: "),
+    ],
+    ids=["unreadable-key", "ca-without-certificate", "unreadable-ca"],
+)
+def test_a_file_that_cannot_be_loaded_stops_start_up_under_its_key(
+    certs: Pki, tmp_path: Path, key: str, file: Path, reason: str
+) -> None:
+    if file == UNREADABLE and not UNREADABLE.is_file():
+        pytest.skip(f"no {UNREADABLE}")
+    files = {"cert_file": certs.server_cert, "key_file": certs.server_key, "client_ca_file": certs.ca}
+    files[key] = certs.dir / file  # an absolute file stays as it is
+    text = "tls_server_config:\n  client_auth_type: RequireAndVerifyClientCert\n" + "".join(
+        f"  {k}: {v}\n" for k, v in files.items()
+    )
+    error = checked_refusal(tmp_path, text)
+    assert f"{error.key}: {error.reason}".startswith(reason.format(dir=certs.dir)), error
+
+
+def test_an_empty_client_allowed_sans_admits_any_verified_client(certs: Pki, tmp_path: Path) -> None:
+    # `client_allowed_sans:` with nothing after it is exporter-toolkit's "no list", not a wrong type.
+    text = (
+        f"tls_server_config:\n  cert_file: {certs.server_cert}\n  key_file: {certs.server_key}\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {certs.ca}\n  client_allowed_sans:\n"
+    )
+    web = load_web_config(web_config(tmp_path, text))
+    assert web.peer_allowed({"subjectAltName": (("DNS", "intruder"),)})
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "reason"),
+    [
+        # Top-level keys are named as written (no leading dot), with the keys that would be understood.
+        ("tls_config: {}\n", "tls_config",
+         "unknown key (known: basic_auth_users, http_server_config, tls_server_config)"),
+        ("basic_auth_users:\n  1: '" + A_HASH + "'\n", "basic_auth_users.1",
+         "user names are non-empty strings without ':'"),
+        ("basic_auth_users:\n  p:\n", "basic_auth_users.p", "expected a bcrypt hash ($2y$/$2b$/$2a$, 60 characters)"),
+        # Go's bcrypt reads exactly two cost digits.
+        ("basic_auth_users:\n  p: '$2b$4$" + "a" * 53 + "'\n", "basic_auth_users.p",
+         "expected a bcrypt hash ($2y$/$2b$/$2a$, 60 characters)"),
+        ("http_server_config:\n  headers:\n    X-A: \"a\\nb\"\n", "http_server_config.headers.X-A",
+         "expected a single-line string"),
+        ("http_server_config:\n  headers:\n    '': x\n", "http_server_config.headers.", "not a valid header name"),
+    ],
+    ids=["top-level-typo", "numeric-user", "no-hash", "one-digit-cost", "bare-lf", "empty-header-name"],
+)
+def test_more_settings_that_stop_start_up(tmp_path: Path, text: str, key: str, reason: str) -> None:
+    error = checked_refusal(tmp_path, text)
+    assert (error.key, error.reason) == (key, reason)
+
+
+# --- sections of the wrong shape ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "got"),
+    [
+        # Before: plain HTTP, as if the section were not there.
+        ("tls_server_config: []\n", "tls_server_config", "list"),
+        ("tls_server_config: ''\n", "tls_server_config", "str"),
+        ("tls_server_config: false\n", "tls_server_config", "bool"),
+        # Before: the string was searched for refused key names ("key" in "key.pem") and the error named
+        # tls_server_config.key, a key that is not in the file.
+        ("tls_server_config: key.pem\n", "tls_server_config", "str"),
+        ("tls_server_config: [cert]\n", "tls_server_config", "list"),
+        # Before: no headers, silently.
+        ("http_server_config:\n  headers: []\n", "http_server_config.headers", None),
+        ("http_server_config:\n  headers: ''\n", "http_server_config.headers", None),
+    ],
+)
+def test_a_section_that_is_not_a_mapping_is_refused(tmp_path: Path, text: str, key: str, got: str | None) -> None:
+    error = checked_refusal(tmp_path, text)
+    assert error.key == key
+    assert error.reason.startswith("expected a mapping")
+    if got is not None:
+        assert error.reason.endswith(f"got {got}")
+
+
+@pytest.mark.parametrize(
+    "text", ["tls_server_config:\n", "tls_server_config: {}\n", "http_server_config:\n  headers:\n"]
+)
+def test_an_empty_section_still_means_its_defaults(tmp_path: Path, text: str) -> None:
+    config = load_web_config(web_config(tmp_path, text))
+    assert (config.scheme, config.headers) == ("http", {})
