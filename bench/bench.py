@@ -361,21 +361,21 @@ _RESULT: Final = re.compile(r"=\s*(-?\d+)")
 # With -y strace prints each fd argument with its path: pread64(7</sys/.../symbol_error>, ...
 _PREAD_CALL: Final = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+pread64\((\d+)<([^>]*)>")
 _PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
+# A failed call ends `= -1 EIO (Input/output error)`, not `= -1`.
+_FAILED: Final = re.compile(r"=\s*-1\s+E[A-Z0-9]+\s+\([^)]*\)\s*$")
 
 
 def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool, bool]]:
     """(path, succeeded, kept) of every file read within `window` (wall-clock seconds).
 
-    A file read is an open(at) call, or a pread64 on an fd that was not freshly opened for it: the
-    re-read of a file kept open (`kept`). The first pread after an open is part of that open.
+    A file read is an open(at) call, or a pread64 at offset 0: the re-read of a file kept open (`kept`).
+    Neither exporter reads a file it has just opened with pread (rdma-exporter's first read of a file it
+    keeps is a read(), node_exporter only uses read()), so every pread at offset 0 is a read of its own.
     """
     calls: list[tuple[str, bool, bool]] = []
     pending: dict[str, tuple[str, float]] = {}
-    fresh: set[int] = set()  # fds opened whose first read has not been seen
 
     def opened(path: str, stamp: float, result: int) -> None:
-        if result >= 0:
-            fresh.add(result)
         if window[0] <= stamp <= window[1]:
             calls.append((path, result >= 0, False))
 
@@ -385,11 +385,8 @@ def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool
             offset = _PREAD_OFFSET.search(line)
             if offset is not None and offset.group(1) != "0":
                 continue  # the rest of a long file: part of the read at offset 0
-            fd = int(pread.group(3))
-            if fd in fresh:
-                fresh.discard(fd)
-            elif window[0] <= float(pread.group(2)) <= window[1]:
-                calls.append((pread.group(4), not line.rstrip().endswith("= -1"), True))
+            if window[0] <= float(pread.group(2)) <= window[1]:
+                calls.append((pread.group(4), _FAILED.search(line) is None, True))
             continue
         resumed = _RESUMED.match(line)
         if resumed:

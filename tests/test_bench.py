@@ -108,3 +108,29 @@ def test_rss_growth_is_the_fitted_slope_not_the_difference_of_two_readings() -> 
     # The same flipping on top of a steady 0.5 MB per 500 scrapes is still seen as that growth.
     growth, _ = rss_growth([(n, rss + (n - 500) * mb // 1000) for n, rss in flips], 500)
     assert abs(growth - 0.5) < 0.05
+
+
+def test_strace_counts_every_pread_of_a_kept_file_also_after_an_open_in_the_window() -> None:
+    parse_strace = _bench_module().parse_strace
+    fd = "/t/sys/devices/pci0000:00/0000:00:01.0/0000:18:00.0/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    trace = "\n".join(
+        [
+            # Opened and kept before the window (the cold scrape): its first read is a read(), not traced.
+            f'7 0.5 openat(AT_FDCWD</w>, "/t/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error", '
+            f"O_RDONLY|O_CLOEXEC) = 9<{fd}>",
+            # Scrape 1 and 2 in the window: one pread each, both re-reads of the kept file.
+            f'7 1.5 pread64(9<{fd}>, "0\\n", 448, 0) = 2',
+            f"7 2.5 pread64(9<{fd}>, 0x7f00, 448, 0) = -1 EIO (Input/output error)",
+            # The continuation of a long file is part of the read at offset 0.
+            f'7 2.6 pread64(9<{fd}>, "x", 3648, 448) = 1',
+            # Opened in the window: the open is one read, the pread of the next scrape another.
+            '8 2.7 openat(AT_FDCWD</w>, "/t/sys/class/infiniband/mlx5_0/fw_ver", O_RDONLY|O_CLOEXEC) = 10</t/sys/fw>',
+            '8 2.8 pread64(10</t/sys/fw>, "28.41.1000\\n", 448, 0) = 11',
+        ]
+    )
+    assert parse_strace(trace, (1.0, 3.0)) == [
+        (fd, True, True),
+        (fd, False, True),
+        ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False),
+        ("/t/sys/fw", True, True),
+    ]
