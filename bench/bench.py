@@ -468,11 +468,19 @@ def files_per_scrape(
         trace = trace_launched(exporter, warmup, scrapes, out)
     header, _, body = trace.partition("\n")
     start, end = (float(x) for x in header.split())
-    root = str(sys_root)
     ethtool = str(ethtool_dir) if ethtool_dir else None
-    calls = parse_strace(body, (start, end))
+    result = count_reads(parse_strace(body, (start, end)), scrapes, str(sys_root), ethtool)
+    result["mode"] = mode
+    return result
+
+
+def count_reads(
+    calls: Sequence[tuple[str, bool, bool]], scrapes: int, root: str, ethtool: str | None
+) -> dict[str, Any]:
+    """Reads per scrape by class, from `parse_strace`'s calls over `scrapes` scrapes."""
     classes: Counter[str] = Counter()
     per_path: Counter[tuple[str, str]] = Counter()
+    real: dict[str, str] = {}
     static_examples: list[str] = []
     failed = 0
     kept = 0
@@ -483,7 +491,10 @@ def files_per_scrape(
         classes[kind] += 1
         failed += not ok
         kept += reread
-        per_path[(kind, path)] += 1
+        # One file, however spelled: an open names it as given (class/... links), -y a kept fd's real path.
+        if path not in real:
+            real[path] = os.path.realpath(path)
+        per_path[(kind, real[path])] += 1
         if kind == "static" and len(static_examples) < 8:
             rel = os.path.relpath(path, root)
             if rel not in static_examples:
@@ -496,7 +507,6 @@ def files_per_scrape(
     result["max_opens_of_one_counter_file"] = counter_max / scrapes
     result["static_examples"] = static_examples
     result["traced_scrapes"] = scrapes
-    result["mode"] = mode
     return result
 
 

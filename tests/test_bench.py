@@ -134,3 +134,19 @@ def test_strace_counts_every_pread_of_a_kept_file_also_after_an_open_in_the_wind
         ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False),
         ("/t/sys/fw", True, True),
     ]
+
+
+def test_a_counter_file_read_through_its_link_and_through_a_kept_fd_is_one_file(tmp_path: Path) -> None:
+    count_reads = _bench_module().count_reads
+    sys_root = tmp_path / "sys"
+    port = sys_root / "devices" / "pci0000:00" / "0000:18:00.0" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port / "counters").mkdir(parents=True)
+    (port / "counters" / "symbol_error").write_text("0\n")
+    (sys_root / "class" / "infiniband").mkdir(parents=True)
+    (sys_root / "class" / "infiniband" / "mlx5_0").symlink_to(port.parent.parent)
+    linked = str(sys_root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error")
+    kept = str(port / "counters" / "symbol_error")
+    # One scrape opens the file by its class/ link and also preads a kept fd of it (-y: the real path).
+    counts = count_reads([(linked, True, False), (kept, True, True)], 1, str(sys_root), None)
+    assert counts["counter"] == 2 and counts["kept_open_reads"] == 1
+    assert counts["max_opens_of_one_counter_file"] == 2
