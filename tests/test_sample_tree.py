@@ -351,3 +351,9 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert read(tmp_path / "d/sys/class/infiniband/mlx5_5/device/current_link_speed") == "16.0 GT/s PCIe"
     assert main([str(tmp_path / "d")]) == 1  # refuses to overwrite
     assert "already exists" in capsys.readouterr().err
+
+
+def test_cli_reports_an_impossible_device_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "s"), "--devices", "0"]) == 1
+    assert capsys.readouterr().err == "sample_tree: a tree needs at least one RDMA device\n"
+    assert not (tmp_path / "s").exists()

@@ -877,11 +877,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--healthy", action="store_true", help="no degraded PCIe link, no down port")
     parser.add_argument("--seed", type=int, default=SAMPLE_SPEC.seed, help="counter and identity seed")
     args = parser.parse_args(argv)
-    spec = SAMPLE_SPEC if args.devices is None else spec_for_devices(args.devices)
-    spec = dataclasses.replace(spec, seed=args.seed)
-    if args.healthy:
-        spec = dataclasses.replace(spec, degraded_pcie=(), down_ports=())
     try:
+        # Inside the try: spec_for_devices refuses --devices 0 with a ValueError the user must see as
+        # a one-line error, not a traceback.
+        spec = SAMPLE_SPEC if args.devices is None else spec_for_devices(args.devices)
+        spec = dataclasses.replace(spec, seed=args.seed)
+        if args.healthy:
+            spec = dataclasses.replace(spec, degraded_pcie=(), down_ports=())
         sys_root = build_tree(args.dest, spec)
     except (FileExistsError, ValueError) as exc:
         print(f"sample_tree: {exc}", file=sys.stderr)
