@@ -45,6 +45,21 @@ def ib_devices(dest: Path) -> list[Path]:
     return sorted((dest / "sys/class/infiniband").iterdir(), key=lambda p: int(p.name.split("_")[1]))
 
 
+def ethtool_stats(path: Path) -> dict[str, int]:
+    """An `ethtool -S` capture, checked line by line against the format ethtool prints."""
+    text = path.read_text()
+    assert text.endswith("\n")
+    first, *lines = text.splitlines()
+    assert first == "NIC statistics:"
+    stats: dict[str, int] = {}
+    for line in lines:
+        m = re.fullmatch(r" {5}([a-z0-9_]+): (\d+)", line)
+        assert m, line
+        assert m.group(1) not in stats
+        stats[m.group(1)] = int(m.group(2))
+    return stats
+
+
 def snapshot(root: Path) -> dict[str, tuple[str, str]]:
     """Every entry under root: link target, file contents or a directory marker, keyed by relative path."""
     out: dict[str, tuple[str, str]] = {}
@@ -84,6 +99,9 @@ def test_class_infiniband_links_resolve_under_devices(sample: Path) -> None:
         assert pci == resolved.parent.parent
         assert read(pci / "vendor") == "0x15b3"
         assert (pci / "driver").resolve(strict=True) == sys_root / "bus/pci/drivers/mlx5_core"
+        # lspci and udev find the function through the bus, and the driver lists what it bound.
+        for bus_dir in ("bus/pci/devices", "bus/pci/drivers/mlx5_core"):
+            assert (sys_root / bus_dir / pci.name).resolve(strict=True) == pci
 
 
 def test_mlx5_0_sits_where_the_kernel_puts_it(sample: Path) -> None:
@@ -234,16 +252,7 @@ def test_gen4_slot_trains_gen4_under_a_gen4_port(tmp_path: Path) -> None:
 
 def test_ethtool_files_parse(sample: Path) -> None:
     for path in (sample / "ethtool").iterdir():
-        text = path.read_text()
-        assert text.endswith("\n")
-        first, *lines = text.splitlines()
-        assert first == "NIC statistics:"
-        stats: dict[str, int] = {}
-        for line in lines:
-            m = re.fullmatch(r" {5}([a-z0-9_]+): (\d+)", line)
-            assert m, line
-            assert m.group(1) not in stats
-            stats[m.group(1)] = int(m.group(2))
+        stats = ethtool_stats(path)
         for name in (
             "rx_bytes", "tx_bytes", "rx_out_of_buffer", "rx_discards_phy", "tx_discards_phy", "rx_symbol_err_phy",
             "rx_pcs_symbol_err_phy", "rx_corrected_bits_phy", "rx_crc_errors_phy", "rx_bits_phy", "rx_bytes_phy",
@@ -351,6 +360,101 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert read(tmp_path / "d/sys/class/infiniband/mlx5_5/device/current_link_speed") == "16.0 GT/s PCIe"
     assert main([str(tmp_path / "d")]) == 1  # refuses to overwrite
     assert "already exists" in capsys.readouterr().err
+
+
+def _eui64_gid(mac: str) -> str:
+    """Link-local GID of a MAC as RFC 4291 derives it: flip the U/L bit, insert ff:fe."""
+    b = [int(x, 16) for x in mac.split(":")]
+    iid = [b[0] ^ 0x02, *b[1:3], 0xFF, 0xFE, *b[3:]]
+    return "fe80:0000:0000:0000:" + ":".join(f"{iid[i]:02x}{iid[i + 1]:02x}" for i in range(0, 8, 2))
+
+
+def test_roce_gid0_is_the_modified_eui64_of_the_netdev_mac(sample: Path) -> None:
+    # Real mlx5 ports (gpud ibstat fixtures): MAC 94:6d:ae:.. gives port GUID 966d:aeff:fe..
+    for name, netdev in (("mlx5_8", "enp220s0f0np0"), ("mlx5_9", "enp220s0f1np1")):
+        mac = read(sample / "sys/class/net" / netdev / "address")
+        assert read(sample / "sys/class/infiniband" / name / "ports/1/gids/0") == _eui64_gid(mac)
+
+
+def test_ifindexes_are_unique(sample: Path) -> None:
+    # lo is 1; a netdev sharing an ifindex with another would break every join on it.
+    ifindexes = [read(p / "ifindex") for p in (sample / "sys/class/net").iterdir()]
+    assert len(ifindexes) == len(set(ifindexes)) and "1" in ifindexes
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        (TreeSpec(ib_hcas=0, roce_hcas=0, degraded_pcie=()), "at least one InfiniBand or RoCE HCA"),
+        (TreeSpec(ib_hcas=-1, roce_hcas=2, degraded_pcie=()), "at least one InfiniBand or RoCE HCA"),
+        (TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=255, degraded_pcie=()), "vfs_per_pf must be within 0..254"),
+        (TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=1, degraded_pcie=("mlx5_1",)), "mlx5_1 is a VF"),
+        (TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=1, degraded_pcie=(), gen4_slots=("mlx5_1",)), "not a PF"),
+    ],
+)
+def test_refuses_a_fault_it_cannot_build(spec: TreeSpec, reason: str, tmp_path: Path) -> None:
+    # A fault option must produce the fault it names or fail: a VF has no PCIe link to degrade.
+    with pytest.raises(ValueError, match=reason):
+        build_tree(tmp_path, spec)
+    assert not (tmp_path / "sys").exists()
+
+
+def test_down_port_looks_like_a_real_down_port(with_vfs: Path) -> None:
+    # As ibstat shows a down mlx5 port (gpud some_down fixture): Base lid 0, SM lid 0; its QPs were
+    # flushed when the link went away.
+    port = with_vfs / "sys/class/infiniband/mlx5_1/ports/1"
+    assert read(port / "lid") == read(port / "sm_lid") == "0x0"
+    for name in ("local_ack_timeout_err", "req_cqe_flush_error", "resp_cqe_flush_error"):
+        assert int(read(port / "hw_counters" / name)) > 0, name
+    up = with_vfs / "sys/class/infiniband/mlx5_0/ports/1"
+    assert read(up / "lid") != "0x0" and read(up / "sm_lid") != "0x0"
+    assert read(up / "hw_counters/req_cqe_flush_error") == "0"
+    # Its IPoIB netdev: the driver turned carrier off once more than on, and reports the 4X QDR rate.
+    ipoib = with_vfs / "sys/class/net/ibp64s0"
+    assert int(read(ipoib / "carrier_down_count")) == int(read(ipoib / "carrier_up_count")) + 1
+    assert read(ipoib / "speed") == "40000"
+
+
+@pytest.mark.parametrize("n", [5, 6, 15])
+def test_benchmark_tree_has_the_devices_it_claims(n: int, tmp_path: Path) -> None:
+    # 15 = 8 IB PFs + 7 RoCE functions: the fourth BlueField wraps into PCI domain 0001.
+    sys_root = build_tree(tmp_path, spec_for_devices(n))
+    devices = sorted((sys_root / "class/infiniband").iterdir())
+    assert len(devices) == n
+    functions = {(d / "device").resolve(strict=True) for d in devices}
+    assert len(functions) == n
+    speeds = {d.name: read(d / "device/current_link_speed") for d in devices}
+    # "mlx5_5 has the degraded PCIe link whenever it is a PF" (spec_for_devices).
+    assert [name for name, s in speeds.items() if s != "32.0 GT/s PCIe"] == (["mlx5_5"] if n > 5 else [])
+
+
+def test_ib_pfs_beyond_one_domain_get_their_own_pci_addresses(tmp_path: Path) -> None:
+    sys_root = build_tree(tmp_path, TreeSpec(ib_hcas=9, roce_hcas=0, degraded_pcie=()))
+    assert os.readlink(sys_root / "class/net/ibP1p24s0") == (
+        "../../devices/pci0001:00/0001:00:01.0/0001:18:00.0/net/ibP1p24s0"
+    )
+    assert (sys_root / "class/infiniband/mlx5_8/device").resolve().name == "0001:18:00.0"
+
+
+def test_sriov_numvfs_never_exceeds_totalvfs(tmp_path: Path) -> None:
+    sys_root = build_tree(tmp_path, TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=20, degraded_pcie=()))
+    pf = sys_root / "class/infiniband/mlx5_0/device"
+    assert int(read(pf / "sriov_numvfs")) == 20 <= int(read(pf / "sriov_totalvfs"))
+    assert len(list((sys_root / "class/infiniband").iterdir())) == 21
+
+
+def test_roce_faults_show_on_the_netdev_and_in_ethtool(tmp_path: Path) -> None:
+    # mlx5_9 is down and both BlueField functions (one link) are degraded; mlx5_8's link is up.
+    build_tree(tmp_path, TreeSpec(degraded_pcie=("mlx5_8", "mlx5_9"), down_ports=("mlx5_9",)))
+    net = tmp_path / "sys/class/net"
+    assert (read(net / "enp220s0f1np1/speed"), read(net / "enp220s0f1np1/duplex")) == ("-1", "unknown")
+    assert (read(net / "enp220s0f0np0/speed"), read(net / "enp220s0f0np0/duplex")) == ("200000", "full")
+    down, up = (ethtool_stats(tmp_path / "ethtool" / n) for n in ("enp220s0f1np1", "enp220s0f0np0"))
+    for name in ("link_down_events_phy", "rx_symbol_err_phy", "rx_pcs_symbol_err_phy", "rx_crc_errors_phy"):
+        assert down[name] > 0 and up[name] == 0, name
+    for stats in (down, up):  # the slow PCIe link under both functions
+        assert stats["rx_pci_signal_integrity"] > 0 and stats["outbound_pci_stalled_rd_events"] > 0
+        assert stats["rx_out_of_buffer"] > 0 and stats["rx_discards_phy"] == stats["rx_prio3_discards"] > 0
 
 
 def test_cli_reports_an_impossible_device_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
