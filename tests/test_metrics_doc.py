@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rdma_exporter.metricsdoc import render
+import pytest
+
+from rdma_exporter.metricsdoc import main, render
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
 from conftest import samples, scrape
@@ -27,3 +29,9 @@ def test_every_exported_family_is_documented(tmp_path: Path) -> None:
     ]
     undocumented = sorted(name for name in exported if not any(p.match(name) for p in patterns))
     assert not undocumented, f"not in METRICS.md: {undocumented}"
+
+
+def test_cli_writes_exactly_metrics_md(capsys: pytest.CaptureFixture[str]) -> None:
+    # README regenerates the file with `python -m rdma_exporter.metricsdoc > METRICS.md`.
+    assert main() == 0
+    assert capsys.readouterr().out == METRICS_MD.read_text()
