@@ -143,6 +143,7 @@ def test_port_attributes_use_kernel_formats(sample: Path) -> None:
             assert gid0.endswith(read(dev / "node_guid"))  # single-port HCA: port GUID == node GUID
         assert read(port / "gid_attrs/types/0") == "IB/RoCE v1"
         assert read(port / "pkeys/0") == "0xffff"
+        assert len(list((port / "pkeys").iterdir())) == (1 if eth else 16)  # mlx5 RoCE: one P_Key
 
 
 def test_counter_files_match_the_real_capture(sample: Path) -> None:
@@ -389,6 +390,7 @@ def test_ifindexes_are_unique(sample: Path) -> None:
         (TreeSpec(ib_hcas=-1, roce_hcas=2, degraded_pcie=()), "at least one InfiniBand or RoCE HCA"),
         (TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=255, degraded_pcie=()), "vfs_per_pf must be within 0..254"),
         (TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=1, degraded_pcie=("mlx5_1",)), "mlx5_1 is a VF"),
+        (TreeSpec(ib_hcas=1, roce_hcas=0, degraded_pcie=("mlx5_42",)), "degraded_pcie names 'mlx5_42'"),
         (TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=1, degraded_pcie=(), gen4_slots=("mlx5_1",)), "not a PF"),
     ],
 )
@@ -455,6 +457,8 @@ def test_roce_faults_show_on_the_netdev_and_in_ethtool(tmp_path: Path) -> None:
     for stats in (down, up):  # the slow PCIe link under both functions
         assert stats["rx_pci_signal_integrity"] > 0 and stats["outbound_pci_stalled_rd_events"] > 0
         assert stats["rx_out_of_buffer"] > 0 and stats["rx_discards_phy"] == stats["rx_prio3_discards"] > 0
+    for name, stats in (("enp220s0f1np1", down), ("enp220s0f0np0", up)):  # mlx5e reports drops as missed
+        assert read(net / name / "statistics/rx_missed_errors") == str(stats["rx_discards_phy"])
 
 
 def test_cli_reports_an_impossible_device_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
