@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -465,3 +466,36 @@ def test_cli_reports_an_impossible_device_count(tmp_path: Path, capsys: pytest.C
     assert main([str(tmp_path / "s"), "--devices", "0"]) == 1
     assert capsys.readouterr().err == "sample_tree: a tree needs at least one RDMA device\n"
     assert not (tmp_path / "s").exists()
+
+
+def test_refuses_an_existing_ethtool_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Stale `ethtool -S` captures from another spec would be served next to the fresh sysfs tree.
+    (tmp_path / "ethtool").mkdir()
+    assert main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"sample_tree: {tmp_path / 'ethtool'} already exists\n"
+    assert not (tmp_path / "sys").exists()
+
+
+def test_cli_seed_changes_identities_and_counters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --seed must reach every device: the CLI's tree is the library's tree for that seed, and another
+    # seed gives the same device other GUIDs and counters.
+    assert main([str(tmp_path / "cli"), "--devices", "1", "--seed", "2"]) == 0
+    build_tree(tmp_path / "two", dataclasses.replace(spec_for_devices(1), seed=2))
+    build_tree(tmp_path / "one", spec_for_devices(1))
+    assert snapshot(tmp_path / "cli") == snapshot(tmp_path / "two")
+    for rel in ("node_guid", "ports/1/counters/port_xmit_data"):
+        one, two = (read(tmp_path / t / "sys/class/infiniband/mlx5_0" / rel) for t in ("one", "two"))
+        assert one != two, rel
+
+
+def test_vfs_sit_on_their_pfs_numa_node(tmp_path: Path) -> None:
+    # mlx5_4 is in the first slot of socket 1: its VF must report node 1 too, or NUMA-pinned jobs
+    # using the VF would be placed on the wrong socket.
+    sys_root = build_tree(tmp_path, TreeSpec(ib_hcas=5, roce_hcas=0, vfs_per_pf=1, degraded_pcie=()))
+    numa = {
+        d.name: (read(d / "device/numa_node"), read(d / "device/physfn/numa_node"))
+        for d in (sys_root / "class/infiniband").iterdir()
+        if (d / "device/physfn").exists()
+    }
+    assert len(numa) == 5 and all(vf == pf for vf, pf in numa.values())
+    assert numa["mlx5_9"] == ("1", "1")  # the VF of mlx5_4
