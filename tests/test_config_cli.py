@@ -148,6 +148,19 @@ def test_valid_config_and_flag_precedence(tmp_path: Path) -> None:
     assert "configuration OK" in result.stdout
 
 
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_flag_defaults() -> dict[str, str]:
+    """{flag: default} from README's table of flags (the "default" column, backquotes removed)."""
+    defaults: dict[str, str] = {}
+    for line in README.read_text().splitlines():
+        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("--"):
+            defaults[cells[0]] = cells[2]
+    return defaults
+
+
 def test_no_flags_and_no_file_give_the_readme_defaults() -> None:
     """README's table of flags: what a bare run serves (debug logging or a missing collector by default
     would show up on every node)."""
@@ -157,6 +170,21 @@ def test_no_flags_and_no_file_give_the_readme_defaults() -> None:
     assert (config.scrape_timeout, config.sysfs, config.ethtool_dir) == (8.0, Path("/sys"), None)
     assert (config.device_include, config.device_exclude, config.log_level) == (None, None, "info")
     assert set(config.collectors.values()) == {True}
+    # Compared with README itself too, not only with the constants: a changed DEFAULT_PORT passed the
+    # lines above, while every scrape config and firewall rule written from README would miss the exporter.
+    served = {
+        "--web.listen-address": config.listen_address,
+        "--web.telemetry-path": config.telemetry_path,
+        "--web.config.file": str(config.web_config_file or "none"),
+        "--web.scrape-timeout": f"{config.scrape_timeout:g}",
+        "--web.read-threads": str(config.read_threads),
+        "--path.sysfs": str(config.sysfs),
+        "--path.ethtool": str(config.ethtool_dir or "none"),
+        "--devices.exclude": "none" if config.device_exclude is None else config.device_exclude.pattern,
+        "--log.level": config.log_level,
+    }
+    documented = readme_flag_defaults()
+    assert {flag: documented.get(flag) for flag in served} == served
 
 
 def test_invalid_flag_value() -> None:
@@ -702,39 +730,7 @@ def test_a_config_file_that_is_not_utf8_is_refused_and_a_good_one_is_named(tmp_p
     assert result.returncode == 0 and f"configuration OK ({path}; web: " in result.stdout, result.stderr
 
 
-# --- defaults as documented, reasons exact, flags never silently empty --------------------------------
-
-
-README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def readme_flag_defaults() -> dict[str, str]:
-    """{flag: default} from README's table of flags (the "default" column, backquotes removed)."""
-    defaults: dict[str, str] = {}
-    for line in README.read_text().splitlines():
-        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0].startswith("--"):
-            defaults[cells[0]] = cells[2]
-    return defaults
-
-
-def test_a_bare_run_serves_the_defaults_readme_documents() -> None:
-    # The test of the defaults above compares with the constants: a changed DEFAULT_PORT passed it, while
-    # every scrape config and firewall rule written from README would then miss the exporter.
-    config = resolve_config(build_parser().parse_args([]))
-    served = {
-        "--web.listen-address": config.listen_address,
-        "--web.telemetry-path": config.telemetry_path,
-        "--web.config.file": str(config.web_config_file or "none"),
-        "--web.scrape-timeout": f"{config.scrape_timeout:g}",
-        "--web.read-threads": str(config.read_threads),
-        "--path.sysfs": str(config.sysfs),
-        "--path.ethtool": str(config.ethtool_dir or "none"),
-        "--devices.exclude": "none" if config.device_exclude is None else config.device_exclude.pattern,
-        "--log.level": config.log_level,
-    }
-    documented = readme_flag_defaults()
-    assert {flag: documented.get(flag) for flag in served} == served
+# --- reasons exact, flags never silently empty, reloads -----------------------------------------------
 
 
 @pytest.mark.parametrize("flag", ["--config.file", "--web.config.file"])
