@@ -357,12 +357,18 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
 
 _OPEN_CALL: Final = re.compile(r'^(\d+)\s+(\d+\.\d+)\s+(?:openat|open)\((?:[^,"]*,\s*)?"((?:[^"\\]|\\.)*)"')
 _RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (?:openat|open) resumed>.*=\s*(-?\d+)")
-_RESULT: Final = re.compile(r"=\s*(-?\d+)")
+# A call's return value ends its line: `= 9</sys/...>` (an fd, -y adds its path), `= 2`, or
+# `= -1 EIO (Input/output error)` for a failure. Anchored at the end: a pread's buffer may hold `=12`.
+_RETURN: Final = re.compile(r"=\s+(-?\d+)(?:<[^>]*>)?(?:\s+E[A-Z0-9]+\s+\([^)]*\))?\s*$")
 # With -y strace prints each fd argument with its path: pread64(7</sys/.../symbol_error>, ...
 _PREAD_CALL: Final = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+pread64\((\d+)<([^>]*)>")
 _PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
-# A failed call ends `= -1 EIO (Input/output error)`, not `= -1`.
-_FAILED: Final = re.compile(r"=\s*-1\s+E[A-Z0-9]+\s+\([^)]*\)\s*$")
+
+
+def _returned(line: str) -> int:
+    """The call's return value; 0 (success) for a line that does not end in one."""
+    result = _RETURN.search(line)
+    return int(result.group(1)) if result else 0
 
 
 def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool, bool]]:
@@ -386,7 +392,7 @@ def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool
             if offset is not None and offset.group(1) != "0":
                 continue  # the rest of a long file: part of the read at offset 0
             if window[0] <= float(pread.group(2)) <= window[1]:
-                calls.append((pread.group(4), _FAILED.search(line) is None, True))
+                calls.append((pread.group(4), _returned(line) >= 0, True))
             continue
         resumed = _RESUMED.match(line)
         if resumed:
@@ -402,8 +408,7 @@ def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool
         if line.rstrip().endswith("<unfinished ...>"):
             pending[pid] = (path, stamp)
             continue
-        result = _RESULT.search(line[call.end() :])
-        opened(path, stamp, int(result.group(1)) if result else 0)
+        opened(path, stamp, _returned(line))
     return calls
 
 
