@@ -361,7 +361,7 @@ _RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (?:openat|open) resum
 # `= -1 EIO (Input/output error)` for a failure. Anchored at the end: a pread's buffer may hold `=12`.
 _RETURN: Final = re.compile(r"=\s+(-?\d+)(?:<[^>]*>)?(?:\s+E[A-Z0-9]+\s+\([^)]*\))?\s*$")
 # With -y strace prints each fd argument with its path: pread64(7</sys/.../symbol_error>, ...
-_PREAD_CALL: Final = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+pread64\((\d+)<([^>]*)>")
+_PREAD_CALL: Final = re.compile(r"^\d+\s+(\d+\.\d+)\s+pread64\(\d+<([^>]*)>")
 _PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
 
 
@@ -391,8 +391,8 @@ def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool
             offset = _PREAD_OFFSET.search(line)
             if offset is not None and offset.group(1) != "0":
                 continue  # the rest of a long file: part of the read at offset 0
-            if window[0] <= float(pread.group(2)) <= window[1]:
-                calls.append((pread.group(4), _returned(line) >= 0, True))
+            if window[0] <= float(pread.group(1)) <= window[1]:
+                calls.append((pread.group(2), _returned(line) >= 0, True))
             continue
         resumed = _RESUMED.match(line)
         if resumed:
