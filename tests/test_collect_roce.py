@@ -38,6 +38,7 @@ from rdma_exporter.collect.ethtool import (
     metric_name,
     scaled,
 )
+from rdma_exporter.collect.infiniband import HW_COUNTER_HELP
 from rdma_exporter.collect.netdev import NetdevSource
 from rdma_exporter.config import Config, ConfigError, load_config_file, parse_config
 from rdma_exporter.daemon import build_collector, build_registry
@@ -281,6 +282,16 @@ def test_cnp_counters_and_their_help(sample: Path, sample_text: str, metrics: Sa
     helps = dict(re.findall(r"^# HELP (\S+) (.*)$", sample_text, re.MULTILINE))
     assert "notification point" in helps["rdma_port_hw_np_cnp_sent_total"]
     assert "ecn/roce_rp/enable" in helps["rdma_port_hw_rp_cnp_ignored_total"]
+
+
+def test_rnr_nak_retry_err_help_counts_received_naks_not_exhausted_retries(sample_text: str) -> None:
+    # mlx5 and bnxt_re count each RNR NAK received in rnr_nak_retry_err (NVIDIA's mlx5 counter descriptions:
+    # "The QP retry limit was not exceeded"; bnxt_re exports its rnr_naks_rcvd under this name). Running
+    # out of RNR retries is req_rnr_retries_exceeded (mlx5 counters.c, extended_err_cnts).
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", sample_text, re.MULTILINE))
+    rnr = helps["rdma_port_hw_rnr_nak_retry_err_total"]
+    assert "received" in rnr and "not exceeded" in rnr
+    assert "exceeded (the QP went to error)" in HW_COUNTER_HELP["req_rnr_retries_exceeded"]
 
 
 def test_netdev_link_and_statistics(sample: Path, metrics: Sample) -> None:

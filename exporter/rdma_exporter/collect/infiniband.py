@@ -187,7 +187,9 @@ HW_COUNTER_HELP: Final[dict[str, str]] = {
     "resp_cqe_flush_error": "Responder completions flushed with error.",
     "resp_local_length_error": "Responder local length errors.",
     "resp_remote_access_errors": "Responder remote access errors.",
-    "rnr_nak_retry_err": "RNR NAK retries exceeded on the requester (peer had no receive buffer).",
+    # One per RNR NAK received, each one a retry: running out of retries is req_rnr_retries_exceeded.
+    "rnr_nak_retry_err": "RNR NAKs received by the requester (the peer had no receive buffer posted); each one is "
+    "retried, the QP's RNR retry limit was not exceeded.",
     "roce_adp_retrans": "RoCE retransmissions made with an adaptively shortened timeout; rising together with "
     "local_ack_timeout_err it means packets are lost on the fabric (lossy RoCE, or PFC not protecting it).",
     "roce_adp_retrans_to": "RoCE adaptive retransmissions that themselves timed out.",
