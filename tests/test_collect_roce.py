@@ -294,6 +294,28 @@ def test_rnr_nak_retry_err_help_counts_received_naks_not_exhausted_retries(sampl
     assert "exceeded (the QP went to error)" in HW_COUNTER_HELP["req_rnr_retries_exceeded"]
 
 
+# hw_counters names mlx5_ib registers (drivers/infiniband/hw/mlx5/counters.c: basic, out-of-sequence,
+# retransmission, extended error, RoCE acceleration, congestion, PPCNT and optional op counters).
+MLX5_IB_HW_COUNTERS = frozenset(
+    {
+        "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer",
+        "out_of_sequence", "duplicate_request", "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err",
+        "local_ack_timeout_err", "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
+        "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
+        "resp_cqe_flush_error", "req_cqe_flush_error", "req_transport_retries_exceeded",
+        "req_rnr_retries_exceeded", "roce_adp_retrans", "roce_adp_retrans_to", "roce_slow_restart",
+        "roce_slow_restart_cnps", "roce_slow_restart_trans", "rp_cnp_ignored", "rp_cnp_handled",
+        "np_ecn_marked_roce_packets", "np_cnp_sent", "rx_icrc_encapsulated", "cc_rx_ce_pkts", "cc_rx_cnp_pkts",
+        "cc_tx_cnp_pkts", "rdma_tx_packets", "rdma_tx_bytes", "rdma_rx_packets", "rdma_rx_bytes",
+    }
+)
+
+
+def test_hw_counter_help_names_only_counters_the_driver_has() -> None:
+    # A HELP for a name no driver registers is a meaning given to a file that never exists.
+    assert set(HW_COUNTER_HELP) <= MLX5_IB_HW_COUNTERS
+
+
 def test_netdev_link_and_statistics(sample: Path, metrics: Sample) -> None:
     for device, netdev in ROCE.items():
         port = {"device": device, "port": "1", "netdev": netdev}

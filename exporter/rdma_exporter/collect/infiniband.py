@@ -213,7 +213,6 @@ HW_COUNTER_HELP: Final[dict[str, str]] = {
     "cc_rx_ce_pkts": "RoCE packets received with ECN Congestion Experienced (mlx5 optional counter).",
     "cc_rx_cnp_pkts": "CNPs received (mlx5 optional counter).",
     "cc_tx_cnp_pkts": "CNPs sent (mlx5 optional counter).",
-    "resp_cqe_flush_error_qp": "Responder QP flushes.",
     "req_transport_retries_exceeded": "Requester transport retries exceeded (the QP went to error).",
     "req_rnr_retries_exceeded": "Requester RNR retries exceeded (the QP went to error).",
 }
