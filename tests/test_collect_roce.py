@@ -311,9 +311,19 @@ MLX5_IB_HW_COUNTERS = frozenset(
 )
 
 
+# bnxt_re's error, congestion and out-of-buffer counters as the mainline kernel names them
+# (drivers/infiniband/hw/bnxt_re/hw_counters.c); Broadcom's own driver uses the mlx5 names instead.
+BNXT_RE_HW_COUNTERS = frozenset(
+    {
+        "to_retransmits", "seq_err_naks_rcvd", "rnr_naks_rcvd", "missing_resp", "max_retry_exceeded",
+        "rx_out_of_buffer", "tx_cnp_pkts", "rx_cnp_pkts", "rx_ecn_marked_pkts",
+    }
+)
+
+
 def test_hw_counter_help_names_only_counters_the_driver_has() -> None:
     # A HELP for a name no driver registers is a meaning given to a file that never exists.
-    assert set(HW_COUNTER_HELP) <= MLX5_IB_HW_COUNTERS
+    assert set(HW_COUNTER_HELP) <= MLX5_IB_HW_COUNTERS | BNXT_RE_HW_COUNTERS
 
 
 def test_netdev_link_and_statistics(sample: Path, metrics: Sample) -> None:
