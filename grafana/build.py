@@ -1113,9 +1113,10 @@ def node_detail() -> Json:
         (timeseries(
             "Receive queue out of buffer",
             "Packets dropped because software had not posted a receive buffer on an RDMA queue (hw_counters "
-            "out_of_buffer). Colours follow RdmaPortOutOfBuffer (warning above 0).",
+            "out_of_buffer, rx_out_of_buffer on mainline bnxt_re). Colours follow RdmaPortOutOfBuffer (warning "
+            "above 0).",
             "pps",
-            targets((rate("rdma_port_hw_out_of_buffer_total"), dp)),
+            targets((either_rate("rdma_port_hw_out_of_buffer_total", "rdma_port_hw_rx_out_of_buffer_total"), dp)),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaPortOutOfBuffer"],
         ), 8, 8),
@@ -1397,11 +1398,14 @@ def roce_congestion() -> Json:
             "fabric in front of this port is congested), CNPs handled and ignored as reaction point (this port "
             "was told to slow down).",
             "pps",
-            targets((either_rate("rdma_port_hw_np_ecn_marked_roce_packets_total", "rdma_port_hw_rx_ecn_mrkd_total"),
+            targets((either_rate("rdma_port_hw_np_ecn_marked_roce_packets_total", "rdma_port_hw_rx_ecn_mrkd_total",
+                                 "rdma_port_hw_rx_ecn_marked_pkts_total"),
                      "{{instance}} {{device}} ECN-marked rx"),
-                    (either_rate("rdma_port_hw_np_cnp_sent_total", "rdma_port_hw_cnp_sent_total"),
+                    (either_rate("rdma_port_hw_np_cnp_sent_total", "rdma_port_hw_cnp_sent_total",
+                                 "rdma_port_hw_tx_cnp_pkts_total"),
                      "{{instance}} {{device}} CNP sent"),
-                    (either_rate("rdma_port_hw_rp_cnp_handled_total", "rdma_port_hw_cnp_handled_total"),
+                    (either_rate("rdma_port_hw_rp_cnp_handled_total", "rdma_port_hw_cnp_handled_total",
+                                 "rdma_port_hw_rx_cnp_pkts_total"),
                      "{{instance}} {{device}} CNP handled"),
                     (either_rate("rdma_port_hw_rp_cnp_ignored_total", "rdma_port_hw_cnp_ignored_total"),
                      "{{instance}} {{device}} CNP ignored")),
@@ -1457,11 +1461,12 @@ def roce_congestion() -> Json:
         (timeseries(
             "Out of buffer",
             "Packets dropped because software had not posted receive buffers in time: on the netdev RX rings "
-            "(rx_out_of_buffer) and on RDMA receive queues (hw_counters out_of_buffer). Colours follow "
-            "RdmaPortOutOfBuffer (warning above 0).",
+            "(rx_out_of_buffer) and on RDMA receive queues (hw_counters out_of_buffer, rx_out_of_buffer on "
+            "mainline bnxt_re). Colours follow RdmaPortOutOfBuffer (warning above 0).",
             "pps",
             targets((rate("rdma_ethtool_out_of_buffer_total"), f"{np} RX rings"),
-                    (rate("rdma_port_hw_out_of_buffer_total"), "{{instance}} {{device}} RDMA queues")),
+                    (either_rate("rdma_port_hw_out_of_buffer_total", "rdma_port_hw_rx_out_of_buffer_total"),
+                     "{{instance}} {{device}} RDMA queues")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaPortOutOfBuffer"],
         ), 12, 8),

@@ -49,6 +49,13 @@ NOT_ON_SAMPLE_TREE = {
     "rdma_port_hw_ip6_out_octets_total",
     "rdma_port_hw_cnp_ignored_total",
     "rdma_port_hw_cnp_sent_total",
+    # Mainline bnxt_re's names (the same fixture tree), read where mlx5's are missing.
+    "rdma_port_hw_to_retransmits_total",
+    "rdma_port_hw_seq_err_naks_rcvd_total",
+    "rdma_port_hw_missing_resp_total",
+    "rdma_port_hw_rnr_naks_rcvd_total",
+    "rdma_port_hw_tx_cnp_pkts_total",
+    "rdma_port_hw_rx_out_of_buffer_total",
     # Link-level 802.3x pause: mlx5 lists it only while global pause is on (the real ConnectX-6 Dx
     # captures in tests/fixtures/ethtool); the sample's RoCE ports run PFC instead.
     "rdma_ethtool_global_pause_duration_seconds_total",
