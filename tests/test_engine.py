@@ -357,6 +357,30 @@ def test_a_listing_that_fails_forgets_no_device_error_counts(tmp_path: Path, sta
     assert errors_of(scrape(rdma), "mlx5_0") == 2
 
 
+def test_a_listing_that_fails_is_logged_once_per_episode(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A class/infiniband that cannot be listed serves no device: the whole node is unmonitored, and
+    # RdmaExporterCollectorFailing's runbook sends the operator to the log. It says so once, with the path
+    # and the reason, not every scrape, and once more when the listing works again.
+    caplog.set_level(logging.INFO, logger=engine.log.name)
+    rdma = collector(tmp_path, standin)
+    class_dir = rdma.sys_root / "class" / "infiniband"
+    class_dir.rename(class_dir.with_name("infiniband.away"))
+    class_dir.write_text("")  # listing it fails with ENOTDIR
+    for _ in range(3):
+        assert success_of(scrape(rdma), "inventory") == 0
+    class_dir.unlink()
+    class_dir.with_name("infiniband.away").rename(class_dir)
+    assert success_of(scrape(rdma), "inventory") == 1
+    assert success_of(scrape(rdma), "inventory") == 1
+    logged = [record.getMessage() for record in caplog.records if "list" in record.getMessage()]
+    assert logged == [
+        f"cannot list the RDMA devices, none is exported until it works again: {class_dir}: Not a directory",
+        f"listing {class_dir} works again",
+    ]
+
+
 def test_a_short_scrape_joining_a_round_drops_no_job_the_long_one_waits_for(
     tmp_path: Path, standin: StandIn
 ) -> None:

@@ -695,6 +695,7 @@ class RdmaCollector(Collector):
         self._state_lock = threading.Lock()
         self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
         self._reported: set[str] = set()  # devices whose blocked read was already logged
+        self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
         self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
@@ -744,6 +745,7 @@ class RdmaCollector(Collector):
         # failed (EACCES, EIO) is a failure.
         ok = not errors.counts
         self._record_errors(INVENTORY, errors)
+        self._log_listing(errors, class_dir)
         if ok:
             self._forget_removed(frozenset(entry.name for entry in entries))
         jobs: dict[str, DeviceJob] = {}
@@ -948,6 +950,17 @@ class RdmaCollector(Collector):
             if name not in rnd.skipped:
                 how = "no answer before the scrape deadline"
             log.warning("device %s: %s (read running for %.1f s)", name, how, blocked[name])
+
+    def _log_listing(self, errors: ReadErrors, class_dir: str) -> None:
+        # Once per episode, like a blocked read: a listing that fails serves no device at all, so the
+        # whole node is unmonitored, and the log must say why without repeating it every scrape.
+        reasons = frozenset(reason for _, reason in errors.counts)
+        if reasons and reasons != self._listing_failed:
+            detail = "; ".join(sorted(set(errors.last.values())))
+            log.warning("cannot list the RDMA devices, none is exported until it works again: %s", detail)
+        elif not reasons and self._listing_failed:
+            log.info("listing %s works again", class_dir.rstrip("/"))
+        self._listing_failed = reasons
 
     def _count_timeout(self, rnd: _Round, collector: str, device: str) -> None:
         # Once per round and device: three replicas timing out on one stuck device count one timeout.
