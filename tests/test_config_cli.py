@@ -324,8 +324,22 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
     fields = parse_logfmt(warning)
     assert list(fields) == ["ts", "level", "logger", "msg"], warning
     assert (fields["level"], fields["logger"]) == ("warn", "rdma_exporter")
-    assert fields["msg"].startswith("no /sys/class/infiniband")
+    assert fields["msg"].startswith("--sample given: serving the bundled sample tree")
     assert list(scratch.iterdir()) == []
+
+
+def test_sample_tree_forced_on_a_node_with_rdma_devices_does_not_claim_they_are_missing(
+    recorded_run: RunRecorder, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `--sample` on a GPU node (a demo) or next to --path.sysfs: the node's class/infiniband is there, and the
+    # log must not send whoever reads it looking for RDMA modules that did not load.
+    (tmp_path / "sys" / "class" / "infiniband" / "mlx5_0").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter"):
+        assert cli.main(["--sample", "--path.sysfs", str(tmp_path / "sys")]) == 0
+    assert recorded_run.config is not None and recorded_run.config.sample_tree
+    warning = next(r.getMessage() for r in caplog.records if "bundled sample tree" in r.getMessage())
+    assert warning.startswith("--sample given: serving the bundled sample tree"), warning
+    assert "class/infiniband" not in warning.split(":")[0]
 
 
 def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:

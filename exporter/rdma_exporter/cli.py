@@ -193,10 +193,12 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
     # The tree is this process's own scratch: remove it on exit so restarts do not pile up copies.
     atexit.register(shutil.rmtree, dest, ignore_errors=True)
     sys_root = build_tree(dest, SAMPLE_SPEC)
+    # --sample is served whatever the machine has: then the flag is the reason, not a missing directory.
+    reason = "--sample given" if forced else f"no {config.sysfs / 'class' / 'infiniband'} on this machine"
     log.warning(
-        "no %s on this machine: serving the bundled sample tree of an 8-GPU node (10 RDMA devices) from %s "
+        "%s: serving the bundled sample tree of an 8-GPU node (10 RDMA devices) from %s "
         "(ethtool captures from %s); these are NOT this machine's devices",
-        config.sysfs / "class" / "infiniband",
+        reason,
         sys_root,
         dest / "ethtool",
     )
