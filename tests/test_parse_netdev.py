@@ -364,13 +364,16 @@ def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
             f"{ndevs}/3": "eth2.100\n",
             f"{ndevs}/4": "../../etc\n",
             f"{ndevs}/5": "eth\0\n",  # a torn read: no netdev name holds a NUL
+            f"{ndevs}/6": "e" * 300 + "\n",  # longer than IFNAMSIZ allows: garbage, not a netdev
             f"{ndevs}/x": "eth9\n",  # not a GID index: no entry of the table, and no reason to fail the port
         },
     )
     reader = SysfsReader("mlx5_2")
     # Numeric GID order (a plain sort would put 10 before 2): own netdev first, then the VLAN uppers.
     assert rdma_port_netdevs(tmp_path, "mlx5_2", 1, reader, single_port=True) == ["eth2", "eth2.100", "eth2.200"]
-    assert reasons(reader) == {REASON_MALFORMED: 2}
+    assert reasons(reader) == {REASON_MALFORMED: 3}
+    # As a path component such a name fails with ENAMETOOLONG, which cost the whole device its static read.
+    assert read_netdev_identity(tmp_path, "e" * 300, reader) is None
 
 
 def test_admin_down_attributes_answer_einval_which_is_no_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from .infiniband import metric_fragment
+from .netdev import valid_ifname
 from .reader import (
     REASON_IO,
     REASON_MISSING,
@@ -45,7 +46,6 @@ ETHTOOL_GSTATS: Final = 0x0000001D
 ETHTOOL_GSSET_INFO: Final = 0x00000037
 ETH_SS_STATS: Final = 1
 ETH_GSTRING_LEN: Final = 32
-IFNAMSIZ: Final = 16
 
 # struct ethtool_drvinfo: cmd, driver[32], version[32], fw_version[32], bus_info[32], erom_version[32],
 # reserved2[12], n_priv_flags, n_stats, testinfo_len, eedump_len, regdump_len.
@@ -83,11 +83,6 @@ class EthtoolError(Exception):
 # Performs one SIOCETHTOOL request for `ifname` whose ethtool command struct is `buffer` (first u32 = cmd),
 # filling `buffer` in place; raises OSError like the syscall. Injectable so tests can fake the kernel.
 EthtoolCall = Callable[[str, "array[int]"], None]  # a string: array is subscriptable from 3.12 on
-
-
-def _valid_ifname(ifname: str) -> bool:
-    raw = os.fsencode(ifname)
-    return 0 < len(raw) < IFNAMSIZ and b"\0" not in raw and b"/" not in raw and ifname not in (".", "..")
 
 
 def _open_socket() -> socket.socket:
@@ -213,7 +208,7 @@ def read_stats_ioctl(
     Raises EthtoolError: missing (no such interface), unsupported (no statistics set, e.g. `lo`),
     permission, or io (anything else, including a set that never held still).
     """
-    if not _valid_ifname(ifname):
+    if not valid_ifname(ifname):
         raise EthtoolError(ifname, REASON_MISSING, "not a valid interface name")
     owned: SocketEthtool | None = None
     if call is None:
@@ -290,7 +285,7 @@ def _parse_stats_text(text: str) -> tuple[dict[str, int], tuple[str, ...]]:
 
 def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = None) -> dict[str, int]:
     """Fixture mode (`--path.ethtool=DIR`): parse the saved `ethtool -S ifname` output in DIR/ifname."""
-    if not _valid_ifname(ifname):
+    if not valid_ifname(ifname):
         raise EthtoolError(ifname, REASON_MISSING, "not a valid interface name")
     path = directory / ifname
     try:

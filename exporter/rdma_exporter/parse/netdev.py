@@ -129,8 +129,15 @@ def _ecn(net_dir: str, layout: tuple[tuple[str, int, str], ...], reader: SysfsRe
     return states
 
 
-def _valid_name(name: str) -> bool:
-    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+# The kernel's bound on a netdev name, its NUL included.
+IFNAMSIZ: Final = 16
+
+
+def valid_ifname(name: str) -> bool:
+    """A name the kernel could give a netdev. Longer ones are garbage, and as a path component they fail
+    with ENAMETOOLONG where absence is checked for (Path.is_dir raises it), which cost the whole device."""
+    raw = os.fsencode(name)
+    return 0 < len(raw) < IFNAMSIZ and b"\0" not in raw and b"/" not in raw and name not in (".", "..")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +174,7 @@ def _bond_mode(text: str | None) -> str | None:
 
 def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> NetdevIdentity | None:
     """Static attributes of `class/net/<name>`; None if it does not exist (absence is not a read error)."""
-    if not _valid_name(name):
+    if not valid_ifname(name):
         return None
     net_dir = sys_root / NET_DIR / name
     if not net_dir.is_dir():
@@ -241,7 +248,7 @@ def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:
         name = _no_value_attr(ndevs_dir / entry, reader)
         if not name:
             continue  # unpopulated entry (EINVAL) or an IB GID without a netdev
-        if not _valid_name(name):
+        if not valid_ifname(name):
             reader.fail(REASON_MALFORMED, ndevs_dir / entry, f"not a netdev name: {name[:40]!r}")
         elif name not in names:
             names.append(name)
