@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rdma_exporter.collect.base import FamilySet
-from rdma_exporter.collect.netdev import NetdevReading, NetdevSource
+from rdma_exporter.collect.netdev import STATISTICS_HELP, NetdevReading, NetdevSource
 from rdma_exporter.parse.netdev import read_netdev
 from rdma_exporter.parse.reader import SysfsReader
 
@@ -33,6 +33,13 @@ def netdev_series(metrics: Sample) -> dict[str, float]:
 @pytest.fixture
 def rxe(captured_copy: Callable[[str], Path]) -> Path:
     return captured_copy("debian-6.1-rxe")
+
+
+def test_statistics_help_covers_exactly_the_files_a_real_kernel_has() -> None:
+    # The capture's statistics/ is what net-sysfs.c creates; a HELP for any other name describes a file
+    # that never exists (rx_otherhost_dropped is in rtnl_link_stats64 but netlink only).
+    captured = SYSFS_FIXTURES / "debian-6.1-rxe/sys" / VETH / "statistics"
+    assert set(STATISTICS_HELP) == {path.name for path in captured.iterdir()}
 
 
 def test_captured_veth_is_up_with_carrier(rxe: Path) -> None:

@@ -101,8 +101,8 @@ BOND_SLAVE: Final = MetricSpec(
     (*LABELS, "slave", "mode"),
 )
 
-# struct rtnl_link_stats64 as the kernel shows it under statistics/. Driver-specific files are exported
-# with a generic HELP.
+# struct rtnl_link_stats64 as the kernel shows it under statistics/: net-sysfs.c stops at rx_nohandler
+# (later fields such as rx_otherhost_dropped are netlink only). Other files get a generic HELP.
 STATISTICS_HELP: Final[dict[str, str]] = {
     "rx_packets": "Packets received by the kernel network stack (RDMA traffic bypasses it and is not counted).",
     "tx_packets": "Packets transmitted by the kernel network stack (RDMA traffic is not counted).",
@@ -128,7 +128,6 @@ STATISTICS_HELP: Final[dict[str, str]] = {
     "rx_compressed": "Compressed packets received (CSLIP/PPP).",
     "tx_compressed": "Compressed packets transmitted (CSLIP/PPP).",
     "rx_nohandler": "Packets received with no protocol handler (e.g. on an inactive bond slave).",
-    "rx_otherhost_dropped": "Packets dropped because they were addressed to another host.",
 }
 
 STATISTICS_DYNAMIC: Final = DynamicMetricSpec(
