@@ -229,6 +229,71 @@ def test_a_device_whose_static_read_raises_is_counted_by_the_inventory_only(
     assert metrics[("x_value", (("device", "mlx5_1"),))] == 1
 
 
+def device_logs(caplog: pytest.LogCaptureFixture, device: str) -> list[tuple[str, str]]:
+    """(level, message) of the INFO and louder lines that name `device`."""
+    return [
+        (record.levelname, record.getMessage())
+        for record in caplog.records
+        if record.levelno >= logging.INFO and f"device {device}" in record.getMessage()
+    ]
+
+
+def test_a_source_failing_on_a_device_is_logged_once_per_episode(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A persistent fault is counted every scrape (rdma_exporter_file_read_errors_total) but logged when it
+    # starts and when it ends: at a 15 s interval a line per scrape is 5,760 lines a day per device.
+    caplog.set_level(logging.DEBUG, logger=engine.log.name)
+    rdma = collector(tmp_path, standin)
+    standin.raises.add("mlx5_0")
+    for _ in range(3):
+        scrape(rdma)
+    standin.raises.clear()
+    scrape(rdma)
+    scrape(rdma)
+    standin.raises.add("mlx5_0")
+    assert errors_of(scrape(rdma), "mlx5_0") == 4
+    failed = ("WARNING", "collector standin failed on device mlx5_0: the device went away")
+    assert device_logs(caplog, "mlx5_0") == [failed, ("INFO", "collector standin works again on device mlx5_0"), failed]
+    assert device_logs(caplog, "mlx5_1") == []
+    # A device that is unlisted while failing ends its episode with it: listed again, still failing, it is
+    # a new fault to report (a replaced HCA under the same name).
+    caplog.clear()
+    link = rdma.sys_root / "class" / "infiniband" / "mlx5_0"
+    target = link.readlink()
+    link.unlink()
+    scrape(rdma)
+    link.symlink_to(target)
+    scrape(rdma)
+    assert device_logs(caplog, "mlx5_0") == [failed]
+
+
+def test_a_device_whose_static_read_keeps_raising_is_logged_once_per_episode(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Static info that failed is read again every scrape until it works; the log says so at both ends only.
+    caplog.set_level(logging.DEBUG, logger=engine.log.name)
+    real = engine.read_device_info
+    broken = {"mlx5_0"}
+
+    def failing(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
+        if name in broken:
+            raise ValueError("a parser bug")
+        return real(sys_root, name, reader)
+
+    monkeypatch.setattr(engine, "read_device_info", failing)
+    rdma = collector(tmp_path, standin)
+    for _ in range(3):
+        scrape(rdma)
+    broken.clear()
+    assert scrape(rdma)[("x_value", (("device", "mlx5_0"),))] == 1
+    scrape(rdma)
+    assert device_logs(caplog, "mlx5_0") == [
+        ("WARNING", "cannot read device mlx5_0: a parser bug"),
+        ("INFO", "device mlx5_0 is readable again"),
+    ]
+
+
 def blocked_logs(caplog: pytest.LogCaptureFixture, device: str) -> list[str]:
     return [
         record.getMessage() for record in caplog.records

@@ -667,6 +667,37 @@ class _CollectorState:
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
+class FailureEpisodes:
+    """Which (device, what) reads are failing, so that a persistent fault is logged once, not per scrape.
+
+    A failure is logged when it starts or its exception type changes; repeats go to debug. The first
+    success after it is logged as the end of the episode. Reader threads call it concurrently.
+    """
+
+    def __init__(self) -> None:
+        self._failing: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def failed(self, key: tuple[str, str], exc: BaseException) -> bool:
+        """True when this failure starts an episode (or changes its kind) and should be logged."""
+        kind = type(exc).__name__
+        with self._lock:
+            new = self._failing.get(key) != kind
+            self._failing[key] = kind
+        return new
+
+    def succeeded(self, key: tuple[str, str]) -> bool:
+        """True when this success ends an episode."""
+        with self._lock:
+            return self._failing.pop(key, None) is not None
+
+    def forget(self, device: str) -> None:
+        """A removed device's episodes end with it, unlogged."""
+        with self._lock:
+            for key in [key for key in self._failing if key[0] == device]:
+                del self._failing[key]
+
+
 class RdmaCollector(Collector):
     """Registered once with a prometheus_client registry; every `collect()` is one scrape."""
 
@@ -695,6 +726,7 @@ class RdmaCollector(Collector):
         self._state_lock = threading.Lock()
         self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
         self._reported: set[str] = set()  # devices whose blocked read was already logged
+        self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
@@ -771,12 +803,17 @@ class RdmaCollector(Collector):
         if info is None:
             files.close()  # new static info may name other files (or the device is a new one)
             started = time.perf_counter()
+            key = (entry.name, "device info")
             try:
                 info = read_device_info(self.sys_root, entry.name, SysfsReader(entry.name, job.info_errors))
             except Exception as exc:  # a broken device costs that device only
-                log.warning("cannot read device %s: %s", entry.name, exc)
+                level = logging.WARNING if self._failures.failed(key, exc) else logging.DEBUG
+                log.log(level, "cannot read device %s: %s", entry.name, exc)
                 job.info_errors.add(entry.name, REASON_IO, f"{entry.name}: {exc}")
                 job.info_failed = True
+            else:
+                if self._failures.succeeded(key):
+                    log.info("device %s is readable again", entry.name)
             job.info_seconds = time.perf_counter() - started
             if info is not None:
                 self.inventory.store(entry, info, complete=info.settled and not job.info_errors.counts)
@@ -789,13 +826,18 @@ class RdmaCollector(Collector):
             job.begin(source.name)
             errors = ReadErrors()
             started = time.perf_counter()
+            key = (entry.name, source.name)
             try:
                 value = source.read(self._contexts[source.name], info, SysfsReader(entry.name, errors, files))
                 ok = True
             except Exception as exc:  # one broken device must not take the others down
-                log.warning("collector %s failed on device %s: %s", source.name, entry.name, exc)
+                level = logging.WARNING if self._failures.failed(key, exc) else logging.DEBUG
+                log.log(level, "collector %s failed on device %s: %s", source.name, entry.name, exc)
                 errors.add(entry.name, REASON_IO, f"{entry.name}: {exc!r}")
                 value, ok = None, False
+            else:
+                if self._failures.succeeded(key):
+                    log.info("collector %s works again on device %s", source.name, entry.name)
             job.finish(source.name, SourceOutcome(value, errors, time.perf_counter() - started, ok))
         if not os.path.isdir(job.key):
             self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
@@ -980,6 +1022,8 @@ class RdmaCollector(Collector):
         self._listed = listed
         if not gone:
             return
+        for device in gone:
+            self._failures.forget(device)
         with self._state_lock:
             for state in self._state.values():
                 for key in [key for key in state.errors if key[0] in gone]:
