@@ -329,6 +329,45 @@ def test_dual_port_function_on_a_kernel_without_dev_port(tmp_path: Path) -> None
     assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, SysfsReader("mlx4_0"), single_port=False) == ["eth1"]
 
 
+def test_two_port_ipoib_on_a_kernel_that_numbers_ipoib_by_dev_id_only(tmp_path: Path) -> None:
+    # Until 5.3 ipoib_add_port() set dev_id = port - 1 and left dev_port at 0 (the file exists since
+    # 3.15), so ib0 and ib1 of a two-port mlx4 HCA both read dev_port 0. dev_id tells the ports apart.
+    rdma_device(tmp_path, "mlx4_0")
+    write_files(
+        tmp_path,
+        {
+            f"{PF0}/net/ib0/dev_port": "0\n",
+            f"{PF0}/net/ib0/dev_id": "0x0\n",
+            f"{PF0}/net/ib0/type": "32\n",
+            f"{PF0}/net/ib1/dev_port": "0\n",
+            f"{PF0}/net/ib1/dev_id": "0x1\n",
+            f"{PF0}/net/ib1/type": "32\n",
+        },
+    )
+    reader = SysfsReader("mlx4_0")
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader, single_port=False) == ["ib0"]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader, single_port=False) == ["ib1"]
+    assert reader.errors.total() == 0
+
+
+def test_ethernet_dev_id_does_not_override_dev_port_zero(tmp_path: Path) -> None:
+    # dev_id of an Ethernet netdev tells apart devices sharing a MAC, not ports: with dev_port 0 it stays port 1's.
+    rdma_device(tmp_path, "mlx4_0")
+    write_files(
+        tmp_path,
+        {
+            f"{PF0}/net/eth0/dev_port": "0\n",
+            f"{PF0}/net/eth0/dev_id": "0x1\n",
+            f"{PF0}/net/eth0/type": "1\n",
+            f"{PF0}/net/eth1/dev_port": "1\n",
+            f"{PF0}/net/eth1/type": "1\n",
+        },
+    )
+    reader = SysfsReader("mlx4_0")
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader, single_port=False) == ["eth0"]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader, single_port=False) == ["eth1"]
+
+
 def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
     rdma_device(tmp_path, "mlx5_0")
     write_files(

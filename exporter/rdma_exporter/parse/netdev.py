@@ -30,6 +30,9 @@ IB_DIR: Final = Path("class") / "infiniband"
 ECN_ROLES: Final = {"roce_np": "np", "roce_rp": "rp"}  # notification point (receiver), reaction point (sender)
 MAX_PRIORITY: Final = 7
 
+# netdev `type` of an IPoIB interface (include/uapi/linux/if_arp.h).
+ARPHRD_INFINIBAND: Final = 32
+
 # SPEED_UNKNOWN is -1; kernels that printed it with %u show 4294967295.
 _SPEED_UNKNOWN_U32: Final = 2**32 - 1
 
@@ -270,8 +273,12 @@ def _function_ndevs(net_dir: Path, port: int, reader: SysfsReader, *, single_por
     known = False
     for name in candidates:
         index = reader.uint(net_dir / name / "dev_port", optional=True)
-        if index is None:
-            index = reader.uint(net_dir / name / "dev_id", optional=True, base=16)  # before 3.15
+        # Before 3.15 there is no dev_port. IPoIB numbered its netdevs by dev_id alone until 5.3, so on
+        # those kernels dev_port reads 0 for ib0 and ib1 of a two-port HCA alike and dev_id tells them.
+        if index is None or (index == 0 and reader.uint(net_dir / name / "type", optional=True) == ARPHRD_INFINIBAND):
+            dev_id = reader.uint(net_dir / name / "dev_id", optional=True, base=16)
+            if dev_id is not None:
+                index = dev_id
         if index is not None:
             known = True
             if index == port - 1:
