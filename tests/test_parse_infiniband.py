@@ -768,6 +768,35 @@ def test_unpopulated_gid_entries_are_not_read(tmp_path: Path, monkeypatch: pytes
     assert gid_series and gid_series == {k: v for k, v in baseline.items() if k[0] == "rdma_port_gids"}
 
 
+def test_gid_attrs_of_a_4_18_kernel_are_absent_not_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Up to Linux 4.18 sysfs read gid_attrs through ib_query_gid(): an IB port's entries had no attributes
+    # (EINVAL, populated ones too), and a RoCE port's unpopulated entries answered EAGAIN from the GID
+    # cache. Neither is a broken file: counted, they were read errors on every static read of every port.
+    from rdma_exporter.sample_tree import TreeSpec, build_tree
+
+    root = build_tree(tmp_path / "t", TreeSpec(ib_hcas=1, roce_hcas=1, degraded_pcie=()))
+    ib_port = root / "class/infiniband/mlx5_0/ports/1"
+    roce_port = root / "class/infiniband/mlx5_1/ports/1"
+    assert (roce_port / "link_layer").read_text().strip() == "Ethernet"
+    baseline = samples(scrape(root))
+    roce_gids = {k: v for k, v in baseline.items() if k[0] == "rdma_port_gids" and ("device", "mlx5_1") in k[1]}
+    assert roce_gids
+    # A RoCE port: an unpopulated entry's ndevs file exists and fails with EAGAIN.
+    empty = max((p.name for p in (roce_port / "gids").iterdir()), key=int)
+    (roce_port / "gid_attrs/ndevs" / empty).write_text("")
+    monkeypatch.setattr(reader_module, "os", _failing_os(f"mlx5_1/ports/1/gid_attrs/ndevs/{empty}", errno.EAGAIN))
+    values = samples(scrape(root))
+    assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
+    assert {k: v for k, v in values.items() if k[0] == "rdma_port_gids" and ("device", "mlx5_1") in k[1]} == roce_gids
+    # An IB port: the populated entry 0's type fails with EINVAL.
+    assert (ib_port / "gid_attrs/types/0").read_text().strip() == "IB/RoCE v1"
+    monkeypatch.setattr(reader_module, "os", _failing_os("mlx5_0/ports/1/gid_attrs/types/0", errno.EINVAL))
+    values = samples(scrape(root))
+    assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
+    assert not any(k[0] == "rdma_port_gids" and ("device", "mlx5_0") in k[1] for k in values)
+    assert values[("rdma_port_state_id", (("device", "mlx5_0"), ("port", "1")))] == 4
+
+
 def on_a_function_bound_to(root: Path, device: str, driver: str) -> None:
     """Give `device` a PCI function (0000:05:00.0) whose driver link names `driver`."""
     pci = "devices/pci0000:00/0000:05:00.0"

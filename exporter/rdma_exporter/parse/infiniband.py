@@ -25,6 +25,7 @@ from typing import Final
 from .netdev import NetdevIdentity, rdma_port_netdevs, read_netdev_identity
 from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
+    GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
     REASON_MALFORMED,
     SysfsReader,
@@ -356,7 +357,9 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
         gid = reader.text(port_dir / "gids" / index, optional=True)
         if gid is None or not gid.replace(":", "").strip("0"):
             continue
-        gid_type = reader.text(port_dir / "gid_attrs" / "types" / index, optional=True)
+        # Up to 4.18 an IB port's entries have no attributes (EINVAL): the GID is not counted by type then.
+        type_path = port_dir / "gid_attrs" / "types" / index
+        gid_type = reader.text(type_path, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
         if gid_type:
             types[gid_type] += 1
     return tuple(sorted(types.items()))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from .reader import (
+    GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
     REASON_MALFORMED,
     SysfsReader,
@@ -248,9 +249,9 @@ def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:
     entries = [e for e in list_dir(ndevs_dir, reader) if e.isdigit()]
     names: list[str] = []
     for entry in sorted(entries, key=int):
-        name = _no_value_attr(ndevs_dir / entry, reader)
+        name = reader.text(ndevs_dir / entry, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
         if not name:
-            continue  # unpopulated entry (EINVAL) or an IB GID without a netdev
+            continue  # unpopulated entry (EINVAL, EAGAIN up to 4.18) or an IB GID without a netdev
         if not valid_ifname(name):
             reader.fail(REASON_MALFORMED, ndevs_dir / entry, f"not a netdev name: {name[:40]!r}")
         elif name not in names:

@@ -51,6 +51,10 @@ NO_PMA: Final = "N/A (no PMA)"
 # administratively down netdev and the ndev of an unpopulated GID entry answer EINVAL, phys_port_name of
 # a netdev that is not a switchdev port answers EOPNOTSUPP. Pass as `absent_errnos` for such attributes.
 NO_VALUE_ERRNOS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA})
+# gid_attrs/{ndevs,types}/N have one more: up to Linux 4.18 they read the port's GID cache, which
+# answers EAGAIN for an unpopulated entry of a RoCE port (__ib_cache_gid_get), and ib_query_gid() gave
+# no attributes at all for an IB port (EINVAL, for populated entries too).
+GID_ATTR_NO_VALUE_ERRNOS: Final = NO_VALUE_ERRNOS | {errno.EAGAIN}
 
 
 def reason_for_errno(code: int | None) -> str:
