@@ -797,6 +797,27 @@ def test_gid_attrs_of_a_4_18_kernel_are_absent_not_errors(tmp_path: Path, monkey
     assert values[("rdma_port_state_id", (("device", "mlx5_0"), ("port", "1")))] == 4
 
 
+def test_an_empty_gid_entry_that_fails_with_eagain_is_empty_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4.17 and 4.18 answered gids/N of an unpopulated entry with the GID cache's EAGAIN; 4.19 went back to
+    # the zero GID ("as before", sysfs.c show_port_gid). Up to 256 entries a port: counted, they swamped
+    # the read errors.
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    port = root / "class/infiniband/mlx5_0/ports/1"
+    empty = max((p.name for p in (port / "gids").iterdir()), key=int)
+    assert not (port / "gids" / empty).read_text().replace(":", "").strip().strip("0")
+    baseline = samples(scrape(root))
+    monkeypatch.setattr(reader_module, "os", _failing_os(f"mlx5_0/ports/1/gids/{empty}", errno.EAGAIN))
+    values = samples(scrape(root))
+    assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
+    assert {k: v for k, v in values.items() if k[0] == "rdma_port_gids"} == {
+        k: v for k, v in baseline.items() if k[0] == "rdma_port_gids"
+    }
+
+
 def on_a_function_bound_to(root: Path, device: str, driver: str) -> None:
     """Give `device` a PCI function (0000:05:00.0) whose driver link names `driver`."""
     pci = "devices/pci0000:00/0000:05:00.0"

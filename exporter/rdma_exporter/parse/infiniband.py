@@ -350,11 +350,12 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
     """Count populated GID table entries by type (IB/RoCE v1, RoCE v2).
 
     Unpopulated entries hold the all-zero GID and their gid_attrs files fail with EINVAL on a real
-    kernel, so they are skipped without reading the attribute and are not errors.
+    kernel, so they are skipped without reading the attribute and are not errors. (4.19 made the zero
+    GID the answer for them again; 4.17 and 4.18 passed the GID cache's EAGAIN through.)
     """
     types: Counter[str] = Counter()
     for index in list_dir(port_dir / "gids", reader):
-        gid = reader.text(port_dir / "gids" / index, optional=True)
+        gid = reader.text(port_dir / "gids" / index, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
         if gid is None or not gid.replace(":", "").strip("0"):
             continue
         # Up to 4.18 an IB port's entries have no attributes (EINVAL): the GID is not counted by type then.
