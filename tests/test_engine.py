@@ -41,6 +41,7 @@ class StandIn:
         self.gates: dict[str, threading.Event] = {}
         self.errors: set[str] = set()  # devices whose read counts one io error (their value still stands)
         self.raises: set[str] = set()  # devices whose read raises
+        self.failure: Exception = OSError("the device went away")  # what their read raises
         self.seconds = 0.0  # how long each read takes
         self.reading: set[str] = set()  # devices whose read has begun
 
@@ -51,7 +52,7 @@ class StandIn:
             gate.wait(30)
         time.sleep(self.seconds)
         if device.name in self.raises:
-            raise OSError("the device went away")
+            raise self.failure
         if device.name in self.errors:
             reader.errors.add(device.name, REASON_IO, "EIO")
         return 1
@@ -266,6 +267,25 @@ def test_a_source_failing_on_a_device_is_logged_once_per_episode(
     link.symlink_to(target)
     scrape(rdma)
     assert device_logs(caplog, "mlx5_0") == [failed]
+
+
+def test_a_failure_is_logged_again_when_its_kind_changes_not_its_wording(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The episode is the fault, not its wording: a read naming another file each scrape is one fault. An
+    # exception of another type is another fault (EIO, then a parser tripping on what came back), and the
+    # first line alone would send the operator after the wrong one.
+    caplog.set_level(logging.DEBUG, logger=engine.log.name)
+    rdma = collector(tmp_path, standin, devices=1)
+    standin.raises.add("mlx5_0")
+    failures = [OSError("port 1: EIO"), OSError("port 2: EIO"), ValueError("garbage"), ValueError("more garbage")]
+    for failure in [*failures, failures[2]]:
+        standin.failure = failure
+        scrape(rdma)
+    assert device_logs(caplog, "mlx5_0") == [
+        ("WARNING", "collector standin failed on device mlx5_0: port 1: EIO"),
+        ("WARNING", "collector standin failed on device mlx5_0: garbage"),
+    ]
 
 
 def test_a_device_whose_static_read_keeps_raising_is_logged_once_per_episode(
