@@ -257,8 +257,10 @@ def test_a_source_failing_on_a_device_is_logged_once_per_episode(
     failed = ("WARNING", "collector standin failed on device mlx5_0: the device went away")
     assert device_logs(caplog, "mlx5_0") == [failed, ("INFO", "collector standin works again on device mlx5_0"), failed]
     assert device_logs(caplog, "mlx5_1") == []
+    standin.raises.add("mlx5_1")
+    scrape(rdma)
     # A device that is unlisted while failing ends its episode with it: listed again, still failing, it is
-    # a new fault to report (a replaced HCA under the same name).
+    # a new fault to report (a replaced HCA under the same name). mlx5_1, failing all along, is not news.
     caplog.clear()
     link = rdma.sys_root / "class" / "infiniband" / "mlx5_0"
     target = link.readlink()
@@ -267,6 +269,7 @@ def test_a_source_failing_on_a_device_is_logged_once_per_episode(
     link.symlink_to(target)
     scrape(rdma)
     assert device_logs(caplog, "mlx5_0") == [failed]
+    assert device_logs(caplog, "mlx5_1") == []
 
 
 def test_a_failure_is_logged_again_when_its_kind_changes_not_its_wording(
