@@ -291,6 +291,27 @@ def test_a_failure_is_logged_again_when_its_kind_changes_not_its_wording(
     ]
 
 
+def test_each_source_and_the_static_read_have_their_own_failure_episode(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A node runs several sources: one failing on a device while another reads it fine is one steady fault,
+    # not a fault that starts and ends every scrape. Nor does static info read again (udev resync, a
+    # changed link) end a source's fault, or the next scrape would log it anew.
+    caplog.set_level(logging.DEBUG, logger=engine.log.name)
+    rdma, _ = iofree_collector(tmp_path, standin)  # the I/O-free source raises on mlx5_0
+    standin.raises.add("mlx5_1")
+    for _ in range(3):
+        scrape(rdma)
+    rdma.inventory.invalidate()
+    scrape(rdma)
+    assert device_logs(caplog, "mlx5_0") == [
+        ("WARNING", "collector iofree failed on device mlx5_0: a bug in the source"),
+    ]
+    assert device_logs(caplog, "mlx5_1") == [
+        ("WARNING", "collector standin failed on device mlx5_1: the device went away"),
+    ]
+
+
 def test_a_device_whose_static_read_keeps_raising_is_logged_once_per_episode(
     tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
