@@ -21,7 +21,7 @@ from rdma_exporter.collect import engine
 from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.parse.infiniband import DeviceInfo
-from rdma_exporter.parse.reader import REASON_IO, SysfsReader
+from rdma_exporter.parse.reader import REASON_IO, REASON_PERMISSION, SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
 from conftest import samples, wait_until
@@ -486,6 +486,35 @@ def test_a_listing_that_fails_is_logged_once_per_episode(
     logged = [record.getMessage() for record in caplog.records if "list" in record.getMessage()]
     assert logged == [
         f"cannot list the RDMA devices, none is exported until it works again: {class_dir}: Not a directory",
+        f"listing {class_dir} works again",
+    ]
+
+
+def test_a_listing_failing_for_another_reason_is_logged_again(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # EACCES (a hardened mount) and EIO are different faults with different fixes: the log that said the
+    # first must say when the second takes over, once.
+    caplog.set_level(logging.INFO, logger=engine.log.name)
+    rdma = collector(tmp_path, standin)
+    class_dir = rdma.sys_root / "class" / "infiniband"
+    real = engine.list_devices
+    failures = [(REASON_PERMISSION, "Permission denied")] * 2 + [(REASON_IO, "Input/output error")] * 2
+
+    def listing(sys_root: Path, reader: SysfsReader) -> list[str]:
+        if not failures:
+            return real(sys_root, reader)
+        reason, detail = failures.pop(0)
+        reader.fail(reason, class_dir, detail)
+        return []
+
+    monkeypatch.setattr(engine, "list_devices", listing)
+    for _ in range(5):
+        scrape(rdma)
+    logged = [record.getMessage() for record in caplog.records if "list" in record.getMessage()]
+    assert logged == [
+        f"cannot list the RDMA devices, none is exported until it works again: {class_dir}: Permission denied",
+        f"cannot list the RDMA devices, none is exported until it works again: {class_dir}: Input/output error",
         f"listing {class_dir} works again",
     ]
 
