@@ -342,7 +342,7 @@ def test_sample_tree_forced_on_a_node_with_rdma_devices_does_not_claim_they_are_
     assert "class/infiniband" not in warning.split(":")[0]
 
 
-def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:
+def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A deployed exporter (a config file or --path.sysfs) on a node without class/infiniband, e.g. its
     modules failed to load, serves that node's empty tree, never the sample's devices."""
     empty = Config(sysfs=tmp_path / "sys")
@@ -351,8 +351,13 @@ def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path) -> None:
     if (default.sysfs / "class" / "infiniband").is_dir():
         pytest.skip("this machine has RDMA devices: the bare run serves them")
     assert use_sample_tree(default, forced=False, configured=True) is default
-    served = use_sample_tree(default, forced=False, configured=False)
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter"):
+        served = use_sample_tree(default, forced=False, configured=False)
     assert (served.sysfs / "class" / "infiniband" / "mlx5_0").is_dir()
+    # Without --sample the reason is the missing directory, and the log names the tree actually served.
+    warning = next(r.getMessage() for r in caplog.records if "bundled sample tree" in r.getMessage())
+    assert warning.startswith("no /sys/class/infiniband on this machine: serving the bundled sample tree"), warning
+    assert f" from {served.sysfs} " in warning, warning
     assert use_sample_tree(empty, forced=True, configured=True).sysfs != empty.sysfs
 
 
