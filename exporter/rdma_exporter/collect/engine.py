@@ -688,6 +688,8 @@ class FailureEpisodes:
 
     def succeeded(self, key: tuple[str, str]) -> bool:
         """True when this success ends an episode."""
+        if key not in self._failing:
+            return False  # the common case, every read of every scrape: no lock taken
         with self._lock:
             return self._failing.pop(key, None) is not None
 
