@@ -187,10 +187,15 @@ def test_no_flags_and_no_file_give_the_readme_defaults() -> None:
     assert {flag: documented.get(flag) for flag in served} == served
 
 
-def test_invalid_flag_value() -> None:
-    result = run_cli("--web.listen-address", "nonsense", "--check-config")
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--web.listen-address", "nonsense"), ("--web.scrape-timeout", "abc"), ("--log.level", "x")]
+)
+def test_invalid_flag_value(flag: str, value: str) -> None:
+    # One line naming the flag and the reason, exit 2; no usage text before it.
+    result = run_cli(flag, value, "--check-config")
     assert result.returncode == 2
-    assert "command line: --web.listen-address:" in result.stderr
+    assert result.stderr.startswith(f"rdma-exporter: invalid configuration: command line: {flag}:")
+    assert result.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("flag", ["--path.sysfs", "--path.ethtool"])
@@ -537,6 +542,10 @@ def test_every_setting_flag_beats_the_file(tmp_path: Path) -> None:
         ("--web.telemetry-path", "metrics", "starting with /"),
         ("--web.scrape-timeout", "0", "expected a number of seconds in (0, 300], got 0.0"),
         ("--web.scrape-timeout", "301", "expected a number of seconds in (0, 300], got 301.0"),
+        # Not numbers, or not a level: the same one-line reason, not argparse's usage text.
+        ("--web.scrape-timeout", "abc", "expected a number of seconds in (0, 300], got 'abc'"),
+        ("--web.scrape-timeout", "nan", "expected a number of seconds in (0, 300], got nan"),
+        ("--log.level", "verbose", "expected one of debug, info, warn, error, got 'verbose'"),
         ("--devices.include", "mlx5_[0-", "invalid regular expression"),
         ("--devices.exclude", "mlx5_[0-", "invalid regular expression"),
     ],

@@ -52,7 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--web.scrape-timeout",
         dest="scrape_timeout",
-        type=float,
         help="deadline of one scrape in seconds (default 8, under Prometheus' 10 s)",
     )
     add(
@@ -71,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--check-config", action="store_true", help="validate the configuration and exit")
     add("--devices.include", dest="device_include", help="regex: only RDMA devices whose full name matches")
     add("--devices.exclude", dest="device_exclude", help="regex: skip RDMA devices whose full name matches")
-    add("--log.level", dest="log_level", choices=LOG_LEVELS, help="log level (default info)")
+    add("--log.level", dest="log_level", help=f"log level: {', '.join(LOG_LEVELS)} (default info)")
     add("--sample", action="store_true", help="serve the bundled sample tree of an 8-GPU node (10 RDMA devices)")
     add("--version", action="version", version=f"rdma-exporter {__version__}")
     for name in COLLECTORS:
@@ -97,6 +96,15 @@ def _integer(text: str) -> int | str:
     return int(text) if text.isascii() and text.isdigit() else text
 
 
+def _number(text: str) -> float | str:
+    """A flag's number as a float, anything else as given, for the setting's check to report (as
+    `_integer`: argparse's type=float printed its usage text before the reason)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def resolve_config(args: argparse.Namespace) -> Config:
     """Defaults < config file < explicit flags; every invalid value raises ConfigError."""
     config = Config()
@@ -112,7 +120,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.web_config_file is not None:
         flag["web_config_file"] = check_path("command line", "--web.config.file", args.web_config_file)
     if args.scrape_timeout is not None:
-        flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", args.scrape_timeout)
+        flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", _number(args.scrape_timeout))
     if args.read_threads is not None:
         flag["read_threads"] = check_read_threads("command line", "--web.read-threads", _integer(args.read_threads))
     if args.max_open_files is not None:
