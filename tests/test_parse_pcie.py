@@ -459,7 +459,9 @@ def test_degraded_is_unknown_while_a_width_is(tmp_path: Path) -> None:
 def test_aer_lines_that_are_not_name_and_count_are_malformed() -> None:
     # "%s %llu": one C identifier, one ASCII decimal. Anything else is a line the kernel did not print,
     # and must neither become an error type (a `type` label) nor break the scrape.
-    lines = ["RxErr 1 2", "Rx-Err 2", "1394 0", "_ 3", "RxErr \u00b2", "RxErr \u0663", "BadTLP[3]x 1"]
+    # The kernel numbers a set bit it has no name for below 32: a 3-digit index is no bit of a 32-bit register.
+    lines = ["RxErr 1 2", "Rx-Err 2", "1394 0", "_ 3", "RxErr \u00b2", "RxErr \u0663", "BadTLP[3]x 1",
+             "dev_cor_errs_bit[100] 1"]
     parsed = parse_aer("\n".join(["Timeout 4", *lines, "TOTAL_ERR_COR 4"]) + "\n")
     assert parsed.counts == {"Timeout": 4}
     assert parsed.total == 4
@@ -511,3 +513,4 @@ def test_the_partner_is_found_through_the_rdma_device_link(tmp_path: Path) -> No
         assert got is not None and reader.errors.total() == 0
         assert (got.link_address, got.partner_max_speed_gts, got.partner_max_width) == (PF, 16.0, 8), rdma
         assert got.degraded is False, rdma
+
