@@ -20,6 +20,8 @@ from rdma_exporter.parse.pcie import (
 )
 from rdma_exporter.parse.reader import REASON_MALFORMED, SysfsReader
 
+from conftest import record_reads
+
 PF = "0000:3b:00.0"
 VF = "0000:3b:00.2"
 
@@ -514,3 +516,17 @@ def test_the_partner_is_found_through_the_rdma_device_link(tmp_path: Path) -> No
         assert (got.link_address, got.partner_max_speed_gts, got.partner_max_width) == (PF, 16.0, 8), rdma
         assert got.degraded is False, rdma
 
+
+def test_a_function_without_aer_files_is_not_probed_for_them_each_scrape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kernels before 4.17, and VFs without AER, have no aer_dev_* files: the static read says so once, and
+    # a scrape does not try (and fail) to open three files per function that are not there.
+    pf = function(tmp_path, PF, pf_link("32.0 GT/s PCIe\n", "16\n"))
+    reader = SysfsReader("mlx5_0")
+    identity = read_pcie_identity(pf, reader)
+    assert identity is not None
+    opened = record_reads(monkeypatch)
+    got = read_pcie_state(pf, identity, reader)
+    assert got is not None and reader.errors.total() == 0
+    assert sorted(os.path.basename(p) for p in opened) == ["current_link_speed", "current_link_width"]
