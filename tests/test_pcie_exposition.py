@@ -7,7 +7,10 @@ every value its own number, and cover a link that is down and an AER file that e
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from rdma_exporter.sample_tree import TreeSpec, build_tree
 
@@ -93,3 +96,29 @@ def test_a_vf_exports_its_own_aer_counters_but_not_its_pfs_link(tmp_path: Path) 
         ("rdma_pcie_aer_reports_total", (("device", "mlx5_1"), ("severity", "correctable"))): 3,
     }
     assert metrics[("rdma_pcie_link_width_lanes", DEVICE)] == 16
+
+
+# The kernel never prints these; the debug log quotes at most 40 characters of what it found instead.
+LONG_SPEED = "fast " * 10
+LONG_COUNT = "BadTLP " + "9" * 40  # a count no u64 holds
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "detail"),
+    [
+        ("current_link_speed", LONG_SPEED, f"not a link speed: {LONG_SPEED.strip()[:40]!r}"),
+        ("current_link_width", "3\n", "not a PCIe link width: 3"),
+        ("aer_dev_correctable", f"RxErr 0\n{LONG_COUNT}\nTOTAL_ERR_COR 0\n", f"not 'Name count': {LONG_COUNT[:40]!r}"),
+    ],
+    ids=["speed", "width", "aer"],
+)
+def test_a_malformed_file_is_logged_with_its_path_and_what_is_wrong(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, file: str, text: str, detail: str
+) -> None:
+    """At debug level, the one line an operator has to go on names the file and what it held."""
+    sys_root, fn = one_hca(tmp_path)
+    (fn / file).write_text(text)
+    with caplog.at_level(logging.DEBUG, logger="rdma_exporter.collect.engine"):
+        scrape(sys_root)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read error [pcie]")]
+    assert logged == [f"read error [pcie] mlx5_0 malformed: {fn / file}: {detail}"]
