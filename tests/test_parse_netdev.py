@@ -329,43 +329,33 @@ def test_dual_port_function_on_a_kernel_without_dev_port(tmp_path: Path) -> None
     assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, SysfsReader("mlx4_0"), single_port=False) == ["eth1"]
 
 
-def test_two_port_ipoib_on_a_kernel_that_numbers_ipoib_by_dev_id_only(tmp_path: Path) -> None:
-    # Until 5.3 ipoib_add_port() set dev_id = port - 1 and left dev_port at 0 (the file exists since
-    # 3.15), so ib0 and ib1 of a two-port mlx4 HCA both read dev_port 0. dev_id tells the ports apart.
+@pytest.mark.parametrize(
+    "netdevs",
+    [
+        # Until 5.3 ipoib_add_port() set dev_id = port - 1 and left dev_port at 0 (the file exists since
+        # 3.15), so ib0 and ib1 of a two-port mlx4 HCA both read dev_port 0. dev_id tells the ports apart.
+        {"ib0": ("0", "0x0", "32"), "ib1": ("0", "0x1", "32")},
+        # dev_id of an Ethernet netdev tells apart devices sharing a MAC, not ports: with dev_port 0 it
+        # stays port 1's.
+        {"eth0": ("0", "0x1", "1"), "eth1": ("1", None, "1")},
+    ],
+    ids=["ipoib-numbered-by-dev-id-before-5.3", "ethernet-dev-id-is-not-a-port"],
+)
+def test_port_of_a_two_port_function_with_dev_port_zero(
+    tmp_path: Path, netdevs: dict[str, tuple[str, str | None, str]]
+) -> None:
     rdma_device(tmp_path, "mlx4_0")
-    write_files(
-        tmp_path,
-        {
-            f"{PF0}/net/ib0/dev_port": "0\n",
-            f"{PF0}/net/ib0/dev_id": "0x0\n",
-            f"{PF0}/net/ib0/type": "32\n",
-            f"{PF0}/net/ib1/dev_port": "0\n",
-            f"{PF0}/net/ib1/dev_id": "0x1\n",
-            f"{PF0}/net/ib1/type": "32\n",
-        },
-    )
+    files: dict[str, str] = {}
+    for name, (dev_port, dev_id, link_type) in netdevs.items():
+        files |= {f"{PF0}/net/{name}/dev_port": f"{dev_port}\n", f"{PF0}/net/{name}/type": f"{link_type}\n"}
+        if dev_id is not None:
+            files[f"{PF0}/net/{name}/dev_id"] = f"{dev_id}\n"
+    write_files(tmp_path, files)
     reader = SysfsReader("mlx4_0")
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader, single_port=False) == ["ib0"]
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader, single_port=False) == ["ib1"]
+    first, second = sorted(netdevs)
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader, single_port=False) == [first]
+    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader, single_port=False) == [second]
     assert reader.errors.total() == 0
-
-
-def test_ethernet_dev_id_does_not_override_dev_port_zero(tmp_path: Path) -> None:
-    # dev_id of an Ethernet netdev tells apart devices sharing a MAC, not ports: with dev_port 0 it stays port 1's.
-    rdma_device(tmp_path, "mlx4_0")
-    write_files(
-        tmp_path,
-        {
-            f"{PF0}/net/eth0/dev_port": "0\n",
-            f"{PF0}/net/eth0/dev_id": "0x1\n",
-            f"{PF0}/net/eth0/type": "1\n",
-            f"{PF0}/net/eth1/dev_port": "1\n",
-            f"{PF0}/net/eth1/type": "1\n",
-        },
-    )
-    reader = SysfsReader("mlx4_0")
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 1, reader, single_port=False) == ["eth0"]
-    assert rdma_port_netdevs(tmp_path, "mlx4_0", 2, reader, single_port=False) == ["eth1"]
 
 
 def test_switchdev_representors_are_not_the_port(tmp_path: Path) -> None:
