@@ -223,3 +223,25 @@ def test_prometheus_scrape_config_passes_promtool(tmp_path: Path) -> None:
     config.write_text(text)
     result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# Fields of a RelabelConfig in the ServiceMonitor CRD (monitoring.coreos.com/v1): camelCase, unlike
+# Prometheus' own relabel_configs; a snake_case key is pruned by the API server and does nothing.
+RELABEL_FIELDS = {"action", "modulus", "regex", "replacement", "separator", "sourceLabels", "targetLabel"}
+
+
+def test_servicemonitor_instance_is_the_node_name() -> None:
+    """With hostNetwork the target address is the node's IP: the alerts, their Alertmanager grouping and
+    the dashboards go by `instance`, which must name the node, not "10.0.3.17:9883"."""
+    monitor = by_kind(kubernetes_documents(), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    relabelings = endpoint["relabelings"]
+    for relabeling in relabelings:
+        assert relabeling.keys() <= RELABEL_FIELDS, relabeling
+    setting = {
+        r["targetLabel"]: r for r in relabelings if r.get("action", "replace") == "replace" and "targetLabel" in r
+    }
+    for label in ("instance", "node"):
+        rule = setting[label]
+        assert rule["sourceLabels"] == ["__meta_kubernetes_pod_node_name"], rule
+        assert rule.get("regex", "(.*)") == "(.*)" and rule.get("replacement", "$1") == "$1", rule
