@@ -245,3 +245,30 @@ def test_servicemonitor_instance_is_the_node_name() -> None:
         rule = setting[label]
         assert rule["sourceLabels"] == ["__meta_kubernetes_pod_node_name"], rule
         assert rule.get("regex", "(.*)") == "(.*)" and rule.get("replacement", "$1") == "$1", rule
+
+
+def test_daemonset_args_pass_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The container's args, as the CLI parses them, with the ConfigMap's file where the args name it
+    (both paths moved under tmp_path: neither exists here). A flag the parser does not know exits 2."""
+    from rdma_exporter.cli import build_parser, main, resolve_config
+
+    documents = kubernetes_documents()
+    (container,) = by_kind(documents, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    configmap = by_kind(documents, "ConfigMap")
+    args = list(container["args"])
+    flags = dict(arg.split("=", 1) for arg in args)
+    sysfs = tmp_path / flags["--path.sysfs"].lstrip("/")
+    sysfs.mkdir(parents=True)
+    config_file = tmp_path / flags["--config.file"].lstrip("/")
+    config_file.parent.mkdir(parents=True)
+    config_file.write_text(configmap["data"][config_file.name])
+    local = [arg.replace(flags["--path.sysfs"], str(sysfs)).replace(flags["--config.file"], str(config_file))
+             for arg in args]
+    assert main([*local, "--check-config"]) == 0, capsys.readouterr().err
+
+    # The deadline the exporter runs with is below what the ServiceMonitor gives Prometheus, with the
+    # 0.5 s the exporter keeps to encode and send the answer.
+    config = resolve_config(build_parser().parse_args(local))
+    (endpoint,) = by_kind(documents, "ServiceMonitor")["spec"]["endpoints"]
+    assert config.scrape_timeout <= float(endpoint["scrapeTimeout"].rstrip("s")) - 0.5
+    assert config.telemetry_path == endpoint["path"]
