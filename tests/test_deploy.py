@@ -272,3 +272,17 @@ def test_daemonset_args_pass_check_config(tmp_path: Path, capsys: pytest.Capture
     (endpoint,) = by_kind(documents, "ServiceMonitor")["spec"]["endpoints"]
     assert config.scrape_timeout <= float(endpoint["scrapeTimeout"].rstrip("s")) - 0.5
     assert config.telemetry_path == endpoint["path"]
+
+
+def test_docs_kubectl_commands_reach_the_pod_of_one_node() -> None:
+    """A runbook is about one node: `kubectl exec ds/rdma-exporter` runs in the DaemonSet's first pod,
+    on any node. The docs pick the pod by the DaemonSet's labels and the node's name instead."""
+    daemonset = by_kind(kubernetes_documents(), "DaemonSet")
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    pages = [DEPLOY.parent / "README.md", *sorted((DEPLOY.parent / "docs").rglob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        assert not re.search(r"kubectl\b[^\n]*\bexec\s+(ds|daemonset)/", text), page
+        for selector in re.findall(r"kubectl\b[^\n]*\s-l\s+(\S+)", text):
+            key, _, value = selector.partition("=")
+            assert labels.get(key) == value, (page, selector)
