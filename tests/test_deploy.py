@@ -286,3 +286,20 @@ def test_docs_kubectl_commands_reach_the_pod_of_one_node() -> None:
         for selector in re.findall(r"kubectl\b[^\n]*\s-l\s+(\S+)", text):
             key, _, value = selector.partition("=")
             assert labels.get(key) == value, (page, selector)
+
+
+def test_shipped_job_names_are_in_the_exporter_down_alert() -> None:
+    """RdmaExporterDown watches a target that never answered only under the job names it lists. The
+    Prometheus Operator names the job after the Service (without spec.jobLabel); renaming the Service or
+    a scrape job must not drop the nodes whose exporter never came up."""
+    documents = kubernetes_documents()
+    monitor = by_kind(documents, "ServiceMonitor")
+    assert "jobLabel" not in monitor["spec"]
+    jobs = {by_kind(documents, "Service")["metadata"]["name"]}
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "scrape-config.yml").read_text())
+    jobs |= {job["job_name"] for job in scrape["scrape_configs"]}
+    rules = yaml.safe_load((DEPLOY.parent / "rules" / "rdma-alerts.rules.yml").read_text())
+    (expr,) = [r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "RdmaExporterDown"]
+    (regex,) = re.findall(r'up\{job=~"([^"]+)"\}', expr)
+    for job in jobs:
+        assert re.fullmatch(regex, job), (job, regex)
