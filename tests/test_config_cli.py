@@ -558,6 +558,14 @@ def test_invalid_flag_values_are_refused_with_the_flag_and_reason(flag: str, val
     assert reason in info.value.reason
 
 
+@pytest.mark.parametrize("flag", ["--web.listen=:9999", "--path.sys=/tmp", "--log=debug"])
+def test_an_abbreviated_flag_is_refused_not_guessed(flag: str) -> None:
+    # argparse would take --web.listen= for --web.listen-address=; node_exporter refuses it, and so do we.
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args([flag])
+    assert info.value.code == 2
+
+
 def test_both_forms_of_a_collector_flag_are_refused() -> None:
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["--collector.pcie", "--no-collector.pcie"])

@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rdma-exporter",
         description="Prometheus exporter for InfiniBand and RoCE devices (reads sysfs; needs no root).",
+        # A shortened flag (--web.listen=) is a typo, as node_exporter treats it, not a guess to act on.
+        allow_abbrev=False,
     )
     add = parser.add_argument
     # Defaults are None so that only flags given explicitly override the config file.
