@@ -15,6 +15,7 @@ import http.client
 import logging
 import os
 import queue
+import re
 import resource
 import selectors
 import signal
@@ -33,6 +34,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from rdma_exporter import daemon as daemon_module
 from rdma_exporter import webconfig
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import HARD_MAX_WORKERS, DeviceReads, RdmaCollector, WorkerPool
@@ -492,6 +494,48 @@ def test_heads_over_the_buffer_are_refused_before_they_end(request_bytes: bytes,
         started = time.monotonic()
         assert status_of(raw(server.port, request_bytes, timeout=20)) == status
         assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", b"\r\nGET / HTTP/1.1\n\r\n", b"\nGET / HTTP/1.1\r\n\n", b"\r\n\r\n"],
+    ids=["crlf", "leading-crlf-then-mixed", "leading-lf", "only-blank-lines"],
+)
+def test_a_resumed_search_finds_the_head_end_a_whole_search_finds(head: bytes) -> None:
+    # However the head was split across reads, resuming where the last search stopped ends it where one
+    # search over all of it does (a leading empty line is skipped, a blank line across the split found).
+    for split in range(len(head) + 1):
+        if head_end(head[:split]) < 0:  # a read that ended here left the search at `split`
+            assert head_end(head, split) == head_end(head), split
+
+
+class CountingSearch:
+    """The head-end pattern, counting the bytes each search starts with in front of it."""
+
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern = pattern
+        self.bytes = 0
+
+    def search(self, buffer: bytes | bytearray, pos: int) -> re.Match[bytes] | None:
+        self.bytes += len(buffer) - pos
+        return self.pattern.search(buffer, pos)
+
+
+def test_a_trickled_head_is_searched_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Searching the whole buffer again after each read made a client that sends its 16 KiB head a few bytes
+    # at a time cost the loop thread, which every connection shares, ~2 s of CPU per head (quadratic).
+    counting = CountingSearch(daemon_module._HEAD_END)
+    monkeypatch.setattr(daemon_module, "_HEAD_END", counting)
+    head = b"GET / HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 8000 + b"\r\n\r\n"
+    with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=60) as server, socket.create_connection(
+        ("127.0.0.1", server.port), timeout=30
+    ) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(head), 16):
+            sock.sendall(head[start : start + 16])
+            time.sleep(0.001)  # most pieces arrive in reads of their own
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    assert counting.bytes < 4 * len(head), counting.bytes
 
 
 def test_heads_at_the_limits_are_accepted() -> None:

@@ -188,9 +188,14 @@ def _leading_empty_line(buffer: bytes | bytearray) -> int:
     return 2 if buffer.startswith(b"\r\n") else 1 if buffer.startswith(b"\n") else 0
 
 
-def head_end(buffer: bytes | bytearray) -> int:
-    """Index just past the blank line that ends a request head, or -1."""
-    found = _HEAD_END.search(buffer, _leading_empty_line(buffer))
+def head_end(buffer: bytes | bytearray, searched: int = 0) -> int:
+    """Index just past the blank line that ends a request head, or -1.
+
+    `searched`: how many leading bytes an earlier call found no end in. The search resumes 3 bytes before
+    them (a blank line is at most 4 bytes), so a head trickled in byte by byte costs linear time, not
+    a rescan of up to MAX_REQUEST_HEAD bytes per byte on the loop thread that every connection shares.
+    """
+    found = _HEAD_END.search(buffer, max(_leading_empty_line(buffer), searched - 3))
     return found.end() if found else -1
 
 
@@ -272,17 +277,24 @@ def send_blocks(parts: tuple[bytes, ...]) -> Iterator[bytes]:
 
 
 class _Conn:
-    __slots__ = ("buffer", "deadline", "eof", "handshaking", "last_active", "peer", "sock", "started")
+    __slots__ = ("buffer", "deadline", "eof", "handshaking", "last_active", "peer", "searched", "sock", "started")
 
     def __init__(self, sock: socket.socket, peer: str, now: float, handshaking: bool, deadline: float) -> None:
         self.sock = sock
         self.peer = peer
         self.buffer = bytearray()
+        self.searched = 0  # leading bytes of buffer that hold no end of a head
         self.handshaking = handshaking
         self.started = False  # bytes of the current request have arrived
         self.eof = False  # the client half-closed: answer what it sent, then close
         self.last_active = now
         self.deadline = deadline
+
+    def head_end(self) -> int:
+        end = head_end(self.buffer, self.searched)
+        if end < 0:
+            self.searched = len(self.buffer)
+        return end
 
 
 Handler = Callable[[Request], Response]
@@ -511,7 +523,7 @@ class HttpServer:
 
     def _read(self, conn: _Conn) -> None:
         # Stop at one complete head (or too many bytes): a client cannot make the loop buffer more.
-        while head_end(conn.buffer) < 0 and len(conn.buffer) <= MAX_REQUEST_HEAD:
+        while conn.head_end() < 0 and len(conn.buffer) <= MAX_REQUEST_HEAD:
             try:
                 data = conn.sock.recv(8192)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -528,13 +540,13 @@ class HttpServer:
                 conn.deadline = now + self.head_timeout
             conn.last_active = now
             conn.buffer += data
-        if conn.eof and head_end(conn.buffer) < 0:
+        if conn.eof and conn.head_end() < 0:
             self._close(conn)
             return
         self._dispatch(conn)
 
     def _dispatch(self, conn: _Conn) -> None:
-        end = head_end(conn.buffer)
+        end = conn.head_end()
         if end < 0:
             if len(conn.buffer) > MAX_REQUEST_HEAD:
                 first = bytes(conn.buffer[: MAX_REQUEST_LINE + 2])
@@ -546,6 +558,7 @@ class HttpServer:
             return
         head = bytes(conn.buffer[:end])
         del conn.buffer[:end]
+        conn.searched = 0  # what follows (a pipelined request) is not searched yet
         try:
             request = parse_head(head)
         except BadRequest as exc:
