@@ -11,7 +11,9 @@ import base64
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import bcrypt
@@ -415,6 +417,29 @@ def test_an_unknown_user_costs_as_much_bcrypt_work_as_the_costliest_user(
     monkeypatch.setattr(webconfig.bcrypt, "checkpw", checkpw)
     assert not login(auth, "nobody", "b")
     assert costs == [5]
+
+
+def test_bcrypt_checks_run_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # bcrypt releases the GIL: wrong passwords sent on many connections at once would each take a core
+    # (one per HTTP worker). exporter-toolkit runs one check at a time, and so must this server.
+    auth = users(tmp_path, prometheus=bcrypt_hash("pw"))
+    running: list[int] = []
+    most = 0
+    real_checkpw = bcrypt.checkpw
+
+    def checkpw(password: bytes, hashed: bytes) -> bool:
+        nonlocal most
+        running.append(1)
+        most = max(most, len(running))
+        time.sleep(0.05)  # long enough for the other threads to arrive meanwhile
+        running.pop()
+        return real_checkpw(password, hashed)
+
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", checkpw)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: login(auth, "prometheus", f"wrong{i}"), range(8)))
+    assert results == [False] * 8
+    assert most == 1
 
 
 def test_the_start_up_line_counts_users_and_says_what_is_required(certs: Pki, tmp_path: Path) -> None:

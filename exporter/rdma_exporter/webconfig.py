@@ -91,6 +91,9 @@ class BasicAuth:
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     _cache: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # One bcrypt check at a time, as exporter-toolkit does: bcrypt releases the GIL, so without it anyone
+    # who reaches the port could keep every HTTP worker hashing wrong passwords on a core of its own.
+    _bcrypt_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         # As costly as the costliest real hash: a cheaper dummy (the docs recommend cost 12) would answer
@@ -120,7 +123,8 @@ class BasicAuth:
             if expires is not None and expires > now:
                 return True
         try:
-            ok = bcrypt.checkpw(password.encode(), stored or self.dummy_hash) and stored is not None
+            with self._bcrypt_lock:
+                ok = bcrypt.checkpw(password.encode(), stored or self.dummy_hash) and stored is not None
         except ValueError:  # bcrypt refuses passwords over 72 bytes
             return False
         if ok:
