@@ -391,8 +391,10 @@ def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], t
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),  # a TLS hello to a plain port
         (b"GET / HTTP/2.0\r\n\r\n", 505),
         (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),  # more digits than int() takes
     ],
-    ids=["long-line", "big-header", "many-headers", "body", "chunked", "tls-to-plain", "http2", "malformed"],
+    ids=["long-line", "big-header", "many-headers", "body", "chunked", "tls-to-plain", "http2", "malformed",
+         "body-length-of-5000-digits"],
 )
 def test_request_limits(request_bytes: bytes, status: int) -> None:
     with InProcessServer(lambda request: Response(200, b"ok")) as server:
@@ -417,9 +419,11 @@ def test_parse_head_keeps_what_the_handler_needs() -> None:
         (b"\r\nGET /metrics HTTP/1.1\r\n\r\n", "/metrics"),  # an empty line before the request line
         (b"GET /metrics HTTP/1.1\nHost: a\n\r\n", "/metrics"),  # bare LF line ends, then CRLF
         (b"GET /metrics HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", "/metrics"),
+        # More digits than int() converts (4300): its ValueError used to escape the loop thread and stop the server.
+        (b"GET /metrics HTTP/1.1\r\nContent-Length: " + b"0" * 5000 + b"\r\n\r\n", "/metrics"),
     ],
     ids=["absolute-form", "absolute-form-no-path", "absolute-form-query", "leading-empty-line", "lf-then-crlf",
-         "repeated-length"],
+         "repeated-length", "zero-length-in-5000-digits"],
 )
 def test_heads_rfc_9112_says_to_accept(head: bytes, path: str) -> None:
     # Prometheus never sends these, but a proxy or a hand-written client may; each used to be refused
