@@ -932,6 +932,28 @@ def test_the_head_timeout_runs_from_the_first_byte_not_the_idle_timeout() -> Non
             closed, answer = closed_within(stalled, 30)
         assert closed and answer.startswith(b"HTTP/1.1 408"), answer
 
+def test_a_request_that_breaks_the_parser_costs_its_connection_not_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Heads are parsed on the loop thread: an exception that is no BadRequest (a ValueError from int()
+    # once did) ended serve_forever, and with it the exporter, on one request.
+    def parse(head: bytes) -> Request:
+        if b"/boom" in head:
+            raise ValueError("parser bug")
+        return parse_head(head)
+
+    monkeypatch.setattr(daemon_module, "parse_head", parse)
+    with InProcessServer(lambda request: Response(200, b"ok")) as server, socket.create_connection(
+        ("127.0.0.1", server.port), timeout=10
+    ) as sock:
+        # The broken request closes its connection, also when it came pipelined after a good one.
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\nGET /boom HTTP/1.1\r\n\r\n")
+        closed, answer = closed_within(sock, 10)
+        assert closed and answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1, answer
+        assert raw(server.port, b"GET /boom HTTP/1.1\r\n\r\n") == b""
+        assert status_of(raw(server.port, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")) == 200
+
+
 def test_a_half_closed_client_with_half_a_head_is_closed_at_once() -> None:
     # Nothing more can come: the partial request is dropped now, not answered 408 at the head timeout.
     with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=30) as server, socket.create_connection(

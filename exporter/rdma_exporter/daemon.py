@@ -493,10 +493,14 @@ class HttpServer:
         return True
 
     def _on_ready(self, conn: _Conn, mask: int) -> None:
-        if conn.handshaking:
-            self._handshake(conn)
-        else:
-            self._read(conn)
+        try:
+            if conn.handshaking:
+                self._handshake(conn)
+            else:
+                self._read(conn)
+        except Exception:  # a bug on what one client sent costs that client, not the loop every client needs
+            log.exception("reading from %s failed", conn.peer)
+            self._close(conn)
 
     def _handshake(self, conn: _Conn) -> None:
         sock = conn.sock
@@ -606,7 +610,7 @@ class HttpServer:
             except (OSError, ValueError):
                 self._close(conn)
                 continue
-            self._read(conn)  # pipelined bytes, or data already decrypted by TLS
+            self._on_ready(conn, selectors.EVENT_READ)  # pipelined bytes, or data already decrypted by TLS
 
     def _close(self, conn: _Conn) -> None:
         self._conns.pop(id(conn), None)
