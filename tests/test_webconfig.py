@@ -262,6 +262,9 @@ def test_headers_the_server_sets_itself_are_refused(tmp_path: Path, name: str) -
         ("1: x", "1", "not a valid header name"),  # YAML makes this an int
         ("X-A: \"a\\rb\"", "X-A", "expected a single-line string"),  # a bare CR ends a header line too
         ("X-A: [a, b]", "X-A", "expected a single-line string"),
+        # Answers are written in Latin-1: a euro sign failed every answer (no reply at all), not start-up.
+        ("X-A: \"GPU team \u20ac\"", "X-A", "only printable ASCII, tabs and Latin-1 letters can be sent"),
+        ("X-A: \"a\\0b\"", "X-A", "only printable ASCII, tabs and Latin-1 letters can be sent"),  # NUL
     ],
 )
 def test_bad_header_names_and_values_are_refused(tmp_path: Path, headers: str, key: str, reason: str) -> None:
@@ -270,10 +273,12 @@ def test_bad_header_names_and_values_are_refused(tmp_path: Path, headers: str, k
 
 
 def test_configured_headers_are_sent_as_written(tmp_path: Path) -> None:
-    text = "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n"
+    text = "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n    X-Team: R\u00e9seau\n"
     web = load_web_config(web_config(tmp_path, text))
     with serve(web) as server:
-        assert get(server.port, "/").headers["x-content-type-options"] == "nosniff"
+        reply = get(server.port, "/")
+    assert reply.headers["x-content-type-options"] == "nosniff"
+    assert reply.headers["x-team"] == "R\u00e9seau"  # Latin-1 on the wire, as http.client reads it
 
 
 def hash_claiming_cost(cost: int) -> str:

@@ -70,6 +70,8 @@ _RESERVED_HEADERS: Final = frozenset(
     {"content-length", "content-type", "content-encoding", "connection", "transfer-encoding", "www-authenticate",
      "date", "server"}
 )
+# RFC 9110 5.5 field-value: visible ASCII, space and tab, and obs-text (0x80-0xFF, what Latin-1 encodes).
+_FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*\Z")
 _BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}\Z")  # \Z: no final newline
 _BCRYPT_COSTS: Final = range(4, 32)  # what bcrypt (here and in Go) can check; other costs never match
 # Checked for unknown users too, so response time does not reveal which user names exist. Only its salt
@@ -327,6 +329,9 @@ def _headers(source: str, body: Mapping[str, Any]) -> dict[str, str]:
             raise ConfigError(source, key, "set by the server itself")
         if not isinstance(value, str) or "\r" in value or "\n" in value:
             raise ConfigError(source, key, "expected a single-line string")
+        if not _FIELD_VALUE.match(value):
+            # Answers are written in Latin-1: any other character made every answer fail, with no reply.
+            raise ConfigError(source, key, "only printable ASCII, tabs and Latin-1 letters can be sent")
         result[name] = value
     return result
 
