@@ -851,6 +851,38 @@ def test_changes_to_container_veths_are_neither_counted_nor_logged_at_info(
     assert logged == [f"address add on {netdev}: refreshing device mlx5_1"]
 
 
+def test_a_flood_of_address_changes_on_one_netdev_is_logged_at_info_once_a_minute(
+    tree: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A router advertisement flood on a RoCE segment sends an address change per advertisement: each one
+    that finds the device cached (a scrape came in between) still refreshes it, but the info log gets one
+    line per netdev and minute, the rest go to debug."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, sys_root=tree)
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    other = collector.inventory.cached()["mlx5_2"].ports[0].netdevs[0]
+    clock = [1000.0]
+    monkeypatch.setattr(hotplug.time, "monotonic", lambda: clock[0])
+    with caplog.at_level(logging.DEBUG, logger="rdma_exporter.hotplug"):
+        for _ in range(50):
+            fw_of(collector, "mlx5_1")  # a scrape between changes: each one has a cache to refresh
+            monitor.handle_address("add", netdev)
+            clock[0] += 1.0  # 50 changes in 50 s
+        fw_of(collector, "mlx5_2")
+        monitor.handle_address("add", other)  # another netdev has its own minute
+        clock[0] += 10.0
+        fw_of(collector, "mlx5_1")
+        monitor.handle_address("del", netdev)  # a minute after the first line
+    assert monitor.events == 52
+    info = [r.getMessage() for r in caplog.records if r.name == hotplug.__name__ and r.levelno >= logging.INFO]
+    assert info == [
+        f"address add on {netdev}: refreshing device mlx5_1",
+        f"address add on {other}: refreshing device mlx5_2",
+        f"address del on {netdev}: refreshing device mlx5_1",
+    ]
+
+
 def test_an_address_change_is_applied_again_once_the_gid_table_settled(
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,6 +57,9 @@ RTM_DELADDR: Final = 21
 # a scrape in between would cache the old GID table until the next event or the resync. So each change
 # is applied once more when the GID table has surely followed.
 ADDRESS_SETTLE_SECONDS: Final = 2.0
+# Address changes on one netdev are logged at info at most this often (the rest at debug): a router
+# advertisement flood on a RoCE segment sends a change per advertisement, and each would be a line.
+ADDRESS_LOG_INTERVAL_SECONDS: Final = 60.0
 _NLMSGHDR: Final = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _IFADDRMSG: Final = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
 
@@ -223,6 +226,7 @@ class HotplugMonitor:
         self.events = 0  # events that changed something, for tests and debug logs
         self.seen = 0
         self.undecodable = 0  # events lost because pyudev could not decode them
+        self._address_logged: dict[str, float] = {}  # netdev -> when a change on it was last logged at info
         self.changed = threading.Condition()
 
     @property
@@ -254,7 +258,18 @@ class HotplugMonitor:
             return
         if what is None:
             return
-        log.info("address %s on %s: refreshing %s", action, name, what)
+        now = time.monotonic()
+        last = self._address_logged.get(name)
+        if last is None or now - last >= ADDRESS_LOG_INTERVAL_SECONDS:
+            if len(self._address_logged) >= 256:  # netdevs come and go (VLANs): forget the quiet ones
+                self._address_logged = {
+                    n: t for n, t in self._address_logged.items() if now - t < ADDRESS_LOG_INTERVAL_SECONDS
+                }
+            self._address_logged[name] = now
+            level = logging.INFO
+        else:
+            level = logging.DEBUG
+        log.log(level, "address %s on %s: refreshing %s", action, name, what)
         with self.changed:
             self.events += 1
             self.changed.notify_all()
