@@ -678,13 +678,14 @@ class FailureEpisodes:
         self._failing: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
-    def failed(self, key: tuple[str, str], exc: BaseException) -> bool:
-        """True when this failure starts an episode (or changes its kind) and should be logged."""
+    def record_failure(self, key: tuple[str, str], exc: BaseException) -> int:
+        """The level to log this failure at: WARNING when it starts an episode (or changes its kind),
+        DEBUG when it repeats one."""
         kind = type(exc).__name__
         with self._lock:
             new = self._failing.get(key) != kind
             self._failing[key] = kind
-        return new
+        return logging.WARNING if new else logging.DEBUG
 
     def succeeded(self, key: tuple[str, str]) -> bool:
         """True when this success ends an episode."""
@@ -809,8 +810,7 @@ class RdmaCollector(Collector):
             try:
                 info = read_device_info(self.sys_root, entry.name, SysfsReader(entry.name, job.info_errors))
             except Exception as exc:  # a broken device costs that device only
-                level = logging.WARNING if self._failures.failed(key, exc) else logging.DEBUG
-                log.log(level, "cannot read device %s: %s", entry.name, exc)
+                log.log(self._failures.record_failure(key, exc), "cannot read device %s: %s", entry.name, exc)
                 job.info_errors.add(entry.name, REASON_IO, f"{entry.name}: {exc}")
                 job.info_failed = True
             else:
@@ -833,7 +833,7 @@ class RdmaCollector(Collector):
                 value = source.read(self._contexts[source.name], info, SysfsReader(entry.name, errors, files))
                 ok = True
             except Exception as exc:  # one broken device must not take the others down
-                level = logging.WARNING if self._failures.failed(key, exc) else logging.DEBUG
+                level = self._failures.record_failure(key, exc)
                 log.log(level, "collector %s failed on device %s: %s", source.name, entry.name, exc)
                 errors.add(entry.name, REASON_IO, f"{entry.name}: {exc!r}")
                 value, ok = None, False
