@@ -356,7 +356,7 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
 
 
 _OPEN_CALL: Final = re.compile(r'^(\d+)\s+(\d+\.\d+)\s+(?:openat|open)\((?:[^,"]*,\s*)?"((?:[^"\\]|\\.)*)"')
-_RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (?:openat|open) resumed>.*=\s*(-?\d+)")
+_RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (?:openat|open) resumed>")
 # A call's return value ends its line: `= 9</sys/...>` (an fd, -y adds its path), `= 2`, or
 # `= -1 EIO (Input/output error)` for a failure. Anchored at the end: a pread's buffer may hold `=12`.
 _RETURN: Final = re.compile(r"=\s+(-?\d+)(?:<[^>]*>)?(?:\s+E[A-Z0-9]+\s+\([^)]*\))?\s*$")
@@ -396,10 +396,10 @@ def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool
             continue
         resumed = _RESUMED.match(line)
         if resumed:
-            pid, result = resumed.groups()
+            pid = resumed.group(1)
             if pid in pending:
                 path, stamp = pending.pop(pid)
-                opened(path, stamp, int(result))
+                opened(path, stamp, _returned(line))
             continue
         call = _OPEN_CALL.match(line)
         if call is None:

@@ -136,6 +136,24 @@ def test_strace_counts_every_pread_of_a_kept_file_also_after_an_open_in_the_wind
     ]
 
 
+def test_strace_reads_an_open_interrupted_by_another_thread_from_its_resumed_line() -> None:
+    # Reader threads interleave: strace ends an open with `<unfinished ...>` and gives its result on a
+    # `<... openat resumed>` line of the same pid, read the same way as a whole line's.
+    parse_strace = _bench_module().parse_strace
+    trace = "\n".join(
+        [
+            '7 1.5 openat(AT_FDCWD</w>, "/t/sys/class/infiniband/mlx5_0/fw_ver", O_RDONLY <unfinished ...>',
+            '8 1.5 openat(AT_FDCWD</w>, "/t/sys/class/infiniband/mlx5_1/fw_ver", O_RDONLY <unfinished ...>',
+            "8 1.6 <... openat resumed>) = -1 ENOENT (No such file or directory)",
+            "7 1.6 <... openat resumed>) = 9</t/sys/devices/fw_ver>",
+        ]
+    )
+    assert parse_strace(trace, (1.0, 3.0)) == [
+        ("/t/sys/class/infiniband/mlx5_1/fw_ver", False, False),
+        ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False),
+    ]
+
+
 def test_a_counter_file_read_through_its_link_and_through_a_kept_fd_is_one_file(tmp_path: Path) -> None:
     count_reads = _bench_module().count_reads
     sys_root = tmp_path / "sys"
