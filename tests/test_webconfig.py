@@ -333,7 +333,7 @@ def test_basic_auth_refuses_malformed_credentials_like_go_does(
     assert status("Basic " + good) == 200
 
 
-def test_the_auth_cache_is_bounded_and_evicts_the_oldest_entry(
+def test_the_auth_cache_is_bounded_and_evicts_the_least_recently_used_entry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     size = webconfig._AUTH_CACHE_SIZE
@@ -360,16 +360,17 @@ def test_the_auth_cache_is_bounded_and_evicts_the_oldest_entry(
 
     monkeypatch.setattr(webconfig.bcrypt, "checkpw", checkpw)
     assert all(login(f"u{i}") for i in range(size))  # u0 .. u63 fill the cache
-    assert not login("u0")
-    assert login(f"u{size}")  # one more: the oldest entry (u0) goes, the new one stays
-    assert not login(f"u{size}") and not login("u1")
-    assert login("u0")  # forgotten; now remembered again in place of u1
-
-    # A renewed entry counts as new: once all have expired, renew the oldest (u2), then add one more user.
-    now[0] += webconfig.AUTH_CACHE_SECONDS + 1
+    assert not login("u0")  # used again: now the most recently used
+    assert login(f"u{size}")  # one more: the least recently used entry (u1) goes, the new one stays
+    assert not login(f"u{size}") and not login("u0")
+    assert login("u1")  # forgotten; now remembered again in place of u2
     assert login("u2")
-    assert login(f"u{size + 1}")  # evicts the oldest entry, which is no longer u2
-    assert not login("u2")
+
+    # A renewed entry counts as new: once all have expired, renew the oldest (u4), then add one more user.
+    now[0] += webconfig.AUTH_CACHE_SECONDS + 1
+    assert login("u4")
+    assert login(f"u{size + 1}")  # evicts the least recently used entry, which is no longer u4
+    assert not login("u4")
 
 
 # --- basic auth: hash flavours, credentials, remembered logins, unknown users ---------------------------------
@@ -445,6 +446,46 @@ def test_bcrypt_checks_run_one_at_a_time(tmp_path: Path, monkeypatch: pytest.Mon
         results = list(pool.map(lambda i: login(auth, "prometheus", f"wrong{i}"), range(8)))
     assert results == [False] * 8
     assert most == 1
+
+
+def test_a_login_in_use_stays_remembered_and_only_unknown_ones_are_costly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # needs_bcrypt runs on the server's loop thread for every request: it must never hash, and must say
+    # True exactly for the headers that check() would run bcrypt on.
+    auth = users(tmp_path, prometheus=bcrypt_hash("pw"))
+    now = [1000.0]
+    monkeypatch.setattr(webconfig, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    hashed: list[bytes] = []
+    real_checkpw = bcrypt.checkpw
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", lambda pw, h: hashed.append(pw) or real_checkpw(pw, h))
+    good = basic("prometheus", "pw")["Authorization"]
+    for cheap in (None, "", "Bearer x", "Basic !!!", "Basic " + base64.b64encode(b"no-colon").decode()):
+        assert not auth.needs_bcrypt(cheap) and not auth.check(cheap)
+    assert auth.needs_bcrypt(good) and auth.needs_bcrypt(basic("nobody", "pw")["Authorization"])
+    assert hashed == []
+    assert auth.check(good) and hashed == [b"pw"]
+    # Used every 299 s for 20 minutes: never forgotten (the time counts from the last use, not the first).
+    for _ in range(4):
+        now[0] += webconfig.AUTH_CACHE_SECONDS - 1
+        assert not auth.needs_bcrypt(good)
+    assert auth.check(good) and hashed == [b"pw"]
+    now[0] += webconfig.AUTH_CACHE_SECONDS + 1  # unused for longer than that: checked again
+    assert auth.needs_bcrypt(good)
+    assert auth.check(good) and hashed == [b"pw", b"pw"]
+
+
+def test_a_reload_keeps_remembered_logins_only_for_unchanged_hashes(tmp_path: Path) -> None:
+    kept, changed, removed = bcrypt_hash("a"), bcrypt_hash("b"), bcrypt_hash("c")
+    before = users(tmp_path, kept=kept, changed=changed, removed=removed)
+    assert login(before, "kept", "a") and login(before, "changed", "b") and login(before, "removed", "c")
+    after = users(tmp_path, kept=kept, changed=bcrypt_hash("b2"))
+    after.remember_from(before)
+    assert not after.needs_bcrypt(basic("kept", "a")["Authorization"])
+    assert after.needs_bcrypt(basic("changed", "b")["Authorization"]) and not login(after, "changed", "b")
+    assert login(after, "changed", "b2")
+    assert after.needs_bcrypt(basic("removed", "c")["Authorization"]) and not login(after, "removed", "c")
+    assert before.needs_bcrypt(basic("changed", "b2")["Authorization"])  # the old object learnt nothing
 
 
 def test_the_start_up_line_counts_users_and_says_what_is_required(certs: Pki, tmp_path: Path) -> None:

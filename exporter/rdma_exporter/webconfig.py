@@ -79,19 +79,20 @@ _BCRYPT_COSTS: Final = range(4, 32)  # what bcrypt (here and in Go) can check; o
 _DUMMY_HASH: Final = b"$2b$10$BBbAEHokxkprkXcs7WUUru5P5E2RDe7zZ9AZPgszTXaqI0AjY5KpS"
 # getpeercert()'s names for the SAN kinds exporter-toolkit matches: DNSNames, EmailAddresses, IPAddresses, URIs.
 _SAN_KINDS: Final = frozenset({"DNS", "email", "IP Address", "URI"})
-AUTH_CACHE_SECONDS: Final = 60.0
+# Since the last use: the stored hash is in each key, so a remembered login never outlives its user's hash.
+AUTH_CACHE_SECONDS: Final = 300.0
 _AUTH_CACHE_SIZE: Final = 64
 
 
 @dataclass
 class BasicAuth:
-    """bcrypt-checked users. A successful check is remembered briefly: bcrypt costs ~0.1-0.3 s of CPU,
-    and Prometheus sends the same credentials on every scrape."""
+    """bcrypt-checked users. A successful check is remembered while it is in use: bcrypt costs ~0.1-0.3 s
+    of CPU, and Prometheus sends the same credentials on every scrape."""
 
     users: dict[str, bytes]
     dummy_hash: bytes = field(init=False)
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    _cache: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
+    _cache: OrderedDict[bytes, float] = field(default_factory=OrderedDict)  # key -> when it is forgotten
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # One bcrypt check at a time, as exporter-toolkit does: bcrypt releases the GIL, so without it anyone
     # who reaches the port could keep every HTTP worker hashing wrong passwords on a core of its own.
@@ -103,27 +104,56 @@ class BasicAuth:
         cost = max((_bcrypt_cost(hashed) for hashed in self.users.values()), default=10)
         self.dummy_hash = _with_cost(_DUMMY_HASH, cost)
 
-    def check(self, header: str | None) -> bool:
+    def remember_from(self, previous: BasicAuth) -> None:
+        """Keep the logins `previous` remembers (on reload): a user whose hash is unchanged logs in without
+        bcrypt. Safe for changed or removed users: the stored hash is part of each key, so their entries
+        never match again."""
+        with previous._lock:
+            self._key = previous._key
+            self._cache = OrderedDict(previous._cache)
+
+    def _cache_key(self, header: str | None) -> tuple[bytes, str, bytes | None] | None:
+        """(cache key, password, stored hash) of a well-formed Basic header; None for anything else."""
         if not header:
-            return False
+            return None
         scheme, _, value = header.partition(" ")
         if scheme.lower() != "basic":
-            return False
+            return None
         try:
             user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return False
+            return None
         if not sep:
-            return False
+            return None
         # The cache key is a keyed hash, so memory never holds a password.
         stored = self.users.get(user)
         token = hmac.new(self._key, b"\0".join([user.encode(), password.encode(), stored or b""]), hashlib.sha256)
-        key = token.digest()
+        return token.digest(), password, stored
+
+    def _remembered(self, key: bytes) -> bool:
         now = time.monotonic()
         with self._lock:
             expires = self._cache.get(key)
-            if expires is not None and expires > now:
-                return True
+            if expires is None or expires <= now:
+                return False
+            # Sliding: a client that keeps logging in stays remembered, so Prometheus never has to wait
+            # for a bcrypt check behind a flood of wrong passwords (HttpServer's costly lane).
+            self._cache[key] = now + AUTH_CACHE_SECONDS
+            self._cache.move_to_end(key)
+            return True
+
+    def needs_bcrypt(self, header: str | None) -> bool:
+        """Whether checking `header` costs a bcrypt hash: well-formed and not remembered. Cheap (one HMAC)."""
+        found = self._cache_key(header)
+        return found is not None and not self._remembered(found[0])
+
+    def check(self, header: str | None) -> bool:
+        found = self._cache_key(header)
+        if found is None:
+            return False
+        key, password, stored = found
+        if self._remembered(key):
+            return True
         try:
             with self._bcrypt_lock:
                 ok = bcrypt.checkpw(password.encode(), stored or self.dummy_hash) and stored is not None
@@ -131,7 +161,7 @@ class BasicAuth:
             return False
         if ok:
             with self._lock:
-                self._cache[key] = now + AUTH_CACHE_SECONDS
+                self._cache[key] = time.monotonic() + AUTH_CACHE_SECONDS
                 self._cache.move_to_end(key)
                 while len(self._cache) > _AUTH_CACHE_SIZE:
                     self._cache.popitem(last=False)
