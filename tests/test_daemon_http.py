@@ -17,6 +17,7 @@ import os
 import queue
 import re
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -871,6 +872,31 @@ def test_last_idle_first_hands_out_every_job_before_closing() -> None:
     assert [jobs.get(inbox), jobs.get(inbox), jobs.get(inbox)] == ["first", "second", None]
 
 
+def test_costly_jobs_wait_in_a_lane_of_their_own_and_never_hold_up_plain_ones() -> None:
+    jobs: LastIdleFirst[str] = LastIdleFirst(costly_workers=1, costly_backlog=3)
+    assert jobs.put("c1", costly=True) and jobs.put("p1") and jobs.put("c2", costly=True)
+    assert jobs.put("c3", costly=True)
+    assert not jobs.put("c4", costly=True)  # the lane's backlog (3) is full: the caller answers 503
+    assert jobs.put("p2")  # plain jobs are never refused
+    first, second, third = (queue.SimpleQueue[str | None]() for _ in range(3))
+    assert [jobs.get(first), jobs.get(second)] == ["p1", "p2"]  # plain jobs first, in order
+    assert jobs.get(third) == "c1"  # the lane has room for one
+
+    got: list[str | None] = []
+    waiter = threading.Thread(target=lambda: got.append(jobs.get(first)))
+    waiter.start()
+    time.sleep(0.2)
+    assert got == []  # c2 waits although a worker is idle: the lane is taken by `third`
+    assert jobs.put("p3")  # ... and a plain job goes to the idle worker at once
+    waiter.join(5)
+    assert got == ["p3"]
+    assert jobs.get(third) == "c2"  # the lane's worker takes the next costly job itself
+    assert jobs.put("c4", costly=True)  # a place in the lane's backlog is free again
+    jobs.close()
+    assert [jobs.get(first), jobs.get(second)] == [None, None]  # the lane is still taken by `third`
+    assert [jobs.get(third), jobs.get(third), jobs.get(third)] == ["c3", "c4", None]
+
+
 # --- what each part of the server is for --------------------------------------------------------------
 
 
@@ -1449,6 +1475,37 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     assert curl.stdout == "ok\n", curl.stderr
 
 
+def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
+) -> None:
+    # Found by the security review: bcrypt checks run one at a time, so 40 wrong passwords at cost 10
+    # held all 16 workers waiting for that lock, and Prometheus's scrape queued behind ~3 s of hashing
+    # (behind minutes, with 512 connections at cost 12). Costly logins now wait in a lane of their own.
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+    daemon = start("--path.sysfs", str(tree), "--web.config.file",
+                   str(web_config(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n")))
+    assert get(daemon.port, headers=basic("prometheus", "s3cret")).status == 200  # now remembered
+    flood = 40
+    wrong = basic("prometheus", "guess")["Authorization"]
+    attackers = [socket.create_connection(("127.0.0.1", daemon.port), timeout=30) for _ in range(flood)]
+    try:
+        for sock in attackers:
+            sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {wrong}\r\n\r\n".encode())
+        time.sleep(0.3)  # every request is in the server's hands
+        scrape = get(daemon.port, headers=basic("prometheus", "s3cret"))
+        answered = len(select.select(attackers, [], [], 0)[0])
+        assert scrape.status == 200
+        # At ~0.08 s per check, most of the flood is still waiting (before: nearly all of it was answered).
+        assert answered < flood // 2, answered
+        statuses = [int(sock.recv(64).split()[1]) for sock in attackers]
+    finally:
+        for sock in attackers:
+            sock.close()
+    # One check runs and 32 wait; the rest are refused at once rather than tie up a connection for seconds.
+    assert set(statuses) == {401, 503} and 1 <= statuses.count(503) <= flood - 33, statuses
+    assert get(daemon.port, "/healthz", headers=basic("prometheus", "s3cret")).status == 200
+
+
 def test_unknown_users_cost_as_much_as_the_costliest_configured_hash(tmp_path: Path) -> None:
     # A dummy hash cheaper than the real ones would make unknown user names answer faster.
     cheap = bcrypt.hashpw(b"a", bcrypt.gensalt(rounds=4)).decode()
@@ -1611,6 +1668,27 @@ def test_a_reload_applies_the_read_settings_and_keeps_what_is_bound_at_start_up(
             daemon.hotplug.stop()
         root.setLevel(level)
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+
+def test_a_reload_keeps_prometheus_remembered(tree: Path, tmp_path: Path) -> None:
+    # Otherwise each reload (certificate rotation every few hours) would put Prometheus's next scrape in
+    # the lane of logins that wait for bcrypt, where a flood of wrong passwords gets it 503s.
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = web_config(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
+    daemon = Daemon(config, reload=lambda: config)
+    header = basic("prometheus", "s3cret")["Authorization"]
+    try:
+        before = daemon.exporter.serving.web.auth
+        assert before is not None and before.check(header)
+        assert daemon.reload()
+        after = daemon.exporter.serving.web.auth
+        assert after is not None and after is not before
+        assert not after.needs_bcrypt(header)
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
 
 
 def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(

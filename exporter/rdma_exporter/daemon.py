@@ -311,21 +311,39 @@ class LastIdleFirst(Generic[T]):
     filled a little with every turn: RSS crept by ~0.1 MB per 500 scrapes for thousands of scrapes. With
     the most recent idler first, sequential scrapes run on one warm thread and the others stay untouched
     until requests really overlap.
+
+    Costly jobs (a login that needs a bcrypt check) have a lane of their own: at most `costly_workers` run
+    at once and at most `costly_backlog` wait, and every other job goes first. bcrypt runs one check at a
+    time anyway, so without the lane a flood of wrong passwords would hold every worker waiting for that
+    lock and queue Prometheus's scrape behind seconds or minutes of hashing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, costly_workers: int = 1, costly_backlog: int = 32) -> None:
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue[T | None]] = []  # the inboxes of waiting workers, newest last
         self._backlog: deque[T] = deque()  # jobs that arrived while every worker was busy
+        self._costly: deque[T] = deque()  # costly jobs waiting for their lane
+        self._costly_running: set[int] = set()  # id() of the inboxes whose worker runs a costly job
+        self.costly_workers = costly_workers
+        self.costly_backlog = costly_backlog
         self._closed = False
 
-    def put(self, job: T) -> None:
+    def put(self, job: T, costly: bool = False) -> bool:
+        """Hand `job` out or queue it; False (not taken) when the costly lane's backlog is full."""
         with self._lock:
+            if costly and (len(self._costly_running) >= self.costly_workers or not self._idle):
+                if len(self._costly) >= self.costly_backlog:
+                    return False
+                self._costly.append(job)
+                return True
             if not self._idle:
                 self._backlog.append(job)
-                return
+                return True
             inbox = self._idle.pop()
+            if costly:
+                self._costly_running.add(id(inbox))
         inbox.put(job)
+        return True
 
     def get(self, inbox: queue.SimpleQueue[T | None], meanwhile: Callable[[], object] = lambda: None) -> T | None:
         """The next job for the worker that owns `inbox` (blocks); None once closed and nothing is left.
@@ -334,12 +352,21 @@ class LastIdleFirst(Generic[T]):
         which a request sent right after that answer waits in the inbox instead of waking a cold thread.
         """
         with self._lock:
-            job = self._backlog.popleft() if self._backlog else None
+            # Its last job, if costly, is done. No other worker can be idle while a costly job waits for
+            # that room: a worker only goes idle when neither lane has a job it may take.
+            self._costly_running.discard(id(inbox))
+            job = self._backlog.popleft() if self._backlog else self._next_costly(inbox)
             waiting = job is None and not self._closed
             if waiting:
                 self._idle.append(inbox)
         meanwhile()
         return inbox.get() if waiting else job
+
+    def _next_costly(self, inbox: queue.SimpleQueue[T | None]) -> T | None:
+        if not self._costly or len(self._costly_running) >= self.costly_workers:
+            return None
+        self._costly_running.add(id(inbox))
+        return self._costly.popleft()
 
     def close(self) -> None:
         """Workers finish the jobs already received, then get None."""
@@ -366,6 +393,7 @@ class HttpServer:
         after_response: Callable[[Response], None] | None = None,
         peer_allowed: Callable[[Mapping[str, Any] | None], bool] = lambda cert: True,
         headers: Callable[[], Mapping[str, str]] = dict,
+        costly: Callable[[Request], bool] = lambda request: False,
         workers: int = HTTP_WORKERS,
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout: float = IDLE_TIMEOUT,
@@ -386,6 +414,7 @@ class HttpServer:
         self._tls = tls
         self._peer_allowed = peer_allowed
         self._headers = headers
+        self._costly = costly  # runs on the loop thread: must be cheap
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -570,9 +599,12 @@ class HttpServer:
             self._reject(conn, exc.status, str(exc))
             return
         request.peer = conn.peer
+        costly = self._costly(request)
         self._selector.unregister(conn.sock)
         self._busy.add(id(conn))
-        self._jobs.put((conn, request))
+        if not self._jobs.put((conn, request), costly):
+            self._busy.discard(id(conn))
+            self._reject(conn, 503, "too many logins waiting for a password check, try again later")
 
     def _reject(self, conn: _Conn, status: int, message: str) -> None:
         """Best-effort error answer from the loop thread: never blocks, then closes."""
@@ -761,6 +793,11 @@ class Exporter:
             if self._encoded[0] is gone:
                 self._encoded = (None, {})
 
+    def costly(self, request: Request) -> bool:
+        """Whether answering `request` starts with a bcrypt check (a login not remembered yet)."""
+        auth = self.serving.web.auth
+        return auth is not None and auth.needs_bcrypt(request.headers.get("authorization"))
+
     def handle(self, request: Request) -> Response:
         serving = self.serving  # one read: a reload during this request does not mix configs
         auth = serving.web.auth
@@ -925,6 +962,7 @@ class Daemon:
             after_response=release_memory,
             peer_allowed=lambda cert: self.exporter.serving.web.peer_allowed(cert),
             headers=lambda: self.exporter.serving.web.headers,
+            costly=self.exporter.costly,
         )
         log.info(
             "rdma-exporter %s listening on %s (%s), metrics at %s, sysfs %s, scrape deadline %.1f s",
@@ -963,6 +1001,8 @@ class Daemon:
                     log.warning("reload: %s changed to %s; restart to apply it", name, getattr(config, name))
                     config = replace(config, **{name: getattr(old.config, name)})
             web = load_web_config(config.web_config_file)
+            if web.auth is not None and old.web.auth is not None:
+                web.auth.remember_from(old.web.auth)  # no bcrypt wait for Prometheus after a reload
             udev = self.hotplug is not None and self.hotplug.running
             collector = build_collector(config, reads=self.reads, rescan_each_scrape=not udev)
         except ConfigError as exc:
