@@ -812,6 +812,86 @@ def test_a_client_that_stops_reading_frees_its_worker_at_the_write_timeout() -> 
         assert get(server.port, "/", timeout=20).status == 200
 
 
+def stalled_clients(port: int, count: int, path: str = "/big") -> list[socket.socket]:
+    """Clients that ask for `path` with a 4 KB receive window and never read the answer."""
+    clients = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+        clients.append(sock)
+    return clients
+
+
+def test_clients_that_stop_reading_hold_no_worker() -> None:
+    # Found by the security review: each answer was written by its worker, so as many clients as workers
+    # that asked for /metrics and stopped reading (no credentials needed without basic auth) left every
+    # other client, Prometheus included, waiting up to the 30 s write timeout, again and again.
+    big = b"x" * (8 << 20)  # more than loopback buffers hold with a 4 KB receive window
+
+    def handler(request: Request) -> Response:
+        return Response(200, big if request.path == "/big" else b"ok")
+
+    with InProcessServer(handler, workers=2, write_timeout=60.0) as server:
+        stalled = stalled_clients(server.port, 6)
+        try:
+            wait_until(lambda: server._pending_bytes > 0, 10)
+            assert get(server.port, "/", timeout=10).status == 200  # before: after 60 s
+            wait_until(lambda: server.connections() == 6, 10)  # the stalled ones are still being answered
+        finally:
+            for sock in stalled:
+                reset(sock)
+        wait_until(lambda: server.connections() == 0, 10)
+        assert server._pending_bytes == 0  # every closed connection gave its share back
+
+
+def test_an_answer_the_loop_finishes_arrives_whole_and_the_connection_is_kept(pki: Pki, tmp_path: Path) -> None:
+    body = bytes(range(256)) * (16 << 10)  # 4 MB, each position distinct modulo 256: a lost or repeated
+    # block shows
+
+    def handler(request: Request) -> Response:
+        return Response(200, body if request.path == "/big" else b"ok")
+
+    for context in (None, server_tls(pki, tmp_path)):
+        with InProcessServer(handler, tls=lambda c=context: c) as server:  # type: ignore[misc, arg-type]
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", server.port))
+            if context is not None:
+                sock = client_context(pki).wrap_socket(sock, server_hostname="127.0.0.1")
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            conn.sock = sock
+            conn.request("GET", "/big")
+            response = conn.getresponse()
+            wait_until(lambda: server._pending_bytes > 0, 10)  # the worker left the rest to the loop
+            assert response.read() == body
+            conn.request("GET", "/")  # the same connection, kept open after the loop's write
+            assert conn.getresponse().read() == b"ok" and conn.sock is sock
+            conn.close()
+            assert server._pending_bytes == 0
+
+
+def test_past_the_pending_bytes_bound_a_worker_finishes_its_own_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The loop's share is bounded, so slow readers cannot make the exporter hold gigabytes of answers;
+    # past it the old rule holds: the worker writes, until the write timeout.
+    monkeypatch.setattr(daemon_module, "MAX_PENDING_BYTES", 1 << 20)
+    big = b"x" * (8 << 20)
+
+    def handler(request: Request) -> Response:
+        return Response(200, big if request.path == "/big" else b"ok")
+
+    with InProcessServer(handler, workers=1, write_timeout=1.5) as server:
+        stalled = stalled_clients(server.port, 1)
+        try:
+            with timed() as took:
+                assert get(server.port, "/", timeout=20).status == 200
+            assert took[0].wall >= 1.0  # it waited for the only worker's write timeout
+            assert server._pending_bytes == 0
+        finally:
+            stalled[0].close()
+
+
 def test_a_kept_connection_waits_the_idle_timeout_not_the_head_timeout() -> None:
     # Prometheus reuses its connection between scrapes: a kept connection is idle, not a slow request.
     with InProcessServer(lambda r: Response(200, b"ok"), head_timeout=0.3, idle_timeout=30) as server:

@@ -261,6 +261,11 @@ def render_response(response: Response, *, head_only: bool, keep_alive: bool, ex
 # Sent in blocks of about this size: a send (and its timeout poll) per family chunk cost more than the
 # scrape's file reads, and joining the whole body would copy a multi-megabyte answer once more.
 SEND_BLOCK_BYTES: Final = 256 * 1024
+# Answers that the client does not read fast enough are finished by the loop thread, so a client that
+# stops reading cannot hold an HTTP worker for WRITE_TIMEOUT; up to this many bytes of them in all. Past
+# it a worker finishes its own answer, as before: the bound keeps a flood of slow readers from holding
+# hundreds of MB of answers.
+MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
 
 
 def send_blocks(parts: tuple[bytes, ...]) -> Iterator[bytes]:
@@ -277,8 +282,55 @@ def send_blocks(parts: tuple[bytes, ...]) -> Iterator[bytes]:
         yield batch[0] if len(batch) == 1 else b"".join(batch)
 
 
+class Outgoing:
+    """An answer being sent: the block under way, then the rest, joined into blocks only as they are due
+    (joining all at once would copy a multi-megabyte answer)."""
+
+    __slots__ = ("left", "rest", "view")
+
+    def __init__(self, parts: tuple[bytes, ...]) -> None:
+        self.rest = send_blocks(parts)
+        self.view = memoryview(b"")
+        self.left = sum(map(len, parts))  # bytes not sent yet
+
+    def send_some(self, sock: socket.socket) -> int:
+        """Send without blocking until all is sent or the socket is full. Returns the selector event to
+        wait for before the next try, 0 once all is sent. After a TLS want-write the block is offered
+        again unchanged, as OpenSSL requires."""
+        while True:
+            if not self.view:
+                block = next(self.rest, None)
+                if block is None:
+                    return 0
+                self.view = memoryview(block)
+                continue  # an empty block has nothing to send
+            try:
+                sent = sock.send(self.view)
+            except (BlockingIOError, ssl.SSLWantWriteError):
+                return selectors.EVENT_WRITE
+            except ssl.SSLWantReadError:  # TLS must read (a key update) before it can write more
+                return selectors.EVENT_READ
+            self.view = self.view[sent:]
+            self.left -= sent
+
+    def finish(self, sock: socket.socket, deadline: float) -> bool:
+        """Send the rest, waiting for the socket as needed; False if the deadline (monotonic) passed."""
+        with selectors.DefaultSelector() as ready:
+            ready.register(sock, selectors.EVENT_WRITE)
+            while wanted := self.send_some(sock):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                ready.modify(sock, wanted)
+                ready.select(remaining)
+        return True
+
+
 class _Conn:
-    __slots__ = ("buffer", "deadline", "eof", "handshaking", "last_active", "peer", "searched", "sock", "started")
+    __slots__ = (
+        "buffer", "deadline", "eof", "handshaking", "keep", "last_active", "peer", "pending", "pending_bytes",
+        "searched", "sock", "started",
+    )
 
     def __init__(self, sock: socket.socket, peer: str, now: float, handshaking: bool, deadline: float) -> None:
         self.sock = sock
@@ -290,6 +342,9 @@ class _Conn:
         self.eof = False  # the client half-closed: answer what it sent, then close
         self.last_active = now
         self.deadline = deadline
+        self.pending: Outgoing | None = None  # the rest of an answer the loop thread is writing
+        self.pending_bytes = 0  # its share of HttpServer's MAX_PENDING_BYTES
+        self.keep = False  # whether the connection stays open once `pending` is written
 
     def head_end(self) -> int:
         end = head_end(self.buffer, self.searched)
@@ -429,6 +484,8 @@ class HttpServer:
         self._conns: dict[int, _Conn] = {}  # every open connection, by id(); busy ones too
         self._busy: set[int] = set()
         self._returned: deque[tuple[_Conn, bool]] = deque()
+        self._pending_lock = threading.Lock()
+        self._pending_bytes = 0  # of every answer left to the loop thread (MAX_PENDING_BYTES)
         self._jobs: LastIdleFirst[Job] = LastIdleFirst()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -515,7 +572,10 @@ class HttpServer:
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _evict_idle(self) -> bool:
-        idle = [c for c in self._conns.values() if id(c) not in self._busy and not c.started and not c.handshaking]
+        idle = [
+            c for c in self._conns.values()
+            if id(c) not in self._busy and not c.started and not c.handshaking and not c.pending
+        ]
         if not idle:
             return False
         self._close(min(idle, key=lambda c: c.last_active))
@@ -523,7 +583,9 @@ class HttpServer:
 
     def _on_ready(self, conn: _Conn, mask: int) -> None:
         try:
-            if conn.handshaking:
+            if conn.pending:
+                self._write(conn)
+            elif conn.handshaking:
                 self._handshake(conn)
             else:
                 self._read(conn)
@@ -617,7 +679,10 @@ class HttpServer:
     def _sweep(self, now: float) -> None:
         for conn in list(self._conns.values()):
             if id(conn) not in self._busy and now >= conn.deadline:
-                if conn.started:
+                if conn.pending:
+                    log.debug("answer to %s not read in %.0f s, closing", conn.peer, self.write_timeout)
+                    self._close(conn)
+                elif conn.started:
                     self._reject(conn, 408, "request head not received in time")
                 else:
                     self._close(conn)
@@ -629,22 +694,56 @@ class HttpServer:
         while self._returned:
             conn, keep = self._returned.popleft()
             self._busy.discard(id(conn))
-            if not keep or self._stopping.is_set():
-                self._close(conn)
+            if conn.pending and not self._stopping.is_set():
+                # The client reads slowly: the loop writes the rest (conn.deadline is the write deadline).
+                conn.keep = keep
+                try:
+                    self._selector.register(conn.sock, selectors.EVENT_WRITE, conn)
+                except (OSError, ValueError):
+                    self._close(conn)
                 continue
-            now = time.monotonic()
-            conn.started = bool(conn.buffer)
-            conn.last_active = now
-            conn.deadline = now + (self.head_timeout if conn.started else self.idle_timeout)
-            try:
-                conn.sock.setblocking(False)
-                self._selector.register(conn.sock, selectors.EVENT_READ, conn)
-            except (OSError, ValueError):
-                self._close(conn)
-                continue
-            self._on_ready(conn, selectors.EVENT_READ)  # pipelined bytes, or data already decrypted by TLS
+            self._resume(conn, keep)
+
+    def _write(self, conn: _Conn) -> None:
+        try:
+            assert conn.pending is not None
+            wanted = conn.pending.send_some(conn.sock)
+        except (OSError, ssl.SSLError):
+            self._close(conn)
+            return
+        if wanted:
+            self._selector.modify(conn.sock, wanted, conn)
+            return
+        self._release_pending(conn)
+        self._selector.unregister(conn.sock)
+        self._resume(conn, conn.keep)
+
+    def _resume(self, conn: _Conn, keep: bool) -> None:
+        """After an answer: wait for the next request on the connection, or close it."""
+        if not keep or self._stopping.is_set():
+            self._close(conn)
+            return
+        now = time.monotonic()
+        conn.started = bool(conn.buffer)
+        conn.last_active = now
+        conn.deadline = now + (self.head_timeout if conn.started else self.idle_timeout)
+        try:
+            conn.sock.setblocking(False)
+            self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        except (OSError, ValueError):
+            self._close(conn)
+            return
+        self._on_ready(conn, selectors.EVENT_READ)  # pipelined bytes, or data already decrypted by TLS
+
+    def _release_pending(self, conn: _Conn) -> None:
+        conn.pending = None
+        with self._pending_lock:
+            self._pending_bytes -= conn.pending_bytes
+        conn.pending_bytes = 0
 
     def _close(self, conn: _Conn) -> None:
+        if conn.pending_bytes:
+            self._release_pending(conn)
         self._conns.pop(id(conn), None)
         self._busy.discard(id(conn))
         with contextlib.suppress(KeyError, ValueError, OSError):
@@ -698,22 +797,25 @@ class HttpServer:
         keep = request.keep_alive and not response.close and not conn.eof and not self._stopping.is_set()
         head = render_response(response, head_only=True, keep_alive=keep, extra=self._headers())
         parts = (head,) if request.method == "HEAD" else (head, *response.parts)
-        deadline = time.monotonic() + self.write_timeout
+        outgoing = Outgoing(parts)
         sock = conn.sock
         try:
-            # One deadline for the whole answer: a client reading one byte a second cannot hold a worker.
-            for block in send_blocks(parts):
-                view = memoryview(block)
-                while view:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False, response
-                    sock.settimeout(remaining)
-                    sent = sock.send(view)
-                    view = view[sent:]
+            sock.setblocking(False)
+            if not outgoing.send_some(sock):
+                return keep, response  # the common case: the whole answer fit in the socket's buffer
+            with self._pending_lock:
+                handed = self._pending_bytes + outgoing.left <= MAX_PENDING_BYTES
+                if handed:
+                    self._pending_bytes += outgoing.left
+            deadline = time.monotonic() + self.write_timeout
+            if handed:  # the loop thread writes the rest as the client reads
+                conn.pending, conn.pending_bytes, conn.deadline = outgoing, outgoing.left, deadline
+                return keep, response
+            # Too much is waiting for slow readers already: this worker finishes its own answer. One deadline
+            # for the whole answer: a client reading one byte a second cannot hold a worker.
+            return (keep and outgoing.finish(sock, deadline)), response
         except (OSError, ssl.SSLError):
             return False, response
-        return keep, response
 
 
 # --- the exporter's endpoints --------------------------------------------------------------------------
