@@ -8,6 +8,7 @@ handshakes and real HTTP on loopback.
 from __future__ import annotations
 
 import base64
+import socket
 import ssl
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from test_daemon_http import (
     RunningDaemon,
     basic,
     client_context,
+    closed_within,
     get,
     make_pki,
     refused,
@@ -162,6 +164,22 @@ def test_max_version_caps_the_handshake_and_may_equal_min_version(certs: Pki, tm
     with serve(web) as server:
         assert get(server.port, "/", context=client_context(certs)).status == 200
         assert refused(server.port, client_context(certs, maximum_version=ssl.TLSVersion.TLSv1_2))
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_the_server_issues_no_session_tickets(certs: Pki, tmp_path: Path, version: ssl.TLSVersion) -> None:
+    # OpenSSL's ticket key lives as long as the process: tickets would let one memory dump decrypt every
+    # resumed session since start-up. Without them a client resumes nothing, which Prometheus never does.
+    web = load_web_config(web_config(tmp_path, tls_head(certs)))
+    wrap = client_context(certs, minimum_version=version, maximum_version=version).wrap_socket
+    with (
+        serve(web) as server,
+        wrap(socket.create_connection(("127.0.0.1", server.port)), server_hostname="localhost") as secure,
+    ):
+        assert secure.version() == {ssl.TLSVersion.TLSv1_2: "TLSv1.2", ssl.TLSVersion.TLSv1_3: "TLSv1.3"}[version]
+        secure.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert closed_within(secure, 10)[1].startswith(b"HTTP/1.1 200")  # TLS 1.3 tickets come after
+        assert secure.session is not None and not secure.session.has_ticket
 
 
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")

@@ -269,6 +269,11 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
     cert = _file(source, "tls_server_config.cert_file", body["cert_file"], base)
     key_file = _file(source, "tls_server_config.key_file", body["key_file"], base)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    # No session tickets: OpenSSL encrypts them with a key made once per context, kept for the life of
+    # the process, so one memory dump would unlock every resumed session since start-up (Go rotates its
+    # keys daily). Prometheus keeps its connection open between scrapes and does not resume sessions.
+    context.options |= ssl.OP_NO_TICKET  # TLS 1.2
+    context.num_tickets = 0  # TLS 1.3
     context.minimum_version = _version(source, "tls_server_config.min_version", body.get("min_version", "TLS12"))
     if "max_version" in body:
         context.maximum_version = _version(source, "tls_server_config.max_version", body["max_version"])
