@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Final
 
 import bcrypt
 import pytest
@@ -846,26 +847,36 @@ def test_clients_that_stop_reading_hold_no_worker() -> None:
         assert server._pending_bytes == 0  # every closed connection gave its share back
 
 
+# 16 MB, well over what loopback socket buffers take (tcp_wmem at most 4 MB), so that the server's
+# writes stall; each position distinct modulo 256, so a lost or repeated block shows.
+BIG_BODY: Final = bytes(range(256)) * (64 << 10)
+
+
+def big_or_ok(request: Request) -> Response:
+    return Response(200, BIG_BODY if request.path == "/big" else b"ok")
+
+
+def small_window(port: int, context: ssl.SSLContext | None = None) -> http.client.HTTPConnection:
+    """A client with a 4 KB receive window: the server's write of a large answer stalls until it reads."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    if context is not None:
+        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.sock = sock
+    return conn
+
+
 def test_an_answer_the_loop_finishes_arrives_whole_and_the_connection_is_kept(pki: Pki, tmp_path: Path) -> None:
-    body = bytes(range(256)) * (16 << 10)  # 4 MB, each position distinct modulo 256: a lost or repeated
-    # block shows
-
-    def handler(request: Request) -> Response:
-        return Response(200, body if request.path == "/big" else b"ok")
-
     for context in (None, server_tls(pki, tmp_path)):
-        with InProcessServer(handler, tls=lambda c=context: c) as server:  # type: ignore[misc, arg-type]
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(("127.0.0.1", server.port))
-            if context is not None:
-                sock = client_context(pki).wrap_socket(sock, server_hostname="127.0.0.1")
-            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-            conn.sock = sock
+        with InProcessServer(big_or_ok, tls=lambda c=context: c) as server:  # type: ignore[misc, arg-type]
+            conn = small_window(server.port, None if context is None else client_context(pki))
+            sock = conn.sock
             conn.request("GET", "/big")
             response = conn.getresponse()
             wait_until(lambda: server._pending_bytes > 0, 10)  # the worker left the rest to the loop
-            assert response.read() == body
+            assert response.read() == BIG_BODY
             conn.request("GET", "/")  # the same connection, kept open after the loop's write
             assert conn.getresponse().read() == b"ok" and conn.sock is sock
             conn.close()
@@ -890,6 +901,101 @@ def test_past_the_pending_bytes_bound_a_worker_finishes_its_own_answer(monkeypat
             assert server._pending_bytes == 0
         finally:
             stalled[0].close()
+
+
+def test_past_the_pending_bytes_bound_an_answer_that_closes_its_connection_arrives_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The worker that finishes its own answer must do so whatever happens to the connection next: with
+    # `Connection: close` (curl, HTTP/1.0, a server shutting down) it sent the first blocks and closed.
+    monkeypatch.setattr(daemon_module, "MAX_PENDING_BYTES", 0)  # every stalled answer is past the bound
+    with InProcessServer(big_or_ok) as server:
+        conn = small_window(server.port)
+        conn.request("GET", "/big", headers={"Connection": "close"})
+        assert conn.getresponse().read() == BIG_BODY
+        conn.close()
+        assert server._pending_bytes == 0
+
+
+@pytest.mark.parametrize("stop_while", ["the-loop-writes", "the-worker-answers"])
+def test_shutdown_lets_a_slow_readers_answer_finish(stop_while: str) -> None:
+    # SIGTERM lets the answers in flight finish (Daemon.serve: stop, then shutdown with a grace). One that
+    # the loop thread was writing (or that a worker handed to it while stopping) was cut short when the
+    # loop stopped: Prometheus got a truncated scrape.
+    entered, release = threading.Event(), threading.Event()
+
+    def handler(request: Request) -> Response:
+        entered.set()
+        if stop_while == "the-worker-answers":
+            release.wait(20)
+        return Response(200, BIG_BODY)
+
+    server = HttpServer(("127.0.0.1", 0), handler)
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
+    conn = small_window(server.port)
+    conn.request("GET", "/big")
+    assert entered.wait(20)
+    if stop_while == "the-loop-writes":
+        wait_until(lambda: server._pending_bytes > 0, 10)  # the worker left the rest to the loop
+    stopping = threading.Thread(target=server.shutdown, kwargs={"grace": 30})
+    stopping.start()
+    wait_until(server._stopped.is_set, 10)  # the loop thread is gone
+    release.set()
+    try:
+        response = conn.getresponse()
+        assert response.read() == BIG_BODY
+        # Rendered after the stop, an answer says the connection closes; one rendered before could not.
+        closes = stop_while == "the-worker-answers"
+        assert response.getheader("Connection") == ("close" if closes else "keep-alive")
+    finally:
+        conn.close()
+    stopping.join(30)
+    assert not stopping.is_alive() and server.connections() == 0 and server._pending_bytes == 0
+
+
+def test_shutdown_lets_an_answer_handed_to_the_loop_as_it_stops_finish() -> None:
+    # The loop thread learns of a slow reader's answer when the worker returns it; if that happens in the
+    # loop's last turn (SIGTERM meanwhile), it used to close the connection in the middle of the answer.
+    # The loop is held inside that turn by `costly`, which it calls for a request pipelined behind another.
+    go, handed, holding, release = (threading.Event() for _ in range(4))
+
+    def handler(request: Request) -> Response:
+        if request.path == "/big":
+            go.wait(20)
+        return big_or_ok(request)
+
+    def costly(request: Request) -> bool:
+        if request.path == "/hold":
+            holding.set()
+            release.wait(20)
+        return False
+
+    def after_response(response: Response) -> None:
+        if response.length == len(BIG_BODY):
+            handed.set()  # the worker has returned the connection to the loop
+
+    server = HttpServer(("127.0.0.1", 0), handler, costly=costly, after_response=after_response, workers=2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    conn = small_window(server.port)
+    conn.request("GET", "/big")
+    with socket.create_connection(("127.0.0.1", server.port)) as pipelined:
+        # The loop reads both heads at once; it sees /hold when it takes the connection back after /.
+        pipelined.sendall(b"GET / HTTP/1.1\r\n\r\nGET /hold HTTP/1.1\r\n\r\n")
+        assert holding.wait(20)
+        go.set()
+        assert handed.wait(20)
+        assert server._pending_bytes > 0  # the worker left the rest of /big to the loop
+        server.stop()
+        release.set()
+        stopping = threading.Thread(target=server.shutdown, kwargs={"grace": 30})
+        stopping.start()
+        try:
+            assert conn.getresponse().read() == BIG_BODY
+        finally:
+            conn.close()
+        stopping.join(30)
+        assert not stopping.is_alive() and server.connections() == 0 and server._pending_bytes == 0
 
 
 def test_a_kept_connection_waits_the_idle_timeout_not_the_head_timeout() -> None:

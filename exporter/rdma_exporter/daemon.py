@@ -532,8 +532,30 @@ class HttpServer:
         self._jobs.close()
         for thread in self._workers:
             thread.join(max(0.0, end - time.monotonic()))
+        if self._stopped.is_set():  # the loop thread is gone: nobody else touches the connections
+            self._finish_pending(end)
         for conn in list(self._conns.values()):
             self._close(conn)
+
+    def _finish_pending(self, end: float) -> None:
+        """Write the answers the loop thread left unfinished, all at once, until they are sent or `end`
+        (monotonic): a scrape answered before SIGTERM must not be cut short."""
+        with selectors.DefaultSelector() as ready:
+            for conn in self._conns.values():
+                if conn.pending:
+                    ready.register(conn.sock, selectors.EVENT_WRITE, conn)
+            while ready.get_map() and (remaining := end - time.monotonic()) > 0:
+                for key, _ in ready.select(remaining):
+                    conn = key.data
+                    try:
+                        wanted = conn.pending.send_some(conn.sock)
+                    except (OSError, ssl.SSLError):
+                        wanted = 0
+                    if wanted:
+                        ready.modify(conn.sock, wanted, conn)
+                    else:
+                        ready.unregister(conn.sock)
+                        self._close(conn)
 
     def connections(self) -> int:
         return len(self._conns)
@@ -694,8 +716,9 @@ class HttpServer:
         while self._returned:
             conn, keep = self._returned.popleft()
             self._busy.discard(id(conn))
-            if conn.pending and not self._stopping.is_set():
-                # The client reads slowly: the loop writes the rest (conn.deadline is the write deadline).
+            if conn.pending:
+                # The client reads slowly: the loop writes the rest (conn.deadline is the write deadline),
+                # or shutdown() does if the loop stops first.
                 conn.keep = keep
                 try:
                     self._selector.register(conn.sock, selectors.EVENT_WRITE, conn)
@@ -756,7 +779,7 @@ class HttpServer:
             self._selector.unregister(self._listener)
         self._listener.close()
         for conn in list(self._conns.values()):
-            if id(conn) not in self._busy:
+            if id(conn) not in self._busy and not conn.pending:  # shutdown() finishes pending answers
                 self._close(conn)
 
     def _wake(self) -> None:
@@ -811,9 +834,11 @@ class HttpServer:
             if handed:  # the loop thread writes the rest as the client reads
                 conn.pending, conn.pending_bytes, conn.deadline = outgoing, outgoing.left, deadline
                 return keep, response
-            # Too much is waiting for slow readers already: this worker finishes its own answer. One deadline
-            # for the whole answer: a client reading one byte a second cannot hold a worker.
-            return (keep and outgoing.finish(sock, deadline)), response
+            # Too much is waiting for slow readers already: this worker finishes its own answer, also when
+            # the connection closes after it. One deadline for the whole answer: a client reading one byte
+            # a second cannot hold a worker.
+            finished = outgoing.finish(sock, deadline)
+            return keep and finished, response
         except (OSError, ssl.SSLError):
             return False, response
 
