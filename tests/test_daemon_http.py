@@ -856,16 +856,33 @@ def big_or_ok(request: Request) -> Response:
     return Response(200, BIG_BODY if request.path == "/big" else b"ok")
 
 
-def small_window(port: int, context: ssl.SSLContext | None = None) -> http.client.HTTPConnection:
-    """A client with a 4 KB receive window: the server's write of a large answer stalls until it reads."""
+def small_window_socket(port: int, context: ssl.SSLContext | None = None) -> socket.socket:
+    """A client socket with a 4 KB receive window: the server's write of a large answer stalls until it
+    reads."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
-    if context is not None:
-        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+    sock.settimeout(30)
+    return sock if context is None else context.wrap_socket(sock, server_hostname="127.0.0.1")
+
+
+def small_window(port: int, context: ssl.SSLContext | None = None) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.sock = sock
+    conn.sock = small_window_socket(port, context)
     return conn
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """`count` answers (head, body) read in turn from one socket: http.client would read ahead past the
+    end of a pipelined answer and lose the start of the next."""
+    answers = []
+    with sock.makefile("rb") as stream:
+        for _ in range(count):
+            head = b"".join(iter(stream.readline, b"\r\n"))
+            length = re.search(rb"(?im)^content-length: *(\d+)", head)
+            assert length is not None, head
+            answers.append((head, stream.read(int(length[1]))))
+    return answers
 
 
 def test_an_answer_the_loop_finishes_arrives_whole_and_the_connection_is_kept(pki: Pki, tmp_path: Path) -> None:
@@ -880,27 +897,60 @@ def test_an_answer_the_loop_finishes_arrives_whole_and_the_connection_is_kept(pk
             conn.request("GET", "/")  # the same connection, kept open after the loop's write
             assert conn.getresponse().read() == b"ok" and conn.sock is sock
             conn.close()
-            assert server._pending_bytes == 0
+            wait_until(lambda: server.connections() == 0, 10)
+            assert server._pending_bytes == 0  # given back once: when written, not again on the close
 
 
 def test_past_the_pending_bytes_bound_a_worker_finishes_its_own_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The loop's share is bounded, so slow readers cannot make the exporter hold gigabytes of answers;
-    # past it the old rule holds: the worker writes, until the write timeout.
-    monkeypatch.setattr(daemon_module, "MAX_PENDING_BYTES", 1 << 20)
-    big = b"x" * (8 << 20)
-
-    def handler(request: Request) -> Response:
-        return Response(200, big if request.path == "/big" else b"ok")
-
-    with InProcessServer(handler, workers=1, write_timeout=1.5) as server:
+    # The loop's share is bounded in all (not per answer), so slow readers cannot make the exporter hold
+    # gigabytes of answers; past it the old rule holds: the worker writes, until the write timeout.
+    monkeypatch.setattr(daemon_module, "MAX_PENDING_BYTES", len(BIG_BODY))  # room for what one leaves
+    with InProcessServer(big_or_ok, workers=1, write_timeout=1.5) as server:
         stalled = stalled_clients(server.port, 1)
         try:
+            wait_until(lambda: server._pending_bytes > 0, 10)  # the loop writes the first one's rest
+            stalled += stalled_clients(server.port, 1)  # no room for the second one's
             with timed() as took:
                 assert get(server.port, "/", timeout=20).status == 200
             assert took[0].wall >= 1.0  # it waited for the only worker's write timeout
+            # Both given up at the write timeout: the worker's closes its connection, not only stops.
+            wait_until(lambda: server.connections() == 0, 10)
             assert server._pending_bytes == 0
         finally:
-            stalled[0].close()
+            for sock in stalled:
+                sock.close()
+
+
+def test_the_loop_gives_up_on_a_slow_reader_at_the_write_timeout() -> None:
+    # Not at the head (or idle) timeout, which ran while the request arrived: the answer gets its own.
+    with InProcessServer(big_or_ok, head_timeout=0.2, idle_timeout=0.2, write_timeout=2.0) as server:
+        with timed() as took:
+            stalled = stalled_clients(server.port, 1)
+            try:
+                wait_until(lambda: server._pending_bytes > 0, 10)
+                wait_until(lambda: server.connections() == 0, 20)
+            finally:
+                stalled[0].close()
+        assert took[0].wall >= 2.0
+        assert server._pending_bytes == 0
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_pipelined_requests_behind_an_answer_the_loop_finishes_are_answered(
+    tls: bool, pki: Pki, tmp_path: Path
+) -> None:
+    # The loop takes up the next request once it has written the answer; the last asks to close, and the
+    # connection closes once its answer (also left to the loop) is written.
+    context = server_tls(pki, tmp_path) if tls else None
+    with InProcessServer(big_or_ok, tls=lambda: context) as server:  # type: ignore[arg-type]
+        sock = small_window_socket(server.port, client_context(pki) if tls else None)
+        with sock:
+            sock.sendall(b"GET /big HTTP/1.1\r\n\r\nGET /big HTTP/1.1\r\nConnection: close\r\n\r\n")
+            answers = read_answers(sock, 2)
+            assert [body == BIG_BODY for _, body in answers] == [True, True]
+            assert b"Connection: close" in answers[1][0]
+            assert closed_within(sock, 10) == (True, b"")
+        assert server._pending_bytes == 0
 
 
 def test_past_the_pending_bytes_bound_an_answer_that_closes_its_connection_arrives_whole(
@@ -1081,6 +1131,24 @@ def test_costly_jobs_wait_in_a_lane_of_their_own_and_never_hold_up_plain_ones() 
     jobs.close()
     assert [jobs.get(first), jobs.get(second)] == [None, None]  # the lane is still taken by `third`
     assert [jobs.get(third), jobs.get(third), jobs.get(third)] == ["c3", "c4", None]
+
+
+def test_a_costly_job_takes_an_idle_worker_only_while_its_lane_is_free() -> None:
+    # The server's lane (the defaults): one bcrypt check at a time, even with workers idle, since bcrypt
+    # runs one check at a time anyway and a second worker would only wait for its lock.
+    jobs: LastIdleFirst[str] = LastIdleFirst()
+    inboxes = [queue.SimpleQueue[str | None]() for _ in range(3)]
+    got: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
+    for i, inbox in enumerate(inboxes):  # three idle workers; 2 went idle last, 0 first
+        idle = threading.Event()
+        threading.Thread(target=lambda i=i, inbox=inbox, idle=idle: got.put((i, jobs.get(inbox, idle.set)))).start()
+        assert idle.wait(5)
+    assert jobs.put("c1", costly=True) and jobs.put("c2", costly=True)  # c2 waits: the lane is taken
+    assert jobs.put("p1") and jobs.put("p2")  # plain jobs take the other two
+    assert dict(got.get(timeout=5) for _ in range(3)) == {2: "c1", 1: "p1", 0: "p2"}
+    assert jobs.get(inboxes[2]) == "c2"  # the lane's worker takes it once done with c1
+    jobs.close()
+    assert jobs.get(inboxes[2]) is None
 
 
 # --- what each part of the server is for --------------------------------------------------------------
