@@ -1108,6 +1108,16 @@ def test_last_idle_first_hands_out_every_job_before_closing() -> None:
     assert [jobs.get(inbox), jobs.get(inbox), jobs.get(inbox)] == ["first", "second", None]
 
 
+def get_within(jobs: LastIdleFirst[str], inbox: queue.SimpleQueue[str | None], seconds: float = 5.0) -> str | None:
+    """jobs.get(inbox), failing the test instead of hanging when no job would ever come."""
+    got: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    threading.Thread(target=lambda: got.put(jobs.get(inbox)), daemon=True).start()
+    try:
+        return got.get(timeout=seconds)
+    except queue.Empty:
+        raise AssertionError(f"no job for this worker within {seconds} s") from None
+
+
 def test_costly_jobs_wait_in_a_lane_of_their_own_and_never_hold_up_plain_ones() -> None:
     jobs: LastIdleFirst[str] = LastIdleFirst(costly_workers=1, costly_backlog=3)
     assert jobs.put("c1", costly=True) and jobs.put("p1") and jobs.put("c2", costly=True)
@@ -1115,22 +1125,22 @@ def test_costly_jobs_wait_in_a_lane_of_their_own_and_never_hold_up_plain_ones() 
     assert not jobs.put("c4", costly=True)  # the lane's backlog (3) is full: the caller answers 503
     assert jobs.put("p2")  # plain jobs are never refused
     first, second, third = (queue.SimpleQueue[str | None]() for _ in range(3))
-    assert [jobs.get(first), jobs.get(second)] == ["p1", "p2"]  # plain jobs first, in order
-    assert jobs.get(third) == "c1"  # the lane has room for one
+    assert [get_within(jobs, first), get_within(jobs, second)] == ["p1", "p2"]  # plain jobs first, in order
+    assert get_within(jobs, third) == "c1"  # the lane has room for one
 
     got: list[str | None] = []
-    waiter = threading.Thread(target=lambda: got.append(jobs.get(first)))
+    waiter = threading.Thread(target=lambda: got.append(jobs.get(first)), daemon=True)
     waiter.start()
     time.sleep(0.2)
     assert got == []  # c2 waits although a worker is idle: the lane is taken by `third`
     assert jobs.put("p3")  # ... and a plain job goes to the idle worker at once
     waiter.join(5)
     assert got == ["p3"]
-    assert jobs.get(third) == "c2"  # the lane's worker takes the next costly job itself
+    assert get_within(jobs, third) == "c2"  # the lane's worker takes the next costly job itself
     assert jobs.put("c4", costly=True)  # a place in the lane's backlog is free again
     jobs.close()
-    assert [jobs.get(first), jobs.get(second)] == [None, None]  # the lane is still taken by `third`
-    assert [jobs.get(third), jobs.get(third), jobs.get(third)] == ["c3", "c4", None]
+    assert [get_within(jobs, first), get_within(jobs, second)] == [None, None]  # the lane is still taken by `third`
+    assert [get_within(jobs, third), get_within(jobs, third), get_within(jobs, third)] == ["c3", "c4", None]
 
 
 def test_a_costly_job_takes_an_idle_worker_only_while_its_lane_is_free() -> None:
@@ -1146,9 +1156,9 @@ def test_a_costly_job_takes_an_idle_worker_only_while_its_lane_is_free() -> None
     assert jobs.put("c1", costly=True) and jobs.put("c2", costly=True)  # c2 waits: the lane is taken
     assert jobs.put("p1") and jobs.put("p2")  # plain jobs take the other two
     assert dict(got.get(timeout=5) for _ in range(3)) == {2: "c1", 1: "p1", 0: "p2"}
-    assert jobs.get(inboxes[2]) == "c2"  # the lane's worker takes it once done with c1
+    assert get_within(jobs, inboxes[2]) == "c2"  # the lane's worker takes it once done with c1
     jobs.close()
-    assert jobs.get(inboxes[2]) is None
+    assert get_within(jobs, inboxes[2]) is None
 
 
 # --- what each part of the server is for --------------------------------------------------------------
