@@ -1768,6 +1768,10 @@ def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
     # One check runs and 32 wait; the rest are refused at once rather than tie up a connection for seconds.
     assert set(statuses) == {401, 503} and 1 <= statuses.count(503) <= flood - 33, statuses
     assert get(daemon.port, "/healthz", headers=basic("prometheus", "s3cret")).status == 200
+    # The operator hears of it: the first refusal at once, the next ones counted for a line a minute later.
+    refusals = [line for line in daemon.log().splitlines() if "refused with 503" in line]
+    assert len(refusals) == 1 and "level=warn" in refusals[0], refusals
+    assert "1 login(s) refused with 503 since the last such line: 32 were already waiting" in refusals[0]
 
 
 def test_unknown_users_cost_as_much_as_the_costliest_configured_hash(tmp_path: Path) -> None:

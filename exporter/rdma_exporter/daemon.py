@@ -266,6 +266,7 @@ SEND_BLOCK_BYTES: Final = 256 * 1024
 # it a worker finishes its own answer, as before: the bound keeps a flood of slow readers from holding
 # hundreds of MB of answers.
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
+REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning about refused logins per interval
 
 
 def send_blocks(parts: tuple[bytes, ...]) -> Iterator[bytes]:
@@ -470,6 +471,8 @@ class HttpServer:
         self._peer_allowed = peer_allowed
         self._headers = headers
         self._costly = costly  # runs on the loop thread: must be cheap
+        self._refused_logins = 0  # since the last warning about them
+        self._refused_logged = -REFUSED_LOG_INTERVAL  # when that warning was (monotonic)
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -689,6 +692,18 @@ class HttpServer:
         if not self._jobs.put((conn, request), costly):
             self._busy.discard(id(conn))
             self._reject(conn, 503, "too many logins waiting for a password check, try again later")
+            self._log_refused_login(conn.peer)
+
+    def _log_refused_login(self, peer: str) -> None:
+        # A flood of wrong passwords is worth a warning, but not one line per refused request.
+        self._refused_logins += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_INTERVAL:
+            log.warning(
+                "%d login(s) refused with 503 since the last such line: %d were already waiting for a password "
+                "check (the last from %s)", self._refused_logins, self._jobs.costly_backlog, peer,
+            )
+            self._refused_logins, self._refused_logged = 0, now
 
     def _reject(self, conn: _Conn, status: int, message: str) -> None:
         """Best-effort error answer from the loop thread: never blocks, then closes."""
