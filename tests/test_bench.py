@@ -1,4 +1,5 @@
-"""Smoke test of bench/bench.py: one quick run on a 1-device tree, checking the report's shape only.
+"""Smoke tests of bench/bench.py (one quick run on a 1-device tree, checking the report's shape only) and
+bench/attack.py.
 
 Timings depend on the machine, so nothing here asserts a number; bench/RESULTS.md records a real run.
 """
@@ -16,6 +17,7 @@ from conftest import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "bench.py"
+ATTACK = ROOT / "bench" / "attack.py"
 
 EXPORTER_KEYS = {
     "latency_ms",
@@ -70,6 +72,24 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
     assert memory["growth_readings"] == 3 and memory["growth_mb_standard_error"] is not None
     assert {"p50", "fabric_series"} <= tree["ours_over_node_exporter"].keys()
     assert all({"target", "met", "measured"} <= t.keys() for t in report["targets"])
+
+
+def test_attack_run_reports_a_remembered_prometheus_answered_through_a_flood(tmp_path: Path) -> None:
+    # A short, light attack: the report's shape, and that it costs Prometheus no scrape (the discriminating
+    # cases, a flood longer than a scrape timeout, are in test_daemon_http.py; bench/RESULTS.md has the
+    # full-size runs, before and after).
+    out = tmp_path / "attack.json"
+    result = subprocess.run(
+        [sys.executable, str(ATTACK), "--seconds", "4", "--flood", "4", "--slow", "3", "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| Prometheus scrapes answered 200 |" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["scrapes"] >= 3 and report["scrapes_ok"] == report["scrapes"], report
+    assert report["scrape_failures"] == {} and report["p50_ms"] > 0
+    # Wrong passwords get 401 once checked, or 503 when 32 already wait: nothing else, no dropped connection.
+    assert report["flood_answers"] and set(report["flood_answers"]) <= {"401", "503"}, report
 
 
 def test_unknown_tree_is_rejected(tmp_path: Path) -> None:
