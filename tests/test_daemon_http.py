@@ -58,6 +58,7 @@ from rdma_exporter.daemon import (
     Serving,
     accepts_gzip,
     build_sources,
+    client_of,
     head_end,
     parse_head,
     parse_listen,
@@ -1750,7 +1751,11 @@ def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
     assert get(daemon.port, headers=basic("prometheus", "s3cret")).status == 200  # now remembered
     flood = 40
     wrong = basic("prometheus", "guess")["Authorization"]
-    attackers = [socket.create_connection(("127.0.0.1", daemon.port), timeout=30) for _ in range(flood)]
+    # From as many loopback addresses: each client may have only 4 logins waiting (tested on its own below).
+    attackers = [
+        socket.create_connection(("127.0.0.1", daemon.port), timeout=30, source_address=(f"127.0.1.{i}", 0))
+        for i in range(1, flood + 1)
+    ]
     try:
         for sock in attackers:
             sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {wrong}\r\n\r\n".encode())
@@ -1773,7 +1778,58 @@ def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
     # The operator hears of it: the first refusal at once, the next ones counted for a line a minute later.
     refusals = [line for line in daemon.log().splitlines() if "refused with 503" in line]
     assert len(refusals) == 1 and "level=warn" in refusals[0], refusals
-    assert "1 login(s) refused with 503 since the last such line: 32 were already waiting" in refusals[0]
+    assert "1 login(s) refused with 503 since the last such line: too many waiting" in refusals[0]
+
+
+def test_one_client_gets_only_four_places_in_the_login_lane() -> None:
+    # A flood from one host must leave places for other clients' first logins (a Prometheus after a
+    # restart is not remembered yet): 4 per client address, the rest of that client's get 503 at once.
+    release = threading.Event()
+
+    def handler(request: Request) -> Response:
+        if "x-costly" in request.headers:
+            release.wait(20)  # a slow bcrypt check
+        return Response(200, b"ok")
+
+    def login(server: HttpServer, source: str, connection: str = "close") -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=20, source_address=(source, 0))
+        sock.sendall(f"GET / HTTP/1.1\r\nX-Costly: 1\r\nConnection: {connection}\r\n\r\n".encode())
+        return sock
+
+    costly = lambda request: "x-costly" in request.headers  # noqa: E731
+    with InProcessServer(handler, costly=costly) as server:  # type: ignore[arg-type]
+        flood = [login(server, "127.0.0.1") for _ in range(6)]
+        refused: list[socket.socket] = []
+        with selectors.DefaultSelector() as ready:
+            for sock in flood:
+                ready.register(sock, selectors.EVENT_READ)
+            end = time.monotonic() + 10
+            while len(refused) < 2 and time.monotonic() < end:
+                for key, _ in ready.select(end - time.monotonic()):
+                    ready.unregister(key.fileobj)
+                    refused.append(key.fileobj)  # type: ignore[arg-type]
+            assert len(refused) == 2 and not ready.select(0.5)  # two answered at once, no third
+        for sock in refused:
+            assert closed_within(sock, 5)[1].startswith(b"HTTP/1.1 503")
+        other = login(server, "127.0.0.2", "keep-alive")
+        assert closed_within(other, 0.5) == (False, b"")  # waiting for its check, not refused
+        release.set()
+        for sock in (s for s in flood if s not in refused):
+            assert closed_within(sock, 20)[1].startswith(b"HTTP/1.1 200")
+        assert other.recv(4096).startswith(b"HTTP/1.1 200")
+        # Every place is given back once answered, also by a connection that stays open.
+        wait_until(lambda: server._costly_clients == {}, 10)
+        for sock in [other, *flood]:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "client"),
+    [("192.0.2.7", "192.0.2.7"), ("::ffff:192.0.2.7", "192.0.2.7"), ("2001:db8::1", "2001:db8::/64"),
+     ("2001:db8::ffff:1", "2001:db8::/64"), ("2001:db8:0:1::1", "2001:db8:0:1::/64"), ("fe80::1%eth0", "fe80::/64")],
+)
+def test_a_client_is_an_ipv4_address_or_an_ipv6_64(host: str, client: str) -> None:
+    assert client_of(host) == client
 
 
 def test_unknown_users_cost_as_much_as_the_costliest_configured_hash(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import html
+import ipaddress
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -267,6 +268,23 @@ SEND_BLOCK_BYTES: Final = 256 * 1024
 # hundreds of MB of answers.
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
 REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning about refused logins per interval
+# Logins waiting for (or in) a bcrypt check from one client: a flood from a few hosts cannot take all of
+# the lane's places, so another client's first login (a Prometheus after a restart) still gets one.
+MAX_COSTLY_PER_CLIENT: Final = 4
+
+
+def client_of(host: str) -> str:
+    """The client a peer address counts as for MAX_COSTLY_PER_CLIENT: the IPv4 address, or the IPv6 /64
+    (one host can use a whole /64 of addresses)."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # a dual-stack listener sees IPv4 clients this way
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def send_blocks(parts: tuple[bytes, ...]) -> Iterator[bytes]:
@@ -329,13 +347,17 @@ class Outgoing:
 
 class _Conn:
     __slots__ = (
-        "buffer", "deadline", "eof", "handshaking", "keep", "last_active", "peer", "pending", "pending_bytes",
-        "searched", "sock", "started",
+        "buffer", "client", "costly", "deadline", "eof", "handshaking", "keep", "last_active", "peer", "pending",
+        "pending_bytes", "searched", "sock", "started",
     )
 
-    def __init__(self, sock: socket.socket, peer: str, now: float, handshaking: bool, deadline: float) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: str, client: str, now: float, handshaking: bool, deadline: float
+    ) -> None:
         self.sock = sock
         self.peer = peer
+        self.client = client  # client_of() the peer's address
+        self.costly = False  # its request holds one of the client's MAX_COSTLY_PER_CLIENT places
         self.buffer = bytearray()
         self.searched = 0  # leading bytes of buffer that hold no end of a head
         self.handshaking = handshaking
@@ -472,6 +494,7 @@ class HttpServer:
         self._headers = headers
         self._costly = costly  # runs on the loop thread: must be cheap
         self._refused_logins = 0  # since the last warning about them
+        self._costly_clients: Counter[str] = Counter()  # places in the costly lane taken, by client
         self._refused_logged = -REFUSED_LOG_INTERVAL  # when that warning was (monotonic)
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
@@ -592,7 +615,7 @@ class HttpServer:
                     continue
             handshaking = context is not None
             deadline = now + (self.head_timeout if handshaking else self.idle_timeout)
-            conn = _Conn(sock, peer, now, handshaking, deadline)
+            conn = _Conn(sock, peer, client_of(str(address[0])), now, handshaking, deadline)
             self._conns[id(conn)] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -687,12 +710,29 @@ class HttpServer:
             return
         request.peer = conn.peer
         costly = self._costly(request)
+        if costly and self._costly_clients[conn.client] >= MAX_COSTLY_PER_CLIENT:
+            self._refuse_login(conn)
+            return
         self._selector.unregister(conn.sock)
         self._busy.add(id(conn))
         if not self._jobs.put((conn, request), costly):
             self._busy.discard(id(conn))
-            self._reject(conn, 503, "too many logins waiting for a password check, try again later")
-            self._log_refused_login(conn.peer)
+            self._refuse_login(conn)
+            return
+        if costly:
+            conn.costly = True
+            self._costly_clients[conn.client] += 1
+
+    def _costly_done(self, conn: _Conn) -> None:
+        if conn.costly:
+            conn.costly = False
+            self._costly_clients[conn.client] -= 1
+            if not self._costly_clients[conn.client]:
+                del self._costly_clients[conn.client]
+
+    def _refuse_login(self, conn: _Conn) -> None:
+        self._reject(conn, 503, "too many logins waiting for a password check, try again later")
+        self._log_refused_login(conn.peer)
 
     def _log_refused_login(self, peer: str) -> None:
         # A flood of wrong passwords is worth a warning, but not one line per refused request.
@@ -700,8 +740,9 @@ class HttpServer:
         now = time.monotonic()
         if now - self._refused_logged >= REFUSED_LOG_INTERVAL:
             log.warning(
-                "%d login(s) refused with 503 since the last such line: %d were already waiting for a password "
-                "check (the last from %s)", self._refused_logins, self._jobs.costly_backlog, peer,
+                "%d login(s) refused with 503 since the last such line: too many waiting for a password check "
+                "(%d in all, or %d from one client; the last from %s)",
+                self._refused_logins, self._jobs.costly_backlog, MAX_COSTLY_PER_CLIENT, peer,
             )
             self._refused_logins, self._refused_logged = 0, now
 
@@ -731,6 +772,7 @@ class HttpServer:
         while self._returned:
             conn, keep = self._returned.popleft()
             self._busy.discard(id(conn))
+            self._costly_done(conn)
             if conn.pending:
                 # The client reads slowly: the loop writes the rest (conn.deadline is the write deadline),
                 # or shutdown() does if the loop stops first.
@@ -780,6 +822,7 @@ class HttpServer:
         conn.pending_bytes = 0
 
     def _close(self, conn: _Conn) -> None:
+        self._costly_done(conn)
         if conn.pending_bytes:
             self._release_pending(conn)
         self._conns.pop(id(conn), None)
