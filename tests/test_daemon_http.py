@@ -1813,6 +1813,11 @@ def test_one_client_gets_only_four_places_in_the_login_lane() -> None:
             assert closed_within(sock, 5)[1].startswith(b"HTTP/1.1 503")
         other = login(server, "127.0.0.2", "keep-alive")
         assert closed_within(other, 0.5) == (False, b"")  # waiting for its check, not refused
+        # The cap is on logins only: a request that needs no check from the flooding address is answered.
+        plain = socket.create_connection(("127.0.0.1", server.port), timeout=20, source_address=("127.0.0.1", 0))
+        plain.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert closed_within(plain, 10)[1].startswith(b"HTTP/1.1 200")
+        plain.close()
         release.set()
         for sock in (s for s in flood if s not in refused):
             assert closed_within(sock, 20)[1].startswith(b"HTTP/1.1 200")
@@ -1821,6 +1826,19 @@ def test_one_client_gets_only_four_places_in_the_login_lane() -> None:
         wait_until(lambda: server._costly_clients == {}, 10)
         for sock in [other, *flood]:
             sock.close()
+
+
+def test_refused_logins_are_counted_into_the_next_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # One warning a minute at most, each with the refusals since the previous one (not since the start).
+    server = InProcessServer(lambda request: Response(200, b"ok"))
+    with server as running, caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        for _ in range(3):
+            running._log_refused_login("192.0.2.7:1")
+        running._refused_logged -= daemon_module.REFUSED_LOG_INTERVAL  # a minute on
+        running._log_refused_login("192.0.2.7:2")
+    lines = [r.getMessage() for r in caplog.records if "refused with 503" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("1 login(s) refused") and lines[1].startswith("3 login(s) refused"), lines
 
 
 @pytest.mark.parametrize(
