@@ -46,6 +46,7 @@ from typing import Any, Final
 import bcrypt
 
 from bench import ROOT, free_port, percentile, rss_bytes, spawn, stop_all
+from rdma_exporter.daemon import WRITE_TIMEOUT
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
 SCRAPE_TIMEOUT: Final = 10.0
@@ -54,6 +55,7 @@ PASSWORD: Final = "s3cret"
 # The veth pair of --netns: a /30 of the private range, on interfaces named after this process.
 NETNS_SERVER, NETNS_CLIENT = "10.213.0.1", "10.213.0.2"
 TCP_CLOSE, TCP_CLOSE_WAIT = 7, 8  # tcpi_state values (include/net/tcp_states.h): reset, or closed by the server
+GIVEN_UP_AFTER: Final = WRITE_TIMEOUT + 5.0  # a slow reader is replaced after the server's write timeout
 
 
 def log(message: str) -> None:
@@ -83,11 +85,14 @@ def hold_slow_readers(host: str, port: int, count: int, seconds: float, authoriz
     """Keep `count` connections that asked for the metrics and never read, for `seconds`."""
     header = f"Authorization: {authorization}\r\n" if authorization else ""
     request = f"GET /metrics HTTP/1.1\r\nHost: x\r\n{header}\r\n".encode()
-    held: list[socket.socket] = []
+    held: dict[socket.socket, float] = {}  # -> when it connected (monotonic)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        for sock in [s for s in held if _closed_by_server(s)]:
-            held.remove(sock)
+        # A server that gives up on a reader with most of the answer unsent has its FIN queued behind that
+        # data, which a zero window never lets through: no TCP state shows that close, so age does.
+        now = time.monotonic()
+        for sock in [s for s, since in held.items() if _closed_by_server(s) or now - since > GIVEN_UP_AFTER]:
+            del held[sock]
             sock.close()
         while len(held) < count:
             sock = socket.socket()
@@ -98,7 +103,7 @@ def hold_slow_readers(host: str, port: int, count: int, seconds: float, authoriz
             except OSError:
                 sock.close()
                 break
-            held.append(sock)
+            held[sock] = time.monotonic()
         time.sleep(0.5)
     for sock in held:
         sock.close()
@@ -106,6 +111,7 @@ def hold_slow_readers(host: str, port: int, count: int, seconds: float, authoriz
 
 def _closed_by_server(sock: socket.socket) -> bool:
     # From the TCP state, not a read: the unread start of the answer sits before the end of the stream.
+    # This finds a close after an answer the client got whole (idle or head timeout), not one mid-answer.
     state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
     return state in (TCP_CLOSE, TCP_CLOSE_WAIT)
 
