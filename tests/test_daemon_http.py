@@ -798,55 +798,6 @@ def test_a_full_server_closes_the_longest_idle_connection() -> None:
         oldest.close()
 
 
-def test_a_client_that_stops_reading_frees_its_worker_at_the_write_timeout() -> None:
-    big = b"x" * (32 << 20)  # far more than loopback socket buffers hold
-
-    def handler(request: Request) -> Response:
-        return Response(200, big if request.path == "/big" else b"ok")
-
-    with InProcessServer(handler, workers=1, write_timeout=1.0) as server, socket.create_connection(
-        ("127.0.0.1", server.port)
-    ) as stalled:
-        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stalled.sendall(b"GET /big HTTP/1.1\r\n\r\n")  # and never reads the answer
-        # The only worker gives up on it, then serves the next client.
-        assert get(server.port, "/", timeout=20).status == 200
-
-
-def stalled_clients(port: int, count: int, path: str = "/big") -> list[socket.socket]:
-    """Clients that ask for `path` with a 4 KB receive window and never read the answer."""
-    clients = []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
-        clients.append(sock)
-    return clients
-
-
-def test_clients_that_stop_reading_hold_no_worker() -> None:
-    # Found by the security review: each answer was written by its worker, so as many clients as workers
-    # that asked for /metrics and stopped reading (no credentials needed without basic auth) left every
-    # other client, Prometheus included, waiting up to the 30 s write timeout, again and again.
-    big = b"x" * (8 << 20)  # more than loopback buffers hold with a 4 KB receive window
-
-    def handler(request: Request) -> Response:
-        return Response(200, big if request.path == "/big" else b"ok")
-
-    with InProcessServer(handler, workers=2, write_timeout=60.0) as server:
-        stalled = stalled_clients(server.port, 6)
-        try:
-            wait_until(lambda: server._pending_bytes > 0, 10)
-            assert get(server.port, "/", timeout=10).status == 200  # before: after 60 s
-            wait_until(lambda: server.connections() == 6, 10)  # the stalled ones are still being answered
-        finally:
-            for sock in stalled:
-                reset(sock)
-        wait_until(lambda: server.connections() == 0, 10)
-        assert server._pending_bytes == 0  # every closed connection gave its share back
-
-
 # 16 MB, well over what loopback socket buffers take (tcp_wmem at most 4 MB), so that the server's
 # writes stall; each position distinct modulo 256, so a lost or repeated block shows.
 BIG_BODY: Final = bytes(range(256)) * (64 << 10)
@@ -883,6 +834,45 @@ def read_answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
             assert length is not None, head
             answers.append((head, stream.read(int(length[1]))))
     return answers
+
+
+def stalled_clients(port: int, count: int, path: str = "/big") -> list[socket.socket]:
+    """Clients that ask for `path` with a 4 KB receive window and never read the answer."""
+    clients = [small_window_socket(port) for _ in range(count)]
+    for sock in clients:
+        sock.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+    return clients
+
+
+def test_a_client_that_stops_reading_frees_its_worker_at_the_write_timeout() -> None:
+    with InProcessServer(big_or_ok, workers=1, write_timeout=1.0) as server:
+        (stalled,) = stalled_clients(server.port, 1)
+        with stalled:
+            # The only worker gives up on it, then serves the next client.
+            assert get(server.port, "/", timeout=20).status == 200
+
+
+def test_clients_that_stop_reading_hold_no_worker() -> None:
+    # Found by the security review: each answer was written by its worker, so as many clients as workers
+    # that asked for /metrics and stopped reading (no credentials needed without basic auth) left every
+    # other client, Prometheus included, waiting up to the 30 s write timeout, again and again.
+    # 8 MB: more than loopback buffers take with a 4 KB window, and what six leave fits MAX_PENDING_BYTES.
+    big = b"x" * (8 << 20)
+
+    def handler(request: Request) -> Response:
+        return Response(200, big if request.path == "/big" else b"ok")
+
+    with InProcessServer(handler, workers=2, write_timeout=60.0) as server:
+        stalled = stalled_clients(server.port, 6)
+        try:
+            wait_until(lambda: server._pending_bytes > 0, 10)
+            assert get(server.port, "/", timeout=10).status == 200  # before: after 60 s
+            wait_until(lambda: server.connections() == 6, 10)  # the stalled ones are still being answered
+        finally:
+            for sock in stalled:
+                reset(sock)
+        wait_until(lambda: server.connections() == 0, 10)
+        assert server._pending_bytes == 0  # every closed connection gave its share back
 
 
 def test_an_answer_the_loop_finishes_arrives_whole_and_the_connection_is_kept(pki: Pki, tmp_path: Path) -> None:
