@@ -46,7 +46,7 @@ from typing import Any, Final
 import bcrypt
 
 from bench import ROOT, free_port, percentile, rss_bytes, spawn, stop_all
-from rdma_exporter.daemon import WRITE_TIMEOUT
+from rdma_exporter.httpserver import WRITE_TIMEOUT
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
 SCRAPE_TIMEOUT: Final = 10.0

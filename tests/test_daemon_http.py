@@ -35,34 +35,35 @@ from typing import Final
 import bcrypt
 import pytest
 
-from rdma_exporter import daemon as daemon_module
-from rdma_exporter import webconfig
+from rdma_exporter import httpserver, webconfig
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import HARD_MAX_WORKERS, DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import (
-    ACCEPT_PAUSE,
     FD_RESERVE,
+    Daemon,
+    Exporter,
+    Serving,
+    accepts_gzip,
+    build_sources,
+    parse_listen,
+    scrape_timeout,
+)
+from rdma_exporter.httpserver import (
+    ACCEPT_PAUSE,
     MAX_CONNECTIONS,
     MAX_HEADERS,
     MAX_REQUEST_HEAD,
     MAX_REQUEST_LINE,
     SEND_BLOCK_BYTES,
     BadRequest,
-    Daemon,
-    Exporter,
     HttpServer,
     LastIdleFirst,
     Request,
     Response,
-    Serving,
-    accepts_gzip,
-    build_sources,
     client_of,
     head_end,
     parse_head,
-    parse_listen,
-    scrape_timeout,
     send_blocks,
 )
 from rdma_exporter.parse.infiniband import DeviceInfo
@@ -530,8 +531,8 @@ class CountingSearch:
 def test_a_trickled_head_is_searched_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
     # Searching the whole buffer again after each read made a client that sends its 16 KiB head a few bytes
     # at a time cost the loop thread, which every connection shares, ~2 s of CPU per head (quadratic).
-    counting = CountingSearch(daemon_module._HEAD_END)
-    monkeypatch.setattr(daemon_module, "_HEAD_END", counting)
+    counting = CountingSearch(httpserver._HEAD_END)
+    monkeypatch.setattr(httpserver, "_HEAD_END", counting)
     head = b"GET / HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 8000 + b"\r\n\r\n"
     with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=60) as server, socket.create_connection(
         ("127.0.0.1", server.port), timeout=30
@@ -894,7 +895,7 @@ def test_an_answer_the_loop_finishes_arrives_whole_and_the_connection_is_kept(pk
 def test_past_the_pending_bytes_bound_a_worker_finishes_its_own_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     # The loop's share is bounded in all (not per answer), so slow readers cannot make the exporter hold
     # gigabytes of answers; past it the old rule holds: the worker writes, until the write timeout.
-    monkeypatch.setattr(daemon_module, "MAX_PENDING_BYTES", len(BIG_BODY))  # room for what one leaves
+    monkeypatch.setattr(httpserver, "MAX_PENDING_BYTES", len(BIG_BODY))  # room for what one leaves
     with InProcessServer(big_or_ok, workers=1, write_timeout=1.5) as server:
         stalled = stalled_clients(server.port, 1)
         try:
@@ -948,7 +949,7 @@ def test_past_the_pending_bytes_bound_an_answer_that_closes_its_connection_arriv
 ) -> None:
     # The worker that finishes its own answer must do so whatever happens to the connection next: with
     # `Connection: close` (curl, HTTP/1.0, a server shutting down) it sent the first blocks and closed.
-    monkeypatch.setattr(daemon_module, "MAX_PENDING_BYTES", 0)  # every stalled answer is past the bound
+    monkeypatch.setattr(httpserver, "MAX_PENDING_BYTES", 0)  # every stalled answer is past the bound
     with InProcessServer(big_or_ok) as server:
         conn = small_window(server.port)
         conn.request("GET", "/big", headers={"Connection": "close"})
@@ -1180,7 +1181,7 @@ def test_accepts_pause_while_out_of_file_descriptors_then_resume(caplog: pytest.
         fillers: list[int] = []
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 32, limits[1]))
-            with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+            with caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
                 with contextlib.suppress(OSError):  # EMFILE: every descriptor under the limit is taken
                     while True:
                         fillers.append(os.open(os.devnull, os.O_RDONLY))
@@ -1222,7 +1223,7 @@ def test_a_request_that_breaks_the_parser_costs_its_connection_not_the_server(
             raise ValueError("parser bug")
         return parse_head(head)
 
-    monkeypatch.setattr(daemon_module, "parse_head", parse)
+    monkeypatch.setattr(httpserver, "parse_head", parse)
     with InProcessServer(lambda request: Response(200, b"ok")) as server, socket.create_connection(
         ("127.0.0.1", server.port), timeout=10
     ) as sock:
@@ -1821,10 +1822,10 @@ def test_one_client_gets_only_four_places_in_the_login_lane() -> None:
 def test_refused_logins_are_counted_into_the_next_warning(caplog: pytest.LogCaptureFixture) -> None:
     # One warning a minute at most, each with the refusals since the previous one (not since the start).
     server = InProcessServer(lambda request: Response(200, b"ok"))
-    with server as running, caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+    with server as running, caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
         for _ in range(3):
             running._log_refused_login("192.0.2.7:1")
-        running._refused_logged -= daemon_module.REFUSED_LOG_INTERVAL  # a minute on
+        running._refused_logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
         running._log_refused_login("192.0.2.7:2")
     lines = [r.getMessage() for r in caplog.records if "refused with 503" in r.getMessage()]
     assert len(lines) == 2, lines
