@@ -1,5 +1,5 @@
-"""Smoke tests of bench/bench.py (one quick run on a 1-device tree, checking the report's shape only) and
-bench/attack.py.
+"""Smoke tests of bench/bench.py (one quick run on a 1-device tree, checking the report's shape only),
+bench/microbench.py and bench/attack.py.
 
 Timings depend on the machine, so nothing here asserts a number; bench/RESULTS.md records a real run.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from conftest import require_binary
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "bench.py"
 ATTACK = ROOT / "bench" / "attack.py"
+MICROBENCH = ROOT / "bench" / "microbench.py"
 
 EXPORTER_KEYS = {
     "latency_ms",
@@ -72,6 +74,22 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
     assert memory["growth_readings"] == 3 and memory["growth_mb_standard_error"] is not None
     assert {"p50", "fabric_series"} <= tree["ours_over_node_exporter"].keys()
     assert all({"target", "met", "measured"} <= t.keys() for t in report["targets"])
+
+
+def test_microbench_runs_every_phase_on_a_small_tree(tmp_path: Path) -> None:
+    # It checks its phases against the scrape (the same text, the same series, reads that do not fail) and
+    # exits non-zero when they disagree. Under 1,000 descriptors, an 8-device tree fits only if the engine's
+    # kept files are closed before the phases keep their own (about 700 each): at 128 devices and the
+    # default 16,384 kept files the phases' reads used to fail.
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1000, 1000))
+
+    result = subprocess.run(
+        [sys.executable, str(MICROBENCH), "--devices", "8", "--iterations", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=few_descriptors,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| read: infiniband |" in result.stdout and "| text_render |" in result.stdout
 
 
 def test_attack_run_reports_a_remembered_prometheus_answered_through_a_flood(tmp_path: Path) -> None:
