@@ -1,23 +1,32 @@
 """deploy/: the systemd unit passes `systemd-analyze verify` and rates at most 2.0 in `systemd-analyze
 security`; the example configs load; the Kubernetes manifests are consistent with each other and with
-the exporter's flags (checked structurally: no kubectl here); the Prometheus example passes promtool."""
+the exporter's flags (checked structurally: kubectl is not a test dependency); the TLS overlay
+deploy/kubernetes-tls/ keeps the base's security settings, its web config loads, and the exporter run with
+it answers its ServiceMonitor's scrape and its probes; the Prometheus example passes promtool."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
+import http.client
 import re
 import shlex
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
-from pathlib import Path
+import time
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import bcrypt
 import pytest
 import yaml
 
-from rdma_exporter.config import load_config_file, parse_config
+from rdma_exporter.config import ConfigError, load_config_file, parse_config
+from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import load_web_config
 
 from conftest import require_binary
@@ -443,3 +452,346 @@ def test_json6902_applier_follows_the_rfc() -> None:
     ):
         with pytest.raises(AssertionError):
             json6902(document, [operation])
+
+
+def _pod(documents: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod spec, its one container) of the DaemonSet."""
+    spec = by_kind(documents, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    return spec, container
+
+
+def _without(mapping: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: value for key, value in mapping.items() if key not in keys}
+
+
+def _shipped_web_config(documents: list[dict[str, Any]]) -> tuple[PurePosixPath, str]:
+    """(path the exporter reads the web config from, its text as the pod sees it): the file named by
+    --web.config.file, in the Secret or ConfigMap whose volume is mounted at that file's directory."""
+    spec, container = _pod(documents)
+    flags = dict(arg.split("=", 1) for arg in container["args"])
+    path = PurePosixPath(flags["--web.config.file"])
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(path.parent)]
+    assert "subPath" not in mount
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    if "secret" in volume:
+        source, name, kind = volume["secret"], volume["secret"]["secretName"], "Secret"
+    else:
+        source, name, kind = volume["configMap"], volume["configMap"]["name"], "ConfigMap"
+    assert "items" not in source  # keys are file names as they are
+    (document,) = [d for d in documents if d["kind"] == kind and d["metadata"]["name"] == name]
+    if kind == "Secret":
+        return path, base64.b64decode(document["data"][path.name]).decode()
+    return path, document["data"][path.name]
+
+
+def test_tls_overlay_daemonset_keeps_the_base_and_mounts_its_web_config() -> None:
+    base = kubernetes_documents()
+    rendered = render(TLS_OVERLAY)
+    base_spec, base_container = _pod(base)
+    spec, container = _pod(rendered)
+
+    # Only the args, mounts, volumes and probes change; everything else (hostNetwork, the pod's uid 65534,
+    # the container's securityContext, the image, the ports) is the base's, and so is the rest of the
+    # DaemonSet. The base's args, mounts and volumes stay, in order, first.
+    changed = ("args", "volumeMounts", "livenessProbe", "readinessProbe")
+    assert _without(container, *changed) == _without(base_container, *changed)
+    assert _without(spec, "containers", "volumes") == _without(base_spec, "containers", "volumes")
+    assert _without(by_kind(rendered, "DaemonSet")["spec"], "template") == _without(
+        by_kind(base, "DaemonSet")["spec"], "template"
+    )
+    for key, base_list in (("args", base_container["args"]), ("volumeMounts", base_container["volumeMounts"])):
+        assert container[key][: len(base_list)] == base_list, key
+    assert spec["volumes"][: len(base_spec["volumes"])] == base_spec["volumes"]
+    # ... and said outright, should the base ever lose them too.
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"] and not security.get("privileged")
+    assert spec["securityContext"]["runAsUser"] == 65534 and spec["securityContext"]["runAsNonRoot"] is True
+    assert all(mount.get("readOnly") is True for mount in container["volumeMounts"])
+    # No mount inside another one: the runtime would have to create its directory in a read-only volume.
+    paths = [PurePosixPath(mount["mountPath"]) for mount in container["volumeMounts"]]
+    assert not [(a, b) for a in paths for b in paths if a != b and a.is_relative_to(b)]
+
+    # The web config: the flag names a file that a mounted volume provides.
+    web_path, web_text = _shipped_web_config(rendered)
+    web = yaml.safe_load(web_text)
+
+    # Its certificate and key: the keys of a kubernetes.io/tls Secret (what `kubectl create secret tls` and
+    # cert-manager write), in the directory where the Secret is mounted. The Secret is the operator's: it
+    # is not in the overlay (no key material in the repository), and not optional (without it the pod
+    # waits instead of starting).
+    tls = web["tls_server_config"]
+    cert, key = PurePosixPath(tls["cert_file"]), PurePosixPath(tls["key_file"])
+    assert (cert.name, key.name) == ("tls.crt", "tls.key") and cert.parent == key.parent
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(cert.parent)]
+    assert "subPath" not in mount
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume.keys() == {"name", "secret"} and "items" not in volume["secret"]
+    assert not volume["secret"].get("optional")
+    assert volume["secret"]["secretName"] not in {d["metadata"]["name"] for d in rendered if d["kind"] == "Secret"}
+    assert web_path.parent != cert.parent  # the generated web config and the operator's keys: two Secrets
+
+    # The probes. An httpGet probe must use HTTPS and, with basic auth on (it covers /healthz), could only
+    # pass with credentials in the pod spec, readable by anyone who may read the DaemonSet: refused.
+    ports = {port["name"]: port for port in container["ports"]}
+    speaks_https = False
+    for name in ("livenessProbe", "readinessProbe"):
+        probe = container[name]
+        (kind,) = probe.keys() & {"httpGet", "tcpSocket", "exec", "grpc"}
+        if kind == "httpGet":
+            assert probe["httpGet"].get("scheme") == "HTTPS", name
+            assert not web.get("basic_auth_users"), f"{name}: basic auth answers 401 to a probe without credentials"
+            speaks_https = True
+        elif kind == "tcpSocket":
+            assert probe["tcpSocket"]["port"] in ports, name
+        elif kind == "exec":
+            # Run as the kubelet would in test_tls_overlay_serves_..., below.
+            script = " ".join(probe["exec"]["command"])
+            assert "HTTPSConnection" in script and "/healthz" in script, name
+            speaks_https = True
+        else:
+            raise AssertionError(f"{name}: a {kind} probe")
+    assert speaks_https  # at least one probe reaches the HTTP server over TLS; a TCP probe alone would not
+
+
+def _server_certificate(directory: Path, dns_name: str) -> tuple[Path, Path, Path]:
+    """(ca.crt, tls.crt, tls.key) in directory: a CA and a server certificate for `dns_name` only, as a
+    cert-manager CA issuer would make them."""
+    openssl = require_binary("openssl")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    run("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={dns_name}")
+    (directory / "tls.ext").write_text(f"subjectAltName=DNS:{dns_name}\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "tls.crt", "-days", "1", "-extfile", "tls.ext")
+    return directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
+
+
+def _local_web_config(text: str, root: Path, hashes: dict[str, str] | None = None) -> str:
+    """The shipped web config with its certificate files moved under root and, given hashes, each user's
+    placeholder replaced by a real bcrypt hash: what the operator's Secret and edit provide. Nothing else
+    changes (comments do not reach the loader)."""
+    web = yaml.safe_load(text)
+    tls = web["tls_server_config"]
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if key in tls:
+            tls[key] = f"{root}{tls[key]}"
+    for user, hashed in (hashes or {}).items():
+        web["basic_auth_users"][user] = hashed
+    return yaml.safe_dump(web)
+
+
+def test_tls_overlay_web_config_loads_apart_from_the_operators_secrets(tmp_path: Path) -> None:
+    """The web config the pods get, with a certificate where the TLS Secret is mounted, loads with the
+    exporter's own loader once the operator has put in the password hash; as shipped, with the
+    placeholder, it is refused, so a forgotten hash stops the exporter instead of letting it run."""
+    _, text = _shipped_web_config(render(TLS_OVERLAY))
+    directory = PurePosixPath(yaml.safe_load(text)["tls_server_config"]["cert_file"]).parent
+    _server_certificate(tmp_path / directory.relative_to("/"), "rdma-exporter.monitoring.svc")
+    local = tmp_path / "web-config.yml"
+
+    local.write_text(_local_web_config(text, tmp_path))
+    with pytest.raises(ConfigError) as refused:
+        load_web_config(local)
+    assert refused.value.key.startswith("basic_auth_users."), refused.value
+
+    # `htpasswd -nBC 12` writes $2y$; the cost here is bcrypt's lowest, to keep the test fast.
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode().replace("$2b$", "$2y$", 1)
+    users = yaml.safe_load(text)["basic_auth_users"]
+    local.write_text(_local_web_config(text, tmp_path, dict.fromkeys(users, hashed)))
+    web = load_web_config(local)
+    assert web.ssl_context is not None and web.ssl_context.verify_mode == ssl.CERT_NONE  # no client certificates
+    assert web.auth is not None and web.auth.users.keys() == users.keys()
+    header = "Basic " + base64.b64encode(f"{next(iter(users))}:s3cret".encode()).decode()
+    assert web.auth.check(header)
+
+
+# Fields of SafeTLSConfig and BasicAuth in the ServiceMonitor CRD: others are pruned and do nothing.
+TLS_CONFIG_FIELDS = {"ca", "cert", "keySecret", "serverName", "insecureSkipVerify", "maxVersion", "minVersion"}
+SECRET_KEY_FIELDS = {"name", "key"}
+
+
+def test_tls_overlay_servicemonitor_scrapes_https_with_basic_auth() -> None:
+    base_monitor = by_kind(kubernetes_documents(), "ServiceMonitor")
+    rendered = render(TLS_OVERLAY)
+    monitor = by_kind(rendered, "ServiceMonitor")
+    assert _without(monitor, "spec") == _without(base_monitor, "spec")
+    assert _without(monitor["spec"], "endpoints") == _without(base_monitor["spec"], "endpoints")
+    (base_endpoint,) = base_monitor["spec"]["endpoints"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    # Port, path, interval, timeout and the relabelings (instance = node = the node name) as in the base.
+    assert _without(endpoint, "scheme", "tlsConfig", "basicAuth") == base_endpoint
+    assert endpoint["relabelings"] == base_endpoint["relabelings"]
+
+    assert endpoint["scheme"] == "https"
+    tls = endpoint["tlsConfig"]
+    assert tls.keys() <= TLS_CONFIG_FIELDS and not tls.get("insecureSkipVerify")
+    # The target address is the node's IP: the certificate is checked against serverName, a DNS name.
+    assert re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)+", tls["serverName"]), tls
+    assert tls["ca"].keys() == {"secret"} and tls["ca"]["secret"].keys() == SECRET_KEY_FIELDS
+    auth = endpoint["basicAuth"]
+    assert auth.keys() == {"username", "password"}
+    assert all(selector.keys() == SECRET_KEY_FIELDS for selector in auth.values())
+
+    # Prometheus's Secret is not one the pods mount: the exporter never holds the plain password, and the
+    # Operator never needs to read the private key.
+    spec, _ = _pod(rendered)
+    mounted = {volume["secret"]["secretName"] for volume in spec["volumes"] if "secret" in volume}
+    assert {tls["ca"]["secret"]["name"], auth["username"]["name"], auth["password"]["name"]}.isdisjoint(mounted)
+
+
+def test_tls_overlay_header_names_what_the_manifests_reference() -> None:
+    """What the operator must create first, as kustomization.yaml's header says, is what the manifests
+    use: the same Secret names, keys and user; the cert-manager example (optional, not a resource) writes
+    the TLS Secret for the ServiceMonitor's serverName."""
+    header = (TLS_OVERLAY / "kustomization.yaml").read_text()
+    kustomization = yaml.safe_load(header)
+    rendered = render(TLS_OVERLAY)
+    spec, container = _pod(rendered)
+    _, web_text = _shipped_web_config(rendered)
+    web = yaml.safe_load(web_text)
+    cert_dir = str(PurePosixPath(web["tls_server_config"]["cert_file"]).parent)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == cert_dir]
+    (tls_secret,) = [v["secret"]["secretName"] for v in spec["volumes"] if v["name"] == mount["name"]]
+    (endpoint,) = by_kind(rendered, "ServiceMonitor")["spec"]["endpoints"]
+    auth, tls = endpoint["basicAuth"], endpoint["tlsConfig"]
+
+    assert re.findall(r"create secret tls (\S+)", header) == [tls_secret]
+    (scrape_command,) = re.findall(r"create secret generic (\S+)(.*\n.*)", header)
+    assert {auth["username"]["name"], auth["password"]["name"], tls["ca"]["secret"]["name"]} == {scrape_command[0]}
+    assert f"--from-file={tls['ca']['secret']['key']}=" in scrape_command[1]
+    assert f"--from-literal={auth['username']['key']}=" in scrape_command[1]
+    assert f"--from-literal={auth['password']['key']}=" in scrape_command[1]
+    (user,) = web["basic_auth_users"]
+    assert f"--from-literal={auth['username']['key']}={user} " in scrape_command[1]
+    assert f"htpasswd -nBC 12 {user}`" in header and tls["serverName"] in header
+
+    example = TLS_OVERLAY / "cert-manager-certificate.yaml"
+    assert example.name in header and example.name not in kustomization["resources"]
+    (certificate,) = [doc for doc in yaml.safe_load_all(example.read_text()) if doc]
+    assert certificate["kind"] == "Certificate" and certificate["apiVersion"] == "cert-manager.io/v1"
+    assert certificate["metadata"]["namespace"] == by_kind(rendered, "DaemonSet")["metadata"]["namespace"]
+    assert certificate["spec"]["secretName"] == tls_secret
+    assert tls["serverName"] in certificate["spec"]["dnsNames"]
+    assert "server auth" in certificate["spec"]["usages"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _https_get(
+    port: int, server_name: str, path: str, context: ssl.SSLContext, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """GET over TLS to 127.0.0.1:port, the certificate checked against server_name, as Prometheus does with
+    a target address that is an IP and a tlsConfig.serverName."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.sock = context.wrap_socket(raw, server_hostname=server_name)
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+        raw.close()
+
+
+def _probe_passes(probe: dict[str, Any], ports: dict[str, int], port: int) -> bool:
+    """Run a probe as the kubelet would against the exporter on 127.0.0.1:port: httpGet over its scheme
+    without checking the certificate and without credentials (200-399 passes), tcpSocket as a connect, exec
+    as the command with the image's python3 replaced by this interpreter and the container port by port."""
+    (container_port,) = set(ports.values())
+    if "tcpSocket" in probe or "httpGet" in probe:
+        action = probe.get("tcpSocket") or probe["httpGet"]
+        assert ports.get(action["port"], action["port"]) == container_port, action  # a name or a number
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                if "tcpSocket" in probe:
+                    return True
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                connection.sock = context.wrap_socket(sock) if action.get("scheme") == "HTTPS" else sock
+                connection.request("GET", action["path"])
+                return 200 <= connection.getresponse().status < 400
+        except OSError:
+            return False
+    command = list(probe["exec"]["command"])
+    assert command[0] == "python3", command
+    assert sum(arg.count(str(container_port)) for arg in command) == 1, command  # the port, once
+    command = [sys.executable, *(arg.replace(str(container_port), str(port)) for arg in command[1:])]
+    return subprocess.run(command, capture_output=True, timeout=probe.get("timeoutSeconds", 1) + 10).returncode == 0
+
+
+def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: Path) -> None:
+    """The exporter run with the DaemonSet's args, the ConfigMap's config and the overlay's web config
+    (a certificate for the ServiceMonitor's serverName, the placeholder replaced by a hash), on loopback:
+    a scrape as the ServiceMonitor makes it gets the metrics, and both probes pass as the kubelet runs them."""
+    rendered = render(TLS_OVERLAY)
+    _, container = _pod(rendered)
+    (endpoint,) = by_kind(rendered, "ServiceMonitor")["spec"]["endpoints"]
+    server_name = endpoint["tlsConfig"]["serverName"]
+    web_path, web_text = _shipped_web_config(rendered)
+    cert_dir = PurePosixPath(yaml.safe_load(web_text)["tls_server_config"]["cert_file"]).parent
+    ca, _, _ = _server_certificate(tmp_path / cert_dir.relative_to("/"), server_name)
+
+    # Every file where the args name it, moved under tmp_path.
+    password = "correct horse battery staple"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+    (user,) = yaml.safe_load(web_text)["basic_auth_users"]
+    flags = dict(arg.split("=", 1) for arg in container["args"])
+    sysfs = build_tree(tmp_path / "tree", spec_for_devices(2))
+    config_file = tmp_path / flags["--config.file"].lstrip("/")
+    config_file.parent.mkdir(parents=True)
+    config_file.write_text(by_kind(rendered, "ConfigMap")["data"][config_file.name])
+    web_file = tmp_path / str(web_path).lstrip("/")
+    web_file.parent.mkdir(parents=True)
+    web_file.write_text(_local_web_config(web_text, tmp_path, {user: hashed}))
+    port = _free_port()
+    local = {"--path.sysfs": str(sysfs), "--config.file": str(config_file), "--web.config.file": str(web_file),
+             "--web.listen-address": f"127.0.0.1:{port}"}
+    assert local.keys() <= flags.keys()
+    args = [f"{flag}={local.get(flag, value)}" for flag, value in flags.items()]
+
+    log = tmp_path / "exporter.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "rdma_exporter", *args], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        end = time.monotonic() + 60  # a generous bound on a polled condition, as test_daemon_http's
+        while True:
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+
+        # Prometheus: the overlay's CA, the certificate checked against serverName, basic auth.
+        context = ssl.create_default_context(cafile=ca)
+        login = {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+        status, body = _https_get(port, server_name, endpoint["path"], context, login)
+        assert status == 200 and b"\nrdma_" in body, (status, body[:200])
+        assert _https_get(port, server_name, endpoint["path"], context)[0] == 401
+        # Without serverName the certificate would be checked against the node's IP, and refused.
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _https_get(port, "127.0.0.1", endpoint["path"], context, login)
+
+        # The kubelet: no CA, no credentials.
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for name in ("livenessProbe", "readinessProbe"):
+            assert _probe_passes(container[name], ports, port), (name, log.read_text())
+    finally:
+        process.terminate()
+        process.wait(20)
+    # ... and they do not pass regardless: with the exporter gone, they fail.
+    for name in ("livenessProbe", "readinessProbe"):
+        assert not _probe_passes(container[name], ports, port), name
