@@ -226,10 +226,13 @@ class _Cpio:
         return b"".join(self.parts)
 
 
-def _init_script(modules: Sequence[str], keep: Sequence[str]) -> str:
+def _init_script(modules: Sequence[str], keep: Sequence[str], handover: Sequence[str] = ()) -> str:
     """/init: mounts, the chroot into the host's root, the rxe setup, the command, power off.
 
-    Every step says what it does on the console, so a failure is visible in the console log.
+    With `handover` (an init's argv, e.g. systemd), the setup is followed by `switch_root` into the host's
+    root and that init as PID 1, instead of the command: whatever the init starts runs the command, writes
+    $VM_OUT/exit-code and powers off. Every step says what it does on the console, so a failure is
+    visible in the console log.
     """
     lines = [
         "#!/bin/busybox sh",
@@ -269,6 +272,13 @@ def _init_script(modules: Sequence[str], keep: Sequence[str]) -> str:
         f"PYTHONDONTWRITEBYTECODE=1 VM_OUT={VM_OUT}'",
         f"chroot /host $ENV /bin/sh -x {VM_OUT}/setup.sh > /host{VM_OUT}/setup.log 2>&1 || "
         f"{{ cat /host{VM_OUT}/setup.log; fail setup; }}",
+    ]
+    if handover:
+        # busybox switch_root empties the initramfs, moves /host (with the mounts under it) to / and execs
+        # the init there; should that fail, PID 1 exits and the kernel panics, which ends qemu (-no-reboot).
+        argv = " ".join(map(shlex.quote, handover))
+        return "\n".join([*lines, f"echo vm: switch_root to {argv}", f"exec switch_root /host {argv}"]) + "\n"
+    lines += [
         "echo vm: command",
         f"chroot /host $ENV /bin/sh {VM_OUT}/command.sh > /host{VM_OUT}/command.log 2>&1",
         f"echo $? > /host{VM_OUT}/exit-code",
@@ -280,11 +290,18 @@ def _init_script(modules: Sequence[str], keep: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_initramfs(kernel: Kernel, dest: Path, keep: Sequence[str] = ()) -> Path:
-    """A gzipped newc initramfs with busybox, the modules of KERNEL_MODULES and /init."""
+def build_initramfs(
+    kernel: Kernel,
+    dest: Path,
+    keep: Sequence[str] = (),
+    *,
+    extra_modules: Sequence[str] = (),
+    handover: Sequence[str] = (),
+) -> Path:
+    """A gzipped newc initramfs with busybox, the modules of KERNEL_MODULES (and `extra_modules`) and /init."""
     if not BUSYBOX.is_file():
         raise FileNotFoundError(f"{BUSYBOX} is missing (busybox-static, scripts/install-test-deps.sh)")
-    modules = module_load_order(kernel.modules, KERNEL_MODULES)
+    modules = module_load_order(kernel.modules, (*KERNEL_MODULES, *extra_modules))
     archive = _Cpio()
     for directory in ("bin", "dev", "proc", "sys", "host", "keep", "modules"):
         archive.directory(directory)
@@ -293,7 +310,7 @@ def build_initramfs(kernel: Kernel, dest: Path, keep: Sequence[str] = ()) -> Pat
     names = [f"{module_name(module)}.ko" for module in modules]
     for name, module in zip(names, modules, strict=True):
         archive.file(f"modules/{name}", module_bytes(module))
-    archive.file("init", _init_script(names, keep).encode(), 0o755)
+    archive.file("init", _init_script(names, keep, handover).encode(), 0o755)
     dest.write_bytes(gzip.compress(archive.finish(), compresslevel=1))
     return dest
 
@@ -327,6 +344,9 @@ def run_in_vm(
     keep: Iterable[Path] = (),
     timeout: float | None = None,
     check: bool = True,
+    extra_modules: Sequence[str] = (),
+    qemu_args: Sequence[str] = (),
+    handover: Sequence[str] = (),
 ) -> VmResult:
     """Boot the VM, run `command` (shell) in the chroot after `setup`, return when it has powered off.
 
@@ -335,6 +355,10 @@ def run_in_vm(
     setup.log, command.log, exit-code and whatever the command writes). `keep`: host paths under /tmp the
     command needs; the checkout and the Python in use are added. With `check`, a VM that fails to boot or
     finish, or a command that exits non-zero, raises VmError with the logs' tails.
+
+    `extra_modules` are loaded after KERNEL_MODULES, `qemu_args` (e.g. a NIC) are added to qemu's, and
+    `handover` replaces the command's run by an init as PID 1 (see _init_script): command.sh is still
+    written to $VM_OUT for that init's units to run.
     """
     kernel = find_kernel()
     if kernel is None:
@@ -348,7 +372,7 @@ def run_in_vm(
     (out / "setup.sh").write_text(setup)
     (out / "command.sh").write_text(command)
     kept = _keep_paths([*keep, Path(__file__).parents[2], Path(sys.prefix), work_dir])
-    initrd = build_initramfs(kernel, work_dir / "initrd.gz", kept)
+    initrd = build_initramfs(kernel, work_dir / "initrd.gz", kept, extra_modules=extra_modules, handover=handover)
     console = work_dir / "console.log"
     accel = os.environ.get("RDMA_EXPORTER_VM_ACCEL", "")
     kvm = accel != "tcg" and kvm_usable()
@@ -356,14 +380,15 @@ def run_in_vm(
     started = time.monotonic()
     if kvm:
         qemu_output = _boot(qemu, kernel, initrd, out, console, kvm=True, timeout=timeout or KVM_TIMEOUT,
-                            work_dir=work_dir, boot_deadline=None if accel == "kvm" else KVM_BOOT_DEADLINE)
+                            work_dir=work_dir, qemu_args=qemu_args,
+                            boot_deadline=None if accel == "kvm" else KVM_BOOT_DEADLINE)
         if not (out / "exit-code").exists() and INIT_BANNER not in _read(console):
             kvm = False  # never reached /init: a broken nested KVM, boot again under TCG
             console.rename(work_dir / "console-kvm.log")
     if not kvm:
         started = time.monotonic()
         qemu_output = _boot(qemu, kernel, initrd, out, console, kvm=False, timeout=timeout or TCG_TIMEOUT,
-                            work_dir=work_dir, boot_deadline=None)
+                            work_dir=work_dir, qemu_args=qemu_args, boot_deadline=None)
     seconds = time.monotonic() - started
     exit_file = out / "exit-code"
     if not exit_file.exists():
@@ -392,6 +417,7 @@ def _boot(
     timeout: float,
     work_dir: Path,
     boot_deadline: float | None,
+    qemu_args: Sequence[str] = (),
 ) -> bytes:
     """One qemu run until power-off; its stdout. Raises VmError on timeout (after killing qemu).
 
@@ -411,6 +437,7 @@ def _boot(
         "-nic", "none",
         "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
         "-virtfs", f"local,path={out},mount_tag=out,security_model=none,multidevs=remap",
+        *qemu_args,
     ]  # fmt: skip
     (work_dir / "qemu-argv.txt").write_text(" ".join(map(shlex.quote, argv)) + "\n")
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
