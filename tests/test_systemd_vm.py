@@ -1,0 +1,243 @@
+"""The shipped hardened unit, deploy/systemd/rdma-exporter.service, run by a real systemd as PID 1.
+
+One VM boot for the module (tests/vm/systemd.py on tests/vm/harness.py): the Debian kernel in qemu, rxe0
+on veth0 and rxe1 on a virtio-net NIC, then the host's systemd as PID 1. The unit file is installed
+unchanged in /run/systemd/system; a drop-in (DROP_IN) changes only where the interpreter, the code and
+the config are, since this machine has no /opt/rdma-exporter install. The test unit, ordered after the
+service, scrapes it, reads its state and its process's credentials, reloads it, scrapes again and saves
+the journal; the tests here read what it saved.
+
+What can only show at run time does show here: a syscall the filter denies, a path the mount sandbox
+hides, READY=1 not reaching systemd (Type=notify would time out), the ethtool ioctl or the netlink socket
+refused under RestrictAddressFamilies=.
+
+Needs what tests/test_real_kernel.py needs, and systemd. Measured on a 2-CPU machine under TCG: see
+the commit that added this module.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from vm.harness import NETDEV, VmResult, find_kernel
+from vm.systemd import NIC_NETDEV, NIC_RDMA, SYSTEMD, UNIT_DIR, boot_systemd
+
+from rdma_exporter.daemon import FD_RESERVE
+from rdma_exporter.parse.reader import DEFAULT_MAX_OPEN_FILES
+
+from conftest import samples, skip_or_fail
+
+REPO = Path(__file__).resolve().parents[1]
+UNIT = "rdma-exporter.service"
+SHIPPED_UNIT = REPO / "deploy" / "systemd" / UNIT
+PORT = 9883  # deploy/systemd/rdma-exporter.yml's listen address
+
+# Inside the VM, before systemd starts: the interpreter's prefix, the checkout's exporter/ and the shipped
+# config under /opt (a tmpfs over the host's /opt there), where ProtectHome= and PrivateTmp= do not hide
+# them. The host's /root (pyenv) and /tmp (a CI clone) stay hidden from the service, as the unit wants.
+OPT = "/opt/rdma-exporter"
+PYTHON = f"{OPT}/python/{Path(sys.executable).resolve().relative_to(Path(sys.prefix).resolve())}"
+PREPARE = f"""\
+mount -t tmpfs -o mode=0755 tmpfs /opt
+mkdir -p {OPT}/python {OPT}/exporter {OPT}/deploy
+mount --bind {Path(sys.prefix).resolve()} {OPT}/python
+mount --bind {REPO / "exporter"} {OPT}/exporter
+mount --bind {REPO / "deploy" / "systemd"} {OPT}/deploy
+cp {SHIPPED_UNIT} {UNIT_DIR}/{UNIT}
+"""
+DROP_IN = f"""\
+# Only what differs on the test VM from an install as the unit's header describes.
+[Service]
+ExecStart=
+ExecStart={PYTHON} -m rdma_exporter --config.file={OPT}/deploy/rdma-exporter.yml $RDMA_EXPORTER_ARGS
+Environment=PYTHONPATH={OPT}/exporter
+# The interpreter's RUNPATH names its libpython under its real prefix, which ProtectHome= hides: without
+# this the loader falls back to the distribution's libpython of the same soname, a different Python.
+Environment=LD_LIBRARY_PATH={OPT}/python/lib
+"""
+
+COMMAND = f"""\
+set -u
+out=$VM_OUT
+unit=rdma-exporter
+readlink /proc/1/exe > $out/pid1-exe.txt
+systemctl show -p Virtualization --value >> $out/pid1-exe.txt
+systemctl is-system-running > $out/system-running.txt 2>&1
+cmp {SHIPPED_UNIT} {UNIT_DIR}/{UNIT} > $out/unit-cmp.txt 2>&1; echo "cmp exit $?" >> $out/unit-cmp.txt
+systemctl cat $unit > $out/unit-cat.txt 2>&1
+properties=ActiveState,SubState,MainPID,NRestarts,StatusText,Result,ExecMainStatus
+show() {{ systemctl show $unit -p $properties > $out/show-$1.txt; }}
+scrape() {{ curl -sf --max-time 20 -o $out/scrape-$1.prom http://127.0.0.1:{PORT}/metrics; }}
+show start
+for i in 1 2 3 4 5; do scrape start && break; sleep 1; done
+pid=$(systemctl show -p MainPID --value $unit)
+cat /proc/$pid/status > $out/proc-status.txt 2>&1
+cat /proc/$pid/limits > $out/proc-limits.txt 2>&1
+systemctl reload $unit; echo $? > $out/reload-exit.txt
+for i in $(seq 50); do journalctl -u $unit --no-pager | grep -q 'reloaded ' && break; sleep 0.2; done
+show reload
+scrape reload
+journalctl --sync
+journalctl -u $unit -o short-monotonic --no-pager > $out/journal.txt 2>&1
+journalctl -b -o short-monotonic --no-pager > $out/journal-boot.txt 2>&1
+systemctl status $unit --no-pager > $out/status.txt 2>&1
+systemctl list-units --failed --no-pager > $out/failed.txt 2>&1
+"""
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture(scope="module")
+def vm(tmp_path_factory: pytest.TempPathFactory) -> VmResult:
+    if find_kernel() is None:
+        skip_or_fail("no Debian kernel unpacked for the VM (scripts/install-test-deps.sh)")
+    for tool in ("qemu-system-x86_64", "rdma", "curl"):
+        if shutil.which(tool) is None:
+            skip_or_fail(f"{tool} is not installed (scripts/install-test-deps.sh)")
+    for path in ("/bin/busybox", SYSTEMD):
+        if not Path(path).is_file():
+            skip_or_fail(f"{path} is missing (scripts/install-test-deps.sh)")
+    work = tmp_path_factory.mktemp("systemd-vm")
+    started = time.monotonic()
+    result = boot_systemd(
+        COMMAND,
+        work,
+        units={f"{UNIT}.d/test.conf": DROP_IN},
+        prepare=PREPARE,
+        after=(UNIT,),
+    )
+    print(f"VM ({'KVM' if result.kvm else 'TCG'}) ran {result.seconds:.1f} s, {time.monotonic() - started:.1f} s "
+          f"with the build and any KVM probe; logs in {work}")
+    return result
+
+
+def read(vm: VmResult, name: str) -> str:
+    path = vm.out_dir / name
+    assert path.exists(), f"the test unit saved no {name}; command.log:\n{read_log(vm)}"
+    return path.read_text(errors="replace")
+
+
+def read_log(vm: VmResult) -> str:
+    return vm.command_log.read_text(errors="replace") if vm.command_log.exists() else "<no command.log>"
+
+
+def journal(vm: VmResult) -> str:
+    return read(vm, "journal.txt")
+
+
+def show(vm: VmResult, step: str) -> dict[str, str]:
+    return dict(line.partition("=")[::2] for line in read(vm, f"show-{step}.txt").splitlines())
+
+
+def scrape(vm: VmResult, step: str) -> Samples:
+    path = vm.out_dir / f"scrape-{step}.prom"
+    assert path.exists(), f"no scrape after {step}\nstatus:\n{read(vm, 'status.txt')}\njournal:\n{journal(vm)}"
+    return samples(path.read_text())
+
+
+def test_service_is_active_under_systemd_as_pid_1(vm: VmResult) -> None:
+    assert vm.exit_code == 0, f"the test command exited {vm.exit_code}:\n{read_log(vm)}"
+    pid1_exe, virtualization = read(vm, "pid1-exe.txt").split()
+    assert Path(pid1_exe).name == "systemd"
+    assert virtualization in {"qemu", "kvm"}  # PID 1's own view: a VM, not a container
+    # After basic.target, and the boot transaction still running (it waits for the test unit).
+    assert read(vm, "system-running.txt").strip() == "starting", read(vm, "failed.txt")
+    assert "cmp exit 0" in read(vm, "unit-cmp.txt"), "the unit installed is not the shipped one"
+    state = show(vm, "start")
+    # Type=notify: "active" only once the exporter's READY=1 reached systemd (NotifyAccess=main).
+    assert (state["ActiveState"], state["SubState"]) == ("active", "running"), (state, journal(vm))
+    assert state["NRestarts"] == "0", journal(vm)
+    assert int(state["MainPID"]) > 1
+
+
+def status_field(vm: VmResult, name: str) -> list[str]:
+    for line in read(vm, "proc-status.txt").splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.split()
+    raise AssertionError(f"no {name} in /proc/<MainPID>/status:\n{read(vm, 'proc-status.txt')}")
+
+
+def test_exporter_runs_as_a_dynamic_user_without_capabilities(vm: VmResult) -> None:
+    assert status_field(vm, "Name") == ["python3.11"] or status_field(vm, "Name")[0].startswith("python")
+    uids, gids = status_field(vm, "Uid"), status_field(vm, "Gid")
+    # DynamicUser= allocates from 61184-65519; real, effective, saved and filesystem ids all that user.
+    assert len(set(uids)) == 1 and 61184 <= int(uids[0]) <= 65519, uids
+    assert len(set(gids)) == 1 and 61184 <= int(gids[0]) <= 65519, gids
+    for capabilities in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status_field(vm, capabilities)[0], 16) == 0, capabilities
+    assert status_field(vm, "NoNewPrivs") == ["1"]
+    assert status_field(vm, "Seccomp") == ["2"]  # the SystemCallFilter= is in force
+
+
+def value(found: Samples, name: str, **labels: str) -> float | None:
+    return found.get((name, tuple(sorted(labels.items()))))
+
+
+def failures(found: Samples) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    failed = {k: v for k, v in found.items() if k[0] == "rdma_exporter_scrape_collector_success" and v != 1}
+    errors = {k: v for k, v in found.items() if k[0] == "rdma_exporter_file_read_errors_total" and v}
+    return failed | errors
+
+
+def test_scrape_has_rdma_netdev_and_ethtool_series(vm: VmResult) -> None:
+    found = scrape(vm, "start")
+    # The interpreter in use, not the distribution's libpython of the same soname (see DROP_IN).
+    build = [dict(k[1]) for k in found if k[0] == "rdma_exporter_build_info"]
+    assert [b.get("python_version") for b in build] == [sys.version.split()[0]], build
+    collectors = {dict(k[1])["collector"] for k in found if k[0] == "rdma_exporter_scrape_collector_success"}
+    assert {"infiniband", "netdev", "ethtool"} <= collectors, collectors
+    assert failures(found) == {}
+    for device, netdev in (("rxe0", NETDEV), (NIC_RDMA, NIC_NETDEV)):
+        port = {"device": device, "port": "1"}
+        assert value(found, "rdma_port_state", **port, state="ACTIVE") == 1, device
+        assert value(found, "rdma_port_netdev_info", **port, netdev=netdev) == 1, device
+        assert value(found, "rdma_netdev_up", **port, netdev=netdev) == 1, device
+    # The SIOCETHTOOL ioctl (an AF_INET socket) answered for the NIC: veth0 has no `device` link, so the
+    # ethtool collector reads only hardware-backed netdevs and skips it.
+    # rdma_ethtool_curated_stats is exported for each netdev whose statistics were read, even when (as for
+    # virtio-net) none has a curated name; a refused ioctl would count a read error instead.
+    nic = {"device": NIC_RDMA, "port": "1", "netdev": NIC_NETDEV}
+    assert value(found, "rdma_ethtool_curated_stats", **nic) is not None, sorted(k for k in found if "ethtool" in k[0])
+    ethtool = {k for k in found if k[0].startswith("rdma_ethtool_")}
+    assert not any(dict(k[1]).get("netdev") == NETDEV for k in ethtool), sorted(ethtool)
+    # The uevent socket (AF_NETLINK) opened: the exporter follows udevd's events instead of rescanning.
+    assert re.search(r"device discovery: udev \(", journal(vm)), journal(vm)
+
+
+def test_reload_keeps_the_same_process_serving(vm: VmResult) -> None:
+    before, after = show(vm, "start"), show(vm, "reload")
+    assert read(vm, "reload-exit.txt").strip() == "0", journal(vm)
+    assert (after["ActiveState"], after["SubState"]) == ("active", "running"), (after, journal(vm))
+    assert after["MainPID"] == before["MainPID"] and after["NRestarts"] == "0"
+    assert "received SIGHUP, reloading" in journal(vm)
+    assert re.search(r"reloaded \S*rdma-exporter\.yml", journal(vm)), journal(vm)
+    found = scrape(vm, "reload")
+    assert value(found, "rdma_port_state", device="rxe0", port="1", state="ACTIVE") == 1
+    assert failures(found) == {}
+
+
+# What the exporter logs when the sandbox refuses it something (daemon.py, hotplug.py, collect/ethtool.py).
+DENIED = re.compile(
+    r"open-file limit|cannot (read|raise) the open-file|cannot open|cannot watch|refused|denied|EPERM|"
+    r"Operation not permitted|Permission denied|seccomp|Traceback|level=(warn|error)",
+    re.IGNORECASE,
+)
+
+
+def test_journal_has_no_sandbox_denials(vm: VmResult) -> None:
+    lines = [line for line in journal(vm).splitlines() if DENIED.search(line)]
+    assert lines == [], "\n".join(lines)
+    # LimitNOFILE= sets the soft limit as high as the default kept-open files need, so raise_fd_limit never
+    # has to call setrlimit (SystemCallFilter= denies @resources' setrlimit; glibc's prlimit64 is allowed).
+    limits = read(vm, "proc-limits.txt")
+    found = re.search(r"^Max open files\s+(\d+)\s+(\d+)", limits, re.MULTILINE)
+    shipped = re.search(r"^LimitNOFILE=(\d+)$", SHIPPED_UNIT.read_text(), re.MULTILINE)
+    assert found and shipped, limits
+    assert found.groups() == (shipped[1], shipped[1]), limits
+    assert int(found[1]) >= DEFAULT_MAX_OPEN_FILES + FD_RESERVE, limits
