@@ -173,7 +173,7 @@ def status_field(vm: VmResult, name: str) -> list[str]:
 
 
 def test_exporter_runs_as_a_dynamic_user_without_capabilities(vm: VmResult) -> None:
-    assert status_field(vm, "Name") == ["python3.11"] or status_field(vm, "Name")[0].startswith("python")
+    assert status_field(vm, "Name")[0].startswith("python"), "MainPID is not the exporter's interpreter"
     uids, gids = status_field(vm, "Uid"), status_field(vm, "Gid")
     # DynamicUser= allocates from 61184-65519; real, effective, saved and filesystem ids all that user.
     assert len(set(uids)) == 1 and 61184 <= int(uids[0]) <= 65519, uids
