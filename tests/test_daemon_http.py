@@ -2100,6 +2100,25 @@ def test_systemd_is_told_ready_reloading_and_stopping(
         assert daemon.proc.wait(20) == 0
 
 
+
+def test_a_notification_systemd_cannot_get_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Without it the journal says only "start operation timed out" when the unit's sandbox refuses the
+    # notify socket (AF_UNIX taken out of RestrictAddressFamilies=, seen under systemd as PID 1).
+    from rdma_exporter.daemon import sd_notify
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "gone" / "notify"))
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        sd_notify("RELOADING=1\nMONOTONIC_USEC=1")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot notify systemd of RELOADING=1 at {tmp_path}/gone/notify: [Errno 2] No such file or directory"
+    ]
+    caplog.clear()
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    sd_notify("READY=1")  # not under systemd: nothing to say
+    assert caplog.records == []
+
 def test_sigint_stops_like_sigterm(start: Callable[..., RunningDaemon], tree: Path) -> None:
     # Ctrl-C in a terminal (or `kill -INT`): the same clean stop, not a KeyboardInterrupt traceback.
     daemon = start("--path.sysfs", str(tree))

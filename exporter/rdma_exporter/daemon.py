@@ -8,7 +8,6 @@ file (the running config is kept) and SIGTERM (in-flight requests finish, then e
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import html
 import logging
@@ -226,8 +225,13 @@ def sd_notify(state: str) -> None:
     if not path:
         return
     address = "\0" + path[1:] if path.startswith("@") else path
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.sendto(state.encode(), address)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(state.encode(), address)
+    except OSError as exc:
+        # Otherwise the journal only says "start operation timed out" (AF_UNIX missing from the unit's
+        # RestrictAddressFamilies=, or a socket path this process cannot reach).
+        log.warning("cannot notify systemd of %s at %s: %s", state.split("\n", 1)[0], path, exc)
 
 
 # A scrape of many devices allocates and frees megabytes; glibc keeps freed pages mapped in its arenas,
