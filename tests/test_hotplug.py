@@ -648,6 +648,30 @@ def test_a_refused_uevent_socket_means_rescan_mode(tree: Path, monkeypatch: pyte
     assert mode.startswith("rescan (cannot open the uevent socket: ") and "Address family not supported" in mode
 
 
+
+def test_a_refused_uevent_socket_is_a_warning(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # On the real /sys a refused socket is a sandbox refusing what the unit allows, and costs a rescan per
+    # scrape: a warning, not only the info line "device discovery: rescan (...)" (seen under systemd with
+    # AF_NETLINK taken out of RestrictAddressFamilies=).
+    import pyudev
+
+    def refused(context: object, source: str = "udev") -> OpenedMonitor:
+        raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(hotplug, "is_sysfs_mount", lambda path: True)
+    monkeypatch.setattr(pyudev.Monitor, "from_netlink", staticmethod(refused))
+    collector = udev_collector(tree)
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.hotplug"):
+        monitor, _ = start_monitor(tree, lambda: collector.inventory)
+    assert monitor is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "cannot open the uevent socket ([Errno 97] Address family not supported by protocol): "
+        "hotplug is found by a rescan on every scrape"
+    ]
+
 def rtnetlink_message(kind: int, index: int) -> bytes:
     """One rtnetlink message: nlmsghdr, an ifaddrmsg for `index`, one 8-byte attribute (IFA_ADDRESS)."""
     body = struct.pack("=BBBBI", socket.AF_INET, 24, 0, 0, index) + struct.pack("=HH4s", 8, 1, bytes([10, 0, 0, 1]))
@@ -795,6 +819,42 @@ def test_a_failed_rtnetlink_socket_ends_the_address_watch_with_one_error(
     errors = [r.getMessage() for r in caplog.records if r.name == hotplug.__name__ and r.levelno >= logging.ERROR]
     assert errors == [
         "address watch failed ([Errno 9] Bad file descriptor); GID counts follow address changes only at resync"
+    ]
+
+
+class RefusedTimeoutRouteSocket(FakeRouteSocket):
+    """settimeout is an ioctl (FIONBIO): under a seccomp filter that refuses ioctl it raises EPERM."""
+
+    def settimeout(self, timeout: float) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+
+def test_a_refused_settimeout_ends_the_address_watch_with_one_error(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, the EPERM escaped the loop and the thread died with an unhandled-exception traceback.
+    collector = udev_collector(tree)
+    monitor = HotplugMonitor(
+        FakeMonitor(), "kernel", lambda: collector.inventory, addresses=RefusedTimeoutRouteSocket()  # type: ignore[arg-type]
+    )
+    unhandled: list[threading.ExceptHookArgs] = []
+    previous_hook = threading.excepthook
+    threading.excepthook = unhandled.append
+    try:
+        with caplog.at_level(logging.ERROR, logger="rdma_exporter.hotplug"):
+            monitor.start()
+            try:
+                assert monitor._address_thread is not None
+                monitor._address_thread.join(UEVENT_DEADLINE)
+                assert not monitor._address_thread.is_alive()
+            finally:
+                monitor.stop()
+    finally:
+        threading.excepthook = previous_hook
+    assert unhandled == []
+    errors = [r.getMessage() for r in caplog.records if r.name == hotplug.__name__ and r.levelno >= logging.ERROR]
+    assert errors == [
+        "address watch failed ([Errno 1] Operation not permitted); GID counts follow address changes only at resync"
     ]
 
 

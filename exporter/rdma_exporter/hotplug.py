@@ -283,8 +283,9 @@ class HotplugMonitor:
             for name in [name for name, due in settling.items() if due <= now]:
                 del settling[name]
                 self.handle_address("settled", name)
-            route.settimeout(min([1.0, *(due - now for due in settling.values())]) if settling else 1.0)
             try:
+                # Inside the try: settimeout is an ioctl (FIONBIO), which a seccomp filter may refuse.
+                route.settimeout(min([1.0, *(due - now for due in settling.values())]) if settling else 1.0)
                 data = route.recv(65536)
             except TimeoutError:
                 continue
@@ -370,6 +371,7 @@ def start_monitor(
     try:
         import pyudev
     except ImportError as exc:  # pragma: no cover - a declared dependency; libudev may still be missing
+        log.warning("pyudev unavailable (%s): hotplug is found by a rescan on every scrape", exc)
         return None, f"rescan (pyudev unavailable: {exc})"
     chosen = source or ("udev" if UDEVD_CONTROL.exists() else "kernel")
     try:
@@ -379,6 +381,9 @@ def start_monitor(
             monitor.filter_by(subsystem)
         monitor.start()
     except Exception as exc:  # no libudev, netlink refused by a seccomp or address-family filter
+        # A warning, unlike the fixture-tree case above: on the real /sys this is a sandbox refusing what
+        # the shipped unit allows (AF_NETLINK), and every scrape now pays a rescan.
+        log.warning("cannot open the uevent socket (%s): hotplug is found by a rescan on every scrape", exc)
         return None, f"rescan (cannot open the uevent socket: {exc})"
     hotplug = HotplugMonitor(monitor, chosen, inventory, addresses=open_address_socket(), sys_root=sys_root)
     hotplug.start()
