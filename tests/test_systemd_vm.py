@@ -2,7 +2,7 @@
 
 One VM boot for the module (tests/vm/systemd.py on tests/vm/harness.py): the Debian kernel in qemu, rxe0
 on veth0 and rxe1 on a virtio-net NIC, then the host's systemd as PID 1. The unit file is installed
-unchanged in /run/systemd/system; a drop-in (DROP_IN) changes only where the interpreter, the code and
+unchanged in /run/systemd/system; a drop-in (drop_in) changes only where the interpreter, the code and
 the config are, since this machine has no /opt/rdma-exporter install. The test unit, ordered after the
 service, scrapes it, reads its state and its process's credentials, reloads it, scrapes again and saves
 the journal; the tests here read what it saved.
@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -50,25 +51,55 @@ PORT = 9883  # deploy/systemd/rdma-exporter.yml's listen address
 # config under /opt (a tmpfs over the host's /opt there), where ProtectHome= and PrivateTmp= do not hide
 # them. The host's /root (pyenv) and /tmp (a CI clone) stay hidden from the service, as the unit wants.
 OPT = "/opt/rdma-exporter"
-PYTHON = f"{OPT}/python/{Path(sys.executable).resolve().relative_to(Path(sys.prefix).resolve())}"
-PREPARE = f"""\
-mount -t tmpfs -o mode=0755 tmpfs /opt
-mkdir -p {OPT}/python {OPT}/exporter {OPT}/deploy
-mount --bind {Path(sys.prefix).resolve()} {OPT}/python
-mount --bind {REPO / "exporter"} {OPT}/exporter
-mount --bind {REPO / "deploy" / "systemd"} {OPT}/deploy
-cp {SHIPPED_UNIT} {UNIT_DIR}/{UNIT}
-"""
-DROP_IN = f"""\
+
+
+def interpreter_in_vm() -> tuple[str, str, list[str]]:
+    """(the interpreter in use as the VM's service sees it, the PYTHONPATH it needs, the bind mounts).
+
+    The base installation is bound at OPT/python. In a venv (Debian's own Python refuses pip outside
+    one), the venv's site-packages is bound too and goes on PYTHONPATH: the service runs the base
+    interpreter, whose prefix is found from where it lies. Raises ValueError if the interpreter does not
+    lie under its base prefix (the caller skips then).
+    """
+    base = Path(sys.base_prefix).resolve()
+    python = f"{OPT}/python/{Path(sys.executable).resolve().relative_to(base)}"
+    binds = [f"mount --bind {base} {OPT}/python"]
+    path = [f"{OPT}/exporter"]
+    if sys.prefix != sys.base_prefix:
+        venv = Path(sys.prefix).resolve()
+        site = Path(sysconfig.get_path("purelib")).resolve()
+        binds.append(f"mount --bind {venv} {OPT}/venv")
+        path.append(f"{OPT}/venv/{site.relative_to(venv)}")
+    return python, ":".join(path), binds
+
+
+def prepare_script(binds: list[str]) -> str:
+    """Inside the VM, before systemd starts: the interpreter, the checkout's exporter/ and the shipped
+    config under /opt (a tmpfs over the host's /opt there), where ProtectHome= and PrivateTmp= do not hide
+    them. The host's /root (pyenv) and /tmp (a CI clone) stay hidden from the service, as the unit wants."""
+    return "\n".join([
+        "mount -t tmpfs -o mode=0755 tmpfs /opt",
+        f"mkdir -p {OPT}/python {OPT}/venv {OPT}/exporter {OPT}/deploy",
+        *binds,
+        f"mount --bind {REPO / 'exporter'} {OPT}/exporter",
+        f"mount --bind {REPO / 'deploy' / 'systemd'} {OPT}/deploy",
+        f"cp {SHIPPED_UNIT} {UNIT_DIR}/{UNIT}",
+        "",
+    ])
+
+
+def drop_in(python: str, pythonpath: str) -> str:
+    return f"""\
 # Only what differs on the test VM from an install as the unit's header describes.
 [Service]
 ExecStart=
-ExecStart={PYTHON} -m rdma_exporter --config.file={OPT}/deploy/rdma-exporter.yml $RDMA_EXPORTER_ARGS
-Environment=PYTHONPATH={OPT}/exporter
+ExecStart={python} -m rdma_exporter --config.file={OPT}/deploy/rdma-exporter.yml $RDMA_EXPORTER_ARGS
+Environment=PYTHONPATH={pythonpath}
 # The interpreter's RUNPATH names its libpython under its real prefix, which ProtectHome= hides: without
 # this the loader falls back to the distribution's libpython of the same soname, a different Python.
 Environment=LD_LIBRARY_PATH={OPT}/python/lib
 """
+
 
 COMMAND = f"""\
 set -u
@@ -111,13 +142,18 @@ def vm(tmp_path_factory: pytest.TempPathFactory) -> VmResult:
     for path in ("/bin/busybox", SYSTEMD):
         if not Path(path).is_file():
             skip_or_fail(f"{path} is missing (scripts/install-test-deps.sh)")
+    try:
+        python, pythonpath, binds = interpreter_in_vm()
+    except ValueError as exc:
+        skip_or_fail(f"cannot place this interpreter in the VM: {exc}")
     work = tmp_path_factory.mktemp("systemd-vm")
     started = time.monotonic()
     result = boot_systemd(
         COMMAND,
         work,
-        units={f"{UNIT}.d/test.conf": DROP_IN},
-        prepare=PREPARE,
+        units={f"{UNIT}.d/test.conf": drop_in(python, pythonpath)},
+        prepare=prepare_script(binds),
+        keep=(Path(sys.base_prefix).resolve(),),
         after=(UNIT,),
     )
     print(f"VM ({'KVM' if result.kvm else 'TCG'}) ran {result.seconds:.1f} s, {time.monotonic() - started:.1f} s "
@@ -196,7 +232,7 @@ def failures(found: Samples) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
 
 def test_scrape_has_rdma_netdev_and_ethtool_series(vm: VmResult) -> None:
     found = scrape(vm, "start")
-    # The interpreter in use, not the distribution's libpython of the same soname (see DROP_IN).
+    # The interpreter in use, not the distribution's libpython of the same soname (see drop_in).
     build = [dict(k[1]) for k in found if k[0] == "rdma_exporter_build_info"]
     assert [b.get("python_version") for b in build] == [sys.version.split()[0]], build
     collectors = {dict(k[1])["collector"] for k in found if k[0] == "rdma_exporter_scrape_collector_success"}

@@ -73,13 +73,19 @@ MASKED: Final = (
     "systemd-journald-audit.socket",
 )
 
+JOB_TIMEOUT: Final = 400
+# qemu's own limit, under KVM and TCG alike: longer than the watchdog, which is longer than a unit's 90 s
+# start timeout. A READY=1 that never comes then fails the service first, and the test unit (which only
+# wants it) still runs and saves the journal that says why.
+VM_TIMEOUT: Final = JOB_TIMEOUT + 60.0
+
 TARGET_UNIT: Final = f"""\
 [Unit]
 Description=VM test boot
 # basic.target as multi-user.target has it, so that units with default dependencies start after it.
 Wants=basic.target {TEST_UNIT}
 # A boot that never gets to the end of the test unit powers off rather than waiting for qemu's timeout.
-JobTimeoutSec=400
+JobTimeoutSec={JOB_TIMEOUT}
 JobTimeoutAction=poweroff-force
 """
 
@@ -150,7 +156,7 @@ def boot_systemd(
         work_dir,
         setup=setup,
         keep=keep,
-        timeout=timeout,
+        timeout=timeout or VM_TIMEOUT,
         check=False,
         extra_modules=NIC_MODULES,
         qemu_args=NIC_QEMU_ARGS,
