@@ -2100,7 +2100,6 @@ def test_systemd_is_told_ready_reloading_and_stopping(
         assert daemon.proc.wait(20) == 0
 
 
-
 def test_a_notification_systemd_cannot_get_is_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -2118,6 +2117,7 @@ def test_a_notification_systemd_cannot_get_is_a_warning(
     monkeypatch.delenv("NOTIFY_SOCKET")
     sd_notify("READY=1")  # not under systemd: nothing to say
     assert caplog.records == []
+
 
 def test_sigint_stops_like_sigterm(start: Callable[..., RunningDaemon], tree: Path) -> None:
     # Ctrl-C in a terminal (or `kill -INT`): the same clean stop, not a KeyboardInterrupt traceback.

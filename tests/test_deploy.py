@@ -791,7 +791,11 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
             assert _probe_passes(container[name], ports, port), (name, log.read_text())
     finally:
         process.terminate()
-        process.wait(20)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
     # ... and they do not pass regardless: with the exporter gone, they fail.
     for name in ("livenessProbe", "readinessProbe"):
         assert not _probe_passes(container[name], ports, port), name

@@ -672,6 +672,7 @@ def test_a_refused_uevent_socket_is_a_warning(
         "hotplug is found by a rescan on every scrape"
     ]
 
+
 def rtnetlink_message(kind: int, index: int) -> bytes:
     """One rtnetlink message: nlmsghdr, an ifaddrmsg for `index`, one 8-byte attribute (IFA_ADDRESS)."""
     body = struct.pack("=BBBBI", socket.AF_INET, 24, 0, 0, index) + struct.pack("=HH4s", 8, 1, bytes([10, 0, 0, 1]))
