@@ -331,20 +331,10 @@ def run(devices: int | str, iterations: int, use_pyinstrument: bool) -> str:
             os.utime(directory, (time.time() - 60, time.time() - 60))
         kept = {d.name: OpenFiles(FileBudget(1_000_000), verify=True) for d in infos}
 
-        def read_errors(files: dict[str, OpenFiles | None]) -> dict[tuple[str, str], int]:
-            """One read of every device and source, as read_all; the failed reads by (device, reason)."""
-            errors = ReadErrors()
-            for d in infos:
-                opened = files.get(d.name)
-                if opened is not None:
-                    opened.begin()
-            for source in collector.sources:
-                ctx = ScrapeContext(sys_root, collector._settings.get(source.name, {}))
-                for d in infos:
-                    source.read(ctx, d, SysfsReader(d.name, errors, files.get(d.name)))
-            return dict(errors.counts)
-
-        def read_all(files: dict[str, OpenFiles | None]) -> dict[str, dict[str, Any]]:
+        def read_all(
+            files: dict[str, OpenFiles | None], failed: ReadErrors | None = None
+        ) -> dict[str, dict[str, Any]]:
+            """Every source's reading of every device; the failed reads go to `failed`, if given."""
             out: dict[str, dict[str, Any]] = {}
             for d in infos:
                 opened = files.get(d.name)
@@ -352,15 +342,16 @@ def run(devices: int | str, iterations: int, use_pyinstrument: bool) -> str:
                     opened.begin()
             for source in collector.sources:
                 ctx = ScrapeContext(sys_root, collector._settings.get(source.name, {}))
-                errors = ReadErrors()
+                errors = failed if failed is not None else ReadErrors()
                 out[source.name] = {
                     d.name: source.read(ctx, d, SysfsReader(d.name, errors, files.get(d.name))) for d in infos
                 }
             return out
 
-        failed = read_errors(kept)  # opens and keeps every per-scrape file
-        if failed:
-            raise AssertionError(f"the read phase's reads failed, so its times would not be a scrape's: {failed}")
+        failed = ReadErrors()
+        read_all(kept, failed)  # opens and keeps every per-scrape file
+        if failed.counts:
+            raise AssertionError(f"the read phase's reads failed, its times would not be a scrape's: {failed.counts}")
         results["read"], read_results = timed(lambda: read_all(kept), iterations)
         results["read, files opened for each read"], _ = timed(lambda: read_all({}), iterations)
 
