@@ -51,6 +51,21 @@ def skip_or_fail(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+def require_vm(*tools: str, files: tuple[str, ...] = ()) -> None:
+    """What a test booting tests/vm's qemu VM needs: the unpacked kernel, qemu, busybox-static, and
+    `tools` on PATH and `files` in place; skipped locally when absent, a failure in CI."""
+    __tracebackhide__ = True
+    from vm.harness import find_kernel
+
+    if find_kernel() is None:
+        skip_or_fail("no Debian kernel unpacked for the VM (scripts/install-test-deps.sh)")
+    for tool in ("qemu-system-x86_64", *tools):
+        require_binary(tool)
+    for path in ("/bin/busybox", *files):
+        if not Path(path).is_file():
+            skip_or_fail(f"{path} is missing (scripts/install-test-deps.sh)")
+
+
 def require_binary(name: str) -> str:
     """Path of a tool the suite needs; skipped locally when absent, a failure in CI (.ci/run installs it)."""
     __tracebackhide__ = True

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from vm.harness import NETDEV, VmResult, find_kernel, run_in_vm
+from vm.harness import NETDEV, VmResult, run_in_vm
 
-from conftest import promtool_check_metrics, samples, skip_or_fail
+from conftest import promtool_check_metrics, require_vm, samples
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "tests" / "vm" / "scenario.py"
@@ -36,13 +35,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory: pytest.TempPathFactory) -> VmResult:
-    if find_kernel() is None:
-        skip_or_fail("no Debian kernel unpacked for the VM (scripts/install-test-deps.sh)")
-    for tool in ("qemu-system-x86_64", "ibv_rc_pingpong", "rdma"):
-        if shutil.which(tool) is None:
-            skip_or_fail(f"{tool} is not installed (scripts/install-test-deps.sh)")
-    if not Path("/bin/busybox").is_file():
-        skip_or_fail("busybox-static is not installed (scripts/install-test-deps.sh)")
+    require_vm("ibv_rc_pingpong", "rdma")
     work = tmp_path_factory.mktemp("vm")
     command = (
         f"export PYTHONPATH={REPO / 'exporter'}\n"

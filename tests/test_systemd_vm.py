@@ -27,20 +27,19 @@ socket ...)") or --no-collector.ethtool the third; ExecReload=/bin/true the four
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 import sysconfig
 import time
 from pathlib import Path
 
 import pytest
-from vm.harness import NETDEV, VmResult, find_kernel
+from vm.harness import NETDEV, VmResult
 from vm.systemd import NIC_NETDEV, NIC_RDMA, SYSTEMD, UNIT_DIR, boot_systemd
 
 from rdma_exporter.daemon import FD_RESERVE
 from rdma_exporter.parse.reader import DEFAULT_MAX_OPEN_FILES
 
-from conftest import samples, skip_or_fail
+from conftest import require_vm, samples, skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = "rdma-exporter.service"
@@ -134,14 +133,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory: pytest.TempPathFactory) -> VmResult:
-    if find_kernel() is None:
-        skip_or_fail("no Debian kernel unpacked for the VM (scripts/install-test-deps.sh)")
-    for tool in ("qemu-system-x86_64", "rdma", "curl"):
-        if shutil.which(tool) is None:
-            skip_or_fail(f"{tool} is not installed (scripts/install-test-deps.sh)")
-    for path in ("/bin/busybox", SYSTEMD):
-        if not Path(path).is_file():
-            skip_or_fail(f"{path} is missing (scripts/install-test-deps.sh)")
+    require_vm("rdma", "curl", files=(SYSTEMD,))
     try:
         python, pythonpath, binds = interpreter_in_vm()
     except ValueError as exc:
