@@ -1,0 +1,134 @@
+"""The package as it ships: the wheel that README's first command and the Dockerfile build and install.
+
+The rest of the suite imports the exporter from the checkout (an editable install), so a module left out
+of the wheel, a console script pointing at a renamed function or code that reads a file beside the source
+would pass everything there and fail on the first real install. Here the wheel is built from the
+checkout, installed into a new venv, and its `rdma-exporter` runs from a directory outside the checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from rdma_exporter import __version__
+
+from conftest import samples
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_wheel(dest: Path) -> Path:
+    """The wheel `pip install .` would build, from a copy of what the build reads: building in the
+    checkout would leave build/ there, whose stale copies of removed modules later builds pick up."""
+    source = dest / "source"
+    shutil.copytree(ROOT / "exporter", source / "exporter", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+        shutil.copy2(ROOT / name, source / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(dest),
+         str(source)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = dest.glob("rdma_exporter-*.whl")
+    return wheel
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with the wheel built from the checkout; its dependencies come from this interpreter's
+    site-packages (no index is asked), the exporter itself only from the wheel."""
+    work = tmp_path_factory.mktemp("packaging")
+    wheel = build_wheel(work)
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    install = subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    return venv
+
+
+def test_the_wheel_carries_the_package_only(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    assert wheel.name.startswith(f"rdma_exporter-{__version__}-")
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = {name for name in names if name.endswith(".py")}
+    shipped = {
+        str(path.relative_to(ROOT / "exporter")) for path in (ROOT / "exporter" / "rdma_exporter").rglob("*.py")
+    }
+    assert modules == shipped  # every module of the package, nothing from tests/, bench/ or scripts/
+    assert not [name for name in names if name.startswith(("tests/", "bench/", "rules/", "grafana/"))]
+
+
+def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path: Path) -> None:
+    # README's first command: a bare run on a machine without RDMA hardware serves the bundled sample.
+    probe = subprocess.run(
+        [installed / "bin" / "python", "-c", "import rdma_exporter; print(rdma_exporter.__file__)"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, check=True,
+    )
+    assert Path(probe.stdout.strip()).is_relative_to(installed), probe.stdout  # not the checkout's copy
+    version = subprocess.run(
+        [installed / "bin" / "rdma-exporter", "--version"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert version.returncode == 0 and __version__ in version.stdout + version.stderr, version
+
+    port = _free_port()
+    log = tmp_path / "exporter.log"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [installed / "bin" / "rdma-exporter", "--sample", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
+        )
+    try:
+        end = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/metrics")
+        answer = connection.getresponse()
+        body = answer.read().decode()
+        connection.close()
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert answer.status == 200, body[:500]
+    series = samples(body)
+    assert series[("rdma_exporter_sample_tree", ())] == 1
+    assert series[("rdma_exporter_devices", ())] == 10
+    failed = {key: value for key, value in series.items() if key[0] == "rdma_exporter_scrape_collector_success"
+              and value != 1}
+    assert not failed, failed
+    # Every source of the sample tree answered from the installed code: ports, netdevs, ethtool, PCIe.
+    names = {name for name, _ in series}
+    for family in ("rdma_port_state_id", "rdma_netdev_up", "rdma_pcie_link_width_lanes"):
+        assert family in names, family
+    assert any(name.startswith("rdma_ethtool_") for name in names)
+    assert process.returncode == 0, log.read_text()
