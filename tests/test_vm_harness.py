@@ -72,3 +72,33 @@ def test_scenario_reads_rxe0_gid_counts_from_an_exposition() -> None:
     )
     assert exported_gid_types(text) == {"IB/RoCE v1": 2, "RoCE v2": 3}
     assert exported_gid_types("") == {}
+
+
+def test_a_hung_kvm_boot_sends_the_sessions_later_vms_straight_to_tcg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a machine whose nested KVM hangs its guests, each VM used to wait out the KVM probe first.
+    from vm import harness
+
+    boots: list[bool] = []
+
+    def boot(qemu: str, kernel: Kernel, initrd: Path, out: Path, console: Path, *, kvm: bool, **_: object) -> bytes:
+        boots.append(kvm)
+        console.write_text("" if kvm else harness.INIT_BANNER)  # KVM never reaches /init; TCG runs the command
+        if not kvm:
+            (out / "exit-code").write_text("0")
+        return b""
+
+    monkeypatch.setattr(harness, "_kvm_hung", False)
+    monkeypatch.setattr(harness, "find_kernel", lambda: Kernel(tmp_path / "vmlinuz", tmp_path, "6.1.0"))
+    monkeypatch.setattr(harness, "build_initramfs", lambda *args, **kwargs: tmp_path / "initrd.gz")
+    monkeypatch.setattr(harness, "kvm_usable", lambda: True)
+    monkeypatch.setattr(harness, "_boot", boot)
+    monkeypatch.setattr(harness.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.delenv("RDMA_EXPORTER_VM_ACCEL", raising=False)
+    for run in ("first", "second"):
+        assert harness.run_in_vm("true", tmp_path / run).exit_code == 0
+    assert boots == [True, False, False]  # the probe once, then TCG only
+    monkeypatch.setenv("RDMA_EXPORTER_VM_ACCEL", "kvm")  # asked for by name: still tried
+    harness.run_in_vm("true", tmp_path / "third")
+    assert boots[3] is True

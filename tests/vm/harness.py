@@ -65,6 +65,9 @@ TCG_TIMEOUT: Final = 600.0
 # then booted again under TCG. RDMA_EXPORTER_VM_ACCEL=tcg or =kvm skips the probe.
 KVM_BOOT_DEADLINE: Final = 15.0
 INIT_BANNER: Final = "vm: init"
+# Set once a KVM boot hung in this process: later VMs of the session boot under TCG at once instead of
+# waiting out KVM_BOOT_DEADLINE again (15 s per VM test module on such a machine).
+_kvm_hung = False
 
 
 class VmError(AssertionError):
@@ -360,6 +363,7 @@ def run_in_vm(
     `handover` replaces the command's run by an init as PID 1 (see _init_script): command.sh is still
     written to $VM_OUT for that init's units to run.
     """
+    global _kvm_hung
     kernel = find_kernel()
     if kernel is None:
         raise FileNotFoundError(f"no kernel unpacked under {CACHE_DIR} (scripts/install-test-deps.sh)")
@@ -375,7 +379,7 @@ def run_in_vm(
     initrd = build_initramfs(kernel, work_dir / "initrd.gz", kept, extra_modules=extra_modules, handover=handover)
     console = work_dir / "console.log"
     accel = os.environ.get("RDMA_EXPORTER_VM_ACCEL", "")
-    kvm = accel != "tcg" and kvm_usable()
+    kvm = accel != "tcg" and kvm_usable() and not (_kvm_hung and accel != "kvm")
     qemu_output = b""
     started = time.monotonic()
     if kvm:
@@ -385,6 +389,7 @@ def run_in_vm(
         if not (out / "exit-code").exists() and INIT_BANNER not in _read(console):
             kvm = False  # never reached /init: a broken nested KVM, boot again under TCG
             console.rename(work_dir / "console-kvm.log")
+            _kvm_hung = True
     if not kvm:
         started = time.monotonic()
         qemu_output = _boot(qemu, kernel, initrd, out, console, kvm=False, timeout=timeout or TCG_TIMEOUT,
