@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ import yaml
 
 from rdma_exporter.sample_tree import HEALTHY_SPEC, build_tree
 
-from conftest import skip_or_fail
+from conftest import free_port, skip_or_fail
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "e2e"
@@ -54,12 +53,6 @@ def find_binary(*names: str) -> str:
         if path:
             return path
     skip_or_fail(f"{' / '.join(names)} not installed (Debian packages prometheus, prometheus-alertmanager)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_json(url: str) -> Any:

@@ -71,15 +71,9 @@ from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import WebConfig, load_web_config
 
-from conftest import require_binary, samples, timed, wait_until
+from conftest import free_port, require_binary, samples, timed, wait_until
 
 # --- helpers ----------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RunningDaemon:

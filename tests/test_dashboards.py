@@ -21,7 +21,6 @@ import functools
 import importlib.util
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import require_binary
+from conftest import free_port, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -769,12 +768,6 @@ GLOBAL_PAUSE_NETDEV = "enp220s0f1np1"
 PFC_NETDEV = "enp220s0f0np0"
 PFC_PRIORITY = "3"
 PFC_COUNTER = re.compile(r"^\s*[rt]x_prio(\d)_pause\w*:.*\n", re.MULTILINE)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> bytes:

@@ -7,7 +7,6 @@ it answers its ServiceMonitor's scrape and its probes; the Prometheus example pa
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import http.client
 import re
@@ -17,7 +16,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -29,7 +27,7 @@ from rdma_exporter.config import ConfigError, load_config_file, parse_config
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import load_web_config
 
-from conftest import require_binary
+from conftest import free_port, require_binary, stop_process, wait_until_listening
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "rdma-exporter.service"
@@ -683,12 +681,6 @@ def test_tls_overlay_header_names_what_the_manifests_reference() -> None:
     assert "server auth" in certificate["spec"]["usages"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _https_get(
     port: int, server_name: str, path: str, context: ssl.SSLContext, headers: dict[str, str] | None = None
 ) -> tuple[int, bytes]:
@@ -757,7 +749,7 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
     web_file = tmp_path / str(web_path).lstrip("/")
     web_file.parent.mkdir(parents=True)
     web_file.write_text(_local_web_config(web_text, tmp_path, {user: hashed}))
-    port = _free_port()
+    port = free_port()
     local = {"--path.sysfs": str(sysfs), "--config.file": str(config_file), "--web.config.file": str(web_file),
              "--web.listen-address": f"127.0.0.1:{port}"}
     assert local.keys() <= flags.keys()
@@ -767,13 +759,7 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "rdma_exporter", *args], stdout=out, stderr=subprocess.STDOUT)
     try:
-        end = time.monotonic() + 60  # a generous bound on a polled condition, as test_daemon_http's
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert time.monotonic() < end, log.read_text()
-            time.sleep(0.05)
+        wait_until_listening(process, port, log)
 
         # Prometheus: the overlay's CA, the certificate checked against serverName, basic auth.
         context = ssl.create_default_context(cafile=ca)
@@ -790,12 +776,7 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
         for name in ("livenessProbe", "readinessProbe"):
             assert _probe_passes(container[name], ports, port), (name, log.read_text())
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
     # ... and they do not pass regardless: with the exporter gone, they fail.
     for name in ("livenessProbe", "readinessProbe"):
         assert not _probe_passes(container[name], ports, port), name

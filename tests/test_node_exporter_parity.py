@@ -7,7 +7,6 @@ cannot be silently ignored.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import CAPTURED_TREES, SYSFS_FIXTURES, require_binary, samples, scrape
+from conftest import CAPTURED_TREES, SYSFS_FIXTURES, free_port, require_binary, samples, scrape
 
 # node_exporter name (without node_infiniband_) -> ours.
 PORT_METRICS = {
@@ -68,15 +67,9 @@ OPA_DATA = {"port_data_received_bytes_total", "port_data_transmitted_bytes_total
 INFO_LABELS = {"board_id": "board_id", "device": "device", "firmware_version": "fw_ver", "hca_type": "hca_type"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def node_exporter_scrape(sys_root: Path) -> str:
     binary = require_binary("prometheus-node-exporter")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             binary,

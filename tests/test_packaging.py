@@ -8,14 +8,11 @@ checkout, installed into a new venv, and its `rdma-exporter` runs from a directo
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -23,7 +20,7 @@ import pytest
 
 from rdma_exporter import __version__
 
-from conftest import samples
+from conftest import free_port, samples, stop_process, wait_until_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,12 +40,6 @@ def build_wheel(dest: Path) -> Path:
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = dest.glob("rdma_exporter-*.whl")
     return wheel
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +82,7 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
     )
     assert version.returncode == 0 and __version__ in version.stdout + version.stderr, version
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "exporter.log"
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     with open(log, "wb") as out:
@@ -100,25 +91,14 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
         )
     try:
-        end = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert time.monotonic() < end, log.read_text()
-            time.sleep(0.05)
+        wait_until_listening(process, port, log)
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         connection.request("GET", "/metrics")
         answer = connection.getresponse()
         body = answer.read().decode()
         connection.close()
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
     assert answer.status == 200, body[:500]
     series = samples(body)
     assert series[("rdma_exporter_sample_tree", ())] == 1
