@@ -142,6 +142,39 @@ def stop_process(process: subprocess.Popen[bytes], grace: float = 20.0) -> None:
         process.wait()
 
 
+def openssl(*args: str | Path, cwd: Path) -> None:
+    """Run the openssl CLI in `cwd` (the tests make their certificates with it)."""
+    subprocess.run([require_binary("openssl"), *map(str, args)], cwd=cwd, check=True, capture_output=True,
+                   timeout=60)
+
+
+def make_ca(name: str, cwd: Path) -> None:
+    """A self-signed EC CA, `name`.crt and `name`.key in `cwd`."""
+    openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=cwd,
+    )
+
+
+def make_leaf(name: str, ca: str, san: str, usage: str, cwd: Path) -> None:
+    """`name`.crt and `name`.key in `cwd`, signed by the CA `ca` (make_ca), for `san` (e.g. "DNS:x") and the
+    extended key usage `usage` (serverAuth or clientAuth)."""
+    openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd,
+    )
+    (cwd / f"{name}.ext").write_text(
+        f"subjectAltName={san}\nextendedKeyUsage={usage}\nkeyUsage=critical,digitalSignature\n"
+        "basicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
+    )
+    openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+        "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=cwd,
+    )
+
+
 def stable(exposition: str) -> str:
     """Exposition text without the run-dependent sample lines (HELP/TYPE lines stay)."""
     return "".join(

@@ -71,7 +71,7 @@ from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import WebConfig, load_web_config
 
-from conftest import free_port, require_binary, samples, timed, wait_until
+from conftest import free_port, make_ca, make_leaf, require_binary, samples, timed, wait_until
 
 # --- helpers ----------------------------------------------------------------------------------------------
 
@@ -1465,34 +1465,6 @@ class Pki:
     rogue_key: Path
 
 
-def _openssl(*args: str | Path, cwd: Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _ca(name: str, cwd: Path) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=cwd,
-    )
-
-
-def _leaf(name: str, ca: str, san: str, usage: str, cwd: Path) -> None:
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=cwd,
-    )
-    (cwd / f"{name}.ext").write_text(
-        f"subjectAltName={san}\nextendedKeyUsage={usage}\nkeyUsage=critical,digitalSignature\n"
-        "basicConstraints=CA:FALSE\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
-    )
-    _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-        "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=cwd,
-    )
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
@@ -1500,13 +1472,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 def make_pki(d: Path) -> Pki:
     """Two CAs and the server, client, intruder (wrong name) and rogue (wrong CA) certificates, in d."""
-    require_binary("openssl")
-    _ca("ca", d)
-    _ca("rogue-ca", d)
-    _leaf("server", "ca", "IP:127.0.0.1,DNS:localhost", "serverAuth", d)
-    _leaf("client", "ca", "DNS:prometheus", "clientAuth", d)
-    _leaf("intruder", "ca", "DNS:intruder", "clientAuth", d)
-    _leaf("rogue", "rogue-ca", "DNS:prometheus", "clientAuth", d)
+    make_ca("ca", d)
+    make_ca("rogue-ca", d)
+    make_leaf("server", "ca", "IP:127.0.0.1,DNS:localhost", "serverAuth", d)
+    make_leaf("client", "ca", "DNS:prometheus", "clientAuth", d)
+    make_leaf("intruder", "ca", "DNS:intruder", "clientAuth", d)
+    make_leaf("rogue", "rogue-ca", "DNS:prometheus", "clientAuth", d)
     return Pki(
         d, d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key",
         d / "intruder.crt", d / "intruder.key", d / "rogue.crt", d / "rogue.key",
@@ -1678,7 +1649,7 @@ def test_client_allowed_sans_match_like_exporter_toolkit(
         "san-uri": "URI:spiffe://example.org/prometheus",
     }
     for name, san in leaves.items():
-        _leaf(name, "ca", san, "clientAuth", pki.dir)
+        make_leaf(name, "ca", san, "clientAuth", pki.dir)
     config = mutual_tls_config(
         tmp_path, pki,
         "['2001:db8::1', 192.0.2.7, 192.0.2.8, prometheus@example.org, 'spiffe://example.org/prometheus']",

@@ -27,7 +27,7 @@ from rdma_exporter.config import ConfigError, load_config_file, parse_config
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import load_web_config
 
-from conftest import free_port, require_binary, stop_process, wait_until_listening
+from conftest import free_port, make_ca, make_leaf, require_binary, stop_process, wait_until_listening
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "rdma-exporter.service"
@@ -558,19 +558,9 @@ def test_tls_overlay_daemonset_keeps_the_base_and_mounts_its_web_config() -> Non
 def _server_certificate(directory: Path, dns_name: str) -> tuple[Path, Path, Path]:
     """(ca.crt, tls.crt, tls.key) in directory: a CA and a server certificate for `dns_name` only, as a
     cert-manager CA issuer would make them."""
-    openssl = require_binary("openssl")
     directory.mkdir(parents=True, exist_ok=True)
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True, timeout=60)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
-    run("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={dns_name}")
-    (directory / "tls.ext").write_text(f"subjectAltName=DNS:{dns_name}\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "tls.crt", "-days", "1", "-extfile", "tls.ext")
+    make_ca("ca", directory)
+    make_leaf("tls", "ca", f"DNS:{dns_name}", "serverAuth", directory)
     return directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
 
 

@@ -33,7 +33,6 @@ the 0600 source key itself ("cannot load ... tls.key: [Errno 13] Permission deni
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import sysconfig
 import time
@@ -46,7 +45,7 @@ from vm.systemd import NIC_NETDEV, NIC_RDMA, SYSTEMD, UNIT_DIR, boot_systemd
 from rdma_exporter.daemon import FD_RESERVE
 from rdma_exporter.parse.reader import DEFAULT_MAX_OPEN_FILES
 
-from conftest import require_vm, samples, skip_or_fail
+from conftest import make_ca, make_leaf, require_vm, samples, skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = "rdma-exporter.service"
@@ -124,16 +123,8 @@ Environment=RDMA_EXPORTER_ARGS=--web.config.file={OPT}/deploy/web-config.yml
 def make_tls(directory: Path) -> None:
     """ca.crt, and tls.crt/tls.key (mode 0600) for TLS_NAME signed by it, as an operator's PKI would."""
     directory.mkdir(parents=True)
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=test CA")
-    openssl("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={TLS_NAME}")
-    (directory / "ext.cnf").write_text(f"subjectAltName=DNS:{TLS_NAME}\nextendedKeyUsage=serverAuth\n")
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "2", "-extfile", "ext.cnf", "-out", "tls.crt")
+    make_ca("ca", directory)
+    make_leaf("tls", "ca", f"DNS:{TLS_NAME}", "serverAuth", directory)
     (directory / "tls.key").chmod(0o600)
     (directory / "ca.key").unlink()
 
