@@ -121,27 +121,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until_listening(process: subprocess.Popen[bytes], port: int, log: Path, timeout: float = 60.0) -> None:
-    """Wait until `process` accepts on 127.0.0.1:`port`; fail with its log if it exits or never does."""
-    end = time.monotonic() + timeout  # a generous bound on a polled condition: CI machines are busy
-    while True:
-        assert process.poll() is None, log.read_text()
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        assert time.monotonic() < end, log.read_text()
-        time.sleep(0.05)
-
-
-def stop_process(process: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within `grace` seconds."""
-    process.terminate()
-    try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def openssl(*args: str | Path, cwd: Path) -> None:
     """Run the openssl CLI in `cwd` (the tests make their certificates with it)."""
     subprocess.run([require_binary("openssl"), *map(str, args)], cwd=cwd, check=True, capture_output=True,

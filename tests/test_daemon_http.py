@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -77,16 +77,27 @@ from conftest import free_port, make_ca, make_leaf, require_binary, samples, tim
 
 
 class RunningDaemon:
-    """`python -m rdma_exporter` on a loopback port, its log in a file."""
+    """`python -m rdma_exporter` (or another `command` that starts it) on a loopback port, its log in a file."""
 
-    def __init__(self, workdir: Path, args: list[str], *, wait: bool = True) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        args: list[str],
+        *,
+        wait: bool = True,
+        command: Sequence[str | Path] = (sys.executable, "-m", "rdma_exporter"),
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.log_path = workdir / f"daemon-{self.port}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rdma_exporter", "--web.listen-address", f"127.0.0.1:{self.port}", *args],
+                [*command, "--web.listen-address", f"127.0.0.1:{self.port}", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env,
             )
         if wait:
             self.wait_listening()

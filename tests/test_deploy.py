@@ -22,12 +22,13 @@ from typing import Any
 import bcrypt
 import pytest
 import yaml
+from test_daemon_http import RunningDaemon
 
 from rdma_exporter.config import ConfigError, load_config_file, parse_config
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import load_web_config
 
-from conftest import free_port, make_ca, make_leaf, require_binary, stop_process, wait_until_listening
+from conftest import make_ca, make_leaf, require_binary
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "rdma-exporter.service"
@@ -741,17 +742,12 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
     web_file = tmp_path / str(web_path).lstrip("/")
     web_file.parent.mkdir(parents=True)
     web_file.write_text(_local_web_config(web_text, tmp_path, {user: hashed}))
-    port = free_port()
-    local = {"--path.sysfs": str(sysfs), "--config.file": str(config_file), "--web.config.file": str(web_file),
-             "--web.listen-address": f"127.0.0.1:{port}"}
-    assert local.keys() <= flags.keys()
-    args = [f"{flag}={local.get(flag, value)}" for flag, value in flags.items()]
-
-    log = tmp_path / "exporter.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "rdma_exporter", *args], stdout=out, stderr=subprocess.STDOUT)
+    local = {"--path.sysfs": str(sysfs), "--config.file": str(config_file), "--web.config.file": str(web_file)}
+    assert {*local, "--web.listen-address"} <= flags.keys()  # RunningDaemon sets a loopback address
+    args = [f"{flag}={local.get(flag, value)}" for flag, value in flags.items() if flag != "--web.listen-address"]
+    daemon = RunningDaemon(tmp_path, args)
+    port = daemon.port
     try:
-        wait_until_listening(process, port, log)
 
         # Prometheus: the overlay's CA, the certificate checked against serverName, basic auth.
         context = ssl.create_default_context(cafile=ca)
@@ -766,9 +762,9 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
         # The kubelet: no CA, no credentials.
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         for name in ("livenessProbe", "readinessProbe"):
-            assert _probe_passes(container[name], ports, port), (name, log.read_text())
+            assert _probe_passes(container[name], ports, port), (name, daemon.log())
     finally:
-        stop_process(process)
+        daemon.stop()
     # ... and they do not pass regardless: with the exporter gone, they fail.
     for name in ("livenessProbe", "readinessProbe"):
         assert not _probe_passes(container[name], ports, port), name

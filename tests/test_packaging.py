@@ -17,10 +17,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from test_daemon_http import RunningDaemon
 
 from rdma_exporter import __version__
 
-from conftest import free_port, samples, stop_process, wait_until_listening
+from conftest import samples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,23 +83,16 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
     )
     assert version.returncode == 0 and __version__ in version.stdout + version.stderr, version
 
-    port = free_port()
-    log = tmp_path / "exporter.log"
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [installed / "bin" / "rdma-exporter", "--sample", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
-        )
+    daemon = RunningDaemon(tmp_path, ["--sample"], command=[installed / "bin" / "rdma-exporter"], env=env, cwd=tmp_path)
     try:
-        wait_until_listening(process, port, log)
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
         connection.request("GET", "/metrics")
         answer = connection.getresponse()
         body = answer.read().decode()
         connection.close()
     finally:
-        stop_process(process)
+        returncode = daemon.stop()
     assert answer.status == 200, body[:500]
     series = samples(body)
     assert series[("rdma_exporter_sample_tree", ())] == 1
@@ -111,4 +105,4 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
     for family in ("rdma_port_state_id", "rdma_netdev_up", "rdma_pcie_link_width_lanes"):
         assert family in names, family
     assert any(name.startswith("rdma_ethtool_") for name in names)
-    assert process.returncode == 0, log.read_text()
+    assert returncode == 0, daemon.log()
