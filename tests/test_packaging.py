@@ -8,7 +8,6 @@ checkout, installed into a new venv, and its `rdma-exporter` runs from a directo
 
 from __future__ import annotations
 
-import http.client
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_daemon_http import RunningDaemon
+from test_daemon_http import RunningDaemon, get
 
 from rdma_exporter import __version__
 
@@ -86,15 +85,11 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     daemon = RunningDaemon(tmp_path, ["--sample"], command=[installed / "bin" / "rdma-exporter"], env=env, cwd=tmp_path)
     try:
-        connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
-        connection.request("GET", "/metrics")
-        answer = connection.getresponse()
-        body = answer.read().decode()
-        connection.close()
+        answer = get(daemon.port, timeout=30)
     finally:
         returncode = daemon.stop()
-    assert answer.status == 200, body[:500]
-    series = samples(body)
+    assert answer.status == 200, answer.body[:500]
+    series = samples(answer.body.decode())
     assert series[("rdma_exporter_sample_tree", ())] == 1
     assert series[("rdma_exporter_devices", ())] == 10
     failed = {key: value for key, value in series.items() if key[0] == "rdma_exporter_scrape_collector_success"
