@@ -27,7 +27,7 @@ from rdma_exporter.parse.infiniband import (
 )
 from rdma_exporter.parse.reader import U64_MAX, ReadErrors, SysfsReader, parse_uint
 
-from conftest import SYSFS_FIXTURES, promtool_check_metrics, samples, scrape, symlink
+from conftest import SYSFS_FIXTURES, promtool_check_metrics, samples, scrape, symlink, write_files
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
@@ -901,3 +901,26 @@ def test_generic_counters_that_normalise_alike_give_one_series(captured_copy) ->
     # not take the series over (Prometheus would see a counter jump or reset).
     (port / "counters/Foo Bar").write_text("garbage\n")
     assert ("rdma_port_counters_foo_bar_total", MLX4_PORT1) not in samples(scrape(root))
+
+
+def test_bnxt_re_doorbell_fifo_register_is_a_gauge(tmp_path: Path) -> None:
+    """bnxt_re's hw_counters/db_fifo_register is no event count: bnxt_re_copy_db_pacing_stats() fills it
+    with readl() of the doorbell FIFO register, the FIFO's occupancy at that moment, which falls as well
+    as rises (drivers/infiniband/hw/bnxt_re/hw_counters.c, doorbell pacing, Linux 6.6 until 2025). As a
+    counter, each fall would read as a reset; its pacing_* neighbours are real counts."""
+    hw = "class/infiniband/bnxt_re0/ports/1/hw_counters"
+    write_files(
+        tmp_path,
+        {
+            "class/infiniband/bnxt_re0/ports/1/state": "4: ACTIVE\n",
+            f"{hw}/db_fifo_register": "37\n",
+            f"{hw}/pacing_alerts": "2\n",
+            f"{hw}/lifespan": "10\n",
+        },
+    )
+    text = scrape(tmp_path)
+    values = samples(text)
+    port = (("device", "bnxt_re0"), ("port", "1"))
+    assert "# TYPE rdma_port_hw_db_fifo_register gauge" in text
+    assert values[("rdma_port_hw_db_fifo_register", port)] == 37
+    assert values[("rdma_port_hw_pacing_alerts_total", port)] == 2

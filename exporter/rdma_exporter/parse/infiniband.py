@@ -157,11 +157,14 @@ def pma_counter(file: str, *, legacy: bool, data_word_bytes: int = IB_DATA_WORD_
 # hw_counters files that are levels, not event counts. Drivers name them differently; these patterns
 # cover bnxt_re's active_* resource counts and *watermark* high-water marks.
 _HW_GAUGE_PATTERN: Final = re.compile(r"^(active_.*|.*watermark.*|.*_wm)$")
+# Levels whose names say nothing of it. bnxt_re's db_fifo_register is readl() of the doorbell FIFO
+# register (bnxt_re_copy_db_pacing_stats), its occupancy now.
+_HW_GAUGES: Final = frozenset({"lifespan", "db_fifo_register"})
 
 
 def hw_counter_is_gauge(name: str) -> bool:
     # Judged on the snake_case form too: CamelCase `ActiveQPs` is `active_q_ps`.
-    return name == "lifespan" or any(_HW_GAUGE_PATTERN.match(form) for form in (name.lower(), metric_fragment(name)))
+    return name in _HW_GAUGES or any(_HW_GAUGE_PATTERN.match(form) for form in (name.lower(), metric_fragment(name)))
 
 
 _CAMEL_BOUNDARY: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
