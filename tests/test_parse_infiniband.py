@@ -924,3 +924,26 @@ def test_bnxt_re_doorbell_fifo_register_is_a_gauge(tmp_path: Path) -> None:
     assert "# TYPE rdma_port_hw_db_fifo_register gauge" in text
     assert values[("rdma_port_hw_db_fifo_register", port)] == 37
     assert values[("rdma_port_hw_pacing_alerts_total", port)] == 2
+
+
+def test_hfi1_open_contexts_is_a_gauge(tmp_path: Path) -> None:
+    """hfi1 puts its driver_cntr_names at the end of the device-level hw_counters/; DRIVER_CtxtsOpen is
+    hfi1_stats.sps_ctxts, "number of contexts currently open", which file_ops.c decrements whenever a
+    context is freed (drivers/infiniband/hw/hfi1/verbs.c and file_ops.c, Linux 5.x-6.x). A level: typed
+    counter, each job that ends would read as a reset. DRIVER_KernIntr beside it is a real count."""
+    hw = "class/infiniband/hfi1_0/hw_counters"
+    write_files(
+        tmp_path,
+        {
+            "class/infiniband/hfi1_0/ports/1/state": "4: ACTIVE\n",
+            f"{hw}/DRIVER_CtxtsOpen": "3\n",
+            f"{hw}/DRIVER_KernIntr": "123456\n",
+            f"{hw}/lifespan": "10\n",
+        },
+    )
+    text = scrape(tmp_path)
+    values = samples(text)
+    device = (("device", "hfi1_0"),)
+    assert "# TYPE rdma_device_hw_driver_ctxts_open gauge" in text
+    assert values[("rdma_device_hw_driver_ctxts_open", device)] == 3
+    assert values[("rdma_device_hw_driver_kern_intr_total", device)] == 123456
