@@ -609,8 +609,14 @@ def test_an_empty_client_allowed_sans_admits_any_verified_client(certs: Pki, tmp
         ("http_server_config:\n  headers:\n    X-A: \"a\\nb\"\n", "http_server_config.headers.X-A",
          "expected a single-line string"),
         ("http_server_config:\n  headers:\n    '': x\n", "http_server_config.headers.", "not a valid header name"),
+        # exporter-toolkit reads http2 into a Go bool: node_exporter refuses these, so must we (one file, both).
+        ("http_server_config:\n  http2: maybe\n", "http_server_config.http2", "expected true or false, got 'maybe'"),
+        ("http_server_config:\n  http2: 'false'\n", "http_server_config.http2", "expected true or false, got 'false'"),
     ],
-    ids=["top-level-typo", "numeric-user", "no-hash", "one-digit-cost", "bare-lf", "empty-header-name"],
+    ids=[
+        "top-level-typo", "numeric-user", "no-hash", "one-digit-cost", "bare-lf", "empty-header-name",
+        "http2-not-a-bool", "http2-quoted-bool",
+    ],
 )
 def test_more_settings_that_stop_start_up(tmp_path: Path, text: str, key: str, reason: str) -> None:
     error = checked_refusal(tmp_path, text)
