@@ -139,9 +139,24 @@ def test_link_down_and_garbage(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "text",
+    # int() takes signs, underscores and other scripts' digits ("\u0663" is 3); the kernel prints none of
+    # them, nor a number above the u32 its %u could print: garbage, counted, not a speed of 5 or 1000 Mb/s.
+    ["+5\n", "1_000\n", "\u0663\n", "99999999999999999999\n", "4294967296\n"],
+)
+def test_a_speed_the_kernel_cannot_print_is_malformed(tmp_path: Path, text: str) -> None:
+    write_files(tmp_path, {"class/net/ens1f0np0/speed": text, "class/net/ens1f0np0/carrier": "1\n"})
+    reader = SysfsReader("ens1f0np0")
+    dev = read_netdev(tmp_path, "ens1f0np0", reader)
+    assert dev is not None and dev.speed_bps is None
+    assert reasons(reader) == {REASON_MALFORMED: 1}
+
+
+@pytest.mark.parametrize(
     ("text", "bps"),
     [("100000", 100_000_000_000), ("400000\n", 400_000_000_000), ("25000", 25 * 10**9), ("-1", None), ("0", None),
-     ("4294967295", None), ("", None), ("1e3", None), ("Unknown!", None)],
+     ("4294967295", None), ("", None), ("1e3", None), ("Unknown!", None), ("+5", None), ("1_000", None),
+     ("\u0663", None), ("99999999999999999999", None)],
 )  # fmt: skip
 def test_parse_speed(text: str, bps: int | None) -> None:
     assert parse_speed(text) == bps

@@ -72,13 +72,24 @@ def _no_value_attr(path: str | Path, reader: SysfsReader) -> str | None:
     return reader.text(path, optional=True, absent_errnos=NO_VALUE_ERRNOS)
 
 
+# What the kernel prints: a decimal, negative only for SPEED_UNKNOWN. Not int()'s wider syntax: it also
+# takes "+5", "1_000" and other scripts' digits, none of which is a speed.
+_SPEED_TEXT: Final = re.compile(r"-?[0-9]+\Z")
+
+
+def _speed_number(text: str) -> int | None:
+    """The Mb/s a `speed` file can hold (-1 .. 4294967295), else None."""
+    text = text.strip()
+    if not _SPEED_TEXT.match(text):
+        return None
+    mbps = int(text)
+    return mbps if mbps <= _SPEED_UNKNOWN_U32 else None
+
+
 def parse_speed(text: str) -> int | None:
     """sysfs `speed` (Mb/s) to bits/s; None for unknown (-1, 0, 4294967295) or garbage."""
-    try:
-        mbps = int(text.strip())
-    except ValueError:
-        return None
-    if mbps <= 0 or mbps >= _SPEED_UNKNOWN_U32:
+    mbps = _speed_number(text)
+    if mbps is None or mbps <= 0 or mbps >= _SPEED_UNKNOWN_U32:
         return None
     return mbps * 1_000_000
 
@@ -87,9 +98,7 @@ def _speed(path: str | Path, reader: SysfsReader) -> int | None:
     text = _no_value_attr(path, reader)
     if text is None:
         return None
-    try:
-        int(text)
-    except ValueError:
+    if _speed_number(text) is None:
         reader.fail(REASON_MALFORMED, path, f"not a speed in Mb/s: {text[:40]!r}")
         return None
     return parse_speed(text)
