@@ -82,6 +82,18 @@ def test_unreadable_operstate_is_no_up_series_and_an_error(rxe: Path) -> None:
     assert errors == {"malformed": 1}
 
 
+@pytest.mark.parametrize("text", ["garbage\n", "UP\n", "1\n", "\n"])
+def test_operstate_that_is_no_kernel_state_is_no_up_series_and_an_error(rxe: Path, text: str) -> None:
+    # The kernel prints one of RFC 2863's seven names; anything else says nothing about the link. Read as
+    # "not up", it gave rdma_netdev_up 0, a link-down alert, with no read error to explain it.
+    (rxe / VETH / "operstate").write_text(text)
+    metrics = samples(scrape(rxe))
+    got = netdev_series(metrics)
+    assert "rdma_netdev_up" not in got and got["rdma_netdev_carrier"] == 1
+    errors = {dict(ls)["reason"]: v for (n, ls), v in metrics.items() if n == "rdma_exporter_file_read_errors_total"}
+    assert errors == {"malformed": 1}
+
+
 def test_netdev_in_two_devices_readings_is_exposed_once_under_the_first() -> None:
     # Locality gives each netdev one reader; should two devices still both read one (a scrape racing a
     # change of the RDMA devices on the NIC), the series must not be doubled, whatever the read order.

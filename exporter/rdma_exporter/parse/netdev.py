@@ -104,6 +104,22 @@ def _speed(path: str | Path, reader: SysfsReader) -> int | None:
     return parse_speed(text)
 
 
+# What net-sysfs.c prints (operstates[] of RFC 2863).
+OPERSTATES: Final = frozenset({"unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up"})
+
+
+def _operstate(path: str | Path, reader: SysfsReader) -> str | None:
+    """A state the kernel can print, else None: garbage says nothing about the link, and read as "not up"
+    it would export a link-down."""
+    text = reader.text(path, optional=True)
+    if text is None:
+        return None
+    if text not in OPERSTATES:
+        reader.fail(REASON_MALFORMED, path, f"not an operstate: {text[:40]!r}")
+        return None
+    return text
+
+
 def _carrier(path: str | Path, reader: SysfsReader) -> bool | None:
     text = _no_value_attr(path, reader)
     if text is None:
@@ -229,7 +245,7 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
         ifindex=identity.ifindex,
         type=identity.type,
         address=identity.address,
-        operstate=reader.text(f"{net_dir}/operstate", optional=True),
+        operstate=_operstate(f"{net_dir}/operstate", reader),
         carrier=_carrier(f"{net_dir}/carrier", reader),
         carrier_changes=reader.uint(f"{net_dir}/carrier_changes", optional=True),
         carrier_up_count=reader.uint(f"{net_dir}/carrier_up_count", optional=True),
