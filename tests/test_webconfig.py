@@ -38,6 +38,8 @@ from rdma_exporter.daemon import Response
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import BasicAuth, WebConfig, load_web_config
 
+from conftest import openssl
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Pki:
@@ -93,6 +95,36 @@ def checked_refusal(tmp_path: Path, text: str) -> ConfigError:
     )
     assert check.returncode == 2 and f"{path}: {info.value.key}: {info.value.reason}" in check.stderr, check.stderr
     return info.value
+
+
+def test_an_encrypted_key_is_refused_at_once_without_a_passphrase_prompt(tmp_path: Path, certs: Pki) -> None:
+    # OpenSSL asks for the passphrase of an encrypted key on the terminal: start-up with stdin open (a pipe
+    # from a supervisor, an ssh session) hung at "Enter PEM pass phrase:" before listening, and under systemd
+    # (stdin /dev/null) it stopped with only "[Errno 22] Invalid argument". exporter-toolkit cannot load
+    # such a key either; say what is wrong instead.
+    openssl("pkey", "-in", certs.server_key, "-out", "enc.key", "-aes128", "-passout", "pass:secret", cwd=tmp_path)
+    path = web_config(tmp_path, f"tls_server_config:\n  cert_file: {certs.server_cert}\n  key_file: enc.key\n")
+    # stdin a pipe kept open and no controlling terminal: a prompt would wait for ever.
+    check = subprocess.Popen(
+        [sys.executable, "-m", "rdma_exporter", "--check-config", "--web.config.file", str(path)],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    try:
+        check.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        check.kill()
+        check.wait()
+        pytest.fail("--check-config waited for a passphrase")
+    finally:
+        assert check.stdin is not None and check.stderr is not None
+        check.stdin.close()
+        stderr = check.stderr.read()
+        check.stderr.close()
+    assert check.returncode == 2
+    assert f"{path}: tls_server_config.key_file: " in stderr and "encrypted" in stderr, stderr
+    assert "pass phrase" not in stderr
+    error = refusal(tmp_path, path.read_text())
+    assert error.key == "tls_server_config.key_file" and "encrypted" in error.reason
 
 
 def bcrypt_hash(password: str, cost: int = 4) -> str:

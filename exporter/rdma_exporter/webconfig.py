@@ -260,6 +260,14 @@ def _version(source: str, key: str, value: Any) -> ssl.TLSVersion:
     return TLS_VERSIONS[value]
 
 
+class _EncryptedKey(Exception):
+    """The key file asked for a passphrase (_no_passphrase)."""
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKey
+
+
 def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str]]:
     body = _mapping(source, "tls_server_config", section, _TLS_KEYS, _REFUSED_TLS_KEYS)
     if not body:
@@ -280,7 +288,16 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
         if context.maximum_version < context.minimum_version:
             raise ConfigError(source, "tls_server_config.max_version", "is lower than min_version")
     try:
-        context.load_cert_chain(cert, key_file)
+        # Without a password callback OpenSSL prompts for an encrypted key's passphrase on the terminal:
+        # start-up (or a reload) waits there for ever with stdin open, and fails with a bare EINVAL without.
+        context.load_cert_chain(cert, key_file, password=_no_passphrase)
+    except _EncryptedKey:
+        raise ConfigError(
+            source,
+            "tls_server_config.key_file",
+            f"{key_file} is encrypted and there is no way to give its passphrase; store the key unencrypted "
+            "(`openssl pkey -in KEY -out KEY.plain`) and restrict who may read it (LoadCredential= under systemd)",
+        ) from None
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
     auth_type = body.get("client_auth_type", "NoClientCert")
