@@ -8,6 +8,7 @@ handshakes and real HTTP on loopback.
 from __future__ import annotations
 
 import base64
+import logging
 import socket
 import ssl
 import subprocess
@@ -32,7 +33,7 @@ from test_daemon_http import (
     web_config,
 )
 
-from rdma_exporter import webconfig
+from rdma_exporter import httpserver, webconfig
 from rdma_exporter.config import ConfigError
 from rdma_exporter.daemon import Response
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
@@ -162,6 +163,30 @@ def test_verify_client_cert_if_given_admits_clients_without_one_and_checks_those
         assert get(server.port, "/", context=client_context(certs, "client")).status == 200
         assert refused(server.port, client_context(certs))
         assert refused(server.port, client_context(certs, "intruder"))
+
+
+def test_refused_client_certificates_are_logged_at_most_once_a_minute(
+    tmp_path: Path, certs: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A scraper with the wrong certificate reconnects every scrape, and anyone with a certificate from the
+    # client CA (in Kubernetes often the cluster's) can connect in a loop: one warning per connection was
+    # a line per scrape for a persistent fault, and a log flood from the network. Counted into one warning a
+    # minute instead, as refused logins are.
+    text = tls_head(certs) + f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {certs.ca}\n"
+    web = load_web_config(web_config(tmp_path, text + "  client_allowed_sans: [prometheus]\n"))
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "client_allowed_sans" in r.getMessage()]
+
+    with serve(web) as server, caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
+        for _ in range(4):
+            assert refused(server.port, client_context(certs, "intruder"))
+        assert len(lines()) == 1, lines()
+        server._sans_refused_logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
+        assert refused(server.port, client_context(certs, "intruder"))
+        assert get(server.port, "/", context=client_context(certs, "client")).status == 200
+    assert len(lines()) == 2, lines()
+    assert lines()[1].startswith("4 client certificate(s) refused"), lines()
 
 
 @pytest.mark.parametrize(

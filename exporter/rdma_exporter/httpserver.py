@@ -195,7 +195,7 @@ SEND_BLOCK_BYTES: Final = 256 * 1024
 # it a worker finishes its own answer, as before: the bound keeps a flood of slow readers from holding
 # hundreds of MB of answers.
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
-REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning about refused logins per interval
+REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning about refused logins (or certificates) per interval
 # Logins waiting for (or in) a bcrypt check from one client: a flood from a few hosts cannot take all of
 # the lane's places, so another client's first login (a Prometheus after a restart) still gets one.
 MAX_COSTLY_PER_CLIENT: Final = 4
@@ -424,6 +424,8 @@ class HttpServer:
         self._refused_logins = 0  # since the last warning about them
         self._costly_clients: Counter[str] = Counter()  # places in the costly lane taken, by client
         self._refused_logged = -REFUSED_LOG_INTERVAL  # when that warning was (monotonic)
+        self._sans_refused = 0  # client certificates naming none of client_allowed_sans, since the last warning
+        self._sans_refused_logged = -REFUSED_LOG_INTERVAL
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -585,7 +587,7 @@ class HttpServer:
             self._close(conn)
             return
         if not self._peer_allowed(sock.getpeercert()):
-            log.warning("client %s: certificate names none of client_allowed_sans", conn.peer)
+            self._log_refused_certificate(conn.peer)
             self._close(conn)
             return
         conn.handshaking = False
@@ -673,6 +675,19 @@ class HttpServer:
                 self._refused_logins, self._jobs.costly_backlog, MAX_COSTLY_PER_CLIENT, peer,
             )
             self._refused_logins, self._refused_logged = 0, now
+
+    def _log_refused_certificate(self, peer: str) -> None:
+        # A scraper with the wrong certificate reconnects every scrape, and any holder of a certificate from
+        # the client CA can connect in a loop: a count a minute, not a line per connection.
+        self._sans_refused += 1
+        now = time.monotonic()
+        if now - self._sans_refused_logged >= REFUSED_LOG_INTERVAL:
+            log.warning(
+                "%d client certificate(s) refused since the last such line: they name none of "
+                "client_allowed_sans (the last from %s)",
+                self._sans_refused, peer,
+            )
+            self._sans_refused, self._sans_refused_logged = 0, now
 
     def _reject(self, conn: _Conn, status: int, message: str) -> None:
         """Best-effort error answer from the loop thread: never blocks, then closes."""
