@@ -1704,6 +1704,37 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
         capture_output=True, text=True, timeout=20,
     )
     assert curl.stdout == "ok\n", curl.stderr
+    # A wrong login is told to the operator once (a Prometheus with it sees only its target down); the
+    # requests without credentials (a browser's first) are not refusals worth a line.
+    refusals = [line for line in daemon.log().splitlines() if "refused with 401" in line]
+    assert len(refusals) == 1 and "level=warn" in refusals[0], refusals
+    assert 'msg="1 request(s) refused with 401 since the last such line: unknown user or wrong password' in (
+        refusals[0]
+    )
+
+
+def test_wrong_passwords_are_counted_into_one_warning_a_minute(
+    tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = load_web_config(web_config(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n"))
+    exporter = Exporter(Serving(replace(Config(), sysfs=tree), RdmaCollector(tree, []), web))
+
+    def ask(headers: dict[str, str]) -> int:
+        lower = {name.lower(): value for name, value in headers.items()}  # as the server hands them over
+        return exporter.handle(Request("GET", "/healthz", "HTTP/1.1", lower, peer="192.0.2.7:1")).status
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "refused with 401" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        assert ask({}) == 401 and lines() == []
+        assert [ask(basic("prometheus", "wrong")) for _ in range(3)] == [401] * 3
+        assert len(lines()) == 1
+        exporter.refused_passwords.logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
+        assert ask(basic("nobody", "s3cret")) == 401 and ask(basic("prometheus", "s3cret")) == 200
+    assert len(lines()) == 2 and lines()[1].startswith("3 request(s) refused with 401"), lines()
+    assert lines()[1].endswith("(the last from 192.0.2.7:1)"), lines()
 
 
 def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
@@ -1801,7 +1832,7 @@ def test_refused_logins_are_counted_into_the_next_warning(caplog: pytest.LogCapt
     with server as running, caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
         for _ in range(3):
             running._log_refused_login("192.0.2.7:1")
-        running._refused_logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
+        running.refused_logins.logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
         running._log_refused_login("192.0.2.7:2")
     lines = [r.getMessage() for r in caplog.records if "refused with 503" in r.getMessage()]
     assert len(lines) == 2, lines

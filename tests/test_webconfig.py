@@ -182,7 +182,7 @@ def test_refused_client_certificates_are_logged_at_most_once_a_minute(
         for _ in range(4):
             assert refused(server.port, client_context(certs, "intruder"))
         assert len(lines()) == 1, lines()
-        server._sans_refused_logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
+        server.refused_certificates.logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
         assert refused(server.port, client_context(certs, "intruder"))
         assert get(server.port, "/", context=client_context(certs, "client")).status == 200
     assert len(lines()) == 2, lines()

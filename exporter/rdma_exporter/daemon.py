@@ -40,7 +40,7 @@ from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
 from .config import Config, ConfigError
 from .hotplug import HotplugMonitor, start_monitor
-from .httpserver import MAX_CONNECTIONS, HttpServer, Request, Response, text_response
+from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
 from .parse.reader import FileBudget
 from .webconfig import WebConfig, load_web_config
@@ -161,6 +161,8 @@ class Exporter:
         # Reentrant: dereferencing the weak reference under the lock can free the FamilySet right there,
         # which runs _forget on this very thread.
         self._encoded_lock = threading.RLock()
+        # A Prometheus with the wrong password sees only its target down: say so here too.
+        self.refused_passwords = CountedWarning(log)
 
     def _forget(self, gone: weakref.ref[FamilySet]) -> None:
         # The collection was dropped (a new scrape started its own): drop its encoded bodies with it.
@@ -176,7 +178,13 @@ class Exporter:
     def handle(self, request: Request) -> Response:
         serving = self.serving  # one read: a reload during this request does not mix configs
         auth = serving.web.auth
-        if auth is not None and not auth.check(request.headers.get("authorization")):
+        if auth is not None and not auth.check(credentials := request.headers.get("authorization")):
+            if credentials is not None:  # not a browser's first request, which asks for the login form
+                self.refused_passwords.add(
+                    "%d request(s) refused with 401 since the last such line: unknown user or wrong password "
+                    "(the last from %s)",
+                    request.peer,
+                )
             return text_response(401, "unauthorized", headers=[("WWW-Authenticate", 'Basic realm="rdma-exporter"')])
         if request.method not in ("GET", "HEAD"):
             return text_response(405, "method not allowed", headers=[("Allow", "GET, HEAD")])

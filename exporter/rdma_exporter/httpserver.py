@@ -58,6 +58,30 @@ _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _ABSOLUTE_FORM: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 
 
+class CountedWarning:
+    """Refusals of one kind, logged as one warning per REFUSED_LOG_INTERVAL with their count since the last.
+
+    A client with a wrong password or certificate repeats it every scrape, and anyone can repeat it in a
+    loop: a line per refusal would flood the journal. The first one is logged at once.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._lock = threading.Lock()  # some refusals are counted on HTTP workers, some on the loop thread
+        self.count = 0  # since the last warning
+        self.logged = -REFUSED_LOG_INTERVAL  # when that warning was (monotonic)
+
+    def add(self, message: str, *args: object) -> None:
+        """Count one refusal; `message`'s first %d is the count, `args` fill the rest."""
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if now - self.logged < REFUSED_LOG_INTERVAL:
+                return
+            count, self.count, self.logged = self.count, 0, now
+        self._log.warning(message, count, *args)
+
+
 @dataclass
 class Request:
     method: str
@@ -195,7 +219,7 @@ SEND_BLOCK_BYTES: Final = 256 * 1024
 # it a worker finishes its own answer, as before: the bound keeps a flood of slow readers from holding
 # hundreds of MB of answers.
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
-REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning about refused logins (or certificates) per interval
+REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning per kind of refusal (CountedWarning) per interval
 # Logins waiting for (or in) a bcrypt check from one client: a flood from a few hosts cannot take all of
 # the lane's places, so another client's first login (a Prometheus after a restart) still gets one.
 MAX_COSTLY_PER_CLIENT: Final = 4
@@ -421,11 +445,9 @@ class HttpServer:
         self._peer_allowed = peer_allowed
         self._headers = headers
         self._costly = costly  # runs on the loop thread: must be cheap
-        self._refused_logins = 0  # since the last warning about them
         self._costly_clients: Counter[str] = Counter()  # places in the costly lane taken, by client
-        self._refused_logged = -REFUSED_LOG_INTERVAL  # when that warning was (monotonic)
-        self._sans_refused = 0  # client certificates naming none of client_allowed_sans, since the last warning
-        self._sans_refused_logged = -REFUSED_LOG_INTERVAL
+        self.refused_logins = CountedWarning(log)  # 503s of the login lane
+        self.refused_certificates = CountedWarning(log)  # certificates naming none of client_allowed_sans
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -665,29 +687,20 @@ class HttpServer:
         self._log_refused_login(conn.peer)
 
     def _log_refused_login(self, peer: str) -> None:
-        # A flood of wrong passwords is worth a warning, but not one line per refused request.
-        self._refused_logins += 1
-        now = time.monotonic()
-        if now - self._refused_logged >= REFUSED_LOG_INTERVAL:
-            log.warning(
-                "%d login(s) refused with 503 since the last such line: too many waiting for a password check "
-                "(%d in all, or %d from one client; the last from %s)",
-                self._refused_logins, self._jobs.costly_backlog, MAX_COSTLY_PER_CLIENT, peer,
-            )
-            self._refused_logins, self._refused_logged = 0, now
+        self.refused_logins.add(
+            "%d login(s) refused with 503 since the last such line: too many waiting for a password check "
+            "(%d in all, or %d from one client; the last from %s)",
+            self._jobs.costly_backlog, MAX_COSTLY_PER_CLIENT, peer,
+        )
 
     def _log_refused_certificate(self, peer: str) -> None:
         # A scraper with the wrong certificate reconnects every scrape, and any holder of a certificate from
-        # the client CA can connect in a loop: a count a minute, not a line per connection.
-        self._sans_refused += 1
-        now = time.monotonic()
-        if now - self._sans_refused_logged >= REFUSED_LOG_INTERVAL:
-            log.warning(
-                "%d client certificate(s) refused since the last such line: they name none of "
-                "client_allowed_sans (the last from %s)",
-                self._sans_refused, peer,
-            )
-            self._sans_refused, self._sans_refused_logged = 0, now
+        # the client CA can connect in a loop.
+        self.refused_certificates.add(
+            "%d client certificate(s) refused since the last such line: they name none of "
+            "client_allowed_sans (the last from %s)",
+            peer,
+        )
 
     def _reject(self, conn: _Conn, status: int, message: str) -> None:
         """Best-effort error answer from the loop thread: never blocks, then closes."""
