@@ -117,6 +117,12 @@ def check_telemetry_path(source: str, key: str, value: Any) -> str:
     text = check_string(source, key, value)
     if not text.startswith("/") or text in ("/", "/healthz"):
         raise ConfigError(source, key, f"expected a path starting with / other than / and /healthz, got {text!r}")
+    # Requests are routed on the path without its query, and a request line cannot carry a space or a
+    # fragment: such a telemetry path would pass here and then answer every scrape with 404.
+    if any(c in "?#" or c.isspace() or not c.isprintable() for c in text):
+        raise ConfigError(
+            source, key, f"a request path cannot contain '?', '#', spaces or control characters: {text!r}"
+        )
     return text
 
 
