@@ -312,11 +312,12 @@ MLX5_IB_HW_COUNTERS = frozenset(
 
 
 # bnxt_re's error, congestion and out-of-buffer counters as the mainline kernel names them
-# (drivers/infiniband/hw/bnxt_re/hw_counters.c); Broadcom's own driver uses the mlx5 names instead.
+# (drivers/infiniband/hw/bnxt_re/hw_counters.c); Broadcom's own driver uses the mlx5 names instead, and
+# so does the mainline one since its rename of August 2025, but for np_cnp_pkts.
 BNXT_RE_HW_COUNTERS = frozenset(
     {
         "to_retransmits", "seq_err_naks_rcvd", "rnr_naks_rcvd", "missing_resp", "max_retry_exceeded",
-        "rx_out_of_buffer", "tx_cnp_pkts", "rx_cnp_pkts", "rx_ecn_marked_pkts",
+        "rx_out_of_buffer", "tx_cnp_pkts", "rx_cnp_pkts", "rx_ecn_marked_pkts", "np_cnp_pkts",
     }
 )
 

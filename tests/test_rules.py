@@ -55,6 +55,7 @@ NOT_ON_SAMPLE_TREE = {
     "rdma_port_hw_missing_resp_total",
     "rdma_port_hw_rnr_naks_rcvd_total",
     "rdma_port_hw_tx_cnp_pkts_total",
+    "rdma_port_hw_np_cnp_pkts_total",  # since bnxt_re's rename of August 2025 (bnxt_re1 there)
     "rdma_port_hw_rx_out_of_buffer_total",
     # Link-level 802.3x pause: mlx5 lists it only while global pause is on (the real ConnectX-6 Dx
     # captures in tests/fixtures/ethtool); the sample's RoCE ports run PFC instead.

@@ -215,8 +215,9 @@ HW_COUNTER_HELP: Final[dict[str, str]] = {
     "cc_tx_cnp_pkts": "CNPs sent (mlx5 optional counter).",
     "req_transport_retries_exceeded": "Requester transport retries exceeded (the QP went to error).",
     "req_rnr_retries_exceeded": "Requester RNR retries exceeded (the QP went to error).",
-    # bnxt_re as in the mainline kernel (drivers/infiniband/hw/bnxt_re/hw_counters.c); Broadcom's own
-    # driver registers the same counters under the mlx5 names above.
+    # bnxt_re as in the mainline kernel (drivers/infiniband/hw/bnxt_re/hw_counters.c) until the rename
+    # of August 2025 ("RDMA/bnxt_re: RoCE related hardware counters update"), which moved it, as
+    # Broadcom's own driver already was, to the mlx5 names above, all but np_cnp_pkts.
     "to_retransmits": "Retransmissions after a transport ACK timeout (mlx5: local_ack_timeout_err).",
     "seq_err_naks_rcvd": "NAKs for packet sequence errors received (mlx5: packet_seq_err).",
     "rnr_naks_rcvd": "RNR NAKs received by the requester (the peer had no receive buffer posted); each one is "
@@ -227,6 +228,7 @@ HW_COUNTER_HELP: Final[dict[str, str]] = {
     "tx_cnp_pkts": "CNPs sent as DCQCN notification point (mlx5: np_cnp_sent).",
     "rx_cnp_pkts": "CNPs received as DCQCN reaction point (mlx5: rp_cnp_handled).",
     "rx_ecn_marked_pkts": "RoCE packets received with ECN Congestion Experienced (mlx5: np_ecn_marked_roce_packets).",
+    "np_cnp_pkts": "CNPs sent as DCQCN notification point (bnxt_re since 2025; mlx5: np_cnp_sent).",
 }
 
 HW_COUNTER_DYNAMIC: Final = (
