@@ -443,6 +443,18 @@ PHYSICAL_STATES = {1: ("Sleep", CRITICAL), 2: ("Polling", CRITICAL), 3: ("Disabl
 # rate coloured red, query B the hourly one coloured orange.
 BER_5M = "instance_device_port:rdma_port_bit_error_rate:ratio_rate5m"
 BER_1H = "instance_device_port:rdma_port_bit_error_rate:ratio_rate1h"
+# A link bad enough to page saturates its 16-bit symbol_error counter within minutes, and its 5-minute rate
+# is 0 from then on: the critical alert keeps paging from this record (the highest rate before the counter
+# stopped, for as long as it stays saturated), and so do the panels of the 5-minute rate.
+BER_SATURATED = "instance_device_port:rdma_port_bit_error_rate:saturated_max_ratio_rate5m"
+
+
+def ber_5m(labels: Sequence[str] = PORT) -> str:
+    """The 5-minute bit-error rate as the critical RdmaPortBitErrorRateHigh reads it: a port's saturated
+    record where it has one (same labels as its rate), else its rate."""
+    return f"({sel(BER_SATURATED, labels)} or {sel(BER_5M, labels)})"
+
+
 BER_STEPS = thresholds((above(1e-12), CRITICAL))
 BER_OVERRIDES = [
     {
@@ -453,7 +465,8 @@ BER_OVERRIDES = [
 BER_TEXT = (
     "Colours follow RdmaPortBitErrorRateHigh, whose two levels read two windows: the 5-minute rate turns red "
     "above the 1e-12 link objective (critical), the 1-hour rate orange above 1e-14 (warning; a handful of "
-    "errors an hour is too few for a 5-minute rate to judge)."
+    "errors an hour is too few for a 5-minute rate to judge). A port whose 16-bit symbol_error counter "
+    "saturated keeps, over 5 minutes, the highest rate before it stopped, as the alert keeps paging."
 )
 
 # --- layout ------------------------------------------------------------------------------------------
@@ -627,7 +640,8 @@ def fabric_overview() -> Json:
             f"Highest uncorrected bit-error rate of any selected node's port over 5 minutes and over an hour "
             f"(whole nodes: the device and port selectors do not apply). {BER_TEXT}",
             "sci",
-            targets((f"max({sel('instance:rdma_port_bit_error_rate:max_ratio_rate5m', NODE)})", "5 min"),
+            targets((f"max({sel('instance:rdma_port_bit_error_rate:max_ratio_rate5m', NODE)} "
+                     f"or {sel(BER_SATURATED, NODE)})", "5 min"),
                     (f"max({sel(BER_1H, NODE)})", "1 h")),
             steps=BER_STEPS,
             overrides=BER_OVERRIDES,
@@ -672,7 +686,7 @@ def fabric_overview() -> Json:
             f"The ten ports with the highest uncorrected bit-error rate over 5 minutes, and the ten with the "
             f"highest over an hour. {BER_TEXT}",
             "sci",
-            sel(BER_5M),
+            ber_5m(),
             f"{port_label} 5 min",
             more=[(sel(BER_1H), f"{port_label} 1 h")],
             steps=BER_STEPS,
@@ -923,7 +937,7 @@ def node_detail() -> Json:
             "Worst bit-error rate",
             f"Highest uncorrected bit-error rate of the selected ports over 5 minutes and over an hour. {BER_TEXT}",
             "sci",
-            targets((f"max({sel(BER_5M)})", "5 min"), (f"max({sel(BER_1H)})", "1 h")),
+            targets((f"max{ber_5m()}", "5 min"), (f"max({sel(BER_1H)})", "1 h")),
             steps=BER_STEPS,
             overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],
@@ -1039,7 +1053,7 @@ def node_detail() -> Json:
             f"Uncorrected bit-error rate per port over 5 minutes and over an hour: symbol errors per bit at the "
             f"trained rate (InfiniBand) or symbol errors FEC could not correct (RoCE). {BER_TEXT}",
             "sci",
-            targets((sel(BER_5M), f"{dp} 5 min"), (sel(BER_1H), f"{dp} 1 h")),
+            targets((ber_5m(), f"{dp} 5 min"), (sel(BER_1H), f"{dp} 1 h")),
             steps=BER_STEPS,
             overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],

@@ -1262,3 +1262,64 @@ def test_a_priority_that_lost_pfc_stays_on_the_dashboard(stack: Stack) -> None:
     finally:
         capture.write_text(original)
         wait_until("the PFC counters back", lambda: stack.query(pfc)["data"]["result"], DEADLINE, [])
+
+
+# --- panels against the rules' own scenarios (promtool) -------------------------------------------------
+
+BER_5M = "instance_device_port:rdma_port_bit_error_rate:ratio_rate5m"
+
+
+def promtool_checks(tmp_path: Path, series: dict[str, str], checks: list[tuple[str, str, float]]) -> list[str]:
+    """Run `promtool test rules` with the repository's rules on `series` (1-minute samples), checking each
+    (expr, eval_time, value) as `expr` returning the one sample `value` without labels; the failures."""
+    test = {
+        "rule_files": [str(p) for p in sorted((ROOT / "rules").glob("*.rules.yml"))],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series.items()],
+                "promql_expr_test": [
+                    {"expr": expr, "eval_time": at, "exp_samples": [{"labels": "{}", "value": value}]}
+                    for expr, at, value in checks
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "panels.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run([require_binary("promtool"), "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    return [] if result.returncode == 0 else [result.stdout + result.stderr]
+
+
+def test_bit_error_rate_panels_keep_showing_a_port_whose_counter_saturated(tmp_path: Path) -> None:
+    """A link bad enough to page saturates its 16-bit symbol_error counter within minutes (50 errors a
+    second reach 65535 in 22), after which its 5-minute rate is 0 while RdmaPortBitErrorRateHigh keeps
+    paging from the saturated record until the counter is reset. Every panel that shows the 5-minute
+    bit-error rate (coloured red above 1e-12, as the critical alert) must still show that port above
+    1e-12, not drop it to 0 and out of the top ten while the page is on."""
+    port = 'job="rdma-exporter", instance="dgx-122:9883", device="mlx5_6", port="1"'
+    series = {
+        'up{job="rdma-exporter", instance="dgx-122:9883"}': "1x240",
+        f'rdma_port_info{{{port}, link_layer="InfiniBand"}}': "1x240",
+        f"rdma_port_rate_bytes_per_second{{{port}}}": "5e10x240",
+        f"rdma_port_physical_state_id{{{port}}}": "5x240",
+        f"rdma_port_state_id{{{port}}}": "4x240",
+        f"rdma_port_symbol_errors_total{{{port}}}": "0+3000x21 65535x218",
+        f'rdma_port_pma_saturated{{{port}, counter="symbol_error"}}': "0x21 1x218",
+    }
+    # 150m: saturated for two hours, so both the 5-minute and the hourly rate are 0.
+    page = 'count(ALERTS{alertname="RdmaPortBitErrorRateHigh", severity="critical", alertstate="firing"})'
+    checks = [(page, "150m", 1.0)]
+    shown = []
+    for path in DASHBOARD_FILES:
+        variables = load(path)["templating"]["list"]
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                if BER_5M in {s.name for s in read_series(tgt["expr"])}:
+                    shown.append(f"{path.stem} / {item['title']} / {tgt['refId']}")
+                    checks.append((f"count(({substitute(tgt['expr'], variables)}) > 1e-12)", "150m", 1.0))
+    assert len(shown) >= 4, shown
+    problems = promtool_checks(tmp_path, series, checks)
+    assert not problems, f"{shown}:\n" + "\n".join(problems)
