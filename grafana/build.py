@@ -1416,7 +1416,7 @@ def roce_congestion() -> Json:
                                  "rdma_port_hw_rx_ecn_marked_pkts_total"),
                      "{{instance}} {{device}} ECN-marked rx"),
                     (either_rate("rdma_port_hw_np_cnp_sent_total", "rdma_port_hw_cnp_sent_total",
-                                 "rdma_port_hw_tx_cnp_pkts_total"),
+                                 "rdma_port_hw_tx_cnp_pkts_total", "rdma_port_hw_np_cnp_pkts_total"),
                      "{{instance}} {{device}} CNP sent"),
                     (either_rate("rdma_port_hw_rp_cnp_handled_total", "rdma_port_hw_cnp_handled_total",
                                  "rdma_port_hw_rx_cnp_pkts_total"),

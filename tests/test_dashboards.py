@@ -1323,3 +1323,26 @@ def test_bit_error_rate_panels_keep_showing_a_port_whose_counter_saturated(tmp_p
     assert len(shown) >= 4, shown
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, f"{shown}:\n" + "\n".join(problems)
+
+
+ALIAS_RECORD = re.compile(r"rate\(\w+\[\w+\]\)(?: or rate\(\w+\[\w+\]\))+")
+
+
+def test_panels_read_every_driver_name_that_the_records_read() -> None:
+    """A record that reads one counter under each driver's name (`rate(a[5m]) or rate(b[5m]) ...`) lists
+    every name a driver gives it. A panel that reads those raw counters rather than the record reads every
+    one of those names too, or a driver's ports are missing from it: mainline bnxt_re counts its CNPs
+    sent in np_cnp_pkts since its 2025 rename (the golden built-multi-driver exposition has one)."""
+    golden = exporter_names("".join(p.read_text() for p in sorted((ROOT / "tests" / "golden").glob("*.prom"))))
+    assert "rdma_port_hw_np_cnp_pkts_total" in golden
+    aliases = [{s.name for s in selectors(rule["expr"])} for rule in rules()
+               if "record" in rule and ALIAS_RECORD.fullmatch(" ".join(rule["expr"].split()))]  # fmt: skip
+    assert any("rdma_port_hw_np_cnp_pkts_total" in names for names in aliases), aliases
+    missing = []
+    for dashboard, item, tgt in all_targets():
+        read = {s.name for s in selectors(tgt["expr"]) if not s.presence}
+        for names in aliases:
+            if read & names and names - read:
+                missing.append(f"{dashboard} / {item['title']} / {tgt['refId']}: reads {sorted(read & names)}, "
+                               f"not {sorted(names - read)}")  # fmt: skip
+    assert not missing, "\n".join(missing)
