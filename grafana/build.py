@@ -1215,7 +1215,7 @@ def node_detail() -> Json:
             text_mode="name",
         ), 4, 6),
     ]  # fmt: skip
-    return dashboard(
+    return exact_instance(dashboard(
         "node-detail",
         "RDMA / Node detail",
         "One node's RDMA fabric: port states, link rate/width and PCIe against expectations, throughput, "
@@ -1223,7 +1223,28 @@ def node_detail() -> Json:
         standard_variables(one_node=True),
         items,
         time_from="now-3h",
-    )
+    ))
+
+
+INSTANCE_REGEX = 'instance=~"$instance"'
+INSTANCE_EXACT = 'instance="$instance"'
+
+
+def exact_instance(node: Any) -> Any:
+    """Every `instance=~"$instance"` matcher of a dashboard as `instance="$instance"`.
+
+    Grafana regex-escapes a variable's value only where the variable is multi-select or has All. On the
+    node page the instance is a single choice, so it arrives raw: an IPv6 target such as `[fd00::1]:9883`
+    read as a regex is a character class, and every panel of the page came back empty. One node is one
+    exact value.
+    """
+    if isinstance(node, dict):
+        return {key: exact_instance(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [exact_instance(value) for value in node]
+    if isinstance(node, str):
+        return node.replace(INSTANCE_REGEX, INSTANCE_EXACT)
+    return node
 
 
 # --- RoCE congestion ---------------------------------------------------------------------------------
