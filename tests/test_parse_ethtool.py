@@ -439,6 +439,31 @@ def test_extra_generic_naming_rule() -> None:
     assert generic_key("rx_lane2b_errs") == ("stat_lane2b_errs", (("direction", "rx"),))
 
 
+def test_extra_bnxt_en_and_ice_priorities_become_the_priority_label() -> None:
+    """bnxt_en spells a priority `priN` (pfc_pri3_rx_transitions, rx_bytes_pri3: bnxt_ethtool.c) and ice
+    `priority_N` (rx_priority_3_xon.nic: ice_ethtool.c). The README points bnxt_en users to extra_stats for
+    the PFC transitions; those must come out as one family with a priority label, not eight metric names."""
+    stats = parse_stats_text(BNXT.read_text()) | parse_stats_text(ICE.read_text())
+    out = by_source(curate(stats, [re.compile(r"^pfc_pri[0-7]_(rx|tx)_transitions$|_pri[0-7]$|_xon\.nic$")]))
+    for source in ("pfc_pri3_rx_transitions", "pfc_pri0_tx_transitions", "rx_bytes_pri3", "tx_priority_5_xon.nic"):
+        stat = out[source]
+        assert "pri" not in stat.key.removeprefix("stat_priority_"), (source, stat.key)
+        assert stat.key.startswith("stat_priority_"), (source, stat.key)
+        assert dict(stat.labels)["priority"] == re.search(r"pri(?:ority_)?([0-7])", source)[1], source
+    prio3 = ("priority", "3")
+    assert generic_key("pfc_pri3_rx_transitions") == ("stat_priority_pfc_rx_transitions", (("direction", ""), prio3))
+    assert generic_key("rx_priority_3_xon.nic") == ("stat_priority_xon_nic", (("direction", "rx"), ("priority", "3")))
+    assert generic_key("rx_bytes_pri3") == ("stat_priority_bytes", (("direction", "rx"), ("priority", "3")))
+    # One family per statistic: the eight priorities of bnxt_en's PFC transitions share one key per direction.
+    transitions = {out[f"pfc_pri{p}_rx_transitions"].key for p in range(8)}
+    assert transitions == {"stat_priority_pfc_rx_transitions"}
+    # A word that merely starts like one (`primary`, `pri3x`) and a priority past 7 stay in the name.
+    assert generic_key("rx_primary_drops") == ("stat_primary_drops", (("direction", "rx"),))
+    assert generic_key("rx_pri3x_drops") == ("stat_pri3x_drops", (("direction", "rx"),))
+    assert generic_key("rx_priority_8_xon")[0] == "stat_all_priority_8_xon"
+    check_curated(list(out.values()))
+
+
 def test_colliding_extras_keep_the_first() -> None:
     stats = parse_stats_text(QUIRKS.read_text())
     out = curate(stats, [re.compile("duplicate")])

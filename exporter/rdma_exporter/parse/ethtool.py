@@ -474,7 +474,8 @@ MAX_QUEUE: Final = 1023
 _QUEUE_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)(?:_queue_|_q|)(?P<queue>[0-9]+)_")
 _CHANNEL_PREFIX: Final = re.compile(r"^ch(?:annel)?_?(?P<channel>[0-9]+)_")
 _DIRECTION_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)_")
-_PRIORITY_PART: Final = re.compile(r"(?:^|_)prio_?(?P<priority>[0-9]+)(?=_|$)")
+# mlx5 spells a priority prioN, bnxt_en priN (pfc_pri3_rx_transitions, rx_bytes_pri3), ice and i40e priority_N.
+_PRIORITY_PART: Final = re.compile(r"(?:^|_)(?:prio|pri|priority)_?(?P<priority>[0-9]+)(?=_|$)")
 _LANE_PART: Final = re.compile(r"(?:^|_)lane_?(?P<lane>[0-9]+)(?=_|$)")
 _LANE_ANYWHERE: Final = re.compile(r"(?:^|_)lane_?[0-9]+(?:_|$)")
 
@@ -509,9 +510,10 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The labelled form of a stat with no curated meaning (extras and unlisted per-lane stats).
 
     Rule: a leading `rxN_`/`txN_`/`rx_queue_N_`/`tx_queue_N_` becomes direction + queue, a leading `chN_`
-    becomes channel, else a leading `rx_`/`tx_` becomes direction; then `prioN`/`prio_N` and `laneN`/`lane_N`
-    anywhere become priority and lane. The rest is snake_cased (see infiniband.metric_fragment) and the key
-    is `stat_` + the stripped dimensions in a fixed order (`priority_`, `lane_`, `queue_`, `channel_`) + rest,
+    becomes channel, else a leading `rx_`/`tx_` becomes direction; then `prioN`/`prio_N` (also `priN` and
+    `priority_N`) and `laneN`/`lane_N` anywhere become priority and lane. The rest is snake_cased (see
+    infiniband.metric_fragment) and the key is `stat_` + the stripped dimensions in a fixed order
+    (`priority_`, `lane_`, `queue_`, `channel_`) + rest,
     with `all_` before a rest that starts with one of those words (or `all`), so no two names share a key.
     Naming the dimensions in the key keeps per-queue series out of the family of the port-wide total, so
     a key's label names never vary: direction (always present, "" when the name has none) then the
