@@ -464,6 +464,22 @@ def test_extra_bnxt_en_and_ice_priorities_become_the_priority_label() -> None:
     check_curated(list(out.values()))
 
 
+def test_extra_bnxt_en_per_ring_stats_get_a_channel_label() -> None:
+    """bnxt_en names its per-ring statistics `[N]: name`, N the completion ring (bnxt_get_strings in
+    bnxt_ethtool.c). Selected as extras they must be one family with a channel label, like mlx5's `chN_`,
+    not one metric name per ring (stat_n0_rx_discards, stat_n1_rx_discards...)."""
+    stats = parse_stats_text(BNXT.read_text())
+    out = by_source(curate(stats, [re.compile(r"^\[[0-9]+\]: (rx|tx)_discards$")]))
+    extras = {s.key for s in out.values() if s.key.startswith("stat_")}
+    assert extras == {"stat_channel_rx_discards", "stat_channel_tx_discards"}
+    assert dict(out["[1]: rx_discards"].labels) == {"direction": "", "channel": "1"}
+    ring0 = (("direction", ""), ("channel", "0"))
+    assert generic_key("[0]: rx_ucast_packets") == ("stat_channel_rx_ucast_packets", ring0)
+    assert generic_key("[1023]: missed_irqs")[1] == (("direction", ""), ("channel", "1023"))
+    assert generic_key("[1024]: missed_irqs")[0] == "stat_n1024_missed_irqs"  # past the bound: stays in the name
+    check_curated(list(out.values()))
+
+
 def test_colliding_extras_keep_the_first() -> None:
     stats = parse_stats_text(QUIRKS.read_text())
     out = curate(stats, [re.compile("duplicate")])

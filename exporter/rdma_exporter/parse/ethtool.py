@@ -472,7 +472,8 @@ MAX_QUEUE: Final = 1023
 # Generic index extraction for lanes and extras. Applied in this order to the raw ethtool name.
 # ASCII digits only: \d would also take other scripts' digits, which int() accepts.
 _QUEUE_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)(?:_queue_|_q|)(?P<queue>[0-9]+)_")
-_CHANNEL_PREFIX: Final = re.compile(r"^ch(?:annel)?_?(?P<channel>[0-9]+)_")
+# mlx5 `chN_`; bnxt_en `[N]: ` (per completion ring, bnxt_get_strings in bnxt_ethtool.c).
+_CHANNEL_PREFIX: Final = re.compile(r"^(?:ch(?:annel)?_?(?P<channel>[0-9]+)_|\[(?P<ring>[0-9]+)\]: ?)")
 _DIRECTION_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)_")
 # mlx5 spells a priority prioN, bnxt_en priN (pfc_pri3_rx_transitions, rx_bytes_pri3), ice and i40e priority_N.
 _PRIORITY_PART: Final = re.compile(r"(?:^|_)(?:prio|pri|priority)_?(?P<priority>[0-9]+)(?=_|$)")
@@ -510,11 +511,11 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The labelled form of a stat with no curated meaning (extras and unlisted per-lane stats).
 
     Rule: a leading `rxN_`/`txN_`/`rx_queue_N_`/`tx_queue_N_` becomes direction + queue, a leading `chN_`
-    becomes channel, else a leading `rx_`/`tx_` becomes direction; then `prioN`/`prio_N` (also `priN` and
-    `priority_N`) and `laneN`/`lane_N` anywhere become priority and lane. The rest is snake_cased (see
-    infiniband.metric_fragment) and the key is `stat_` + the stripped dimensions in a fixed order
-    (`priority_`, `lane_`, `queue_`, `channel_`) + rest,
-    with `all_` before a rest that starts with one of those words (or `all`), so no two names share a key.
+    (bnxt_en: `[N]: `) becomes channel, else a leading `rx_`/`tx_` becomes direction; then `prioN`/`prio_N`
+    (also `priN` and `priority_N`) and `laneN`/`lane_N` anywhere become priority and lane. The rest is
+    snake_cased (see infiniband.metric_fragment) and the key is `stat_` + the stripped dimensions in a fixed
+    order (`priority_`, `lane_`, `queue_`, `channel_`) + rest, with `all_` before a rest that starts with
+    one of those words (or `all`), so no two names share a key.
     Naming the dimensions in the key keeps per-queue series out of the family of the port-wide total, so
     a key's label names never vary: direction (always present, "" when the name has none) then the
     dimensions named in the key. Indices beyond the bounds stay in the name.
@@ -529,7 +530,9 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     if match and (queue := _index(match["queue"], MAX_QUEUE)) is not None:
         direction, dims["queue"] = match["direction"], queue
         rest = rest[match.end() :]
-    elif (match := _CHANNEL_PREFIX.match(rest)) and (channel := _index(match["channel"], MAX_QUEUE)) is not None:
+    elif (match := _CHANNEL_PREFIX.match(rest)) and (
+        channel := _index(match["channel"] or match["ring"], MAX_QUEUE)
+    ) is not None:
         dims["channel"] = channel
         rest = rest[match.end() :]
     elif match := _DIRECTION_PREFIX.match(rest):
