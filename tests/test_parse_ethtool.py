@@ -3,6 +3,7 @@ scripted fake one, and curation into labelled keys."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -32,6 +33,7 @@ from rdma_exporter.parse.ethtool import (
     MODULE_EVENTS,
     CuratedStat,
     EthtoolError,
+    GuardedMemory,
     _decide,
     curate,
     generic_key,
@@ -683,6 +685,35 @@ def in_netns(ns: str, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+SHORT_BUFFER_IN_NETNS = """
+import errno, json, struct
+from array import array
+from rdma_exporter.parse.ethtool import ETH_GSTRING_LEN, ETH_SS_STATS, ETHTOOL_GSTRINGS, SocketEthtool, _stat_count
+out = {}
+with SocketEthtool() as call:
+    count = _stat_count(call, "va")
+    for room in (count - 1, count):  # the kernel writes `count` names either way, as an old kernel would
+        buffer = array("B", bytes(12 + room * ETH_GSTRING_LEN))
+        struct.pack_into("=III", buffer, 0, ETHTOOL_GSTRINGS, ETH_SS_STATS, count)
+        try:
+            call("va", buffer)
+            out[str(room)] = struct.unpack_from("=I", buffer, 8)[0]
+        except OSError as exc:
+            out[str(room)] = errno.errorcode[exc.errno]
+out["count"] = count
+print(json.dumps(out))
+"""
+
+
+def test_a_kernel_writing_past_the_buffer_gets_efault_not_our_heap(veth_netns: str) -> None:
+    # A real kernel writing more names than the buffer holds, as a pre-Dec-2025 kernel does when the set
+    # grew past the headroom: SocketEthtool's guard page turns that into EFAULT, and the heap is untouched.
+    result = json.loads(in_netns(veth_netns, sys.executable, "-c", SHORT_BUFFER_IN_NETNS).stdout)
+    count = result["count"]
+    assert count == len(parse_stats_text(in_netns(veth_netns, "ethtool", "-S", "va").stdout))
+    assert result == {str(count - 1): "EFAULT", str(count): count, "count": count}
+
+
 def test_ioctl_matches_ethtool_in_a_namespace(veth_netns: str) -> None:
     in_netns(veth_netns, sys.executable, "-c", SEND_FRAMES, "va", "5")
     for _ in range(5):
@@ -718,13 +749,17 @@ class FakeKernel:
 
     `honours_len` mimics kernels with the Dec 2025 fix (mismatching count -> 0 entries); without it the
     kernel writes the current set whatever we asked for, as older kernels do, so the fake checks that the
-    buffer has room for it (a real old kernel would overwrite memory instead).
+    buffer has room for it (a real old kernel would overwrite memory instead), or with `guarded` answers
+    EFAULT, as SocketEthtool's GuardedMemory makes such a kernel do.
     """
 
-    def __init__(self, sets: list[list[tuple[str, int]]], script: list[int], *, honours_len: bool = True) -> None:
+    def __init__(
+        self, sets: list[list[tuple[str, int]]], script: list[int], *, honours_len: bool = True, guarded: bool = False
+    ) -> None:
         self.sets = sets
         self.script = script
         self.honours_len = honours_len
+        self.guarded = guarded
         self.calls: list[int] = []
         self.gsset_info_errno: int | None = None
         self.errno_for: dict[int, int] = {}
@@ -746,6 +781,8 @@ class FakeKernel:
         elif cmd == ETHTOOL_GSTRINGS:
             (asked,) = struct.unpack_from("=I", buffer, 8)
             n = 0 if self.honours_len and asked != len(current) else len(current)
+            if self.guarded and len(buffer) < 12 + n * ETH_GSTRING_LEN:
+                raise OSError(errno.EFAULT, "Bad address")
             assert len(buffer) >= 12 + n * ETH_GSTRING_LEN, "would overrun the caller's buffer"
             struct.pack_into("=I", buffer, 8, n)
             for i, (name, _) in enumerate(current[:n]):
@@ -753,6 +790,8 @@ class FakeKernel:
         elif cmd == ETHTOOL_GSTATS:
             (asked,) = struct.unpack_from("=I", buffer, 4)
             n = 0 if self.honours_len and asked != len(current) else len(current)
+            if self.guarded and len(buffer) < 8 + n * 8:
+                raise OSError(errno.EFAULT, "Bad address")
             assert len(buffer) >= 8 + n * 8, "would overrun the caller's buffer"
             struct.pack_into("=I", buffer, 4, n)
             for i, (_, value) in enumerate(current[:n]):
@@ -787,6 +826,40 @@ def test_old_kernel_growth_lands_in_headroom() -> None:
     big = [(f"ch{i}_poll", i) for i in range(900)]
     kernel = FakeKernel([BASE, big], [0, 1], honours_len=False)
     assert read_stats_ioctl("eth0", call=kernel) == dict(big)
+
+
+def test_old_kernel_growth_past_the_headroom_faults_and_is_retried() -> None:
+    # mlx5 going from 1 to 8 traffic classes on many channels grows its set several thousand stats: past
+    # the headroom, an old kernel's write meets the guard page (EFAULT) and the read starts again.
+    big = [(f"ch{i}_poll", i) for i in range(3000)]
+    kernel = FakeKernel([BASE, big], [0, 1], honours_len=False, guarded=True)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(big)
+    assert kernel.calls == [ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSTATS]
+    kernel = FakeKernel([BASE, big], [0, 1] * 10, honours_len=False, guarded=True)
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=kernel, max_attempts=2)
+    assert err.value.reason == REASON_IO and "3->more than 1027 strings" in err.value.detail, err.value.detail
+
+
+def test_guarded_memory_ends_at_a_page_the_kernel_cannot_write() -> None:
+    # What a kernel copy past the buffer meets: read(2) from /dev/zero writes like copy_to_user does.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+    libc.read.restype = ctypes.c_ssize_t
+    memory = GuardedMemory()
+    fd = os.open("/dev/zero", os.O_RDONLY)
+    try:
+        for size in (24, 4096, 5000, 100):  # grows, then reuses the larger mapping
+            data = array("B", b"\x07" * size)
+            address = memory.place(data)
+            assert address is not None and ctypes.string_at(address, size) == data.tobytes()
+            assert libc.read(fd, address, size) == size  # all of it is the caller's
+            assert libc.read(fd, address + size, 1) == -1 and ctypes.get_errno() == errno.EFAULT
+            memory.take(address, data)
+            assert data.tobytes() == bytes(size)
+    finally:
+        os.close(fd)
+        memory.close()
 
 
 def test_stat_set_that_never_settles_gives_up() -> None:

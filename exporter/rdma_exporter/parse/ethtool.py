@@ -15,8 +15,10 @@ one of reader.py's reason constants so the caller can tally it like a failed sys
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import re
 import socket
@@ -64,7 +66,9 @@ MAX_STATS: Final = 1 << 20
 # We pass the count we expect in GSTRINGS/GSTATS. Kernels with the Dec 2025 fix ("ethtool: Avoid
 # overflowing userspace buffer on stats query") then answer 0 entries if the set changed since; older
 # kernels ignore it and write the count of that moment, past a buffer sized for the old count. Headroom
-# makes such growth land in memory we own; the count check then sends us round the retry loop.
+# makes such growth land in memory we own; the count check then sends us round the retry loop. Growth
+# past the headroom (mlx5 going from 1 to 8 traffic classes on many channels) meets GuardedMemory's
+# guard page: EFAULT, also retried.
 _MIN_HEADROOM: Final = 1024
 
 DEFAULT_ATTEMPTS: Final = 3
@@ -97,21 +101,88 @@ def _open_socket() -> socket.socket:
     raise last
 
 
+class GuardedMemory:
+    """Memory for the kernel to write a request into, ending right before a page it cannot write.
+
+    Kernels without the Dec 2025 fix write a stat set's size of the moment, whatever size was asked for
+    (see _MIN_HEADROOM). Into a buffer on the heap, a set that grew past the headroom mid-read would
+    overwrite whatever lies behind it; with a PROT_NONE page there instead, the kernel's copy faults and
+    the ioctl fails with EFAULT, which read_stats_ioctl retries. One mapping, reused and grown as needed.
+    """
+
+    _PAGE: Final = mmap.PAGESIZE
+    _FAILED: Final = ctypes.c_void_p(-1).value
+
+    def __init__(self) -> None:
+        self._base: int | None = None
+        self._span = 0  # writable bytes before the guard page
+
+    def place(self, data: array[int]) -> int | None:
+        """Copy `data` so that it ends at the guard page; its address, or None where mappings fail."""
+        size = len(data) * data.itemsize
+        if size > self._span and not self._grow(size):
+            return None
+        assert self._base is not None
+        address = self._base + self._span - size
+        ctypes.memmove(address, data.buffer_info()[0], size)
+        return address
+
+    def take(self, address: int, data: array[int]) -> None:
+        """Copy what the kernel wrote at `address` back into `data`."""
+        ctypes.memmove(data.buffer_info()[0], address, len(data) * data.itemsize)
+
+    def _grow(self, size: int) -> bool:
+        self.close()
+        span = -(-size // self._PAGE) * self._PAGE
+        base = _libc.mmap(None, span + self._PAGE, mmap.PROT_READ | mmap.PROT_WRITE,
+                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # fmt: skip
+        if base is None or base == self._FAILED:
+            return False
+        if _libc.mprotect(base + span, self._PAGE, 0) != 0:  # PROT_NONE
+            _libc.munmap(base, span + self._PAGE)
+            return False
+        self._base, self._span = base, span
+        return True
+
+    def close(self) -> None:
+        if self._base is not None:
+            _libc.munmap(self._base, self._span + self._PAGE)
+            self._base, self._span = None, 0
+
+
+def _load_libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+_libc: Final = _load_libc()
+
+
 class SocketEthtool:
     """The real `EthtoolCall`: SIOCETHTOOL on a datagram socket in the caller's network namespace."""
 
     def __init__(self) -> None:
         self._sock = _open_socket()
+        self._memory = GuardedMemory()
 
     def __call__(self, ifname: str, buffer: array[int]) -> None:
-        address, _ = buffer.buffer_info()
+        address = self._memory.place(buffer)
+        if address is None:  # no mapping (a memory limit): the heap buffer, with its headroom only
+            address = buffer.buffer_info()[0]
         ifreq = bytearray(_IFREQ_SIZE)
         # Native layout: 16-byte name, then the union whose first member is the ifr_data pointer.
         struct.pack_into("16sP", ifreq, 0, os.fsencode(ifname), address)
         fcntl.ioctl(self._sock.fileno(), SIOCETHTOOL, ifreq, True)
+        if address != buffer.buffer_info()[0]:
+            self._memory.take(address, buffer)
 
     def close(self) -> None:
         self._sock.close()
+        self._memory.close()
 
     def __enter__(self) -> SocketEthtool:
         return self
@@ -153,12 +224,15 @@ def _drvinfo_count(call: EthtoolCall, ifname: str) -> int:
     return count
 
 
-def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> list[str]:
+def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> list[str] | None:
+    """The names, or None if the kernel wrote past the buffer (the set grew beyond the headroom)."""
     buffer = array("B", bytes(_GSTRINGS_HEADER + capacity * ETH_GSTRING_LEN))
     struct.pack_into("=III", buffer, 0, ETHTOOL_GSTRINGS, ETH_SS_STATS, expected)
     try:
         call(ifname, buffer)
     except OSError as exc:
+        if exc.errno == errno.EFAULT:
+            return None
         raise _fail(ifname, exc, "ETHTOOL_GSTRINGS") from exc
     (length,) = struct.unpack_from("=I", buffer, 8)
     if length > capacity:
@@ -172,12 +246,15 @@ def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) 
     return names
 
 
-def _read_values(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> tuple[int, ...]:
+def _read_values(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> tuple[int, ...] | None:
+    """The values, or None if the kernel wrote past the buffer (the set grew beyond the headroom)."""
     buffer = array("B", bytes(_GSTATS_HEADER + capacity * 8))
     struct.pack_into("=II", buffer, 0, ETHTOOL_GSTATS, expected)
     try:
         call(ifname, buffer)
     except OSError as exc:
+        if exc.errno == errno.EFAULT:
+            return None
         raise _fail(ifname, exc, "ETHTOOL_GSTATS") from exc
     (count,) = struct.unpack_from("=I", buffer, 4)
     if count > capacity:
@@ -227,12 +304,12 @@ def read_stats_ioctl(
                 raise EthtoolError(ifname, REASON_IO, f"implausible stat count {count}")
             capacity = count + max(count, _MIN_HEADROOM)
             names = _read_strings(call, ifname, count, capacity)
-            if len(names) != count:
-                seen.append(f"{count}->{len(names)} strings")
+            if names is None or len(names) != count:
+                seen.append(f"{count}->{'more than ' + str(capacity) if names is None else len(names)} strings")
                 continue
             values = _read_values(call, ifname, count, capacity)
-            if len(values) != count:
-                seen.append(f"{count}->{len(values)} values")
+            if values is None or len(values) != count:
+                seen.append(f"{count}->{'more than ' + str(capacity) if values is None else len(values)} values")
                 continue
             return _pair(names, values)
         raise EthtoolError(ifname, REASON_IO, f"stat set changed size on every attempt: {', '.join(seen)}")
