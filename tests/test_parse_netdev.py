@@ -141,8 +141,9 @@ def test_link_down_and_garbage(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text",
     # int() takes signs, underscores and other scripts' digits ("\u0663" is 3); the kernel prints none of
-    # them, nor a number above the u32 its %u could print: garbage, counted, not a speed of 5 or 1000 Mb/s.
-    ["+5\n", "1_000\n", "\u0663\n", "99999999999999999999\n", "4294967296\n"],
+    # them, nor a number above a u32, nor a negative but SPEED_UNKNOWN's -1: garbage, counted, not a speed
+    # of 5 or 1000 Mb/s. 5,000 digits: int() itself refuses them with a ValueError (found by review).
+    ["+5\n", "1_000\n", "\u0663\n", "99999999999999999999\n", "4294967296\n", "-2\n", "1" * 5000 + "\n"],
 )
 def test_a_speed_the_kernel_cannot_print_is_malformed(tmp_path: Path, text: str) -> None:
     write_files(tmp_path, {"class/net/ens1f0np0/speed": text, "class/net/ens1f0np0/carrier": "1\n"})

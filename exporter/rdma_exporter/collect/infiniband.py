@@ -236,14 +236,15 @@ HW_COUNTER_DYNAMIC: Final = (
         "rdma_port_hw_<counter>_total",
         "counter",
         "Every file of the port's hw_counters/ (driver-specific: mlx5, irdma, bnxt_re, efa, hfi1...), its "
-        "name converted to snake_case. Levels (bnxt_re active_*, *watermark*, db_fifo_register; hfi1 "
-        "DRIVER_CtxtsOpen) are gauges without _total.",
+        "name converted to snake_case. Levels (bnxt_re active_*, *watermark*, db_fifo_register) are gauges "
+        "without _total.",
         PORT,
     ),
     DynamicMetricSpec(
         "rdma_device_hw_<counter>_total",
         "counter",
-        "Every file of the device-level hw_counters/, as for ports.",
+        "Every file of the device-level hw_counters/, as for ports; levels (hfi1 DRIVER_CtxtsOpen) are gauges "
+        "without _total.",
         DEVICE,
     ),
     DynamicMetricSpec(

@@ -133,6 +133,8 @@ class GuardedMemory:
 
     def _grow(self, size: int) -> bool:
         self.close()
+        if _libc is None:
+            return False
         span = -(-size // self._PAGE) * self._PAGE
         base = _libc.mmap(None, span + self._PAGE, mmap.PROT_READ | mmap.PROT_WRITE,
                           mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # fmt: skip
@@ -145,17 +147,20 @@ class GuardedMemory:
         return True
 
     def close(self) -> None:
-        if self._base is not None:
+        if self._base is not None and _libc is not None:
             _libc.munmap(self._base, self._span + self._PAGE)
             self._base, self._span = None, 0
 
 
-def _load_libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):  # no dynamic libc: GuardedMemory gives no memory, the heap is used
+        return None
     return libc
 
 

@@ -72,13 +72,14 @@ def _no_value_attr(path: str | Path, reader: SysfsReader) -> str | None:
     return reader.text(path, optional=True, absent_errnos=NO_VALUE_ERRNOS)
 
 
-# What the kernel prints: a decimal, negative only for SPEED_UNKNOWN. Not int()'s wider syntax: it also
-# takes "+5", "1_000" and other scripts' digits, none of which is a speed.
-_SPEED_TEXT: Final = re.compile(r"-?[0-9]+\Z")
+# What the kernel prints: a u32 in decimal, with %d since 4.6 (SPEED_UNKNOWN is then -1) and %u before.
+# Not int()'s wider syntax: it also takes "+5", "1_000" and other scripts' digits, none of which is a
+# speed; and bounded, for int() refuses over 4,300 digits with a ValueError.
+_SPEED_TEXT: Final = re.compile(r"(?:-1|[0-9]{1,10})\Z")
 
 
 def _speed_number(text: str) -> int | None:
-    """The Mb/s a `speed` file can hold (-1 .. 4294967295), else None."""
+    """The Mb/s a `speed` file can hold (-1, 0 .. 4294967295), else None."""
     text = text.strip()
     if not _SPEED_TEXT.match(text):
         return None
