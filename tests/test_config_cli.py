@@ -64,9 +64,12 @@ def write(tmp_path: Path, text: str) -> Path:
         ("web:\n  listen_address: '[::1:9883'\n", "web.listen_address", "unbalanced brackets in IPv6 host '[::1'"),
         ("web:\n  listen_address: '::1]:9883'\n", "web.listen_address", "unbalanced brackets in IPv6 host '::1]'"),
         ("web:\n  telemetry_path: /\n", "web.telemetry_path", "other than / and /healthz, got '/'"),
-        # Routed without its query: it would pass start-up, then every scrape would get 404 (operator review).
-        ("web:\n  telemetry_path: /metrics?x\n", "web.telemetry_path", "cannot contain '?', '#', spaces"),
-        ("web:\n  telemetry_path: '/my metrics'\n", "web.telemetry_path", "cannot contain '?', '#', spaces"),
+        # Routed as sent and without its query: it would pass start-up, then every scrape would get 404, as
+        # Prometheus percent-encodes the space, the é and the % (operator review, then the diff review).
+        ("web:\n  telemetry_path: /metrics?x\n", "web.telemetry_path", "may hold only letters, digits"),
+        ("web:\n  telemetry_path: '/my metrics'\n", "web.telemetry_path", "may hold only letters, digits"),
+        ("web:\n  telemetry_path: /m\u00e9trics\n", "web.telemetry_path", "may hold only letters, digits"),
+        ("web:\n  telemetry_path: /a%20b\n", "web.telemetry_path", "may hold only letters, digits"),
         ("log:\n  level: warning\n", "log.level", "expected one of debug, info, warn, error, got 'warning'"),
         ("web:\n  scrape_timeout_seconds: true\n", "web.scrape_timeout_seconds", "in (0, 300], got True"),
         ("web:\n  1: ':9883'\n", "web.1", "keys must be strings"),

@@ -117,13 +117,17 @@ def check_telemetry_path(source: str, key: str, value: Any) -> str:
     text = check_string(source, key, value)
     if not text.startswith("/") or text in ("/", "/healthz"):
         raise ConfigError(source, key, f"expected a path starting with / other than / and /healthz, got {text!r}")
-    # Requests are routed on the path without its query, and a request line cannot carry a space or a
-    # fragment: such a telemetry path would pass here and then answer every scrape with 404.
-    if any(c in "?#" or c.isspace() or not c.isprintable() for c in text):
+    # Requests are routed on the path as sent, without its query: Prometheus percent-encodes what RFC 3986
+    # does not allow in a path (Go's url.URL), and '?' and '#' end it. Such a telemetry path would pass
+    # here and then answer every scrape with 404.
+    if not _PATH_CHARS.fullmatch(text):
         raise ConfigError(
-            source, key, f"a request path cannot contain '?', '#', spaces or control characters: {text!r}"
+            source, key, f"a request path may hold only letters, digits, '/' and -._~!$&'()*+,;=:@, got {text!r}"
         )
     return text
+
+
+_PATH_CHARS: Final = re.compile(r"[A-Za-z0-9/\-._~!$&'()*+,;=:@]+")
 
 
 def check_log_level(source: str, key: str, value: Any) -> str:
