@@ -1704,9 +1704,8 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
         capture_output=True, text=True, timeout=20,
     )
     assert curl.stdout == "ok\n", curl.stderr
-    # A wrong login is told to the operator once (a Prometheus with it sees only its target down); the
-    # requests without credentials (a browser's first) are not refusals worth a line.
-    refusals = [line for line in daemon.log().splitlines() if "refused with 401" in line]
+    # A wrong login is told to the operator once (a Prometheus with it sees only its target down).
+    refusals = [line for line in daemon.log().splitlines() if "unknown user or wrong password" in line]
     assert len(refusals) == 1 and "level=warn" in refusals[0], refusals
     assert 'msg="1 request(s) refused with 401 since the last such line: unknown user or wrong password' in (
         refusals[0]
@@ -1720,21 +1719,30 @@ def test_wrong_passwords_are_counted_into_one_warning_a_minute(
     web = load_web_config(web_config(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n"))
     exporter = Exporter(Serving(replace(Config(), sysfs=tree), RdmaCollector(tree, []), web))
 
-    def ask(headers: dict[str, str]) -> int:
+    def ask(headers: dict[str, str], path: str = "/healthz") -> int:
         lower = {name.lower(): value for name, value in headers.items()}  # as the server hands them over
-        return exporter.handle(Request("GET", "/healthz", "HTTP/1.1", lower, peer="192.0.2.7:1")).status
+        return exporter.handle(Request("GET", path, "HTTP/1.1", lower, peer="192.0.2.7:1")).status
 
-    def lines() -> list[str]:
-        return [r.getMessage() for r in caplog.records if "refused with 401" in r.getMessage()]
+    def lines(kind: str = "wrong password") -> list[str]:
+        return [r.getMessage() for r in caplog.records if kind in r.getMessage()]
 
+    browser = {"User-Agent": "Mozilla/5.0 (X11; Linux x86_64; rv:140.0) Gecko/20100101 Firefox/140.0"}
+    prometheus = {"User-Agent": "Prometheus/3.5.0"}
     with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
-        assert ask({}) == 401 and lines() == []
+        assert ask(browser, "/metrics") == 401 and caplog.records == []  # a browser's first: the login form
+        assert ask({}) == 401 and caplog.records == []  # a liveness probe of /healthz, as the TLS overlay's
         assert [ask(basic("prometheus", "wrong")) for _ in range(3)] == [401] * 3
         assert len(lines()) == 1
         exporter.refused_passwords.logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
         assert ask(basic("nobody", "s3cret")) == 401 and ask(basic("prometheus", "s3cret")) == 200
+        # A scraper without basic_auth in its config (the commonest mistake) is told apart from a browser.
+        assert ask(prometheus, "/metrics") == 401 and ask(prometheus, "/metrics") == 401
     assert len(lines()) == 2 and lines()[1].startswith("3 request(s) refused with 401"), lines()
     assert lines()[1].endswith("(the last from 192.0.2.7:1)"), lines()
+    assert lines("without credentials") == [
+        "1 request(s) without credentials refused with 401 since the last such line: the client sends no basic "
+        "auth (the last from 192.0.2.7:1, user agent 'Prometheus/3.5.0')"
+    ]
 
 
 def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(

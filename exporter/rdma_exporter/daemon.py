@@ -161,8 +161,9 @@ class Exporter:
         # Reentrant: dereferencing the weak reference under the lock can free the FamilySet right there,
         # which runs _forget on this very thread.
         self._encoded_lock = threading.RLock()
-        # A Prometheus with the wrong password sees only its target down: say so here too.
+        # A Prometheus with the wrong password, or none, sees only its target down: say so here too.
         self.refused_passwords = CountedWarning(log)
+        self.refused_anonymous = CountedWarning(log)
 
     def _forget(self, gone: weakref.ref[FamilySet]) -> None:
         # The collection was dropped (a new scrape started its own): drop its encoded bodies with it.
@@ -179,11 +180,20 @@ class Exporter:
         serving = self.serving  # one read: a reload during this request does not mix configs
         auth = serving.web.auth
         if auth is not None and not auth.check(credentials := request.headers.get("authorization")):
-            if credentials is not None:  # not a browser's first request, which asks for the login form
+            agent = request.headers.get("user-agent", "")
+            if credentials is not None:
                 self.refused_passwords.add(
                     "%d request(s) refused with 401 since the last such line: unknown user or wrong password "
                     "(the last from %s)",
                     request.peer,
+                )
+            elif request.path == serving.config.telemetry_path and not agent.startswith("Mozilla/"):
+                # A scraper without basic_auth; not a browser's first request (it asks for the login form),
+                # nor a liveness probe of /healthz, which gets no credentials (deploy/kubernetes-tls).
+                self.refused_anonymous.add(
+                    "%d request(s) without credentials refused with 401 since the last such line: the client "
+                    "sends no basic auth (the last from %s, user agent %r)",
+                    request.peer, agent[:80],
                 )
             return text_response(401, "unauthorized", headers=[("WWW-Authenticate", 'Basic realm="rdma-exporter"')])
         if request.method not in ("GET", "HEAD"):
