@@ -903,47 +903,37 @@ def test_generic_counters_that_normalise_alike_give_one_series(captured_copy) ->
     assert ("rdma_port_counters_foo_bar_total", MLX4_PORT1) not in samples(scrape(root))
 
 
-def test_bnxt_re_doorbell_fifo_register_is_a_gauge(tmp_path: Path) -> None:
-    """bnxt_re's hw_counters/db_fifo_register is no event count: bnxt_re_copy_db_pacing_stats() fills it
-    with readl() of the doorbell FIFO register, the FIFO's occupancy at that moment, which falls as well
-    as rises (drivers/infiniband/hw/bnxt_re/hw_counters.c, doorbell pacing, Linux 6.6 until 2025). As a
-    counter, each fall would read as a reset; its pacing_* neighbours are real counts."""
-    hw = "class/infiniband/bnxt_re0/ports/1/hw_counters"
+# Levels among hw_counters, each beside a real count of the same driver. bnxt_re's db_fifo_register is
+# readl() of the doorbell FIFO register in bnxt_re_copy_db_pacing_stats(), the FIFO's occupancy at that
+# moment (drivers/infiniband/hw/bnxt_re/hw_counters.c, doorbell pacing, Linux 6.6 until 2025); hfi1's
+# device-level DRIVER_CtxtsOpen is hfi1_stats.sps_ctxts, "number of contexts currently open", which
+# file_ops.c decrements whenever a context is freed (hfi1/verbs.c and file_ops.c, Linux 5.x-6.x). Typed
+# counter, each fall would read as a reset to rate() and increase().
+@pytest.mark.parametrize(
+    ("hw", "level", "count", "labels"),
+    [
+        ("class/infiniband/bnxt_re0/ports/1/hw_counters", ("db_fifo_register", "rdma_port_hw_db_fifo_register"),
+         ("pacing_alerts", "rdma_port_hw_pacing_alerts_total"), (("device", "bnxt_re0"), ("port", "1"))),
+        ("class/infiniband/hfi1_0/hw_counters", ("DRIVER_CtxtsOpen", "rdma_device_hw_driver_ctxts_open"),
+         ("DRIVER_KernIntr", "rdma_device_hw_driver_kern_intr_total"), (("device", "hfi1_0"),)),
+    ],
+    ids=["bnxt_re db_fifo_register", "hfi1 DRIVER_CtxtsOpen"],
+)  # fmt: skip
+def test_levels_among_hw_counters_are_gauges(
+    tmp_path: Path, hw: str, level: tuple[str, str], count: tuple[str, str], labels: tuple[tuple[str, str], ...]
+) -> None:
+    device = labels[0][1]
     write_files(
         tmp_path,
         {
-            "class/infiniband/bnxt_re0/ports/1/state": "4: ACTIVE\n",
-            f"{hw}/db_fifo_register": "37\n",
-            f"{hw}/pacing_alerts": "2\n",
+            f"class/infiniband/{device}/ports/1/state": "4: ACTIVE\n",
+            f"{hw}/{level[0]}": "37\n",
+            f"{hw}/{count[0]}": "123456\n",
             f"{hw}/lifespan": "10\n",
         },
     )
     text = scrape(tmp_path)
     values = samples(text)
-    port = (("device", "bnxt_re0"), ("port", "1"))
-    assert "# TYPE rdma_port_hw_db_fifo_register gauge" in text
-    assert values[("rdma_port_hw_db_fifo_register", port)] == 37
-    assert values[("rdma_port_hw_pacing_alerts_total", port)] == 2
-
-
-def test_hfi1_open_contexts_is_a_gauge(tmp_path: Path) -> None:
-    """hfi1 puts its driver_cntr_names at the end of the device-level hw_counters/; DRIVER_CtxtsOpen is
-    hfi1_stats.sps_ctxts, "number of contexts currently open", which file_ops.c decrements whenever a
-    context is freed (drivers/infiniband/hw/hfi1/verbs.c and file_ops.c, Linux 5.x-6.x). A level: typed
-    counter, each job that ends would read as a reset. DRIVER_KernIntr beside it is a real count."""
-    hw = "class/infiniband/hfi1_0/hw_counters"
-    write_files(
-        tmp_path,
-        {
-            "class/infiniband/hfi1_0/ports/1/state": "4: ACTIVE\n",
-            f"{hw}/DRIVER_CtxtsOpen": "3\n",
-            f"{hw}/DRIVER_KernIntr": "123456\n",
-            f"{hw}/lifespan": "10\n",
-        },
-    )
-    text = scrape(tmp_path)
-    values = samples(text)
-    device = (("device", "hfi1_0"),)
-    assert "# TYPE rdma_device_hw_driver_ctxts_open gauge" in text
-    assert values[("rdma_device_hw_driver_ctxts_open", device)] == 3
-    assert values[("rdma_device_hw_driver_kern_intr_total", device)] == 123456
+    assert f"# TYPE {level[1]} gauge" in text
+    assert values[(level[1], labels)] == 37
+    assert values[(count[1], labels)] == 123456
