@@ -988,11 +988,14 @@ def node_detail() -> Json:
         ), 12, 8),
         (table(
             "Link rate and width",
-            "Rate and lane count each port trained at, next to the expected topology (empty columns when the "
-            "exporter has no expectation). A port below its expectation slows every synchronous job on its rail.",
+            "Rate and lane count each ACTIVE port trained at, next to the expected topology (empty columns when "
+            "the exporter has no expectation). A port below its expectation slows every synchronous job on its "
+            "rail. A port that is not ACTIVE has empty rate and width: what it reports then is its driver's "
+            "preset (mlx5: 40 Gb/s 4X), not a link that trained low; the port state panel shows it.",
             "none",
-            targets((by_port(f"{sel('rdma_port_rate_bytes_per_second')} * 8"), ""),
-                    (by_port(sel("rdma_port_link_width_lanes")), ""),
+            targets((by_port(f"({active_rate}) * 8"), ""),
+                    (by_port(f"{sel('rdma_port_link_width_lanes')} and {ON_PORT} {sel('rdma_port_state_id')} >= 4"),
+                     ""),
                     (by_port(f"{sel('rdma_expected_port_rate_bytes_per_second')} * 8"), ""),
                     (by_port(sel("rdma_expected_port_link_width_lanes")), ""),
                     instant=True, table=True),

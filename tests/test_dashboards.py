@@ -965,6 +965,25 @@ def test_every_variable_has_values(stack: Stack) -> None:
             wait_until(f"values of ${variable['name']} in {path.name}", values, DEADLINE, [])
 
 
+def test_link_rate_table_leaves_a_port_that_is_not_active_empty(stack: Stack) -> None:
+    """A down port reports its driver's preset rate and width (mlx5: 40 Gb/s 4X): in the node page's table
+    beside an expected 400 Gb/s it looked like a link that trained low (found by the dashboard review)."""
+    board = load(GRAFANA / "dashboards" / "node-detail.json")
+    variables = board["templating"]["list"]
+    item = next(i for i in panels(board) if i["title"] == "Link rate and width")
+    rate, width = (substitute(t["expr"], variables, {"instance": STACK_INSTANCE}) for t in item["targets"][:2])
+    deadline = time.monotonic() + DEADLINE
+    shown: dict[str, set[str]] = {}
+    while time.monotonic() < deadline:
+        shown = {expr: {r["metric"]["device"] for r in stack.query(expr)["data"]["result"]} for expr in (rate, width)}
+        if all(shown.values()):
+            break
+        time.sleep(1)
+    assert stack.query(f'rdma_port_state_id{{device="{DOWN_PORT}"}} < 4')["data"]["result"], "the port is down"
+    for expr, devices in shown.items():
+        assert devices and DOWN_PORT not in devices, (expr, devices)
+
+
 def test_every_panel_query_returns_data(stack: Stack) -> None:
     """Poll until every query that must have data has it (the rules need a few evaluations), then report."""
     queries = []
