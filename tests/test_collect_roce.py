@@ -1186,6 +1186,32 @@ def test_other_devices_netdev_in_the_gid_table_is_read_by_its_own_device(tmp_pat
     check_unique_and_promtool(text)
 
 
+def test_a_host_netdev_named_like_a_containers_is_not_read_for_a_vf(tmp_path: Path) -> None:
+    # An SR-IOV VF's RDMA device stays in the host's class/infiniband while its netdev, eth1, lives in a
+    # pod; its GID table still names eth1. The host's own eth1, on another card without RDMA, is not the
+    # VF's: its statistics were exported under the VF's device (found by the ethtool review). The second
+    # port of a RoCE LAG, a function of the same card, stays local (test_roce_lag_* above).
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0"])
+    _function(tmp_path, "0000:01:00.0", "eth1", None, [])
+    vf = f"{PCI}/0000:3b:00.2/infiniband/mlx5_4"
+    port = f"{vf}/ports/1"
+    write_files(tmp_path, {f"{port}/link_layer": "Ethernet\n", f"{port}/state": "4: ACTIVE\n",
+                           f"{port}/phys_state": "5: LinkUp\n", f"{port}/gid_attrs/ndevs/0": "eth1\n"})  # fmt: skip
+    symlink(tmp_path, f"{vf}/device", f"{PCI}/0000:3b:00.2")
+    symlink(tmp_path, "class/infiniband/mlx5_4", vf)
+    metrics, nics, text = scrape_lag(tmp_path, ("ens1f0np0", "eth1"))
+    assert "eth1" not in nics.calls
+    # What the port's GID table names stays said (rdma_port_netdev_info); no statistics of the host's eth1.
+    read = {(dict(ls)["netdev"], dict(ls)["device"]) for (n, ls) in metrics
+            if n.startswith(("rdma_netdev_", "rdma_ethtool_"))}  # fmt: skip
+    assert read == {("ens1f0np0", "mlx5_0")}, read
+    assert metrics[("rdma_port_netdev_info", (("device", "mlx5_4"), ("netdev", "eth1"), ("port", "1")))] == 1
+    errors = [k for k in metrics if k[0] == "rdma_exporter_file_read_errors_total"
+              and dict(k[1])["collector"] in ("netdev", "ethtool")]  # fmt: skip
+    assert errors == [], "a netdev in a pod's namespace is no error"
+    check_unique_and_promtool(text)
+
+
 def test_bond_over_a_vlan_reads_no_ethtool_of_the_vlan(tmp_path: Path) -> None:
     # A bond whose slave is a VLAN of the port's netdev: the VLAN has no hardware statistics (the ioctl
     # would fail and count an error every scrape); the port's own netdev is read, once.

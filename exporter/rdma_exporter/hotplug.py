@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from .collect.engine import Inventory
-from .parse.infiniband import PCI_ADDRESS
 from .parse.netdev import MAX_STACK
-from .parse.reader import is_sysfs_mount
+from .parse.reader import PCI_ADDRESS, is_sysfs_mount
 
 log = logging.getLogger(__name__)
 

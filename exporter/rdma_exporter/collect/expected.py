@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..config import COLLECTOR_SETTINGS, ConfigError
-from ..parse.infiniband import MAX_PORT_NUMBER, PCI_ADDRESS, DeviceInfo
-from ..parse.reader import SysfsReader
+from ..parse.infiniband import MAX_PORT_NUMBER, DeviceInfo
+from ..parse.reader import PCI_ADDRESS, SysfsReader
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
 NAME: Final = "expected"

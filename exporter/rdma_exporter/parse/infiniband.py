@@ -27,6 +27,7 @@ from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
+    PCI_ADDRESS,
     REASON_MALFORMED,
     SysfsReader,
     link_name,
@@ -325,10 +326,6 @@ def _numa_node(path: Path, reader: SysfsReader) -> int | None:
         return None
     node = int(text)
     return node if node >= 0 else None
-
-
-# A PCI function name, domain:bus:device.function; the domain can be wider than 4 digits (Intel VMD).
-PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 def _pci_function(device_dir: Path) -> Path | None:

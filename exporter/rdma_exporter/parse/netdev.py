@@ -17,6 +17,7 @@ from typing import Final
 from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
+    PCI_ADDRESS,
     REASON_MALFORMED,
     SysfsReader,
     link_name,
@@ -356,6 +357,12 @@ def rdma_port_netdevs(
 MAX_STACK: Final = 4
 
 
+def _pci_slot(device_link: str) -> str | None:
+    """domain:bus:device of the PCI function a `device` link leads to, None if it leads to none."""
+    name = os.path.basename(os.path.realpath(device_link))
+    return name.rpartition(".")[0] if PCI_ADDRESS.match(name) else None
+
+
 class Locality:
     """Which netdevs one RDMA device reads: those whose physical netdev belongs to it.
 
@@ -363,7 +370,8 @@ class Locality:
     lower devices, followed down. The anchor is local to the RDMA devices on its PCI function
     (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the second port of a RoCE LAG,
     whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE) is local to every device
-    that reaches it. So a bond over the netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only.
+    that reaches it from the same PCI card, or from no PCI function at all (rxe, siw). So a bond over the
+    netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only.
 
     One instance per device read. A bond's slave list is read once per instance, that is every scrape:
     enslaving and releasing send no uevent, so the device's cached static info would lag behind. (A
@@ -379,6 +387,8 @@ class Locality:
         # The netdevs of the device's own PCI function are local without further reads.
         self._own = frozenset(list_dir(f"{root}/{IB_DIR}/{device}/device/net", reader))
         self._slaves: dict[str, list[str]] = {}
+        self._device_link = f"{root}/{IB_DIR}/{device}/device"
+        self._slot: str | bool | None = False  # the device's PCI card, once looked up (None: not PCI)
 
     def net_dir(self, name: str) -> str:
         return self._net + name
@@ -422,4 +432,12 @@ class Locality:
         if anchor in self._own:
             return True
         rdma = list_dir(f"{self._net}{anchor}/device/infiniband", self._reader)
-        return not rdma or self._device in rdma
+        if rdma:
+            return self._device in rdma
+        # An anchor without an RDMA device: the second port of a RoCE LAG (folded into mlx5_bond_N, a
+        # function of the same card) or the NIC under soft RoCE (an RDMA device of no PCI function). Not a
+        # netdev of another card: GID tables also name netdevs of containers' namespaces, and the host may
+        # have one of the same name (an SR-IOV VF's eth1 in a pod, the host's own eth1).
+        if self._slot is False:
+            self._slot = _pci_slot(self._device_link)
+        return self._slot is None or _pci_slot(f"{self._net}{anchor}/device") == self._slot

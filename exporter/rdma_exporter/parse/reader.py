@@ -139,6 +139,9 @@ class _KeptDir:
 # ENODEV): open the path again, which finds a re-created device or reports the real error.
 REOPEN_ERRNOS: Final = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE, errno.EBADF})
 
+# A PCI function name, domain:bus:device.function; the domain can be wider than 4 digits (Intel VMD).
+PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
 # A directory whose mtime is older than this is "settled": any later unlink or rename in it moves its
 # mtime past the recorded one, even with the coarse (jiffy) timestamps of file systems.
 _SETTLE_NS: Final = 2_000_000_000
