@@ -136,9 +136,13 @@ def check_log_level(source: str, key: str, value: Any) -> str:
     return str(value)
 
 
+# Below a tenth of a second no device is read in time: every scrape would answer with timeouts only.
+MIN_DEADLINE_SECONDS: Final = 0.1
+
+
 def check_seconds(source: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 300:
-        raise ConfigError(source, key, f"expected a number of seconds in (0, 300], got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_DEADLINE_SECONDS <= value <= 300:
+        raise ConfigError(source, key, f"expected a number of seconds from 0.1 to 300, got {value!r}")
     return float(value)
 
 

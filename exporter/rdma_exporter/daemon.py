@@ -38,7 +38,7 @@ from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
 from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
-from .config import Config, ConfigError
+from .config import MIN_DEADLINE_SECONDS, Config, ConfigError
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
@@ -91,7 +91,7 @@ def build_registry(collector: RdmaCollector) -> CollectorRegistry:
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Time kept back from the X-Prometheus-Scrape-Timeout-Seconds budget to encode and send the answer.
 SCRAPE_TIMEOUT_OFFSET: Final = 0.5
-MIN_SCRAPE_TIMEOUT: Final = 0.1
+MIN_SCRAPE_TIMEOUT: Final = MIN_DEADLINE_SECONDS  # also the floor of the header's budget
 
 _LANDING = """<!doctype html>
 <html><head><title>rdma-exporter</title></head>
