@@ -27,12 +27,12 @@ from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
-    PCI_ADDRESS,
     REASON_MALFORMED,
     SysfsReader,
     link_name,
     list_dir,
     parse_uint,
+    pci_function,
 )
 
 CLASS_DIR: Final = Path("class") / "infiniband"
@@ -328,22 +328,10 @@ def _numa_node(path: Path, reader: SysfsReader) -> int | None:
     return node if node >= 0 else None
 
 
-def _pci_function(device_dir: Path) -> Path | None:
-    """The PCI function behind `<dev>/device`, None for non-PCI devices (rxe, siw) or a dangling link."""
-    link = device_dir / "device"
-    try:
-        resolved = Path(os.path.realpath(link))
-    except OSError:
-        return None
-    if not resolved.is_dir() or not PCI_ADDRESS.match(resolved.name):
-        return None
-    return resolved
-
-
 def pci_address_of(sys_root: Path, name: str) -> str | None:
     """The PCI address of a device from its `device` link alone: no attribute file is opened, so this is
     safe for a device the filters skip because its reads misbehave."""
-    pci_dir = _pci_function(sys_root / CLASS_DIR / name)
+    pci_dir = pci_function(sys_root / CLASS_DIR / name)
     return pci_dir.name if pci_dir else None
 
 
@@ -418,7 +406,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     device_dir = sys_root / CLASS_DIR / name
     node_type = reader.text(device_dir / "node_type", optional=True)
     parsed_type = parse_state(node_type) if node_type else None
-    pci_dir = _pci_function(device_dir)
+    pci_dir = pci_function(device_dir)
     numa = sriov = None
     pf_address = driver = None
     is_vf = False

@@ -11,18 +11,19 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Final
 
 from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
-    PCI_ADDRESS,
     REASON_MALFORMED,
     SysfsReader,
     link_name,
     list_dir,
     parse_uint,
+    pci_function,
 )
 
 NET_DIR: Final = Path("class") / "net"
@@ -88,22 +89,27 @@ def _speed_number(text: str) -> int | None:
     return mbps if mbps <= _SPEED_UNKNOWN_U32 else None
 
 
-def parse_speed(text: str) -> int | None:
-    """sysfs `speed` (Mb/s) to bits/s; None for unknown (-1, 0, 4294967295) or garbage."""
-    mbps = _speed_number(text)
+def _bits_per_second(mbps: int | None) -> int | None:
+    """None for unknown (-1, 0, 4294967295) or garbage (None)."""
     if mbps is None or mbps <= 0 or mbps >= _SPEED_UNKNOWN_U32:
         return None
     return mbps * 1_000_000
+
+
+def parse_speed(text: str) -> int | None:
+    """sysfs `speed` (Mb/s) to bits/s; None for unknown (-1, 0, 4294967295) or garbage."""
+    return _bits_per_second(_speed_number(text))
 
 
 def _speed(path: str | Path, reader: SysfsReader) -> int | None:
     text = _no_value_attr(path, reader)
     if text is None:
         return None
-    if _speed_number(text) is None:
+    mbps = _speed_number(text)
+    if mbps is None:
         reader.fail(REASON_MALFORMED, path, f"not a speed in Mb/s: {text[:40]!r}")
         return None
-    return parse_speed(text)
+    return _bits_per_second(mbps)
 
 
 # What net-sysfs.c prints (operstates[] of RFC 2863).
@@ -357,10 +363,10 @@ def rdma_port_netdevs(
 MAX_STACK: Final = 4
 
 
-def _pci_slot(device_link: str) -> str | None:
-    """domain:bus:device of the PCI function a `device` link leads to, None if it leads to none."""
-    name = os.path.basename(os.path.realpath(device_link))
-    return name.rpartition(".")[0] if PCI_ADDRESS.match(name) else None
+def _pci_slot(device_dir: str) -> str | None:
+    """domain:bus:device, the card, of the PCI function behind `<dev>/device`; None if there is none."""
+    function = pci_function(device_dir)
+    return function.name.rpartition(".")[0] if function is not None else None
 
 
 class Locality:
@@ -387,8 +393,7 @@ class Locality:
         # The netdevs of the device's own PCI function are local without further reads.
         self._own = frozenset(list_dir(f"{root}/{IB_DIR}/{device}/device/net", reader))
         self._slaves: dict[str, list[str]] = {}
-        self._device_link = f"{root}/{IB_DIR}/{device}/device"
-        self._slot: str | bool | None = False  # the device's PCI card, once looked up (None: not PCI)
+        self._device_dir = f"{root}/{IB_DIR}/{device}"
 
     def net_dir(self, name: str) -> str:
         return self._net + name
@@ -438,6 +443,9 @@ class Locality:
         # function of the same card) or the NIC under soft RoCE (an RDMA device of no PCI function). Not a
         # netdev of another card: GID tables also name netdevs of containers' namespaces, and the host may
         # have one of the same name (an SR-IOV VF's eth1 in a pod, the host's own eth1).
-        if self._slot is False:
-            self._slot = _pci_slot(self._device_link)
-        return self._slot is None or _pci_slot(f"{self._net}{anchor}/device") == self._slot
+        return self._slot is None or _pci_slot(self._net + anchor) == self._slot
+
+    @cached_property
+    def _slot(self) -> str | None:
+        """The device's PCI card (None: not a PCI device), looked up only on that rare branch."""
+        return _pci_slot(self._device_dir)

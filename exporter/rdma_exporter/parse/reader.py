@@ -142,6 +142,18 @@ REOPEN_ERRNOS: Final = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE, errn
 # A PCI function name, domain:bus:device.function; the domain can be wider than 4 digits (Intel VMD).
 PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
+
+def pci_function(device_dir: str | Path) -> Path | None:
+    """The PCI function behind `<dev>/device` (an RDMA device's or a netdev's), None for a device of no
+    PCI function (rxe, siw, software netdevs) or a dangling link."""
+    try:
+        resolved = Path(os.path.realpath(f"{os.fspath(device_dir)}/device"))
+    except OSError:
+        return None
+    if not resolved.is_dir() or not PCI_ADDRESS.match(resolved.name):
+        return None
+    return resolved
+
 # A directory whose mtime is older than this is "settled": any later unlink or rename in it moves its
 # mtime past the recorded one, even with the coarse (jiffy) timestamps of file systems.
 _SETTLE_NS: Final = 2_000_000_000
