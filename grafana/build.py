@@ -897,8 +897,12 @@ def node_detail() -> Json:
     def by_device(expr: str) -> str:
         return f"max by (instance, device) ({expr})"
 
-    # The rate a port trained at, for ACTIVE ports: a port that is not reports its driver's preset.
-    active_rate = f"{sel('rdma_port_rate_bytes_per_second')} > 0 and {ON_PORT} {sel('rdma_port_state_id')} >= 4"
+    def when_active(expr: str) -> str:
+        """`expr` for ACTIVE ports only: a port that is not reports its driver's preset rate and width."""
+        return f"{expr} and {ON_PORT} {sel('rdma_port_state_id')} >= 4"
+
+    # The rate a port trained at.
+    active_rate = when_active(f"{sel('rdma_port_rate_bytes_per_second')} > 0")
 
     error_counters = [
         ("rdma_port_symbol_errors_total", "symbol errors"),
@@ -994,8 +998,7 @@ def node_detail() -> Json:
             "preset (mlx5: 40 Gb/s 4X), not a link that trained low; the port state panel shows it.",
             "none",
             targets((by_port(f"({active_rate}) * 8"), ""),
-                    (by_port(f"{sel('rdma_port_link_width_lanes')} and {ON_PORT} {sel('rdma_port_state_id')} >= 4"),
-                     ""),
+                    (by_port(when_active(sel("rdma_port_link_width_lanes"))), ""),
                     (by_port(f"{sel('rdma_expected_port_rate_bytes_per_second')} * 8"), ""),
                     (by_port(sel("rdma_expected_port_link_width_lanes")), ""),
                     instant=True, table=True),

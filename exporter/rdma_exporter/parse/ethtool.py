@@ -175,15 +175,15 @@ class SocketEthtool:
         self._memory = GuardedMemory()
 
     def __call__(self, ifname: str, buffer: array[int]) -> None:
-        address = self._memory.place(buffer)
-        if address is None:  # no mapping (a memory limit): the heap buffer, with its headroom only
-            address = buffer.buffer_info()[0]
+        guarded = self._memory.place(buffer)
         ifreq = bytearray(_IFREQ_SIZE)
-        # Native layout: 16-byte name, then the union whose first member is the ifr_data pointer.
+        # Native layout: 16-byte name, then the union whose first member is the ifr_data pointer. Without a
+        # mapping (a memory limit) the kernel writes the heap buffer itself, with its headroom only.
+        address = buffer.buffer_info()[0] if guarded is None else guarded
         struct.pack_into("16sP", ifreq, 0, os.fsencode(ifname), address)
         fcntl.ioctl(self._sock.fileno(), SIOCETHTOOL, ifreq, True)
-        if address != buffer.buffer_info()[0]:
-            self._memory.take(address, buffer)
+        if guarded is not None:
+            self._memory.take(guarded, buffer)
 
     def close(self) -> None:
         self._sock.close()
