@@ -165,9 +165,14 @@ def main() -> int:
                 break
             time.sleep(0.5)
 
-        # (d) The device is deleted: it is gone from the scrape, which still succeeds.
+        # (d) The device is deleted: it is gone from the scrape, which still succeeds. The exporter learns of
+        # it from the uevent, handled on its own thread, or from the scrape whose reads find the device
+        # gone (the next one lists again): a scrape sent at once can still race the event, so scrape until
+        # the device count says so, as for the steps above.
         run("rdma", "link", "delete", "rxe0")
-        save("deleted")
+        end = time.monotonic() + 20
+        while "\nrdma_exporter_devices 0.0\n" not in save("deleted") and time.monotonic() < end:
+            time.sleep(0.2)
         log(f"daemon still running: {daemon.poll() is None}")
         return 0
     finally:
