@@ -725,6 +725,20 @@ def test_port_no_subnet_manager_has_swept_reports_lid_zero(captured_copy) -> Non
     assert samples(scrape(root))[("rdma_port_lid", MLX4_PORT1)] == 26
 
 
+@pytest.mark.parametrize("content", ["26\n", "0o32\n", "0b11010\n", "0x0x1a\n", "0x\n", "0x-1a\n", "0x1_a\n"])
+def test_lid_not_in_the_kernels_hex_form_is_malformed(captured_copy, content: str) -> None:  # type: ignore[no-untyped-def]
+    # lid_show() prints "0x%x". Read with int(x, 0), "26" was taken as LID 26 and "0o32" as an octal 26,
+    # values no kernel prints; such a file is garbage, counted, and costs only the LID.
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    (port / "lid").write_text(content)
+    (port / "sm_lid").write_text("0x1\n")
+    values = samples(scrape(root))
+    assert ("rdma_port_lid", MLX4_PORT1) not in values
+    assert values[read_errors_key("mlx4_0", "malformed")] == 1
+    assert values[("rdma_port_sm_lid", MLX4_PORT1)] == 1
+
+
 def test_port_whose_link_layer_cannot_be_read_keeps_its_lids(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # Only a port known to be Ethernet (RoCE) has meaningless LIDs: an InfiniBand port whose link_layer
     # read failed still shows its LID, and the failure is counted. (infiniband mutation review: reading

@@ -500,8 +500,9 @@ def read_port_snapshot(device_dir: str | Path, info: PortInfo, reader: SysfsRead
             reader.fail(REASON_MALFORMED, f"{port_dir}/rate", f"unrecognised rate: {rate_text[:40]!r}")
     if info.link_layer != "Ethernet":
         # RoCE ports have no subnet manager; their lid files read 0 and mean nothing.
-        snapshot.lid = reader.uint(f"{port_dir}/lid", optional=True, base=0)
-        snapshot.sm_lid = reader.uint(f"{port_dir}/sm_lid", optional=True, base=0)
+        # lid_show() prints "0x%x": a decimal, octal or binary literal there is not a kernel value.
+        snapshot.lid = reader.uint(f"{port_dir}/lid", optional=True, base=16, prefix="0x")
+        snapshot.sm_lid = reader.uint(f"{port_dir}/sm_lid", optional=True, base=16, prefix="0x")
     snapshot.counters = reader.uints(f"{port_dir}/counters", info.counter_files)
     if info.counter_ext_files:
         snapshot.counters_ext = reader.uints(f"{port_dir}/counters_ext", info.counter_ext_files)

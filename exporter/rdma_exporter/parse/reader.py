@@ -400,9 +400,10 @@ class SysfsReader:
         *,
         optional: bool = False,
         base: int = 10,
+        prefix: str = "",
         absent_errnos: Collection[int] = (),
     ) -> int | None:
-        """Read an unsigned integer attribute (decimal by default; base 0 accepts a 0x prefix)."""
+        """Read an unsigned integer attribute (decimal by default), after a `prefix` that must be there."""
         raw = self._raw(path, optional, absent_errnos)
         if raw is None:
             return None
@@ -415,7 +416,7 @@ class SysfsReader:
         value = self._decode(path, raw)
         if value is None:
             return None
-        parsed = parse_uint(value, base=base)
+        parsed = parse_uint(value, base=base, prefix=prefix)
         if parsed is None:
             self.fail(REASON_MALFORMED, path, f"not an unsigned integer: {value[:40]!r}")
         return parsed
@@ -474,9 +475,19 @@ def _read_once(path: str | os.PathLike[str]) -> bytes:
         os.close(fd)
 
 
-def parse_uint(value: str, *, base: int = 10) -> int | None:
-    """Parse a u64 as the kernel prints it; None for garbage, signs, blanks or values above 2^64-1."""
+def parse_uint(value: str, *, base: int = 10, prefix: str = "") -> int | None:
+    """Parse a u64 as the kernel prints it; None for garbage, signs, blanks or values above 2^64-1.
+
+    `prefix` is one the kernel always prints, such as lid_show()'s "0x": without it, or with a second
+    one (int() itself skips a "0x" in base 16), the value is garbage.
+    """
     value = value.strip()
+    if prefix:
+        if not value.startswith(prefix):
+            return None
+        value = value[len(prefix) :]
+        if value[:len(prefix)] == prefix:
+            return None
     # int() also takes signs, underscores and any script's digits ("٣" is 3): none is a kernel number.
     if not value or value[0] in "+-_" or "_" in value or not value.isascii():
         return None
