@@ -573,6 +573,7 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
             f"--path.sysfs={sys_root}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
+            *args.node_exporter_flag,
         ]
 
     exporters = [
@@ -822,6 +823,9 @@ def markdown(report: dict[str, Any]) -> str:
     if report["settings"].get("ours_flags"):
         flags = " ".join(report["settings"]["ours_flags"])
         lines += [f"rdma_exporter ran with `{flags}`: not the default configuration, so these do not count.", ""]
+    if report["settings"].get("node_exporter_flags"):
+        flags = " ".join(report["settings"]["node_exporter_flags"])
+        lines += [f"node_exporter ran with `{flags}` as well: not the issue's comparison, so these do not count.", ""]
     lines += ["| target | measured | result |", "| --- | --- | --- |"]
     for t in report["targets"]:
         result = {True: "met", False: "**NOT MET**", None: "not measured"}[t["met"]]
@@ -920,6 +924,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra flag for rdma-exporter (repeatable), e.g. --no-collector.netdev to time it on node_exporter's "
         "share of the work; the report then says its targets are not the default configuration's",
     )
+    parser.add_argument(
+        "--node-exporter-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra flag for node_exporter (repeatable), e.g. --collector.netclass to time it on more of our work; "
+        "the report then says its targets are not the issue's comparison",
+    )
     return parser
 
 
@@ -978,6 +990,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": quick,
             "accept": args.accept,
             "ours_flags": args.ours_flag,
+            "node_exporter_flags": args.node_exporter_flag,
         },
         "trees": results,
         "scaling": scaling(results),

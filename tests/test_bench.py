@@ -209,3 +209,14 @@ def test_a_counter_file_read_through_its_link_and_through_a_kept_fd_is_one_file(
     counts = count_reads([(linked, True, False), (kept, True, True)], 1, str(sys_root), None)
     assert counts["counter"] == 2 and counts["kept_open_reads"] == 1
     assert counts["max_opens_of_one_counter_file"] == 2
+
+
+def test_report_says_its_targets_do_not_count_when_node_exporter_ran_with_more_collectors() -> None:
+    bench = _bench_module()
+    report = json.loads((ROOT / "bench" / "RESULTS.json").read_text())
+    assert "do not count" not in bench.markdown(report)  # the recorded run is the comparison
+    report["settings"]["node_exporter_flags"] = ["--collector.netclass"]
+    assert "node_exporter ran with `--collector.netclass` as well" in bench.markdown(report)
+    # The option repeats, as --ours-flag does.
+    args = bench.build_parser().parse_args(["--node-exporter-flag=--collector.netclass", "--node-exporter-flag=--x"])
+    assert args.node_exporter_flag == ["--collector.netclass", "--x"]
