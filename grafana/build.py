@@ -118,8 +118,10 @@ def per_priority(query: Callable[..., str], metric: str) -> str:
 # SR-IOV virtual functions share their PF's physical link: counts of ports and links skip them, as the
 # link alerts do (the PF's series is the one to act on).
 NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)} == 1"
-# Ports of one link layer, for panels about InfiniBand or RoCE only.
-INFINIBAND = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="InfiniBand"')
+# Ports of one link layer, for panels about InfiniBand or RoCE only. The InfiniBand panels leave out
+# what is known to be RoCE rather than keep what is known to be InfiniBand, as their alerts do: a port
+# whose link_layer read failed has no rdma_port_info and may be the one paging.
+NOT_ETHERNET = f"unless {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~"pending|firing"')
 
@@ -730,7 +732,7 @@ def fabric_overview() -> Json:
             "(warning above 0.1). Ports whose 32-bit counter is stuck at the maximum are not ranked "
             "(RdmaPortCounterSaturated).",
             "percentunit",
-            f"({sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {INFINIBAND})",
+            f"({sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {NOT_ETHERNET})",
             port_label,
             steps=thresholds((above(0.1), WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
@@ -1125,7 +1127,7 @@ def node_detail() -> Json:
             "congestion downstream of the port. Colours follow RdmaPortTransmitWaitHigh (warning above 0.1). "
             "A port missing here has its 32-bit counter stuck at the maximum (RdmaPortCounterSaturated).",
             "percentunit",
-            targets((f"{sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {INFINIBAND}", dp)),
+            targets((f"{sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {NOT_ETHERNET}", dp)),
             steps=thresholds((above(0.1), WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
             minimum=0,

@@ -1092,7 +1092,7 @@ def total(result: list[dict[str, Any]]) -> float:
 def test_panels_count_and_filter_ports_as_the_alerts_do(stack: Stack) -> None:
     """On a node with SR-IOV VFs and a port down: port counts count links (not VFs), so that the ports not
     ACTIVE are the ports down that RdmaPortDown reports; per-port utilisation has no value for a port that
-    is not ACTIVE; InfiniBand panels list InfiniBand ports only; the PFC pause frames show every priority the
+    is not ACTIVE; InfiniBand panels list no RoCE port; the PFC pause frames show every priority the
     pause-time record has, link-level pause (global) included."""
     samples = [s for f in text_string_to_metric_families(stack.exposition) for s in f.samples]
     vfs = {s.labels["device"] for s in samples if s.name == "rdma_device_sriov_virtual_function" and s.value == 1}
@@ -1127,11 +1127,11 @@ def test_panels_count_and_filter_ports_as_the_alerts_do(stack: Stack) -> None:
                 found.append(f"Utilisation per port {ref}: shows {DOWN_PORT}, which is not ACTIVE")
         for stem, title in (("fabric-overview", "Top InfiniBand ports by credit wait"), ("node-detail", "Credit wait")):
             result = panel_result(stack, stem, title)
-            others = {(r["metric"]["device"], r["metric"]["port"]) for r in result} - {
-                port for port, layer in layers.items() if layer == "InfiniBand"
+            roce = {(r["metric"]["device"], r["metric"]["port"]) for r in result} & {
+                port for port, layer in layers.items() if layer == "Ethernet"
             }
-            if not result or others:
-                found.append(f"{stem} / {title}: {len(result)} ports, not InfiniBand: {sorted(others)}")
+            if not result or roce:
+                found.append(f"{stem} / {title}: {len(result)} ports, RoCE: {sorted(roce)}")
         priorities = "group by (priority) (instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m)"
         listed = {r["metric"]["priority"] for r in stack.query(priorities)["data"]["result"]}
         board = load(GRAFANA / "dashboards" / "roce-congestion.json")
@@ -1363,6 +1363,38 @@ def test_bit_error_rate_panels_keep_showing_a_port_whose_counter_saturated(tmp_p
                     shown.append(f"{path.stem} / {item['title']} / {tgt['refId']}")
                     checks.append((f"count(({substitute(tgt['expr'], variables)}) > 1e-12)", "150m", 1.0))
     assert len(shown) >= 4, shown
+    problems = promtool_checks(tmp_path, series, checks)
+    assert not problems, f"{shown}:\n" + "\n".join(problems)
+
+
+TRANSMIT_WAIT = {
+    "instance_device_port:rdma_port_transmit_wait:ratio_rate5m",
+    "instance:rdma_port_transmit_wait:max_ratio_rate5m",
+}
+
+
+def test_credit_wait_panels_show_the_port_that_pages_whose_link_layer_is_unknown(tmp_path: Path) -> None:
+    """RdmaPortTransmitWaitHigh leaves out ports known to be RoCE (PFC pauses them). A port whose
+    link_layer read failed has no rdma_port_info and still pages: every credit-wait panel must show it,
+    not keep known InfiniBand ports only."""
+    port = 'job="rdma-exporter", instance="dgx-123:9883", device="mlx5_6", port="1"'
+    series = {
+        'up{job="rdma-exporter", instance="dgx-123:9883"}': "1x60",
+        f"rdma_port_rate_bytes_per_second{{{port}}}": "5e10x60",
+        f"rdma_port_state_id{{{port}}}": "4x60",
+        f"rdma_port_transmit_wait_total{{{port}}}": "0+1.875e11x60",  # half the link time
+    }
+    page = 'count(ALERTS{alertname="RdmaPortTransmitWaitHigh", alertstate="firing"})'
+    checks = [(page, "30m", 1.0)]
+    shown = []
+    for path in DASHBOARD_FILES:
+        variables = load(path)["templating"]["list"]
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                if TRANSMIT_WAIT & {s.name for s in read_series(tgt["expr"])}:
+                    shown.append(f"{path.stem} / {item['title']} / {tgt['refId']}")
+                    checks.append((f"count(({substitute(tgt['expr'], variables)}) > 0.1)", "30m", 1.0))
+    assert len(shown) >= 3, shown
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, f"{shown}:\n" + "\n".join(problems)
 
