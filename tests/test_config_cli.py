@@ -722,6 +722,27 @@ def test_log_records_are_one_logfmt_line_each() -> None:
     assert parse_logfmt(formatter.format(logging.LogRecord("x", logging.INFO, "", 1, "up", None, None)))["msg"] == "up"
 
 
+def test_operations_md_names_every_logger_that_logs() -> None:
+    """operations.md's Logs section says which `logger` value each part of the daemon writes, for those who
+    filter the journal with `| logfmt | logger=...`. A module that logs under a name the page does not
+    give is invisible to such a filter: the sample-tree and running-as-root warnings at start-up are
+    `rdma_exporter` (the command line), not `rdma_exporter.daemon`."""
+    package = Path(cli.__file__).parent
+    loggers: set[str] = set()
+    for source in package.rglob("*.py"):
+        text = source.read_text()
+        if not re.search(r"\blog\.(debug|info|warning|error|exception|log)\(|CountedWarning\(log\)", text):
+            continue
+        module = ".".join(source.relative_to(package.parent).with_suffix("").parts)
+        for name in re.findall(r"\blog = logging\.getLogger\(([^)]*)\)", text):
+            loggers.add(module if name == "__name__" else name.strip("\"'"))
+    assert {"rdma_exporter", "rdma_exporter.daemon", "rdma_exporter.collect.engine"} <= loggers, loggers
+    doc = (package.parent.parent / "docs" / "operations.md").read_text()
+    section = doc.split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(rdma_exporter(?:\.[a-z_.]+)?)`", section))
+    assert sorted(loggers - named) == []
+
+
 # --- empty keys, non-ASCII ports, encodings -----------------------------------------------------------
 
 
