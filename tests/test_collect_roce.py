@@ -1137,7 +1137,9 @@ def test_extra_stats_pattern_count_limit_is_inclusive() -> None:
     assert "combine names with |" in err.value.reason
 
 
-def test_unexpected_exception_while_reading_costs_one_netdev(tree: Path, metrics: Sample) -> None:
+def test_unexpected_exception_while_reading_costs_one_netdev(
+    tree: Path, metrics: Sample, caplog: pytest.LogCaptureFixture
+) -> None:
     # Not an EthtoolError (a parser bug, a driver answer nobody foresaw): still one netdev's loss, counted.
     exporter = Exporter(tree / "sys")
     nics = fake_nics(tree)
@@ -1148,10 +1150,25 @@ def test_unexpected_exception_while_reading_costs_one_netdev(tree: Path, metrics
         nics(ifname, buffer)
 
     exporter.ethtool.call = buggy
-    got = exporter.scrape()
-    assert_only_mlx5_8_lost(got, metrics)
-    assert read_errors(got, "ethtool") == {("mlx5_8", "io"): 1}
-    assert value(got, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
+    with caplog.at_level(logging.DEBUG, logger="rdma_exporter.collect.ethtool"):
+        got = exporter.scrape()
+        assert_only_mlx5_8_lost(got, metrics)
+        assert read_errors(got, "ethtool") == {("mlx5_8", "io"): 1}
+        assert value(got, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
+        # Logged as a warning once per episode, not on every scrape; its end is logged too.
+        exporter.scrape()
+        exporter.ethtool.call = nics
+        exporter.scrape()
+        exporter.ethtool.call = buggy
+        exporter.scrape()
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records]
+    failed = f"ethtool statistics of {ROCE['mlx5_8']} failed: error('unpack requires a buffer of 8 bytes')"
+    assert logged == [
+        ("WARNING", failed),
+        ("DEBUG", failed),
+        ("INFO", f"ethtool statistics of {ROCE['mlx5_8']} read again"),
+        ("WARNING", failed),
+    ], logged
 
 
 def test_ipoib_netdev_of_a_vpi_devices_infiniband_port_is_not_read(tmp_path: Path) -> None:

@@ -218,6 +218,9 @@ class EthtoolSource:
         # (key, labels) -> (spec or None, label values): the same few hundred every scrape.
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[MetricSpec | None, tuple[str, ...]]] = {}
         self._warned = False
+        # netdev -> repr of the unexpected exception it last raised: logged once per episode, as the
+        # engine logs a failing collector, not once per scrape.
+        self._failing: dict[str, str] = {}
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
@@ -292,12 +295,19 @@ class EthtoolSource:
                     reader.fail(REASON_MALFORMED, where, f"not 'name: value': {line[:60]!r}")
             else:
                 raw = read_stats_ioctl(name, call=self.call)
-            return tuple(curate(raw, self.extra_patterns))
+            curated = tuple(curate(raw, self.extra_patterns))
         except EthtoolError as exc:
             reader.fail(exc.reason, where, exc.detail)
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
-            log.warning("ethtool statistics of %s failed: %r", name, exc)
-            reader.fail(REASON_IO, where, repr(exc))
+            detail = repr(exc)
+            level = logging.DEBUG if self._failing.get(name) == detail else logging.WARNING
+            self._failing[name] = detail
+            log.log(level, "ethtool statistics of %s failed: %s", name, detail)
+            reader.fail(REASON_IO, where, detail)
+        else:
+            if self._failing.pop(name, None) is not None:
+                log.info("ethtool statistics of %s read again", name)
+            return curated
         return None
 
     def _spec(self, stat: CuratedStat) -> MetricSpec | None:
