@@ -450,8 +450,11 @@ def test_malformed_bcrypt_salt_stops_start_up(tmp_path: Path) -> None:
         ("basic_auth_users: [\n", "line 2, column 1", "invalid YAML: expected the node content"),
         ("basic_auth_users:\n  a: 'x\x01'\n", "line 2, column 8", "invalid YAML: character #x0001"),
         ("http_server_config:\n\theaders: {}\n", "line 2, column 1", "invalid YAML: found character '\\t'"),
+        # Scalars PyYAML resolves but cannot build raise ValueError, not a YAML error: no traceback either.
+        ("basic_auth_users:\n  a: 2024-13-45\n", "line 2, column 6", "invalid YAML: cannot read this value: month"),
+        ("basic_auth_users:\n  a: 1" + "0" * 5000 + "\n", "line 2, column 6", "invalid YAML: cannot read this value"),
     ],
-    ids=["flow", "control-character", "tab"],
+    ids=["flow", "control-character", "tab", "impossible-date", "5001-digit-integer"],
 )
 def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: str, key: str, reason: str) -> None:
     from rdma_exporter.webconfig import load_web_config

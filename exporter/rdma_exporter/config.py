@@ -252,6 +252,16 @@ class UniqueKeyLoader(yaml.SafeLoader):
     (`<<: *defaults`) brings in are not the mapping's own: a key given next to it overrides them, as YAML
     says."""
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """SafeConstructor's, with the ValueError of a scalar it resolved but cannot build (an integer of
+        more than 4300 digits, a date like 2024-13-45) turned into a YAML error at the node, which names
+        its line and column like any other instead of escaping as a traceback."""
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as exc:
+            reason = f"cannot read this value: {exc}"
+            raise yaml.constructor.ConstructorError(None, None, reason, node.start_mark) from None
+
 
 def _unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
