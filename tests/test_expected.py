@@ -201,6 +201,17 @@ def test_parse_expands_and_converts_units() -> None:
         ("ports: [{devices: mlx5_0, pcie_gen: true}]", "collector.expected.ports[0].pcie_gen", "one of 1, 2"),
         ("ports: [{devices: mlx5_0, pcie_width: true}]", "collector.expected.ports[0].pcie_width", "one of 1, 2, 4"),
         ("ports: [{devices: mlx5_0, rate_gbps: true}]", "collector.expected.ports[0].rate_gbps", "positive"),
+        # Beyond a float (an OverflowError traceback), or so large its bytes per second are +Inf.
+        (
+            "ports: [{devices: mlx5_0, rate_gbps: 1" + "0" * 400 + "}]",
+            "collector.expected.ports[0].rate_gbps",
+            "expected a number of Gb/s below 1e+12",
+        ),
+        (
+            "ports: [{devices: mlx5_0, netdev_speed_gbps: 1.7e+308}]",
+            "collector.expected.ports[0].netdev_speed_gbps",
+            "expected a number of Gb/s below 1e+12",
+        ),
         # Zero is not a rate: a port expected at 0 b/s never alerts as below expectation.
         ("ports: [{devices: mlx5_0, rate_gbps: 0}]", "collector.expected.ports[0].rate_gbps", "positive number, got 0"),
         (

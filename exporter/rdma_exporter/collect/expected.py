@@ -66,6 +66,8 @@ _ENTRY_KEYS: Final = (
 # [0-9], not \d: \d takes any script's digits (mlx5_[٠-٣]), which int() then reads as ASCII ones.
 _RANGE: Final = re.compile(r"^([^\[\]]*)\[([0-9]+)-([0-9]+)\]([^\[\]]*)\Z")
 _LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+\Z")
+# Gb/s; a typo far above any link, yet far below where value * 1e9 / 8 leaves a float's range.
+_MAX_GBPS: Final = 1e12
 _MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a million names
 # `lspci` prints bus:device.function without the domain: that is domain 0000.
 _LSPCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
@@ -126,9 +128,13 @@ def expand_devices(source: str, key: str, pattern: str) -> list[str]:
 
 
 def _positive_number(source: str, key: str, value: Any) -> float:
-    # YAML's .inf is a float: an infinite expectation would put every port below it.
+    # YAML's .inf is a float: an infinite expectation would put every port below it. So would one whose
+    # bytes per second (value * 1e9 / 8) overflow to inf, and an integer beyond a float's range is no
+    # float at all (OverflowError): both are refused as not a number of Gb/s.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ConfigError(source, key, f"expected a positive number, got {value!r}")
+    if value >= _MAX_GBPS:
+        raise ConfigError(source, key, f"expected a number of Gb/s below {_MAX_GBPS:g}, got {value!r}")
     return float(value)
 
 
