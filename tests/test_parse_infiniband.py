@@ -666,6 +666,18 @@ def test_stray_entry_in_ports_costs_only_itself(captured_copy) -> None:  # type:
     assert ports == {"1"}
 
 
+def test_a_port_entry_with_a_leading_zero_is_not_the_port_again(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # The kernel names ports with %u: `01` beside `1` is a stray entry, not port 1 a second time, which
+    # would export every series of the port twice (duplicate samples Prometheus drops).
+    root = captured_copy("leptonai-gpud-h100")
+    shutil.copytree(root / "class/infiniband/mlx5_0/ports/1", root / "class/infiniband/mlx5_0/ports/01", symlinks=True)
+    text = scrape(root)
+    assert text.count('rdma_port_state_id{device="mlx5_0",port="1"}') == 1
+    values = samples(text)
+    assert values[("rdma_port_state_id", MLX5_0)] == 4
+    assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 1
+
+
 def test_port_numbers_above_255_are_ports(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # mlx5 in switchdev mode gives its representor device one port per vport: with enough VFs or SFs
     # they pass 255 (port numbers are u32 since kernel 5.13). Such a port is read like any other.

@@ -176,6 +176,7 @@ def test_ecn_tree_priority_3(tmp_path: Path) -> None:
     files["class/net/eth2/ecn/roce_rp/enable/9"] = "1\n"  # not an 802.1p priority
     files["class/net/eth2/ecn/roce_rp/enable/x"] = "1\n"
     files["class/net/eth2/ecn/roce_np/enable/7"] = "2\n"  # neither on nor off
+    files["class/net/eth2/ecn/roce_np/enable/03"] = "0\n"  # not what %d prints: no second priority 3
     write_files(tmp_path, files)
     reader = SysfsReader("eth2")
     dev = read_netdev(tmp_path, "eth2", reader)
@@ -183,7 +184,10 @@ def test_ecn_tree_priority_3(tmp_path: Path) -> None:
     assert {k for k, on in dev.ecn.items() if on} == {("np", 3), ("rp", 3)}
     assert len(dev.ecn) == 15
     assert ("np", 7) not in dev.ecn
-    assert reasons(reader) == {REASON_MALFORMED: 3}
+    assert reasons(reader) == {REASON_MALFORMED: 4}
+    identity = read_netdev_identity(tmp_path, "eth2", SysfsReader("eth2"))
+    assert identity is not None
+    assert [(role, p) for role, p, _ in identity.ecn_layout].count(("np", 3)) == 1
 
 
 def test_ecn_switch_that_cannot_be_read_is_absent_not_off(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from .reader import (
     SysfsReader,
     link_name,
     list_dir,
-    parse_uint,
+    parse_entry_number,
     pci_function,
 )
 
@@ -424,7 +424,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     word_bytes = OPA_FLIT_BYTES if is_opa else IB_DATA_WORD_BYTES
     numbers: list[int] = []
     for entry in list_dir(device_dir / "ports", reader, optional=False):
-        number = parse_uint(entry)
+        number = parse_entry_number(entry)
         if number is None or number > MAX_PORT_NUMBER:
             reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
             continue

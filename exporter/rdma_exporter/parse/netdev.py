@@ -22,7 +22,7 @@ from .reader import (
     SysfsReader,
     link_name,
     list_dir,
-    parse_uint,
+    parse_entry_number,
     pci_function,
 )
 
@@ -144,7 +144,7 @@ def _ecn_layout(ecn_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int, str
     for directory, role in ECN_ROLES.items():
         enable_dir = ecn_dir / directory / "enable"
         for entry in list_dir(enable_dir, reader):
-            priority = parse_uint(entry)
+            priority = parse_entry_number(entry)
             if priority is None or priority > MAX_PRIORITY:
                 reader.fail(REASON_MALFORMED, enable_dir / entry, "not a priority 0-7")
                 continue

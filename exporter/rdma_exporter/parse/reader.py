@@ -500,6 +500,13 @@ def parse_uint(value: str, *, base: int = 10, prefix: str = "") -> int | None:
     return parsed
 
 
+def parse_entry_number(name: str) -> int | None:
+    """A directory entry the kernel names with %d/%u (a port, a priority): its number, None for any other
+    name. Stricter than parse_uint, which takes leading zeros and blanks: `01` beside `1` would be a second
+    entry of the same number, every series of it exported twice."""
+    return int(name) if name.isascii() and name.isdigit() and (name == "0" or name[0] != "0") else None
+
+
 def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
     """Sorted entry names of a directory; a missing optional directory is an empty list, not an error.
 
