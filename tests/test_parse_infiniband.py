@@ -76,6 +76,10 @@ def test_parse_state_and_uint() -> None:
     assert parse_state("4: ACTIVE") == (4, "ACTIVE")
     assert parse_state("5: LinkUp\n") == (5, "LinkUp")
     assert parse_state("ACTIVE") is None
+    # More digits than int() converts (4300) is garbage like any other, not a ValueError for the device.
+    assert parse_state("4" * 5000 + ": ACTIVE") is None
+    assert parse_rate("400 Gb/sec (" + "4" * 5000 + "X NDR)") is None
+    assert parse_rate("4" * 5000 + " Gb/sec (4X NDR)") is None  # not a rate of +Inf
     assert parse_uint("18446744073709551615") == U64_MAX
     assert parse_uint("18446744073709551616") is None  # above 2^64-1: garbage, not a counter
     assert parse_uint("-1") is None
@@ -173,6 +177,8 @@ BAD_CONTENT = [
     ("18446744073709551616\n", "malformed"),
     ("-5\n", "malformed"),
     ("\xff\xfe\n", "malformed"),
+    # Digits only, but more than int() converts (4300): a ValueError that cost the whole device.
+    pytest.param("9" * 5000 + "\n", "malformed", id="5000-digits"),
 ]
 
 

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rdma_exporter.parse.pcie import (
+    AerFile,
     parse_aer,
     parse_link_speed,
     pcie_generation,
@@ -115,6 +116,9 @@ def test_parse_aer_garbage() -> None:
     assert parsed.counts == {"BadTLP": 1}
     assert parsed.total is None
     assert parsed.malformed == ("no-value", "Bad TLP 2", "RxErr -1", "RxErr x", "Timeout 99999999999999999999999")
+    # More digits than int() converts (4300): malformed like any other, not a ValueError for the device.
+    huge = "Timeout " + "9" * 5000
+    assert parse_aer(f"BadTLP 1\n{huge}\n") == AerFile({"BadTLP": 1}, None, (huge,))
 
 
 def test_pf_link_degraded_with_aer(tmp_path: Path) -> None:

@@ -255,7 +255,7 @@ _NO_RATE_ERRNOS: Final = frozenset({errno.EINVAL})
 
 # MLNX_OFED's mlx5 prints `0 GB/sec` (capital B) for a port with an empty cage.
 _RATE_PATTERN: Final = re.compile(
-    r"^\s*(\d+(?:\.\d+)?)\s*G[bB]/sec(?:\s*\(\s*(\d+)X\s*([A-Za-z0-9]*)\s*\))?\s*$"
+    r"^\s*(\d{1,9}(?:\.\d+)?)\s*G[bB]/sec(?:\s*\(\s*(\d{1,9})X\s*([A-Za-z0-9]*)\s*\))?\s*$"
 )
 
 
@@ -272,7 +272,8 @@ def parse_rate(text: str) -> Rate | None:
     return Rate(float(gbits) * 1e9, int(lanes) if lanes else None, speed)
 
 
-_STATE_PATTERN: Final = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)?\s*$")
+# Bounded digits: int() raises on a run of over 4300 (the state is a u8 anyway).
+_STATE_PATTERN: Final = re.compile(r"^\s*(\d{1,9})\s*:\s*(\S.*?)?\s*$")
 
 
 def parse_state(text: str) -> tuple[int, str] | None:

@@ -22,6 +22,9 @@ from typing import Final
 
 # Largest value a kernel counter file can hold (u64). Anything larger is garbage, not a counter.
 U64_MAX: Final = 2**64 - 1
+# Its digits. A longer run of digits is garbage too, and int() refuses one of over 4300 digits with a
+# ValueError instead of returning it: digits are bounded before int() sees them.
+U64_DIGITS: Final = len(str(U64_MAX))
 
 # Sysfs attribute files are at most one page; reading a little more detects a file that is not sysfs.
 _READ_LIMIT: Final = 8192
@@ -409,7 +412,7 @@ class SysfsReader:
             return None
         # Fast path for the common case, a plain decimal counter ("123\n"); int() itself would also
         # accept signs, underscores and surrounding blanks, which the slow path rejects or tolerates.
-        if base == 10 and raw[-1:] == b"\n" and raw[:-1].isdigit():
+        if base == 10 and raw[-1:] == b"\n" and raw[:-1].isdigit() and len(raw) <= U64_DIGITS + 1:
             number = int(raw)
             if number <= U64_MAX:
                 return number
