@@ -558,7 +558,11 @@ def test_every_setting_flag_beats_the_file(tmp_path: Path) -> None:
         ("--log.level", "verbose", "expected one of debug, info, warn, error, got 'verbose'"),
         ("--devices.include", "mlx5_[0-", "invalid regular expression"),
         ("--devices.exclude", "mlx5_[0-", "invalid regular expression"),
+        # More digits than int() converts (4300): refused like any other out-of-range value, no traceback.
+        ("--web.read-threads", "9" * 5000, "expected an integer from 1 to 64, got '999"),
+        ("--read.max-open-files", "9" * 5000, "expected an integer from 0 to 1000000, got '999"),
     ],
+    ids=lambda value: value if len(value) < 40 else f"{value[:5]}...({len(value)} characters)",
 )
 def test_invalid_flag_values_are_refused_with_the_flag_and_reason(flag: str, value: str, reason: str) -> None:
     # The same checks as the file's keys: a bad flag stops start-up instead of serving something else.

@@ -201,6 +201,12 @@ def test_parse_expands_and_converts_units() -> None:
         ("ports: [{devices: mlx5_0, pcie_gen: true}]", "collector.expected.ports[0].pcie_gen", "one of 1, 2"),
         ("ports: [{devices: mlx5_0, pcie_width: true}]", "collector.expected.ports[0].pcie_width", "one of 1, 2, 4"),
         ("ports: [{devices: mlx5_0, rate_gbps: true}]", "collector.expected.ports[0].rate_gbps", "positive"),
+        # A bound of more digits than int() converts (4300) once ended start-up with a ValueError traceback.
+        (
+            "ports: [{devices: 'mlx5_[0-" + "9" * 5000 + "]'}]",
+            "collector.expected.ports[0].devices",
+            "a bound of the range in 'mlx5_[0-999",
+        ),
         # Beyond a float (an OverflowError traceback), or so large its bytes per second are +Inf.
         (
             "ports: [{devices: mlx5_0, rate_gbps: 1" + "0" * 400 + "}]",

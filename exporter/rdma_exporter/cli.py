@@ -88,14 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# More digits than any setting has; int() refuses over 4300 with a ValueError.
+_MAX_DIGITS: Final = 100
+
+
 def _integer(text: str) -> int | str:
     """A flag's digits as an int, anything else as given. Not argparse's type=int: a bad value is
     reported by the setting's check as a ConfigError, like every other setting.
 
     ASCII digits only: str.isdigit() also takes superscripts, which int() refuses with a ValueError (a
-    traceback, not the flag and reason), and other scripts' digits, which the config file refuses."""
+    traceback, not the flag and reason), and other scripts' digits, which the config file refuses. And
+    not too many: int() refuses over 4300 digits with a ValueError too; no setting has a tenth of that."""
     text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() else text
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS else text
 
 
 def _number(text: str) -> float | str:

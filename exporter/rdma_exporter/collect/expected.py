@@ -69,6 +69,7 @@ _LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+\Z")
 # Gb/s; a typo far above any link, yet far below where value * 1e9 / 8 leaves a float's range.
 _MAX_GBPS: Final = 1e12
 _MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a million names
+_MAX_BOUND_DIGITS: Final = 18
 # `lspci` prints bus:device.function without the domain: that is domain 0000.
 _LSPCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 
@@ -111,6 +112,8 @@ def expand_devices(source: str, key: str, pattern: str) -> list[str]:
     prefix, low, high, suffix = match.groups()
     if not (prefix + suffix == "" or _LITERAL.match(prefix + suffix)):
         raise ConfigError(source, key, f"{pattern!r} has characters other than a device name around its range")
+    if max(len(low), len(high)) > _MAX_BOUND_DIGITS:  # int() raises on over 4300 digits, a traceback
+        raise ConfigError(source, key, f"a bound of the range in {pattern!r} has more than {_MAX_BOUND_DIGITS} digits")
     first, last = int(low), int(high)
     if first > last:
         raise ConfigError(source, key, f"range [{low}-{high}] in {pattern!r} is empty (start above end)")
