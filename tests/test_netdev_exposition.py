@@ -18,7 +18,7 @@ from rdma_exporter.collect.netdev import STATISTICS_HELP, NetdevReading, NetdevS
 from rdma_exporter.parse.netdev import read_netdev
 from rdma_exporter.parse.reader import SysfsReader
 
-from conftest import SYSFS_FIXTURES, prometheus_text, samples, scrape
+from conftest import SYSFS_FIXTURES, prometheus_text, promtool_check_metrics, samples, scrape
 
 VETH = "devices/virtual/net/veth0"
 PORT = {"device": "rxe0", "port": "1", "netdev": "veth0"}
@@ -117,3 +117,16 @@ def test_statistics_files_that_normalise_alike_give_one_series() -> None:
     NetdevSource().expose({"rxe0": NetdevReading(((1, replace(veth, statistics=stats)),))}, out)
     got = sorted((s.name, s.value) for family in out for s in family.samples if s.name.startswith("rdma_netdev_rx_"))
     assert got == [("rdma_netdev_rx_bytes_total", 7), ("rdma_netdev_rx_packets_total", 9)]
+
+
+def test_statistics_files_get_names_promtool_accepts(rxe: Path) -> None:
+    # A statistics/ file name is turned into a metric name token by token, as hw_counters/ names are: a
+    # unit promtool refuses (bits, ms) or a type's name must not fail `promtool check metrics` on the node.
+    for name, value in (("rx_bits", "5\n"), ("tx_gauge_ms", "6\n"), ("rx histogram", "7\n")):
+        (rxe / VETH / "statistics" / name).write_text(value)
+    text = scrape(rxe)
+    promtool_check_metrics(text)
+    got = netdev_series(samples(text))
+    assert (got["rdma_netdev_rx_bit_total"], got["rdma_netdev_tx_gaugex_msec_total"]) == (5, 6)
+    assert got["rdma_netdev_rx_histogramx_total"] == 7
+    assert got["rdma_netdev_rx_bytes_total"] == 726  # the kernel's own names are unchanged

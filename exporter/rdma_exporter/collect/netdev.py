@@ -17,7 +17,7 @@ from typing import Final
 from ..parse.infiniband import DeviceInfo, metric_fragment
 from ..parse.netdev import MAX_PRIORITY, Locality, Netdev, read_netdev_identity, read_netdev_state
 from ..parse.reader import REASON_MISSING, SysfsReader
-from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, lint_safe
 
 NAME: Final = "netdev"
 
@@ -148,7 +148,8 @@ class _StatisticsSpecs:
 
     def get(self, file: str) -> MetricSpec | None:
         if file not in self._cache:
-            name = f"rdma_netdev_{metric_fragment(file)}_total"
+            # Token by token as promtool wants it (rx_bits, tx_gauge_ms...), as for hw_counters/ files.
+            name = f"rdma_netdev_{lint_safe(metric_fragment(file), 'counter')}_total"
             if name in _FIXED_NAMES:
                 self._cache[file] = None  # a driver file must not shadow a link-state counter
             else:
