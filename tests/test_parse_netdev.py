@@ -273,6 +273,24 @@ def test_roce_lag_maps_to_bond_master_via_gid_table(tmp_path: Path) -> None:
     assert reader.errors.total() == 0
 
 
+def test_a_gid_entry_not_named_by_a_number_is_skipped(tmp_path: Path) -> None:
+    # '²' is a digit to str.isdigit() but not to int(): such an entry once raised a ValueError from the
+    # sort, and the whole device's static read failed. Only the kernel's decimal indexes are GID entries.
+    bond_tree(tmp_path)
+    rdma_device(tmp_path, "mlx5_bond_0")
+    write_files(
+        tmp_path,
+        {
+            f"{PF0}/net/ens1f0np0/dev_port": "0\n",
+            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/10": "eth10\n",
+            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/2": "bond0\n",
+            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/\u00b2": "eth2\n",
+        },
+    )
+    reader = SysfsReader("mlx5_bond_0")
+    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["bond0", "eth10"]
+
+
 def test_roce_lag_without_gid_table_uses_the_slave_master_link(tmp_path: Path) -> None:
     # The real mlx5_bond_0 capture (no gid_attrs, no device link) plus the PCI and bond parts it lacks.
     shutil.copytree(GPUD_SYS / "class/infiniband/mlx5_bond_0", tmp_path / "class/infiniband/mlx5_bond_0")

@@ -279,9 +279,10 @@ def read_netdev(sys_root: Path, name: str, reader: SysfsReader) -> Netdev | None
 def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:
     """Netdevs of the port's populated GID entries, in GID index order (index 0 is the port's own)."""
     ndevs_dir = port_dir / "gid_attrs" / "ndevs"
-    entries = [e for e in list_dir(ndevs_dir, reader) if e.isdigit()]
+    # Not str.isdigit(): it takes '²', which int() then refuses with a ValueError that cost the device.
+    indexes = sorted((n, e) for e in list_dir(ndevs_dir, reader) if (n := parse_entry_number(e)) is not None)
     names: list[str] = []
-    for entry in sorted(entries, key=int):
+    for _, entry in indexes:
         name = reader.text(ndevs_dir / entry, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
         if not name:
             continue  # unpopulated entry (EINVAL, EAGAIN up to 4.18) or an IB GID without a netdev
