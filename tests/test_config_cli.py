@@ -444,6 +444,11 @@ def test_malformed_bcrypt_salt_stops_start_up(tmp_path: Path) -> None:
     assert auth is not None and set(auth.users) == {"prometheus"}
 
 
+ALIAS_BOMB = "basic_auth_users:\n  a:\n    - &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"    - &{name} [{', '.join([f'*{previous}'] * 9)}]\n" for previous, name in zip("abcde", "bcdef", strict=True)
+)
+
+
 @pytest.mark.parametrize(
     ("text", "key", "reason"),
     [
@@ -453,8 +458,11 @@ def test_malformed_bcrypt_salt_stops_start_up(tmp_path: Path) -> None:
         # Scalars PyYAML resolves but cannot build raise ValueError, not a YAML error: no traceback either.
         ("basic_auth_users:\n  a: 2024-13-45\n", "line 2, column 6", "invalid YAML: cannot read this value: month"),
         ("basic_auth_users:\n  a: 1" + "0" * 5000 + "\n", "line 2, column 6", "invalid YAML: cannot read this value"),
+        # A few lines whose aliases expand to 9^6 values: the repr of one in an error message took memory
+        # without bound (9^8, a 3 GB message; a reload could get the daemon OOM-killed).
+        (ALIAS_BOMB, "line 1, column 1", "invalid YAML: its aliases expand to more than 100000 values"),
     ],
-    ids=["flow", "control-character", "tab", "impossible-date", "5001-digit-integer"],
+    ids=["flow", "control-character", "tab", "impossible-date", "5001-digit-integer", "alias-bomb"],
 )
 def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: str, key: str, reason: str) -> None:
     from rdma_exporter.webconfig import load_web_config

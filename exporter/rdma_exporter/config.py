@@ -246,11 +246,46 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
     return replace(config, **updates)
 
 
+# Values a document may hold with its aliases expanded. A shipped config holds a few hundred; a few lines
+# of nested aliases ("billion laughs") hold billions, and the repr of one in an error message (`got [...]`)
+# took gigabytes: a SIGHUP with such a file could get the running daemon OOM-killed.
+MAX_YAML_VALUES: Final = 100_000
+
+
+def expanded_size(root: yaml.Node) -> int:
+    """The number of nodes of a composed document with every alias expanded (a node that contains itself
+    counts once); computed once per distinct node, so aliases cost nothing to count."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes and not done:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        if done:
+            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in children)
+        else:
+            sizes[id(node)] = 1  # in progress: a reference back to it counts once
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping, where PyYAML keeps the last one: a
     second `devices:` section further down would otherwise silently replace the first. Keys a merge
     (`<<: *defaults`) brings in are not the mapping's own: a key given next to it overrides them, as YAML
-    says."""
+    says. It also refuses a document whose aliases expand to more than MAX_YAML_VALUES values."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        if expanded_size(node) > MAX_YAML_VALUES:
+            reason = f"its aliases expand to more than {MAX_YAML_VALUES} values"
+            raise yaml.constructor.ConstructorError(None, None, reason, node.start_mark)
+        return super().construct_document(node)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         """SafeConstructor's, with the ValueError of a scalar it resolved but cannot build (an integer of
