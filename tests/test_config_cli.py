@@ -461,8 +461,10 @@ ALIAS_BOMB = "basic_auth_users:\n  a:\n    - &a [lol, lol, lol, lol, lol, lol, l
         # A few lines whose aliases expand to 9^6 values: the repr of one in an error message took memory
         # without bound (9^8, a 3 GB message; a reload could get the daemon OOM-killed).
         (ALIAS_BOMB, "line 1, column 1", "invalid YAML: its aliases expand to more than 100000 values"),
+        # PyYAML recurses per level: 3000 nested lists ended start-up with a RecursionError traceback.
+        ("basic_auth_users:\n  a: " + "[" * 3000 + "]" * 3000, "(file)", "invalid YAML: values nested too deeply"),
     ],
-    ids=["flow", "control-character", "tab", "impossible-date", "5001-digit-integer", "alias-bomb"],
+    ids=["flow", "control-character", "tab", "impossible-date", "5001-digit-integer", "alias-bomb", "deep-nesting"],
 )
 def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: str, key: str, reason: str) -> None:
     from rdma_exporter.webconfig import load_web_config

@@ -352,6 +352,8 @@ def read_yaml_file(path: Path) -> Any:
         raise ConfigError(source, "(file)", "not UTF-8 text") from None
     try:
         return load_yaml(text)
+    except RecursionError:  # PyYAML composes and constructs nested values recursively
+        raise ConfigError(source, "(file)", "invalid YAML: values nested too deeply") from None
     except yaml.YAMLError as exc:
         raise _yaml_error(source, text, exc) from None
 
