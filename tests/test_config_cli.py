@@ -136,6 +136,24 @@ def test_an_unreadable_config_file_is_named_with_the_reason(tmp_path: Path, name
     assert result.stderr == f"rdma-exporter: invalid configuration: {path}: (file): cannot read: {reason}\n"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device", "too large"])
+def test_a_config_file_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Path, kind: str) -> None:
+    # A FIFO nobody writes to made start-up, --check-config and a reload wait for ever; /dev/zero never ends.
+    if kind == "fifo":
+        path = tmp_path / "config.yml"
+        os.mkfifo(path)
+        reason = "not a regular file"
+    elif kind == "device":
+        path, reason = Path("/dev/zero"), "not a regular file"
+    else:
+        path = tmp_path / "config.yml"
+        path.write_bytes(b"# " + b"x" * (4 * 2**20) + b"\n")
+        reason = "larger than 4 MiB"
+    result = run_cli("--config.file", str(path), "--check-config", timeout=20)
+    assert result.returncode == 2
+    assert result.stderr == f"rdma-exporter: invalid configuration: {path}: (file): cannot read: {reason}\n"
+
+
 def test_valid_config_and_flag_precedence(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -7,7 +7,10 @@ was told to leave alone.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -340,12 +343,33 @@ def _yaml_error(source: str, text: str, exc: yaml.YAMLError) -> ConfigError:
     return ConfigError(source, where, f"invalid YAML: {problem}")
 
 
+# Far above any real config (a few KB); a path to /dev/zero or a log file must not fill memory.
+MAX_CONFIG_BYTES: Final = 4 * 2**20
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_CONFIG_BYTES. Anything else is an OSError whose
+    strerror says why: a FIFO nobody writes would block start-up, `--check-config` and a reload (which
+    holds the reload lock, so later SIGHUPs queue behind it) for ever; a device could never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO returns
+    with os.fdopen(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = file.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise OSError(errno.EFBIG, f"larger than {MAX_CONFIG_BYTES // 2**20} MiB")
+    return data
+
+
 def read_yaml_file(path: Path) -> Any:
     """The one YAML document in `path` (load_yaml); any problem is a ConfigError naming the file, and a
     syntax error its line and column. Shared by the config and the web config file."""
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_regular_file(path).decode("utf-8")
     except OSError as exc:
         raise ConfigError(source, "(file)", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
