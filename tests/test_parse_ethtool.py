@@ -591,9 +591,14 @@ def test_ioctl_missing_interface() -> None:
     with pytest.raises(EthtoolError) as err:
         read_stats_ioctl("rdmaexp-none0")
     assert err.value.reason == REASON_MISSING
+    # Refused before any ioctl: the kernel would answer ENODEV (missing as well) for most, but cuts a
+    # 16-byte name to its first 15 and would read another interface's statistics.
+    def no_ioctl(ifname: str, buffer: array[int]) -> None:
+        raise AssertionError(f"ioctl for the invalid name {ifname!r}")
+
     for bad in ("", "x" * 16, "a/b", "nul\0"):
         with pytest.raises(EthtoolError) as invalid:
-            read_stats_ioctl(bad)
+            read_stats_ioctl(bad, call=no_ioctl)
         assert invalid.value.reason == REASON_MISSING
 
 
