@@ -798,6 +798,12 @@ def test_unpopulated_gid_entries_are_not_read(tmp_path: Path, monkeypatch: pytes
     assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
     gid_series = {k: v for k, v in values.items() if k[0] == "rdma_port_gids"}
     assert gid_series and gid_series == {k: v for k, v in baseline.items() if k[0] == "rdma_port_gids"}
+    # The EINVAL above is absence whether or not the file is read: where the type does read (kernels that
+    # print one for an empty entry), the zero GID must still count as no entry. (Mutation review: skipping
+    # on the type read alone passed this test.)
+    monkeypatch.undo()
+    assert (port / "gid_attrs/types" / empty[0]).read_text() == "IB/RoCE v1\n"
+    assert {k: v for k, v in samples(scrape(root)).items() if k[0] == "rdma_port_gids"} == gid_series
 
 
 def test_gid_attrs_of_a_4_18_kernel_are_absent_not_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
