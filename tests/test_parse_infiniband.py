@@ -372,6 +372,7 @@ def test_random_corruption_never_breaks_the_scrape(tmp_path_factory: pytest.Temp
         ("garbage\n", None, 1),
         ("\n", None, 1),
         ("1.5\n", None, 1),
+        ("-2\n", None, 1),  # NUMA_NO_NODE is the only negative node
     ],
 )
 def test_numa_node(tmp_path: Path, content: str, numa: int | None, errors: int) -> None:
