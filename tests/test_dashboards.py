@@ -1335,6 +1335,19 @@ def promtool_checks(tmp_path: Path, series: dict[str, str], checks: list[tuple[s
     return [] if result.returncode == 0 else [result.stdout + result.stderr]
 
 
+def queries_reading(names: set[str]) -> dict[str, str]:
+    """Every panel query of the dashboards that reads one of `names`, by "dashboard / panel / refId", with
+    its variables substituted as on All."""
+    found = {}
+    for path in DASHBOARD_FILES:
+        variables = load(path)["templating"]["list"]
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                if names & {s.name for s in read_series(tgt["expr"])}:
+                    found[f"{path.stem} / {item['title']} / {tgt['refId']}"] = substitute(tgt["expr"], variables)
+    return found
+
+
 def test_bit_error_rate_panels_keep_showing_a_port_whose_counter_saturated(tmp_path: Path) -> None:
     """A link bad enough to page saturates its 16-bit symbol_error counter within minutes (50 errors a
     second reach 65535 in 22), after which its 5-minute rate is 0 while RdmaPortBitErrorRateHigh keeps
@@ -1353,15 +1366,9 @@ def test_bit_error_rate_panels_keep_showing_a_port_whose_counter_saturated(tmp_p
     }
     # 150m: saturated for two hours, so both the 5-minute and the hourly rate are 0.
     page = 'count(ALERTS{alertname="RdmaPortBitErrorRateHigh", severity="critical", alertstate="firing"})'
-    checks = [(page, "150m", 1.0)]
-    shown = []
-    for path in DASHBOARD_FILES:
-        variables = load(path)["templating"]["list"]
-        for item in panels(load(path)):
-            for tgt in item["targets"]:
-                if BER_5M in {s.name for s in read_series(tgt["expr"])}:
-                    shown.append(f"{path.stem} / {item['title']} / {tgt['refId']}")
-                    checks.append((f"count(({substitute(tgt['expr'], variables)}) > 1e-12)", "150m", 1.0))
+    reading = queries_reading({BER_5M})
+    shown = list(reading)
+    checks = [(page, "150m", 1.0), *((f"count(({expr}) > 1e-12)", "150m", 1.0) for expr in reading.values())]
     assert len(shown) >= 4, shown
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, f"{shown}:\n" + "\n".join(problems)
@@ -1385,15 +1392,9 @@ def test_credit_wait_panels_show_the_port_that_pages_whose_link_layer_is_unknown
         f"rdma_port_transmit_wait_total{{{port}}}": "0+1.875e11x60",  # half the link time
     }
     page = 'count(ALERTS{alertname="RdmaPortTransmitWaitHigh", alertstate="firing"})'
-    checks = [(page, "30m", 1.0)]
-    shown = []
-    for path in DASHBOARD_FILES:
-        variables = load(path)["templating"]["list"]
-        for item in panels(load(path)):
-            for tgt in item["targets"]:
-                if TRANSMIT_WAIT & {s.name for s in read_series(tgt["expr"])}:
-                    shown.append(f"{path.stem} / {item['title']} / {tgt['refId']}")
-                    checks.append((f"count(({substitute(tgt['expr'], variables)}) > 0.1)", "30m", 1.0))
+    reading = queries_reading(TRANSMIT_WAIT)
+    shown = list(reading)
+    checks = [(page, "30m", 1.0), *((f"count(({expr}) > 0.1)", "30m", 1.0) for expr in reading.values())]
     assert len(shown) >= 3, shown
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, f"{shown}:\n" + "\n".join(problems)
