@@ -1525,7 +1525,9 @@ def test_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, tmp_path
     reply = get(daemon.port, context=client_context(pki))
     assert reply.status == 200 and b"rdma_exporter_devices 3.0" in reply.body
     assert refused(daemon.port, ssl.create_default_context())  # a client that does not trust our CA
-    assert refused(daemon.port, None)  # plain HTTP to the TLS port gets no HTTP answer
+    # Plain HTTP to the TLS port gets the reason, as from Go's servers, and never the metrics.
+    plain = get(daemon.port, context=None)
+    assert (plain.status, plain.body) == (400, b"Client sent an HTTP request to an HTTPS server.\n")
     require_binary("curl")  # a client TLS stack other than ours
     curl = subprocess.run(
         ["curl", "-sS", "--cacert", str(pki.ca), f"https://127.0.0.1:{daemon.port}/healthz"],
@@ -1599,6 +1601,27 @@ def test_a_client_resetting_during_its_tls_handshake_does_not_stop_the_server(pk
         wait_until(lambda: server.connections() == 1, 10)
         reset(sock)  # the handshake's next read fails with ECONNRESET, an OSError but no SSLError
         wait_until(lambda: server.connections() == 0, 10)
+        assert get(server.port, "/", context=client_context(pki)).status == 200
+
+
+def test_plain_http_to_the_tls_port_is_answered_400_in_plain_text(pki: Pki, tmp_path: Path) -> None:
+    # A scrape config left at `scheme: http` after TLS was turned on: Prometheus showed only an EOF. Go's
+    # servers (node_exporter's) answer 400 with the reason, and so does this one; the server carries on.
+    context = server_tls(pki, tmp_path)
+    with InProcessServer(lambda request: Response(200, b"ok"), tls=lambda: context) as server:  # type: ignore[arg-type]
+        with socket.create_connection(("127.0.0.1", server.port)) as plain:
+            plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            closed, answer = closed_within(plain, 10)
+        assert closed
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 400 Bad Request\r\n"), answer
+        assert body == b"Client sent an HTTP request to an HTTPS server.\n"
+        assert f"Content-Length: {len(body)}".encode() in head
+        # A TLS client whose handshake fails for another reason gets OpenSSL's alert, not this answer.
+        with socket.create_connection(("127.0.0.1", server.port)) as garbage:
+            garbage.sendall(b"\x16\x03\x01\x00\x05hello")
+            closed, answer = closed_within(garbage, 10)
+            assert closed and b"HTTP/" not in answer, answer
         assert get(server.port, "/", context=client_context(pki)).status == 200
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import queue
 import re
 import selectors
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_LINE: Final = 8192
 MAX_REQUEST_HEAD: Final = 16384
+_PLAIN_REASON: Final = b"Client sent an HTTP request to an HTTPS server.\n"
+PLAIN_HTTP_TO_TLS_PORT: Final = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAIN_REASON), _PLAIN_REASON)
+)
 MAX_HEADERS: Final = 64
 IDLE_TIMEOUT: Final = 90.0  # longer than a 60 s scrape interval, so Prometheus keeps its connection
 HEAD_TIMEOUT: Final = 10.0  # from the first byte (or the TCP accept, with TLS) to the end of the head
@@ -606,6 +612,18 @@ class HttpServer:
             return
         except (ssl.SSLError, OSError) as exc:
             log.debug("TLS handshake with %s failed: %s", conn.peer, exc)
+            if isinstance(exc, ssl.SSLError) and exc.reason == "HTTP_REQUEST":
+                # A scrape config with `scheme: http` against a TLS port. As Go's servers do, answer it
+                # in plain text, so that Prometheus shows the reason rather than an EOF. Written past
+                # the TLS layer, to the socket's fd: the few bytes fit its empty send buffer at once.
+                # The rest of the request is read first: closing with unread bytes sends a reset, which
+                # can discard the answer before the client reads it.
+                with contextlib.suppress(OSError):
+                    for _ in range(MAX_REQUEST_HEAD // 4096):
+                        if not os.read(sock.fileno(), 4096):
+                            break
+                with contextlib.suppress(OSError):
+                    os.write(sock.fileno(), PLAIN_HTTP_TO_TLS_PORT)
             self._close(conn)
             return
         if not self._peer_allowed(sock.getpeercert()):
