@@ -255,10 +255,13 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
 MAX_YAML_VALUES: Final = 100_000
 
 
-def expanded_size(root: yaml.Node) -> int:
-    """The number of nodes of a composed document with every alias expanded (a node that contains itself
-    counts once); computed once per distinct node, so aliases cost nothing to count."""
+def expanded_size(root: yaml.Node) -> int | None:
+    """The number of nodes of a composed document with every alias expanded, computed once per distinct
+    node, so aliases cost nothing to count; None when a value contains itself through an alias. No setting
+    is recursive, and a recursive value under many aliases escapes any count: its repr in an error
+    message is as large as the count would have been."""
     sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # the current path: visited, children not yet counted
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
@@ -270,11 +273,15 @@ def expanded_size(root: yaml.Node) -> int:
         elif isinstance(node, yaml.MappingNode):
             children = [part for pair in node.value for part in pair]
         if done:
-            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in children)
-        else:
-            sizes[id(node)] = 1  # in progress: a reference back to it counts once
-            stack.append((node, True))
-            stack.extend((child, False) for child in children if id(child) not in sizes)
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            continue
+        if any(id(child) in open_nodes for child in children):
+            return None
+        open_nodes.add(id(node))
+        sizes[id(node)] = 0  # counted when done; marks it as visited meanwhile
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
     return sizes[id(root)]
 
 
@@ -285,8 +292,13 @@ class UniqueKeyLoader(yaml.SafeLoader):
     says. It also refuses a document whose aliases expand to more than MAX_YAML_VALUES values."""
 
     def construct_document(self, node: yaml.Node) -> Any:
-        if expanded_size(node) > MAX_YAML_VALUES:
-            reason = f"its aliases expand to more than {MAX_YAML_VALUES} values"
+        size = expanded_size(node)
+        if size is None or size > MAX_YAML_VALUES:
+            reason = (
+                "an alias refers to a value that contains it"
+                if size is None
+                else f"its aliases expand to more than {MAX_YAML_VALUES} values"
+            )
             raise yaml.constructor.ConstructorError(None, None, reason, node.start_mark)
         return super().construct_document(node)
 
@@ -352,12 +364,16 @@ def _read_regular_file(path: Path) -> bytes:
     strerror says why: a FIFO nobody writes would block start-up, `--check-config` and a reload (which
     holds the reload lock, so later SIGHUPs queue behind it) for ever; a device could never end."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO returns
-    with os.fdopen(fd, "rb") as file:
+    try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
         if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, "not a regular file")
+    except OSError:
+        os.close(fd)  # each reload of a bad path would otherwise keep one more fd
+        raise
+    with os.fdopen(fd, "rb") as file:
         data = file.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise OSError(errno.EFBIG, f"larger than {MAX_CONFIG_BYTES // 2**20} MiB")
