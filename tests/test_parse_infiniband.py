@@ -744,7 +744,9 @@ def test_port_no_subnet_manager_has_swept_reports_lid_zero(captured_copy) -> Non
     assert samples(scrape(root))[("rdma_port_lid", MLX4_PORT1)] == 26
 
 
-@pytest.mark.parametrize("content", ["26\n", "0o32\n", "0b11010\n", "0x0x1a\n", "0x\n", "0x-1a\n", "0x1_a\n"])
+@pytest.mark.parametrize(
+    "content", ["26\n", "0o32\n", "0b11010\n", "0x0x1a\n", "0x0X1a\n", "0x 1a\n", "0x\n", "0x-1a\n", "0x1_a\n"]
+)
 def test_lid_not_in_the_kernels_hex_form_is_malformed(captured_copy, content: str) -> None:  # type: ignore[no-untyped-def]
     # lid_show() prints "0x%x". Read with int(x, 0), "26" was taken as LID 26 and "0o32" as an octal 26,
     # values no kernel prints; such a file is garbage, counted, and costs only the LID.

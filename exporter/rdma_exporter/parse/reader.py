@@ -478,18 +478,21 @@ def _read_once(path: str | os.PathLike[str]) -> bytes:
         os.close(fd)
 
 
+_HEX_DIGITS: Final = re.compile(r"[0-9a-fA-F]+")
+
+
 def parse_uint(value: str, *, base: int = 10, prefix: str = "") -> int | None:
     """Parse a u64 as the kernel prints it; None for garbage, signs, blanks or values above 2^64-1.
 
-    `prefix` is one the kernel always prints, such as lid_show()'s "0x": without it, or with a second
-    one (int() itself skips a "0x" in base 16), the value is garbage.
+    `prefix` is one the kernel always prints, such as lid_show()'s "0x": without it the value is garbage,
+    and so is anything but hex digits after it (int() would skip a second "0x" or "0X", and blanks).
     """
     value = value.strip()
     if prefix:
         if not value.startswith(prefix):
             return None
         value = value[len(prefix) :]
-        if value[:len(prefix)] == prefix:
+        if not _HEX_DIGITS.fullmatch(value):
             return None
     # int() also takes signs, underscores and any script's digits ("٣" is 3): none is a kernel number.
     if not value or value[0] in "+-_" or "_" in value or not value.isascii():
