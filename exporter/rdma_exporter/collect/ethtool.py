@@ -218,9 +218,10 @@ class EthtoolSource:
         # (key, labels) -> (spec or None, label values): the same few hundred every scrape.
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[MetricSpec | None, tuple[str, ...]]] = {}
         self._warned = False
-        # netdev -> repr of the unexpected exception it last raised: logged once per episode, as the
-        # engine logs a failing collector, not once per scrape.
-        self._failing: dict[str, str] = {}
+        # netdev -> type of the unexpected exception it last raised: logged once per episode, as the
+        # engine logs a failing collector, not once per scrape (by type: a message may hold a number
+        # that changes every time).
+        self._failing: dict[str, type[BaseException]] = {}
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
@@ -300,8 +301,8 @@ class EthtoolSource:
             reader.fail(exc.reason, where, exc.detail)
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
             detail = repr(exc)
-            level = logging.DEBUG if self._failing.get(name) == detail else logging.WARNING
-            self._failing[name] = detail
+            level = logging.DEBUG if self._failing.get(name) is type(exc) else logging.WARNING
+            self._failing[name] = type(exc)
             log.log(level, "ethtool statistics of %s failed: %s", name, detail)
             reader.fail(REASON_IO, where, detail)
         else:
