@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
-from .reader import REASON_MALFORMED, U64_DIGITS, SysfsReader, link_name
+from .reader import REASON_MALFORMED, SysfsReader, link_name, parse_uint
 
 # Transfer rate per lane -> PCIe generation.
 GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
@@ -124,17 +124,8 @@ def parse_aer(text: str) -> AerFile:
         parts = line.split()
         if not parts:
             continue
-        if (
-            len(parts) != 2
-            or not _AER_NAME.match(parts[0])
-            or not parts[1].isascii()
-            or not parts[1].isdigit()
-            or len(parts[1]) > U64_DIGITS  # int() raises on a run of over 4300 digits
-        ):
-            malformed.append(line)
-            continue
-        value = int(parts[1])
-        if value >= 2**64:
+        value = parse_uint(parts[1]) if len(parts) == 2 and _AER_NAME.match(parts[0]) else None
+        if value is None:
             malformed.append(line)
             continue
         name = parts[0]
