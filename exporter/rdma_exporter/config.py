@@ -145,7 +145,8 @@ MIN_DEADLINE_SECONDS: Final = 0.1
 
 def check_seconds(source: str, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_DEADLINE_SECONDS <= value <= 300:
-        raise ConfigError(source, key, f"expected a number of seconds from 0.1 to 300, got {value!r}")
+        reason = f"expected a number of seconds from {MIN_DEADLINE_SECONDS:g} to 300, got {value!r}"
+        raise ConfigError(source, key, reason)
     return float(value)
 
 
