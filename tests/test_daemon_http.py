@@ -1614,7 +1614,7 @@ def test_plain_http_to_the_tls_port_is_answered_400_in_plain_text(pki: Pki, tmp_
             closed, answer = closed_within(plain, 10)
         assert closed
         head, _, body = answer.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.0 400 Bad Request\r\n"), answer
+        assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer  # as the server's other refusals
         assert body == b"Client sent an HTTP request to an HTTPS server.\n"
         assert f"Content-Length: {len(body)}".encode() in head
         # A TLS client whose handshake fails for another reason gets OpenSSL's alert, not this answer.

@@ -33,11 +33,6 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_LINE: Final = 8192
 MAX_REQUEST_HEAD: Final = 16384
-_PLAIN_REASON: Final = b"Client sent an HTTP request to an HTTPS server.\n"
-PLAIN_HTTP_TO_TLS_PORT: Final = (
-    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(_PLAIN_REASON), _PLAIN_REASON)
-)
 MAX_HEADERS: Final = 64
 IDLE_TIMEOUT: Final = 90.0  # longer than a 60 s scrape interval, so Prometheus keeps its connection
 HEAD_TIMEOUT: Final = 10.0  # from the first byte (or the TCP accept, with TLS) to the end of the head
@@ -622,8 +617,9 @@ class HttpServer:
                     for _ in range(MAX_REQUEST_HEAD // 4096):
                         if not os.read(sock.fileno(), 4096):
                             break
+                answer = text_response(400, "Client sent an HTTP request to an HTTPS server.")
                 with contextlib.suppress(OSError):
-                    os.write(sock.fileno(), PLAIN_HTTP_TO_TLS_PORT)
+                    os.write(sock.fileno(), render_response(answer, head_only=False, keep_alive=False, extra={}))
             self._close(conn)
             return
         if not self._peer_allowed(sock.getpeercert()):
