@@ -47,7 +47,7 @@ from ..parse.reader import (
     SysfsReader,
     is_sysfs_mount,
 )
-from .base import FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source
+from .base import FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source
 
 log = logging.getLogger(__name__)
 
@@ -665,40 +665,6 @@ class _Round:
 @dataclass
 class _CollectorState:
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
-
-
-class FailureEpisodes:
-    """Which (device, what) reads are failing, so that a persistent fault is logged once, not per scrape.
-
-    A failure is logged when it starts or its exception type changes; repeats go to debug. The first
-    success after it is logged as the end of the episode. Reader threads call it concurrently.
-    """
-
-    def __init__(self) -> None:
-        self._failing: dict[tuple[str, str], str] = {}
-        self._lock = threading.Lock()
-
-    def record_failure(self, key: tuple[str, str], exc: BaseException) -> int:
-        """The level to log this failure at: WARNING when it starts an episode (or changes its kind),
-        DEBUG when it repeats one."""
-        kind = type(exc).__name__
-        with self._lock:
-            new = self._failing.get(key) != kind
-            self._failing[key] = kind
-        return logging.WARNING if new else logging.DEBUG
-
-    def succeeded(self, key: tuple[str, str]) -> bool:
-        """True when this success ends an episode."""
-        if key not in self._failing:
-            return False  # the common case, every read of every scrape: no lock taken
-        with self._lock:
-            return self._failing.pop(key, None) is not None
-
-    def forget(self, device: str) -> None:
-        """A removed device's episodes end with it, unlogged."""
-        with self._lock:
-            for key in [key for key in self._failing if key[0] == device]:
-                del self._failing[key]
 
 
 class RdmaCollector(Collector):

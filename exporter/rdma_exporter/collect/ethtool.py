@@ -35,7 +35,7 @@ from ..parse.ethtool import (
 from ..parse.infiniband import DeviceInfo
 from ..parse.netdev import Locality
 from ..parse.reader import REASON_IO, REASON_MALFORMED, SysfsReader, is_sysfs_mount
-from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, lint_safe
+from .base import DynamicMetricSpec, FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, lint_safe
 from .netdev import SeenNetdevs
 
 log = logging.getLogger(__name__)
@@ -218,10 +218,9 @@ class EthtoolSource:
         # (key, labels) -> (spec or None, label values): the same few hundred every scrape.
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[MetricSpec | None, tuple[str, ...]]] = {}
         self._warned = False
-        # netdev -> type of the unexpected exception it last raised: logged once per episode, as the
-        # engine logs a failing collector, not once per scrape (by type: a message may hold a number
-        # that changes every time).
-        self._failing: dict[str, type[BaseException]] = {}
+        # Unexpected exceptions per netdev: logged once per episode, as the engine logs a failing
+        # collector, not once per scrape.
+        self._failures = FailureEpisodes()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
@@ -300,13 +299,11 @@ class EthtoolSource:
         except EthtoolError as exc:
             reader.fail(exc.reason, where, exc.detail)
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
-            detail = repr(exc)
-            level = logging.DEBUG if self._failing.get(name) is type(exc) else logging.WARNING
-            self._failing[name] = type(exc)
-            log.log(level, "ethtool statistics of %s failed: %s", name, detail)
-            reader.fail(REASON_IO, where, detail)
+            level = self._failures.record_failure((name, NAME), exc)
+            log.log(level, "ethtool statistics of %s failed: %r", name, exc)
+            reader.fail(REASON_IO, where, repr(exc))
         else:
-            if self._failing.pop(name, None) is not None:
+            if self._failures.succeeded((name, NAME)):
                 log.info("ethtool statistics of %s read again", name)
             return curated
         return None
