@@ -30,6 +30,7 @@ from rdma_exporter.parse.ethtool import (
     ETHTOOL_GSTATS,
     ETHTOOL_GSTRINGS,
     EXTRA_HELP,
+    MAX_CAPTURE_BYTES,
     MODULE_EVENTS,
     CuratedStat,
     EthtoolError,
@@ -183,6 +184,23 @@ def test_read_stats_file(tmp_path: Path) -> None:
         with pytest.raises(EthtoolError) as outside:
             read_stats_file(captures, name)
         assert outside.value.reason == REASON_MISSING, name
+
+
+def test_capture_that_is_a_fifo_or_too_large_costs_that_netdev_only(tmp_path: Path) -> None:
+    # A FIFO would block the reader thread for ever in open() or read(); a huge file would fill memory.
+    os.mkfifo(tmp_path / "eth0")
+    with pytest.raises(EthtoolError) as fifo:
+        read_stats_file(tmp_path, "eth0")
+    assert (fifo.value.reason, fifo.value.detail) == (REASON_IO, "not a regular file")
+    with open(tmp_path / "eth1", "wb") as huge:
+        huge.truncate(MAX_CAPTURE_BYTES + 1)  # sparse: costs no disk
+    with pytest.raises(EthtoolError) as large:
+        read_stats_file(tmp_path, "eth1")
+    assert (large.value.reason, large.value.detail) == (REASON_IO, f"larger than {MAX_CAPTURE_BYTES} bytes")
+    # A capture of exactly the limit is read.
+    line = b"     rx_prio3_pause: 5\n"
+    (tmp_path / "eth2").write_bytes(b"NIC statistics:\n".ljust(MAX_CAPTURE_BYTES - len(line), b"\n") + line)
+    assert read_stats_file(tmp_path, "eth2") == {"rx_prio3_pause": 5}
 
 
 def test_capture_with_bytes_that_are_not_utf8_keeps_its_stats(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import mmap
 import os
 import re
 import socket
+import stat
 import struct
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +64,8 @@ _IFREQ_SIZE: Final = 40
 
 # Far above any real NIC (mlx5 with 256 channels has ~20k); a larger count is a broken driver.
 MAX_STATS: Final = 1 << 20
+# A capture of ~20k stats is about 1 MB of text; a file far past that is not an `ethtool -S` capture.
+MAX_CAPTURE_BYTES: Final = 16 << 20
 # We pass the count we expect in GSTRINGS/GSTATS. Kernels with the Dec 2025 fix ("ethtool: Avoid
 # overflowing userspace buffer on stats query") then answer 0 entries if the set changed since; older
 # kernels ignore it and write the count of that moment, past a buffer sized for the old count. Headroom
@@ -371,9 +374,19 @@ def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = 
         raise EthtoolError(ifname, REASON_MISSING, "not a valid interface name")
     path = directory / ifname
     try:
-        raw = path.read_bytes()
+        # Non-blocking: a FIFO left in the capture directory must not hold a reader thread for ever.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:  # the caller names the file; the detail is only why it failed
         raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
+    try:
+        with os.fdopen(fd, "rb") as capture:
+            if not stat.S_ISREG(os.fstat(capture.fileno()).st_mode):
+                raise EthtoolError(ifname, REASON_IO, "not a regular file")
+            raw = capture.read(MAX_CAPTURE_BYTES + 1)
+    except OSError as exc:
+        raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
+    if len(raw) > MAX_CAPTURE_BYTES:
+        raise EthtoolError(ifname, REASON_IO, f"larger than {MAX_CAPTURE_BYTES} bytes")
     return parse_stats_text(raw.decode("utf-8", "replace"), malformed)
 
 
