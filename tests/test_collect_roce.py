@@ -1176,6 +1176,30 @@ def test_unexpected_exception_while_reading_costs_one_netdev(
     ], logged
 
 
+def test_failing_netdev_that_vanishes_ends_its_episode(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A netdev unregistered while its reads fail, then registered again (a driver reload): the state of
+    # the old episode goes with it, so the new netdev's first failure is a warning, not a repeat.
+    exporter = Exporter(tree / "sys")
+    nics = fake_nics(tree)
+
+    def buggy(ifname: str, buffer: array) -> None:
+        if ifname == ROCE["mlx5_8"]:
+            raise struct.error("unpack requires a buffer of 8 bytes")
+        nics(ifname, buffer)
+
+    exporter.ethtool.call = buggy
+    link = tree / "sys" / "class" / "net" / ROCE["mlx5_8"]
+    target = os.readlink(link)
+    with caplog.at_level(logging.DEBUG, logger="rdma_exporter.collect.ethtool"):
+        exporter.scrape()
+        link.unlink()
+        exporter.scrape()
+        link.symlink_to(target)
+        exporter.scrape()
+    levels = [r.levelname for r in caplog.records if r.getMessage().startswith("ethtool statistics of")]
+    assert levels == ["WARNING", "WARNING"], levels
+
+
 def test_ipoib_netdev_of_a_vpi_devices_infiniband_port_is_not_read(tmp_path: Path) -> None:
     # A VPI NIC (e.g. ConnectX-3, mlx4) with port 1 on Ethernet and port 2 on InfiniBand: the device is read
     # for port 1's netdev, but port 2's IPoIB netdev (dev_port 1) has no PFC or PHY counters of the RDMA link.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -319,4 +319,12 @@ class FailureEpisodes:
         """A removed device's episodes end with it, unlogged."""
         with self._lock:
             for key in [key for key in self._failing if key[0] == device]:
+                del self._failing[key]
+
+    def retain(self, device: str, whats: Collection[str]) -> None:
+        """End, unlogged, the device's episodes of anything not in `whats` (a netdev that went away)."""
+        if not self._failing:
+            return  # the common case, every device of every scrape: no lock taken
+        with self._lock:
+            for key in [key for key in self._failing if key[0] == device and key[1] not in whats]:
                 del self._failing[key]

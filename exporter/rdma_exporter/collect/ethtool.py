@@ -259,6 +259,7 @@ class EthtoolSource:
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
         if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
+            self._failures.retain(device.name, ())
             return EthtoolReading(())
         locality = Locality(ctx.sys_root, device.name, reader)
         own: list[tuple[int, str]] = []
@@ -277,14 +278,16 @@ class EthtoolSource:
             if name in done:
                 continue
             done.add(name)
-            curated = self._read_netdev(name, reader)
+            curated = self._read_netdev(device.name, name, reader)
             if curated is not None:
                 self.seen.add(name)
                 netdevs.append((number, name, curated))
+        # A netdev that failed and then went away (a driver reload) starts a new episode if it comes back.
+        self._failures.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return EthtoolReading(tuple(netdevs))
 
-    def _read_netdev(self, name: str, reader: SysfsReader) -> tuple[CuratedStat, ...] | None:
+    def _read_netdev(self, device: str, name: str, reader: SysfsReader) -> tuple[CuratedStat, ...] | None:
         where: str | Path = f"SIOCETHTOOL {name}"
         try:
             if self.ethtool_dir is not None:
@@ -299,11 +302,11 @@ class EthtoolSource:
         except EthtoolError as exc:
             reader.fail(exc.reason, where, exc.detail)
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
-            level = self._failures.record_failure((name, NAME), exc)
+            level = self._failures.record_failure((device, name), exc)
             log.log(level, "ethtool statistics of %s failed: %r", name, exc)
             reader.fail(REASON_IO, where, repr(exc))
         else:
-            if self._failures.succeeded((name, NAME)):
+            if self._failures.succeeded((device, name)):
                 log.info("ethtool statistics of %s read again", name)
             return curated
         return None
