@@ -949,16 +949,20 @@ def test_generic_counters_that_normalise_alike_give_one_series(captured_copy) ->
 # moment (drivers/infiniband/hw/bnxt_re/hw_counters.c, doorbell pacing, Linux 6.6 until 2025); hfi1's
 # device-level DRIVER_CtxtsOpen is hfi1_stats.sps_ctxts, "number of contexts currently open", which
 # file_ops.c decrements whenever a context is freed (hfi1/verbs.c and file_ops.c, Linux 5.x-6.x). Typed
-# counter, each fall would read as a reset to rate() and increase().
+# counter, each fall would read as a reset to rate() and increase(). mana_ib's port-level current_rate
+# is the send rate the firmware's congestion control allows now (drivers/infiniband/hw/mana/counters.c),
+# beside its count of rate increases.
 @pytest.mark.parametrize(
     ("hw", "level", "count", "labels"),
     [
+        ("class/infiniband/mana_0/ports/1/hw_counters", ("current_rate", "rdma_port_hw_current_rate"),
+         ("rate_inc_events", "rdma_port_hw_rate_inc_events_total"), (("device", "mana_0"), ("port", "1"))),
         ("class/infiniband/bnxt_re0/ports/1/hw_counters", ("db_fifo_register", "rdma_port_hw_db_fifo_register"),
          ("pacing_alerts", "rdma_port_hw_pacing_alerts_total"), (("device", "bnxt_re0"), ("port", "1"))),
         ("class/infiniband/hfi1_0/hw_counters", ("DRIVER_CtxtsOpen", "rdma_device_hw_driver_ctxts_open"),
          ("DRIVER_KernIntr", "rdma_device_hw_driver_kern_intr_total"), (("device", "hfi1_0"),)),
     ],
-    ids=["bnxt_re db_fifo_register", "hfi1 DRIVER_CtxtsOpen"],
+    ids=["mana_ib current_rate", "bnxt_re db_fifo_register", "hfi1 DRIVER_CtxtsOpen"],
 )  # fmt: skip
 def test_levels_among_hw_counters_are_gauges(
     tmp_path: Path, hw: str, level: tuple[str, str], count: tuple[str, str], labels: tuple[tuple[str, str], ...]

@@ -160,8 +160,9 @@ def pma_counter(file: str, *, legacy: bool, data_word_bytes: int = IB_DATA_WORD_
 _HW_GAUGE_PATTERN: Final = re.compile(r"^(active_.*|.*watermark.*|.*_wm)$")
 # Levels whose names say nothing of it. bnxt_re's db_fifo_register is readl() of the doorbell FIFO
 # register (bnxt_re_copy_db_pacing_stats), its occupancy now; hfi1's DRIVER_CtxtsOpen is the number of
-# contexts open now (hfi1_stats.sps_ctxts, decremented when one is freed).
-_HW_GAUGES: Final = frozenset({"lifespan", "db_fifo_register", "DRIVER_CtxtsOpen"})
+# contexts open now (hfi1_stats.sps_ctxts, decremented when one is freed); mana_ib's port-level
+# current_rate is the firmware's current congestion-control send rate, which falls as well as rises.
+_HW_GAUGES: Final = frozenset({"lifespan", "db_fifo_register", "DRIVER_CtxtsOpen", "current_rate"})
 
 
 def hw_counter_is_gauge(name: str) -> bool:
