@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import socket
@@ -236,6 +237,28 @@ def record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     fake.pread = recording_pread
     monkeypatch.setattr(reader_module, "os", fake)
     return reads
+
+
+class RefusingReads:
+    """The reader's `os`, except that reads of files whose path ends in one of `refused` fail with EINVAL,
+    as counters the firmware will not give do; `attempts` counts those reads by suffix."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.refused: set[str] = set()
+        self.attempts: dict[str, int] = {}
+        fake = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
+        fake.read = lambda fd, size: self._check(fd) or os.read(fd, size)
+        fake.pread = lambda fd, size, offset: self._check(fd) or os.pread(fd, size, offset)
+        from rdma_exporter.parse import reader as reader_module  # as record_reads does
+
+        monkeypatch.setattr(reader_module, "os", fake)
+
+    def _check(self, fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        for suffix in self.refused:
+            if path.endswith(suffix):
+                self.attempts[suffix] = self.attempts.get(suffix, 0) + 1
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
 
 
 def fail_pread(monkeypatch: pytest.MonkeyPatch, code: int, on: Callable[[int], bool] = lambda fd: True) -> list[int]:

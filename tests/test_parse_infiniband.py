@@ -6,14 +6,19 @@ import errno
 import os
 import shutil
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rdma_exporter.collect.engine import RdmaCollector
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector
 from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.infiniband import (
+    CLASS_DIR,
     PMA_COUNTERS,
     PMA_COUNTERS_EXT,
     SUPERSEDED_BY_EXT,
@@ -26,8 +31,9 @@ from rdma_exporter.parse.infiniband import (
     read_device_snapshot,
 )
 from rdma_exporter.parse.reader import U64_MAX, ReadErrors, SysfsReader, parse_uint
+from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import SYSFS_FIXTURES, promtool_check_metrics, samples, scrape, symlink, write_files
+from conftest import SYSFS_FIXTURES, RefusingReads, promtool_check_metrics, samples, scrape, symlink, write_files
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
@@ -473,6 +479,70 @@ def test_64_bit_files_failing_with_einval_are_not_errors(monkeypatch: pytest.Mon
     assert values[("rdma_port_receive_data_bytes_total", MLX4_PORT1)] == 4 * rcv_data
     assert values[("rdma_port_pma_saturated", (("counter", "port_rcv_data"), *MLX4_PORT1))] == 0
     assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440  # its twin answered
+
+
+def _sample_collector(tmp_path: Path) -> RdmaCollector:
+    return build_collector(replace(Config(), sysfs=build_tree(tmp_path / "t", SAMPLE_SPEC).resolve()))
+
+
+def _scrape(collector: RdmaCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return samples(collector.gather().render_text().decode())
+
+
+def test_counters_a_port_refuses_from_the_start_are_unsupported_and_not_read_every_scrape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The "limited" PFs of HGX B200/B300 boards refuse every PMA counter (EINVAL, and a kernel log line
+    # per refused firmware command); a ConnectX-7 port in switching mode refuses VL15_dropped. Read every
+    # scrape, each was an `io` error for ever (RdmaExporterReadErrors fired, pointing at firmware resets)
+    # and a failed firmware command every 15 s.
+    collector = _sample_collector(tmp_path)
+    port = collector.inventory.sys_root / CLASS_DIR / "mlx5_0/ports/1"
+    counters = sorted(p.name for p in (port / "counters").iterdir())
+    refusing = RefusingReads(monkeypatch)
+    refusing.refused = {f"mlx5_0/ports/1/counters/{name}" for name in counters}
+    refusing.refused.add("mlx5_0/ports/1/hw_counters/out_of_sequence")
+    unsupported = read_errors_key("mlx5_0", "unsupported", collector="inventory")
+    for _ in range(3):
+        values = _scrape(collector)
+        assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
+        assert ("rdma_port_hw_out_of_sequence_total", MLX5_0) not in values
+        assert values[("rdma_port_state_id", MLX5_0)] == 4  # the rest of the port is there
+        assert values[("rdma_port_hw_out_of_buffer_total", MLX5_0)] >= 0
+        assert values[("rdma_port_symbol_errors_total", (("device", "mlx5_1"), ("port", "1")))] >= 0
+        # Counted once, with the static info: not again on every scrape, and never as io.
+        assert values[unsupported] == len(counters) + 1
+        assert not [k for k in values if k[0] == "rdma_exporter_file_read_errors_total"
+                    and ("reason", "io") in k[1]]  # fmt: skip
+    assert set(refusing.attempts.values()) == {1}
+    # Probed again with the static info, and back once the port answers (a firmware update).
+    collector.inventory.invalidate()
+    assert _scrape(collector)[unsupported] == 2 * (len(counters) + 1)
+    assert set(refusing.attempts.values()) == {2}
+    refusing.refused.clear()
+    collector.inventory.invalidate()
+    values = _scrape(collector)
+    assert values[("rdma_port_symbol_errors_total", MLX5_0)] >= 0
+    assert values[("rdma_port_hw_out_of_sequence_total", MLX5_0)] >= 0
+
+
+def test_a_counter_that_answered_and_now_refuses_stays_an_io_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # EINVAL is also what a PMA query that fails in a port that worked gives: that is a fault to count on
+    # every scrape, even after the static info is read again (a uevent, the periodic resync).
+    collector = _sample_collector(tmp_path)
+    refusing = RefusingReads(monkeypatch)
+    assert _scrape(collector)[("rdma_port_symbol_errors_total", MLX5_0)] >= 0
+    refusing.refused = {"mlx5_0/ports/1/counters/symbol_error", "mlx5_0/ports/1/hw_counters/out_of_sequence"}
+    io = read_errors_key("mlx5_0", "io")
+    assert _scrape(collector)[io] == 2
+    for scrape_number in (2, 3):
+        collector.inventory.invalidate()
+        values = _scrape(collector)
+        assert values[io] == 2 * scrape_number
+        assert read_errors_key("mlx5_0", "unsupported", collector="inventory") not in values
+        assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
 
 
 def test_32_bit_counters_beside_a_silent_counters_ext_are_watched_for_saturation(captured_copy) -> None:  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ from rdma_exporter.parse.infiniband import read_device_info
 from rdma_exporter.parse.reader import ReadErrors, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
-from conftest import record_reads
+from conftest import RefusingReads, record_reads
 
 # Identity files: they change only with a uevent (hotplug, driver reload, firmware reset, netdev moves).
 STATIC_NAMES = frozenset(
@@ -156,6 +156,18 @@ def test_unsettled_static_info_is_reread_after_the_retry_period(tmp_path: Path, 
     assert rereads(collector) == set()
     clock.now = T0 + 2 * RETRY
     assert rereads(collector) == {"mlx5_1"}
+
+
+def test_static_info_whose_only_errors_are_unsupported_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A counter the device refuses (counted unsupported at each static read) is its answer for good: the
+    # device's static info is not read again every minute for it, with one failed firmware command each.
+    _, collector, clock = clocked_collector(tmp_path, rescan=False)
+    RefusingReads(monkeypatch).refused = {"mlx5_1/ports/1/counters/symbol_error"}
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
+    clock.now = T0 + RETRY
+    assert rereads(collector) == set()
+    clock.now = T0 + UDEV_RESYNC
+    assert rereads(collector) == {"mlx5_0", "mlx5_1"}
 
 
 def test_a_full_invalidation_restarts_the_resync_period(tmp_path: Path) -> None:

@@ -361,6 +361,16 @@ class SysfsReader:
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
         self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
 
+    def refusal(self, path: str | os.PathLike[str], errnos: Collection[int]) -> OSError | None:
+        """The error `path` answers a read with, if its errno is in `errnos`; None for any other outcome,
+        which is left uncounted to the reads that use the value."""
+        self.opened += 1
+        try:
+            _read_once(path)
+        except OSError as exc:
+            return exc if exc.errno in errnos else None
+        return None
+
     def text(
         self, path: str | os.PathLike[str], *, optional: bool = False, absent_errnos: Collection[int] = ()
     ) -> str | None:
