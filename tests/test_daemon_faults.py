@@ -173,7 +173,8 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
     # then to the deadline. (Not simply 0.9 s: on a loaded machine the job can start well after the scrape.)
     assert fifo_opened
     blocked_since_read = started + 1.0 - fifo_opened[0]
-    assert value(first, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1") >= blocked_since_read - 0.001
+    blocked = value(first, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1", reads="device")
+    assert blocked >= blocked_since_read - 0.001
     assert value(first, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
     assert value(first, "rdma_exporter_devices") == 4
     for device in ("mlx5_0", "mlx5_2", "mlx5_3"):
@@ -218,7 +219,8 @@ def test_device_stuck_after_a_healthy_scrape_serves_none_of_its_old_values(tmp_p
     for metrics in (timed_out, skipped):
         assert device_series(metrics, "mlx5_1") == {}
         assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
-        assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1") is not None
+        blocked = value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1", reads="device")
+        assert blocked is not None
         assert value(metrics, "rdma_exporter_devices") == 3
         for device in ("mlx5_0", "mlx5_2"):
             assert device_series(metrics, device) == device_series(healthy, device), device
@@ -233,6 +235,131 @@ def test_device_stuck_after_a_healthy_scrape_serves_none_of_its_old_values(tmp_p
     wait_until(lambda: reads.outstanding() == 0)
     healed, _ = timed_scrape(collector)
     assert value(healed, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
+
+
+def rtnl_series(metrics: Samples, device: str) -> tuple[Samples, Samples]:
+    """The device's own series split in two: those of the sources that wait for rtnl (netdev, ethtool),
+    and the others (InfiniBand, PCIe, static info)."""
+    own = device_series(metrics, device)
+    netdev = {key: v for key, v in own.items() if key[0].startswith(("rdma_netdev_", "rdma_ethtool_"))}
+    return netdev, {key: v for key, v in own.items() if key not in netdev}
+
+
+def sample_collector(dest: Path, timeout: float, reads: DeviceReads | None = None) -> tuple[Path, RdmaCollector]:
+    """The full sample tree (IB and RoCE HCAs) with its ethtool captures, so that every source reads."""
+    root = build_tree(dest, SAMPLE_SPEC)
+    config = replace(Config(), sysfs=root, ethtool_dir=dest / "ethtool", scrape_timeout=timeout)
+    return root, build_collector(config, reads=reads or DeviceReads(WorkerPool(parallelism=4, hard_max=8)))
+
+
+def netdev_file(root: Path, netdev: str, name: str) -> Path:
+    return (root / "class" / "net" / netdev).resolve() / name
+
+
+# The sample tree's mlx5_0 is an InfiniBand HCA (IPoIB ibp24s0), its mlx5_8 a RoCE one.
+STALLED_NETDEVS = {"mlx5_0": "ibp24s0", "mlx5_8": "enp220s0f0np0"}
+
+
+def test_a_netdev_read_stalled_on_rtnl_costs_only_that_devices_netdev_series(tmp_path: Path, fifos: Fifos) -> None:
+    # class/net attributes such as speed (and the ethtool ioctl) wait in the kernel for the rtnl lock,
+    # which another NIC's driver or a busy node can hold for minutes. The HCA's own reads need no rtnl:
+    # its port state and counters must keep coming, and it must not be reported as hung (review: every
+    # scrape after the first lost all of the device and paged RdmaDeviceUnresponsive).
+    _, expected = sample_collector(tmp_path / "baseline", 8.0)
+    healthy, _ = timed_scrape(expected)
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    root, collector = sample_collector(tmp_path / "t", 1.5, reads)
+    speeds = {netdev_file(root, netdev, "speed"): b"" for netdev in STALLED_NETDEVS.values()}
+    for path in speeds:
+        speeds[path] = path.read_bytes()
+        fifos.make(path)
+
+    for attempt in range(4):  # the scrape whose jobs block in the netdev reads, then scrapes beside them
+        metrics, took = timed_scrape(collector)
+        if attempt:
+            assert took.scheduled < 1.0, f"scrape {attempt} took {took} beside reads known to be blocked"
+        assert value(metrics, "rdma_exporter_devices") == 10
+        for device in STALLED_NETDEVS:
+            netdev, others = rtnl_series(metrics, device)
+            assert netdev == {}, (attempt, device)
+            assert others == rtnl_series(healthy, device)[1], (attempt, device)
+            assert value(metrics, "rdma_port_state_id", device=device, port="1") == 4
+            assert value(metrics, "rdma_exporter_device_scrape_skipped", device=device) is None
+            assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device") is None
+            assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device=device, reads="netdev") > 0
+            for source in ("netdev", "ethtool"):
+                timeouts = {"collector": source, "device": device, "reason": "timeout"}
+                assert value(metrics, "rdma_exporter_file_read_errors_total", **timeouts) == attempt + 1
+            for source in ("infiniband", "pcie"):
+                timeouts = {"collector": source, "device": device, "reason": "timeout"}
+                assert value(metrics, "rdma_exporter_file_read_errors_total", **timeouts) is None
+        for device in ("mlx5_1", "mlx5_7", "mlx5_9"):
+            assert device_series(metrics, device) == device_series(healthy, device), (attempt, device)
+        blocked = [labels for name, labels in metrics if name == "rdma_exporter_device_read_blocked_seconds"]
+        assert len(blocked) == 2, blocked
+        for source, ok in (("infiniband", 1), ("pcie", 1), ("netdev", 0), ("ethtool", 0)):
+            assert value(metrics, "rdma_exporter_scrape_collector_success", collector=source) == ok, source
+        # Each stalled device holds its one blocked job; the device-only jobs beside them have ended.
+        wait_until(lambda: reads.outstanding() == 2)
+
+    # The rtnl holder lets go: the blocked reads complete and the netdev series come back.
+    for path, speed in speeds.items():
+        fifos.release(path, speed)
+    wait_until(lambda: reads.outstanding() == 0)
+    healed, _ = timed_scrape(collector)
+    for device in STALLED_NETDEVS:
+        assert device_series(healed, device) == device_series(healthy, device), device
+    assert not [k for k in healed if k[0].startswith("rdma_exporter_device_")]
+    for source in ("infiniband", "pcie", "netdev", "ethtool"):
+        assert value(healed, "rdma_exporter_scrape_collector_success", collector=source) == 1, source
+
+
+def test_a_device_read_stalled_beside_a_stalled_netdev_read_skips_the_device(tmp_path: Path, fifos: Fifos) -> None:
+    # The device-only job beside a job stuck on rtnl blocks too (the firmware hangs as well): the device
+    # is skipped and reported blocked as a whole, as any stuck device, and holds no third thread.
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    root, collector = sample_collector(tmp_path / "t", 1.0, reads)
+    fifos.make(netdev_file(root, "enp220s0f0np0", "speed"))
+    first, _ = timed_scrape(collector)
+    assert value(first, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="netdev") is not None
+    fifos.make(device_dir(root, "mlx5_8") / "ports" / "1" / "counters" / "port_rcv_data")
+
+    timed_out, took = timed_scrape(collector)
+    assert took.wall >= 0.9, took  # waited for the device-only job
+    skipped, _ = timed_scrape(collector)
+    for metrics in (timed_out, skipped):
+        assert device_series(metrics, "mlx5_8") == {}
+        assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="device") > 0
+        assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="netdev") is None
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
+    assert value(timed_out, "rdma_exporter_device_scrape_skipped", device="mlx5_8") is None
+    assert value(skipped, "rdma_exporter_device_scrape_skipped", device="mlx5_8") == 1
+    for _ in range(5):
+        timed_scrape(collector)
+    assert reads.outstanding() == 2  # the job stuck on rtnl and the device-only job stuck in firmware
+
+
+def test_a_device_read_stalled_first_is_not_a_netdev_stall(tmp_path: Path, fifos: Fifos) -> None:
+    # A stuck InfiniBand read (or PCIe read) holds up the device as before: its netdev reads, which come
+    # after them, are not started, and the device is blocked as a whole, not in its netdev reads.
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    root, collector = sample_collector(tmp_path / "t", 1.0, reads)
+    fifos.make(device_dir(root, "mlx5_8") / "ports" / "1" / "counters" / "port_rcv_data")
+    fifos.make((device_dir(root, "mlx5_1") / "device").resolve() / "current_link_speed")
+    metrics = [timed_scrape(collector)[0] for _ in range(3)]
+    # mlx5_1 stalls in its PCIe read, after its InfiniBand read: those values come with the first scrape.
+    assert value(metrics[0], "rdma_port_state_id", device="mlx5_1", port="1") == 4
+    assert rtnl_series(metrics[0], "mlx5_1")[0] == {}
+    for attempt, scraped in enumerate(metrics):
+        for device in ("mlx5_1", "mlx5_8") if attempt else ("mlx5_8",):
+            assert device_series(scraped, device) == {}, (attempt, device)
+        for device in ("mlx5_1", "mlx5_8"):
+            blocked = value(scraped, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device")
+            assert blocked is not None and blocked > 0
+            assert value(scraped, "rdma_exporter_device_read_blocked_seconds", device=device, reads="netdev") is None
+            skipped = value(scraped, "rdma_exporter_device_scrape_skipped", device=device)
+            assert skipped == (None if attempt == 0 else 1), (attempt, device)
+    assert reads.outstanding() == 2
 
 
 def test_a_removed_device_takes_its_error_counts_with_it(tmp_path: Path) -> None:

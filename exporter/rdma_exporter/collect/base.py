@@ -272,6 +272,11 @@ class Source(Protocol):
     info is not known yet, and no timeout is ever counted against it. It may also define
     `read_excluded(pci_address)`, the value for a listed device the filters skip, whose address is known
     from its class link alone (None for a non-PCI device).
+
+    A source whose `read` waits in the kernel for the rtnl lock (class/net attributes such as `speed`,
+    the SIOCETHTOOL ioctl) sets `needs_rtnl = True`: the engine reads it after the device's other
+    sources, and a stall in it, which any other NIC's driver can cause, does not hold up their reads in
+    later scrapes (engine module docstring).
     """
 
     name: str
@@ -281,6 +286,11 @@ class Source(Protocol):
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> Any: ...
 
     def expose(self, results: Mapping[str, Any], out: FamilySet) -> None: ...
+
+
+def needs_rtnl(source: Source) -> bool:
+    """Whether the source's reads wait for the kernel's rtnl lock (Source)."""
+    return bool(getattr(source, "needs_rtnl", False))
 
 
 def label(value: str | int | None) -> str:

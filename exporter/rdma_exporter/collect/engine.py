@@ -4,10 +4,21 @@ A stuck mlx5 firmware makes sysfs reads block in the kernel, uninterruptibly. Th
 reads a device on the thread that serves a scrape:
 
 - each scrape ("round") submits ONE job per device (its static info when not cached, then every enabled
-  source's `read`, in order) to a bounded pool of daemon threads, and waits for the jobs until the
-  scrape's deadline; a device whose job has not finished is reported as failed for that scrape;
+  source's `read`: first the device's own reads, then its netdev reads, see below) to a bounded pool of
+  daemon threads, and waits for the jobs until the scrape's deadline; a device whose job has not
+  finished is reported as failed for that scrape, in the sources the job has not finished;
 - a device whose job from an earlier round is still running gets no new job: it is skipped and says so,
   so a read that never returns holds exactly one thread, whatever the number of scrapes;
+- except when that job is stuck in its netdev reads only. Sources that set `needs_rtnl` (netdev:
+  class/net attributes such as speed and bonding/slaves; ethtool: the SIOCETHTOOL ioctl) wait in the
+  kernel for the rtnl lock, which any other NIC's driver or a busy node can hold for seconds to minutes;
+  the device's own files (class/infiniband, PCI config space) need no rtnl. Each job therefore reads the
+  other sources first, and a round whose device still has a job in its netdev reads starts a
+  "device-only" job beside it, which reads the static info (if not cached) and those other sources and
+  skips the netdev ones (reported as not read, like a skipped device's). At most one device-only job is
+  outstanding per device: while it runs, the device is skipped as above. So a device never has more than
+  one job in its device reads and one in its netdev reads, and an rtnl stall costs the device's netdev
+  and ethtool series only, not its InfiniBand and PCIe series;
 - concurrent scrapes join the round in flight (single-flight), each waiting no longer than its own
   deadline, so three Prometheus replicas cost one set of firmware queries.
 
@@ -48,7 +59,7 @@ from ..parse.reader import (
     SysfsReader,
     is_sysfs_mount,
 )
-from .base import FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source
+from .base import FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source, needs_rtnl
 
 log = logging.getLogger(__name__)
 
@@ -125,15 +136,22 @@ DEVICE_SKIPPED: Final = MetricSpec(
     "rdma_exporter_device_scrape_skipped",
     "gauge",
     "1 for a device not read in this scrape because its read from an earlier scrape has not returned "
-    "(e.g. stuck firmware); present only for such devices.",
+    "(e.g. stuck firmware); present only for such devices. A device whose netdev reads alone are stuck "
+    "is read all the same, without them, and is not reported here.",
     ("device",),
 )
+# Values of DEVICE_BLOCKED's `reads` label.
+READS_DEVICE: Final = "device"
+READS_NETDEV: Final = "netdev"
 DEVICE_BLOCKED: Final = MetricSpec(
     "rdma_exporter_device_read_blocked_seconds",
     "gauge",
     "How long the unfinished read of a device has been running; present only for devices that timed out "
-    "or were skipped in this scrape.",
-    ("device",),
+    'or were skipped in this scrape. reads="device": a read of the device\'s own files (static info, '
+    'InfiniBand, PCIe) is unfinished, so none of its series are served; reads="netdev": only its netdev '
+    "reads (netdev and ethtool collectors, which wait for the kernel's rtnl lock) are unfinished, and its "
+    "other series are served without them.",
+    ("device", "reads"),
 )
 BUILD_INFO: Final = MetricSpec(
     "rdma_exporter_build_info",
@@ -337,10 +355,22 @@ class SourceOutcome:
 class DeviceJob:
     """All reads of one device for one round, run by a pool thread; results appear as each source ends."""
 
-    def __init__(self, key: str, device: str, work: Callable[[DeviceJob], None]) -> None:
+    def __init__(
+        self,
+        key: str,
+        device: str,
+        work: Callable[[DeviceJob], None],
+        *,
+        device_only: bool = False,
+        netdev_blocked_since: float | None = None,
+    ) -> None:
         self.key = key
         self.device = device
         self._work = work
+        # A job started beside one stuck in its netdev reads: it skips the sources that need rtnl, and
+        # `netdev_blocked_since` is when that stuck job started.
+        self.device_only = device_only
+        self.netdev_blocked_since = netdev_blocked_since
         self.submitted = time.monotonic()
         self.started: float | None = None
         self.done = threading.Event()
@@ -354,6 +384,8 @@ class DeviceJob:
         self.info_seconds = 0.0
         self.info_failed = False
         self.info_done = False  # the static-info phase is over (read, cached or failed)
+        # Static info and every source that needs no rtnl are read: what is left are netdev reads.
+        self.device_reads_done = False
         self.outcomes: dict[str, SourceOutcome] = {}
         self.current: tuple[str, float] | None = None  # source being read and since when
         self.on_done: Callable[[DeviceJob], None] | None = None
@@ -552,11 +584,15 @@ def shared_budget() -> FileBudget:
 
 
 class DeviceReads:
-    """The pool, the one outstanding job per device directory, and each device's kept-open files.
+    """The pool, the outstanding jobs of each device directory, and each device's kept-open files.
+
+    A device has at most one job outstanding, plus, while that job is stuck in its netdev reads, at most
+    one device-only job (module docstring).
 
     Shared by every collector of the process (one per config reload), so a device that is stuck keeps
     holding one thread across reloads instead of one per collector. A device's `OpenFiles` is used only
-    by its job, and closed only when the device has no job outstanding, so no fd is closed under a read.
+    by its (full) job, and closed only when the device has no such job outstanding, so no fd is closed
+    under a read; a device-only job keeps no files (it runs only while the other job holds them).
     """
 
     def __init__(self, pool: WorkerPool | None = None, budget: FileBudget | None = None) -> None:
@@ -564,6 +600,7 @@ class DeviceReads:
         self.budget = budget or shared_budget()
         self._lock = threading.Lock()
         self._outstanding: dict[str, DeviceJob] = {}
+        self._device_only: dict[str, DeviceJob] = {}  # beside an outstanding job stuck in its netdev reads
         self._files: dict[str, OpenFiles] = {}
 
     def start(
@@ -575,24 +612,38 @@ class DeviceReads:
     ) -> tuple[DeviceJob, bool]:
         """Submit a job for `key` (a device directory): (new job, True), or (unfinished job, False).
 
+        The new job is a device-only one (`device_only`) when the device's outstanding job has done its
+        device reads and is still in its netdev reads, and no device-only job is outstanding. Otherwise
+        the unfinished job returned is the one that holds up the device's own reads: the device-only job
+        if there is one, else the outstanding job.
+
         `on_round_done` is called when a new job completes (or is cancelled), not for an unfinished one.
         """
         with self._lock:
+            extra = self._device_only.get(key)
+            if extra is not None:
+                return extra, False
             previous = self._outstanding.get(key)
-            if previous is not None:
+            if previous is None:
+                job = self._outstanding[key] = DeviceJob(key, device, work)
+            elif previous.device_reads_done:
+                job = self._device_only[key] = DeviceJob(
+                    key, device, work, device_only=True, netdev_blocked_since=previous.since()
+                )
+            else:
                 return previous, False
-            job = self._outstanding[key] = DeviceJob(key, device, work)
         job.on_done = self._finished
         job.on_round_done = on_round_done
         self.pool.submit(job)
         return job, True
 
     def outstanding(self) -> int:
+        """Jobs not finished, device-only ones included."""
         with self._lock:
-            return len(self._outstanding)
+            return len(self._outstanding) + len(self._device_only)
 
     def files(self, key: str, *, verify: bool) -> OpenFiles:
-        """The kept-open files of device directory `key`; only its running job may call this."""
+        """The kept-open files of device directory `key`; only its running (full) job may call this."""
         with self._lock:
             files = self._files.get(key)
             if files is None:
@@ -624,6 +675,8 @@ class DeviceReads:
         with self._lock:
             if self._outstanding.get(job.key) is job:
                 del self._outstanding[job.key]
+            elif self._device_only.get(job.key) is job:
+                del self._device_only[job.key]
         if job.abandoned:
             log.warning("device %s: blocked read returned after %.1f s", job.device, time.monotonic() - job.since())
 
@@ -701,7 +754,10 @@ class RdmaCollector(Collector):
     ) -> None:
         self.sys_root = sys_root
         self.sample_tree = sample_tree
-        self.sources = list(sources)
+        self.sources = list(sources)  # in exposition order
+        # Read order: the device's own reads, then those that wait for rtnl (module docstring).
+        self._device_sources = [s for s in self.sources if not needs_rtnl(s)]
+        self._netdev_sources = [s for s in self.sources if needs_rtnl(s)]
         self.inventory = Inventory(sys_root, device_filter, rescan_each_scrape=rescan_each_scrape)
         self.scrape_timeout = scrape_timeout
         self.reads = reads or shared_reads()
@@ -711,7 +767,7 @@ class RdmaCollector(Collector):
             self._state[source.name] = _CollectorState()
         self._state_lock = threading.Lock()
         self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
-        self._reported: set[str] = set()  # devices whose blocked read was already logged
+        self._reported: set[tuple[str, str]] = set()  # (device, reads) whose blocked read was already logged
         self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
@@ -783,11 +839,14 @@ class RdmaCollector(Collector):
         return rnd
 
     def _read_device(self, job: DeviceJob, entry: DeviceEntry) -> None:
-        """Runs in a pool thread: static info if not cached, then each source's reads, in order."""
+        """Runs in a pool thread: static info if not cached, then each source's reads, the device's own
+        first, then (unless the job is device-only) those that need rtnl."""
         info = entry.info
-        files = self.reads.files(job.key, verify=self._verify_files)
+        # A device-only job runs beside a job that holds the kept files: it reads without any.
+        files = None if job.device_only else self.reads.files(job.key, verify=self._verify_files)
         if info is None:
-            files.close()  # new static info may name other files (or the device is a new one)
+            if files is not None:
+                files.close()  # new static info may name other files (or the device is a new one)
             started = time.perf_counter()
             key = (entry.name, "device info")
             try:
@@ -810,26 +869,35 @@ class RdmaCollector(Collector):
         job.info_done = True
         if info is None:
             return
-        files.begin()
-        for source in self.sources:
+        if files is not None:
+            files.begin()
+        self._read_sources(job, entry.name, info, files, self._device_sources)
+        job.device_reads_done = True
+        if not job.device_only:
+            self._read_sources(job, entry.name, info, files, self._netdev_sources)
+        if not os.path.isdir(job.key):
+            self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
+
+    def _read_sources(
+        self, job: DeviceJob, name: str, info: DeviceInfo, files: OpenFiles | None, sources: Sequence[Source]
+    ) -> None:
+        for source in sources:
             job.begin(source.name)
             errors = ReadErrors()
             started = time.perf_counter()
-            key = (entry.name, source.name)
+            key = (name, source.name)
             try:
-                value = source.read(self._contexts[source.name], info, SysfsReader(entry.name, errors, files))
+                value = source.read(self._contexts[source.name], info, SysfsReader(name, errors, files))
                 ok = True
             except Exception as exc:  # one broken device must not take the others down
                 level = self._failures.record_failure(key, exc)
-                log.log(level, "collector %s failed on device %s: %s", source.name, entry.name, exc)
-                errors.add(entry.name, REASON_IO, f"{entry.name}: {exc!r}")
+                log.log(level, "collector %s failed on device %s: %s", source.name, name, exc)
+                errors.add(name, REASON_IO, f"{name}: {exc!r}")
                 value, ok = None, False
             else:
                 if self._failures.succeeded(key):
-                    log.info("collector %s works again on device %s", source.name, entry.name)
+                    log.info("collector %s works again on device %s", source.name, name)
             job.finish(source.name, SourceOutcome(value, errors, time.perf_counter() - started, ok))
-        if not os.path.isdir(job.key):
-            self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
 
     def _assemble(self, rnd: _Round) -> FamilySet:
         """The families of a round as far as it got; cached once every job has finished."""
@@ -852,13 +920,14 @@ class RdmaCollector(Collector):
                 success[source.name] = True
                 results[source.name] = {}
             devices = 0
-            blocked: dict[str, float] = {}
+            # (device, READS_DEVICE or READS_NETDEV) -> seconds its unfinished read has been running
+            blocked: dict[tuple[str, str], float] = {}
             for entry in rnd.entries:
                 name = entry.name
                 skipped = rnd.skipped.get(name)
                 if skipped is not None:
                     devices += 1
-                    blocked[name] = now - skipped.since()
+                    blocked[name, READS_DEVICE] = now - skipped.since()
                     known = entry.info or skipped.info
                     for source in self.sources:
                         if self._read_io_free(source, name, known, results, success):
@@ -877,14 +946,16 @@ class RdmaCollector(Collector):
                             self._read_io_free(source, name, None, results, success)
                         continue
                 devices += 1
-                if not job.done.is_set() or job.cancelled:
-                    blocked[name] = now - job.since()
+                unfinished = not job.done.is_set() or job.cancelled
                 outcomes, current = job.snapshot()
+                missing = READS_NETDEV if job.info_done else READS_DEVICE  # the first reads not served
                 for source in self.sources:
                     outcome = outcomes.get(source.name)
                     if outcome is None and self._read_io_free(source, name, job.info, results, success):
                         continue
                     if outcome is None:
+                        if not needs_rtnl(source):
+                            missing = READS_DEVICE
                         success[source.name] = False
                         if current is not None and current[0] == source.name:
                             durations[source.name] += time.perf_counter() - current[1]
@@ -898,6 +969,11 @@ class RdmaCollector(Collector):
                     success[source.name] = success[source.name] and outcome.ok
                     if outcome.ok:
                         results[source.name][name] = outcome.value
+                if job.netdev_blocked_since is not None and missing == READS_NETDEV:
+                    # A device-only job served the device's reads; its netdev reads are the stuck job's.
+                    blocked[name, READS_NETDEV] = now - job.netdev_blocked_since
+                elif unfinished:
+                    blocked[name, missing] = now - job.since()
             for name, address in self.inventory.excluded_pci.items():
                 # Listed but filtered out: I/O-free sources see it as present with its layout unknown,
                 # so that excluding a misbehaving device does not page it as missing. Its PCI address is
@@ -935,8 +1011,8 @@ class RdmaCollector(Collector):
             out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
             for name in sorted(rnd.skipped):
                 out.add(DEVICE_SKIPPED, [name], 1)
-            for name, seconds in sorted(blocked.items()):
-                out.add(DEVICE_BLOCKED, [name], round(seconds, 3))
+            for (name, reads), seconds in sorted(blocked.items()):
+                out.add(DEVICE_BLOCKED, [name, reads], round(seconds, 3))
             out.add(BUILD_INFO, [__version__, platform.python_version()], 1)
             if complete:
                 rnd.result = out
@@ -971,16 +1047,18 @@ class RdmaCollector(Collector):
             success[source.name] = False
         return True
 
-    def _log_blocked(self, blocked: dict[str, float], rnd: _Round) -> None:
+    def _log_blocked(self, blocked: dict[tuple[str, str], float], rnd: _Round) -> None:
         # Once per episode, not once per scrape: a stuck HCA must not flood the journal.
         with self._state_lock:
             new = sorted(set(blocked) - self._reported)
             self._reported = set(blocked)
-        for name in new:
+        for name, reads in new:
             how = "skipped, its read from an earlier scrape is still blocked"
-            if name not in rnd.skipped:
+            if reads == READS_NETDEV:
+                how = "its netdev reads (which wait for the kernel's rtnl lock) are blocked; its other reads go on"
+            elif name not in rnd.skipped:
                 how = "no answer before the scrape deadline"
-            log.warning("device %s: %s (read running for %.1f s)", name, how, blocked[name])
+            log.warning("device %s: %s (read running for %.1f s)", name, how, blocked[name, reads])
 
     def _log_listing(self, errors: ReadErrors, class_dir: str) -> None:
         # Once per episode, like a blocked read: a listing that fails serves no device at all, so the

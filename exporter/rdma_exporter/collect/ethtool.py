@@ -200,6 +200,8 @@ class EthtoolSource:
     """`ethtool -S` statistics of the netdevs of Ethernet (RoCE) ports."""
 
     name = NAME
+    # The SIOCETHTOOL ioctl runs under the rtnl lock.
+    needs_rtnl = True
     specs: tuple[MetricSpec, ...] = (*CURATED_SPECS.values(), CURATED_STATS)
     dynamic_specs: tuple[DynamicMetricSpec, ...] = (EXTRA_DYNAMIC,)
 
