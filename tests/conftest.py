@@ -240,10 +240,11 @@ def record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 class RefusingReads:
-    """The reader's `os`, except that reads of files whose path ends in one of `refused` fail with EINVAL,
-    as counters the firmware will not give do; `attempts` counts those reads by suffix."""
+    """The reader's `os`, except that reads of files whose path ends in one of `refused` fail with `code`
+    (EINVAL: counters the firmware will not give); `attempts` counts those reads by suffix."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, code: int = errno.EINVAL) -> None:
+        self.code = code
         self.refused: set[str] = set()
         self.attempts: dict[str, int] = {}
         fake = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
@@ -258,7 +259,7 @@ class RefusingReads:
         for suffix in self.refused:
             if path.endswith(suffix):
                 self.attempts[suffix] = self.attempts.get(suffix, 0) + 1
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+                raise OSError(self.code, os.strerror(self.code))
 
 
 def fail_pread(monkeypatch: pytest.MonkeyPatch, code: int, on: Callable[[int], bool] = lambda fd: True) -> list[int]:

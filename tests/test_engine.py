@@ -217,10 +217,10 @@ def test_a_device_whose_static_read_raises_is_counted_by_the_inventory_only(
     # attributes is no different from a read that failed.
     real = engine.read_device_info
 
-    def failing(sys_root: Path, name: str, reader: SysfsReader, answered: frozenset[str]) -> DeviceInfo:
+    def failing(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
         if name == "mlx5_0":
             raise error
-        return real(sys_root, name, reader, answered)
+        return real(sys_root, name, reader)
 
     monkeypatch.setattr(engine, "read_device_info", failing)
     metrics = scrape(collector(tmp_path, standin))
@@ -320,10 +320,10 @@ def test_a_device_whose_static_read_keeps_raising_is_logged_once_per_episode(
     real = engine.read_device_info
     broken = {"mlx5_0"}
 
-    def failing(sys_root: Path, name: str, reader: SysfsReader, answered: frozenset[str]) -> DeviceInfo:
+    def failing(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
         if name in broken:
             raise ValueError("a parser bug")
-        return real(sys_root, name, reader, answered)
+        return real(sys_root, name, reader)
 
     monkeypatch.setattr(engine, "read_device_info", failing)
     rdma = collector(tmp_path, standin)

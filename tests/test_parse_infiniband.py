@@ -495,14 +495,15 @@ def test_counters_a_port_refuses_from_the_start_are_unsupported_and_not_read_eve
     # The "limited" PFs of HGX B200/B300 boards refuse every PMA counter (EINVAL, and a kernel log line
     # per refused firmware command); a ConnectX-7 port in switching mode refuses VL15_dropped. Read every
     # scrape, each was an `io` error for ever (RdmaExporterReadErrors fired, pointing at firmware resets)
-    # and a failed firmware command every 15 s.
+    # and a failed firmware command every 15 s. The static info reads no counter: a hung firmware must
+    # not keep the device's ports unknown.
     collector = _sample_collector(tmp_path)
     port = collector.inventory.sys_root / CLASS_DIR / "mlx5_0/ports/1"
     counters = sorted(p.name for p in (port / "counters").iterdir())
     refusing = RefusingReads(monkeypatch)
     refusing.refused = {f"mlx5_0/ports/1/counters/{name}" for name in counters}
     refusing.refused.add("mlx5_0/ports/1/hw_counters/out_of_sequence")
-    unsupported = read_errors_key("mlx5_0", "unsupported", collector="inventory")
+    unsupported = read_errors_key("mlx5_0", "unsupported")
     for _ in range(3):
         values = _scrape(collector)
         assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
@@ -510,7 +511,7 @@ def test_counters_a_port_refuses_from_the_start_are_unsupported_and_not_read_eve
         assert values[("rdma_port_state_id", MLX5_0)] == 4  # the rest of the port is there
         assert values[("rdma_port_hw_out_of_buffer_total", MLX5_0)] >= 0
         assert values[("rdma_port_symbol_errors_total", (("device", "mlx5_1"), ("port", "1")))] >= 0
-        # Counted once, with the static info: not again on every scrape, and never as io.
+        # Counted once, not again on every scrape, and never as io.
         assert values[unsupported] == len(counters) + 1
         assert not [k for k in values if k[0] == "rdma_exporter_file_read_errors_total"
                     and ("reason", "io") in k[1]]  # fmt: skip
@@ -541,7 +542,7 @@ def test_a_counter_that_answered_and_now_refuses_stays_an_io_error(
         collector.inventory.invalidate()
         values = _scrape(collector)
         assert values[io] == 2 * scrape_number
-        assert read_errors_key("mlx5_0", "unsupported", collector="inventory") not in values
+        assert read_errors_key("mlx5_0", "unsupported") not in values
         assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
 
 

@@ -6,6 +6,7 @@ sample tree, with one collector kept across them as the daemon does.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import Counter
 from dataclasses import replace
@@ -159,10 +160,10 @@ def test_unsettled_static_info_is_reread_after_the_retry_period(tmp_path: Path, 
 
 
 def test_static_info_whose_only_errors_are_unsupported_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A counter the device refuses (counted unsupported at each static read) is its answer for good: the
-    # device's static info is not read again every minute for it, with one failed firmware command each.
+    # An attribute the driver does not implement (EOPNOTSUPP, counted unsupported) is its answer for good:
+    # the device's static info is not read again every minute for it.
     _, collector, clock = clocked_collector(tmp_path, rescan=False)
-    RefusingReads(monkeypatch).refused = {"mlx5_1/ports/1/counters/symbol_error"}
+    RefusingReads(monkeypatch, errno.EOPNOTSUPP).refused = {"mlx5_1/hca_type"}
     assert rereads(collector) == {"mlx5_0", "mlx5_1"}
     clock.now = T0 + RETRY
     assert rereads(collector) == set()

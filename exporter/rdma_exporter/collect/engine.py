@@ -233,10 +233,6 @@ class Inventory:
         self._resynced_at = -math.inf
         # name -> (target, info, read at, read without errors)
         self._cache: dict[str, tuple[str, DeviceInfo, float, bool]] = {}
-        # name -> (target, counter files that gave a value under any static info of that device): kept
-        # through invalidations and resyncs, so that a counter that once answered and now refuses stays
-        # a counted fault instead of being left out as unsupported (answering_files).
-        self._answered: dict[str, tuple[str, frozenset[str]]] = {}
         self._epoch_all = 0
         self._epochs: dict[str, int] = {}
         # Listed devices the filters skip, with their PCI address (from the class link alone), or None.
@@ -285,7 +281,6 @@ class Inventory:
                     self._resynced_at = now
                 listed = {name for name, _ in self._listing}
                 self._cache = {n: v for n, v in self._cache.items() if n in listed}
-                self._answered = {n: v for n, v in self._answered.items() if n in listed}
             listing = self._listing
             if errors.counts:  # a listing that failed is no listing: udev mode too lists again next scrape
                 self._listing = None
@@ -301,12 +296,6 @@ class Inventory:
                 entries.append(DeviceEntry(name, target, info, (self._epoch_all, self._epochs.get(name, 0))))
             return entries
 
-    def answered(self, entry: DeviceEntry) -> frozenset[str]:
-        """Counter files of this device (same link target) that gave a value under earlier static info."""
-        with self._lock:
-            known = self._answered.get(entry.name)
-        return known[1] if known is not None and known[0] == entry.target else frozenset()
-
     def store(self, entry: DeviceEntry, info: DeviceInfo, *, complete: bool = True) -> None:
         """Cache static info a job read, unless the device was invalidated since it was listed.
 
@@ -314,11 +303,6 @@ class Inventory:
         kept STATIC_RETRY_SECONDS only.
         """
         with self._lock:
-            known = self._answered.get(entry.name)
-            paths = info.counter_paths()
-            if known is not None and known[0] == entry.target:
-                paths |= known[1]
-            self._answered[entry.name] = (entry.target, paths)
             if entry.epoch == (self._epoch_all, self._epochs.get(entry.name, 0)):
                 self._cache[entry.name] = (entry.target, info, self._clock(), complete)
 
@@ -850,8 +834,7 @@ class RdmaCollector(Collector):
             started = time.perf_counter()
             key = (entry.name, "device info")
             try:
-                reader = SysfsReader(entry.name, job.info_errors)
-                info = read_device_info(self.sys_root, entry.name, reader, self.inventory.answered(entry))
+                info = read_device_info(self.sys_root, entry.name, SysfsReader(entry.name, job.info_errors))
             except Exception as exc:  # a broken device costs that device only
                 log.log(self._failures.record_failure(key, exc), "cannot read device %s: %s", entry.name, exc)
                 job.info_errors.add(entry.name, REASON_IO, f"{entry.name}: {exc}")
@@ -861,8 +844,8 @@ class RdmaCollector(Collector):
                     log.info("device %s is readable again", entry.name)
             job.info_seconds = time.perf_counter() - started
             if info is not None:
-                # An unsupported read (a counter the device refuses, `N/A (no PMA)`) is its answer for
-                # good: reading the static info again soon would change nothing.
+                # An unsupported read (`N/A (no PMA)` in counters_ext/, EOPNOTSUPP) is the device's
+                # answer for good: reading the static info again soon would change nothing.
                 failed = any(reason != REASON_UNSUPPORTED for _, reason in job.info_errors.counts)
                 self.inventory.store(entry, info, complete=info.settled and not failed)
         job.info = info

@@ -18,7 +18,6 @@ import errno
 import os
 import re
 from collections import Counter
-from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -29,7 +28,6 @@ from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
     REASON_MALFORMED,
-    REASON_UNSUPPORTED,
     SysfsReader,
     link_name,
     list_dir,
@@ -240,14 +238,6 @@ class DeviceInfo:
         """False when a static value was read from hardware in transition, so that it is read again soon."""
         return self.pcie is None or not self.pcie.all_ones
 
-    def counter_paths(self) -> frozenset[str]:
-        """Device-relative paths of the counter files this info reads every scrape (answering_files)."""
-        paths = {f"hw_counters/{name}" for name in self.hw_counter_files}
-        for port in self.ports:
-            paths.update(f"ports/{port.number}/counters/{name}" for name in port.counter_files)
-            paths.update(f"ports/{port.number}/hw_counters/{name}" for name in port.hw_counter_files)
-        return frozenset(paths)
-
 
 @dataclass(frozen=True, slots=True)
 class Rate:
@@ -367,36 +357,6 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
     return tuple(sorted(types.items()))
 
 
-# What a counter file answers when the device will not give that value: any failed PMA query is EINVAL
-# (get_perf_mad), and so is a firmware command the function may not issue (the "limited" PFs of HGX
-# B200/B300 boards refuse PPCNT register access; a ConnectX-7 port in switching mode refuses
-# VL15_dropped); EOPNOTSUPP and ENOSYS are drivers without the query.
-COUNTER_REFUSALS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS})
-
-
-def answering_files(
-    device_dir: Path, relative: str, names: Iterable[str], answered: Collection[str], reader: SysfsReader
-) -> tuple[str, ...]:
-    """The counter files `names` of `device_dir/relative`, less those that refuse to be read
-    (COUNTER_REFUSALS) and have never answered: such a file is left out of every scrape, counted once here
-    as unsupported, and probed again with the static info. A file in `answered` (device-relative paths)
-    once gave a value, so a refusal now is a fault: it stays, and each scrape's read counts it.
-    """
-    kept: list[str] = []
-    for name in names:
-        if f"{relative}/{name}" not in answered:
-            refused = reader.refusal(device_dir / relative / name, COUNTER_REFUSALS)
-            if refused is not None:
-                reader.fail(
-                    REASON_UNSUPPORTED,
-                    device_dir / relative / name,
-                    f"{refused.strerror or refused}; left out until the device's static info is read again",
-                )
-                continue
-        kept.append(name)
-    return tuple(kept)
-
-
 def read_port_info(
     sys_root: Path,
     device: str,
@@ -405,7 +365,6 @@ def read_port_info(
     *,
     data_word_bytes: int = IB_DATA_WORD_BYTES,
     single_port: bool,
-    answered: Collection[str] = (),
 ) -> PortInfo:
     port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
     counter_files = list_dir(port_dir / "counters", reader)
@@ -421,15 +380,12 @@ def read_port_info(
     )
     if counter_ext_files:
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
-    device_dir = port_dir.parent.parent
-    counter_files = list(answering_files(device_dir, f"ports/{port}/counters", counter_files, answered, reader))
-    hw_listing = list_dir(port_dir / "hw_counters", reader)
     return PortInfo(
         number=port,
         link_layer=reader.text(port_dir / "link_layer", optional=True),
         counter_files=tuple(counter_files),
         counter_ext_files=counter_ext_files,
-        hw_counter_files=answering_files(device_dir, f"ports/{port}/hw_counters", hw_listing, answered, reader),
+        hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
         netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader, single_port=single_port)),
         gid_types=_gid_types(port_dir, reader),
         # counters/ is the 32-bit PortCounters beside a legacy counters_ext/, whether or not its files answer.
@@ -447,12 +403,8 @@ def read_port_info(
 MAX_PORT_NUMBER: Final = 2**32 - 2
 
 
-def read_device_info(sys_root: Path, name: str, reader: SysfsReader, answered: Collection[str] = ()) -> DeviceInfo:
-    """Everything static about one device. Only files of this device are read.
-
-    `answered`: the device's counter files (device-relative paths) that gave a value before, from
-    DeviceInfo.counter_paths() of its earlier static info (answering_files).
-    """
+def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
+    """Everything static about one device. Only files of this device are read."""
     device_dir = sys_root / CLASS_DIR / name
     node_type = reader.text(device_dir / "node_type", optional=True)
     parsed_type = parse_state(node_type) if node_type else None
@@ -480,15 +432,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader, answered: C
             continue
         numbers.append(number)
     ports = [
-        read_port_info(
-            sys_root,
-            name,
-            number,
-            reader,
-            data_word_bytes=word_bytes,
-            single_port=len(numbers) == 1,
-            answered=answered,
-        )
+        read_port_info(sys_root, name, number, reader, data_word_bytes=word_bytes, single_port=len(numbers) == 1)
         for number in sorted(numbers)
     ]
     return DeviceInfo(
@@ -508,9 +452,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader, answered: C
         is_vf=is_vf,
         pf_pci_address=pf_address,
         sriov_numvfs=sriov,
-        hw_counter_files=answering_files(
-            device_dir, "hw_counters", list_dir(device_dir / "hw_counters", reader), answered, reader
-        ),
+        hw_counter_files=tuple(list_dir(device_dir / "hw_counters", reader)),
         ports=tuple(ports),
         netdevs=_netdev_identities(sys_root, ports, reader),
         pcie=read_pcie_identity(pci_dir, reader) if pci_dir is not None else None,

@@ -60,6 +60,14 @@ NO_VALUE_ERRNOS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENODAT
 GID_ATTR_NO_VALUE_ERRNOS: Final = NO_VALUE_ERRNOS | {errno.EAGAIN}
 
 
+# What a counter file answers when the device will not give that value: any failed PMA query is EINVAL
+# (get_perf_mad), and so is a firmware command the function may not issue (the "limited" PFs of HGX
+# B200/B300 boards may not read the port counter register; a ConnectX-7 port in switching mode refuses
+# VL15_dropped); EOPNOTSUPP and ENOSYS are drivers without the query. A counter file that has answered
+# nothing else since the device was first read is unsupported, not broken (SysfsReader.uints).
+COUNTER_REFUSALS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
 def reason_for_errno(code: int | None) -> str:
     if code in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
         return REASON_MISSING
@@ -179,12 +187,18 @@ class OpenFiles:
     (timestamps are coarse), so meanwhile each read of its files checks st_nlink with an fstat.
     """
 
-    __slots__ = ("_budget", "_dirs", "verify")
+    __slots__ = ("_answered", "_budget", "_dirs", "refused", "verify")
 
     def __init__(self, budget: FileBudget, *, verify: bool = False) -> None:
         self._budget = budget
         self.verify = verify
         self._dirs: dict[str, _KeptDir] = {}
+        # Names (by directory) of files that have given a value through this object: for the life of the
+        # device, so that a counter that worked and now fails stays a fault (SysfsReader.uints).
+        self._answered: dict[str, set[str]] = {}
+        # Counter files (by directory) that have refused every read: left out until close(), which the
+        # engine calls when it reads the device's static info again.
+        self.refused: dict[str, set[str]] = {}
 
     def __len__(self) -> int:
         return sum(len(kept.fds) for kept in list(self._dirs.values()))
@@ -248,6 +262,11 @@ class OpenFiles:
         except OSError:
             os.close(fd)
             raise
+        # Once per file while kept (the reads above are the first); every read of a file kept nowhere.
+        answered = self._answered.get(directory)
+        if answered is None:
+            answered = self._answered[directory] = set()
+        answered.add(sys.intern(name))
         if self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
             if kept is None:
                 kept = self._watch(directory)
@@ -286,9 +305,20 @@ class OpenFiles:
             _close(fd)
         self._budget.give(len(kept.fds))
 
+    def has_answered(self, path: str) -> bool:
+        """Whether `path` has given a value through this object."""
+        directory, _, name = path.rpartition("/")
+        return name in self._answered.get(directory, ())
+
+    def refuse(self, path: str) -> None:
+        """Leave the counter file `path` out of reads until close()."""
+        directory, _, name = path.rpartition("/")
+        self.refused.setdefault(directory, set()).add(sys.intern(name))
+
     def close(self) -> None:
         for directory in list(self._dirs):
             self._drop_dir(directory)
+        self.refused.clear()  # probed again, as the static info is read again
 
     def __del__(self) -> None:
         # A collector dropped without closing (a reload, a test) must not leak its fds.
@@ -361,16 +391,6 @@ class SysfsReader:
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
         self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
 
-    def refusal(self, path: str | os.PathLike[str], errnos: Collection[int]) -> OSError | None:
-        """The error `path` answers a read with, if its errno is in `errnos`; None for any other outcome,
-        which is left uncounted to the reads that use the value."""
-        self.opened += 1
-        try:
-            _read_once(path)
-        except OSError as exc:
-            return exc if exc.errno in errnos else None
-        return None
-
     def text(
         self, path: str | os.PathLike[str], *, optional: bool = False, absent_errnos: Collection[int] = ()
     ) -> str | None:
@@ -383,7 +403,9 @@ class SysfsReader:
         raw = self._raw(path, optional, absent_errnos)
         return None if raw is None else self._decode(path, raw)
 
-    def _raw(self, path: str | os.PathLike[str], optional: bool, absent_errnos: Collection[int]) -> bytes | None:
+    def _raw(
+        self, path: str | os.PathLike[str], optional: bool, absent_errnos: Collection[int], counter: bool = False
+    ) -> bytes | None:
         self.opened += 1
         try:
             if self.files is not None:
@@ -392,6 +414,13 @@ class SysfsReader:
         except OSError as exc:
             if (optional and exc.errno == errno.ENOENT) or exc.errno in absent_errnos:
                 return None
+            if counter and exc.errno in COUNTER_REFUSALS and self.files is not None:
+                text = os.fspath(path)
+                if not self.files.has_answered(text):
+                    self.files.refuse(text)
+                    detail = f"{exc.strerror or exc} on every read so far; left out until the static info is read again"
+                    self.fail(REASON_UNSUPPORTED, path, detail)
+                    return None
             self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
             return None
 
@@ -417,7 +446,18 @@ class SysfsReader:
         absent_errnos: Collection[int] = (),
     ) -> int | None:
         """Read an unsigned integer attribute (decimal by default), after a `prefix` that must be there."""
-        raw = self._raw(path, optional, absent_errnos)
+        return self._uint(path, optional, base, prefix, absent_errnos)
+
+    def _uint(
+        self,
+        path: str | os.PathLike[str],
+        optional: bool = False,
+        base: int = 10,
+        prefix: str = "",
+        absent_errnos: Collection[int] = (),
+        counter: bool = False,
+    ) -> int | None:
+        raw = self._raw(path, optional, absent_errnos, counter)
         if raw is None:
             return None
         # Fast path for the common case, a plain decimal counter ("123\n"); int() itself would also
@@ -440,10 +480,15 @@ class SysfsReader:
         The loop over a counters directory is the hot path of a scrape: a kept file holding a plain
         decimal is read and parsed inline; anything else (first read, an error, odd content) goes
         through `uint`, which handles and counts it.
+
+        A file that fails with COUNTER_REFUSALS and has never given a value through the device's kept
+        files is counted once as unsupported and left out of later reads until the files are closed
+        (the device's static info read again). One that did give a value is a fault: counted every read.
         """
         values: dict[str, int] = {}
         files = self.files
         fds = files.trusted(directory) if files is not None else None
+        refused = files.refused.get(directory) if files is not None else None
         fast = 0
         for name in names:
             fd = fds.get(name) if fds is not None else None
@@ -465,7 +510,9 @@ class SysfsReader:
                         values[name] = number
                         fast += 1
                         continue
-            value = self.uint(f"{directory}/{name}")
+            if refused is not None and name in refused:
+                continue  # counted when it refused (COUNTER_REFUSALS)
+            value = self._uint(f"{directory}/{name}", counter=True)
             if value is not None:
                 values[name] = value
         self.opened += fast
