@@ -425,13 +425,14 @@ def test_parse_head_keeps_what_the_handler_needs() -> None:
         (b"GET https://node7 HTTP/1.1\r\n\r\n", "/"),  # absolute form without a path
         (b"GET http://node7?x=1 HTTP/1.1\r\n\r\n", "/"),  # absolute form with a query but no path
         (b"\r\nGET /metrics HTTP/1.1\r\n\r\n", "/metrics"),  # an empty line before the request line
+        (b"\nGET /metrics HTTP/1.1\r\n\r\n", "/metrics"),  # the same with a bare LF
         (b"GET /metrics HTTP/1.1\nHost: a\n\r\n", "/metrics"),  # bare LF line ends, then CRLF
         (b"GET /metrics HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", "/metrics"),
         # More digits than int() converts (4300): its ValueError used to escape the loop thread and stop the server.
         (b"GET /metrics HTTP/1.1\r\nContent-Length: " + b"0" * 5000 + b"\r\n\r\n", "/metrics"),
     ],
-    ids=["absolute-form", "absolute-form-no-path", "absolute-form-query", "leading-empty-line", "lf-then-crlf",
-         "repeated-length", "zero-length-in-5000-digits"],
+    ids=["absolute-form", "absolute-form-no-path", "absolute-form-query", "leading-empty-line", "leading-bare-lf",
+         "lf-then-crlf", "repeated-length", "zero-length-in-5000-digits"],
 )
 def test_heads_rfc_9112_says_to_accept(head: bytes, path: str) -> None:
     # Prometheus never sends these, but a proxy or a hand-written client may; each used to be refused
@@ -559,6 +560,19 @@ def test_heads_at_the_limits_are_accepted() -> None:
         assert status_of(raw(server.port, b"GET / HTTP/1.1\r\n" + headers + b"\r\n")) == 200
         # Some clients send an empty body's length on a GET.
         assert status_of(raw(server.port, b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")) == 200
+
+
+def test_a_head_of_exactly_the_buffer_size_is_accepted_and_one_byte_more_is_not() -> None:
+    # operations.md: a whole request head may have 16 KiB; MAX_REQUEST_HEAD bytes, blank line included, are
+    # within the limit.
+    def head_of(size: int) -> bytes:
+        start, end = b"GET / HTTP/1.1\r\nConnection: close\r\nX-Pad: ", b"\r\n\r\n"
+        return start + b"p" * (size - len(start) - len(end)) + end
+
+    assert len(head_of(MAX_REQUEST_HEAD)) == MAX_REQUEST_HEAD
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
+        assert status_of(raw(server.port, head_of(MAX_REQUEST_HEAD))) == 200
+        assert status_of(raw(server.port, head_of(MAX_REQUEST_HEAD + 1))) == 431
 
 
 def test_head_requests_get_no_body_on_the_wire() -> None:
