@@ -65,6 +65,7 @@ from rdma_exporter.httpserver import (
     head_end,
     parse_head,
     send_blocks,
+    text_response,
 )
 from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import SysfsReader
@@ -549,6 +550,25 @@ def test_a_trickled_head_is_searched_in_linear_time(monkeypatch: pytest.MonkeyPa
             time.sleep(0.001)  # most pieces arrive in reads of their own
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
     assert counting.bytes < 4 * len(head), counting.bytes
+
+
+def test_a_request_pipelined_behind_one_that_came_in_pieces_is_answered() -> None:
+    # The search for a head's end resumes where the last read's search stopped (linear time). Once a head is
+    # taken off the buffer, what follows it must be searched from its start: resumed at the old offset, past
+    # the end of the next head, the search missed that head and took it and the one after for one (400).
+    first = b"GET /first HTTP/1.1\r\nX-Pad: " + b"p" * 200
+    rest = b"\r\n\r\nGET /second HTTP/1.1\r\n\r\nGET /third HTTP/1.1\r\nConnection: close\r\n\r\n"
+    with InProcessServer(
+        lambda request: text_response(200, request.path), head_timeout=30
+    ) as server, socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(first)
+        # The loop has read the first piece and searched all of it.
+        wait_until(lambda: any(conn.searched >= len(first) for conn in list(server._conns.values())), 10)
+        sock.sendall(rest)
+        closed, answer = closed_within(sock, 10)
+    assert closed and re.findall(rb"HTTP/1\.1 (\d+) .*?\r\n\r\n(/\w+)\n", answer, re.S) == [
+        (b"200", b"/first"), (b"200", b"/second"), (b"200", b"/third")
+    ], answer
 
 
 def test_heads_at_the_limits_are_accepted() -> None:
@@ -1074,6 +1094,18 @@ def test_a_kept_connection_waits_the_idle_timeout_not_the_head_timeout() -> None
         fresh.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
         assert closed_within(fresh, 10)[1].startswith(b"HTTP/1.1 200")
         fresh.close()
+
+
+def test_half_a_head_pipelined_behind_an_answered_request_gets_the_head_timeout() -> None:
+    # The bytes of the next request already there when an answer is done have begun a request: its head
+    # deadline runs, not the idle timeout of a kept connection (a slow-loris client could otherwise hold a
+    # connection for 90 s per request by pipelining half a head).
+    with InProcessServer(
+        lambda request: Response(200, b"ok"), head_timeout=0.5, idle_timeout=60
+    ) as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nX-Half: ")
+        closed, answer = closed_within(sock, 10)
+    assert closed and answer.startswith(b"HTTP/1.1 200") and b"\r\n\r\nokHTTP/1.1 408 " in answer, answer
 
 
 def test_sequential_requests_run_on_one_worker_and_overlapping_ones_in_parallel() -> None:
