@@ -35,7 +35,7 @@ from typing import Final
 import bcrypt
 import pytest
 
-from rdma_exporter import httpserver, webconfig
+from rdma_exporter import __version__, httpserver, webconfig
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import HARD_MAX_WORKERS, DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.config import Config
@@ -602,6 +602,14 @@ def test_head_requests_get_no_body_on_the_wire() -> None:
         answer = raw(server.port, b"HEAD / HTTP/1.1\r\nConnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200") and b"Content-Length: 2\r\n" in answer
     assert answer.endswith(b"\r\n\r\n"), answer
+
+
+def test_answers_name_the_server_and_its_version() -> None:
+    # `curl -v` and a proxy's logs show what answered: the handler's answers and the loop's refusals alike.
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
+        assert get(server.port, "/").headers["server"] == f"rdma-exporter/{__version__}"
+        refusal = raw(server.port, b"GET / HTTP/2.0\r\n\r\n")
+    assert status_of(refusal) == 505 and f"\r\nServer: rdma-exporter/{__version__}\r\n".encode() in refusal
 
 
 def test_a_failing_handler_answers_500_and_closes() -> None:
@@ -1373,6 +1381,21 @@ def test_a_large_answer_reaches_a_client_that_reads_it() -> None:
 def test_a_server_with_no_workers_asked_for_still_has_one() -> None:
     with InProcessServer(lambda request: Response(200, b"ok"), workers=0) as server:
         assert get(server.port, "/", timeout=10).status == 200
+
+
+def test_the_handler_is_told_the_address_and_port_the_request_came_from() -> None:
+    # The daemon's refusal warnings end "the last from <peer>": without it an operator cannot find the
+    # scraper with the wrong password.
+    peers: list[str] = []
+
+    def handler(request: Request) -> Response:
+        peers.append(request.peer)
+        return Response(200, b"ok")
+
+    with InProcessServer(handler) as server, socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert closed_within(sock, 10)[1].startswith(b"HTTP/1.1 200")
+        assert peers == [f"127.0.0.1:{sock.getsockname()[1]}"]
 
 
 def test_an_ipv6_listen_address_is_served_over_ipv6() -> None:
