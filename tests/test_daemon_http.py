@@ -1398,6 +1398,17 @@ def test_the_handler_is_told_the_address_and_port_the_request_came_from() -> Non
         assert peers == [f"127.0.0.1:{sock.getsockname()[1]}"]
 
 
+def test_the_daemons_server_has_the_limits_operations_md_lists() -> None:
+    # The daemon builds its HttpServer with the defaults; the tests above give theirs short limits, so only
+    # this one sees a default change. The values are docs/operations.md's table of limits.
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
+        assert (server.max_connections, len(server._workers)) == (512, 16)
+        assert (server.head_timeout, server.idle_timeout, server.write_timeout) == (10.0, 90.0, 30.0)
+        assert (server._jobs.costly_workers, server._jobs.costly_backlog) == (1, 32)
+    assert (httpserver.MAX_PENDING_BYTES, httpserver.MAX_COSTLY_PER_CLIENT) == (32 << 20, 4)
+    assert httpserver.REFUSED_LOG_INTERVAL == 60.0  # a warning "at most once a minute"
+
+
 def test_an_ipv6_listen_address_is_served_over_ipv6() -> None:
     try:
         socket.create_server(("::1", 0), family=socket.AF_INET6).close()
