@@ -703,6 +703,8 @@ def test_send_blocks_join_small_chunks_in_order_without_copying_big_ones() -> No
     assert all(len(block) >= SEND_BLOCK_BYTES for block in blocks[:-1])
     assert len(blocks) == 3 and blocks[-1] == b"tail"
     assert next(iter(send_blocks((big,)))) is big  # a lone part is sent as it is
+    exact = big[:SEND_BLOCK_BYTES]
+    assert next(iter(send_blocks((exact, b"tail")))) is exact  # a full block already: not copied
     assert list(send_blocks(())) == []
 
 
