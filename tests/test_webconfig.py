@@ -29,6 +29,7 @@ from test_daemon_http import (
     closed_within,
     get,
     make_pki,
+    raw,
     refused,
     web_config,
 )
@@ -354,6 +355,15 @@ def test_configured_headers_are_sent_as_written(tmp_path: Path) -> None:
         reply = get(server.port, "/")
     assert reply.headers["x-content-type-options"] == "nosniff"
     assert reply.headers["x-team"] == "R\u00e9seau"  # Latin-1 on the wire, as http.client reads it
+
+
+def test_a_header_value_may_contain_a_tab(tmp_path: Path) -> None:
+    # RFC 9110 5.5: a tab is allowed inside a field value (and Go's servers send one as written).
+    web = load_web_config(web_config(tmp_path, 'http_server_config:\n  headers:\n    X-A: "a\\tb"\n'))
+    assert web.headers == {"X-A": "a\tb"}
+    with serve(web) as server:
+        answer = raw(server.port, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert b"\r\nX-A: a\tb\r\n" in answer, answer
 
 
 def hash_claiming_cost(cost: int) -> str:
