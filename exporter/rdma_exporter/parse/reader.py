@@ -194,8 +194,10 @@ class OpenFiles:
         self.verify = verify
         self._dirs: dict[str, _KeptDir] = {}
         # Names (by directory) of files that have given a value through this object: for the life of the
-        # device, so that a counter that worked and now fails stays a fault (SysfsReader.uints).
-        self._answered: dict[str, set[str]] = {}
+        # device, so that a counter that worked and now fails stays a fault (SysfsReader.uints). Tuples,
+        # not sets: a set per directory of every device cost 1.1 MB on 128 devices; this is read only when
+        # a read fails and grows only on a file's first read.
+        self._answered: dict[str, tuple[str, ...]] = {}
         # Counter files (by directory) that have refused every read: left out until close(), which the
         # engine calls when it reads the device's static info again.
         self.refused: dict[str, set[str]] = {}
@@ -263,10 +265,9 @@ class OpenFiles:
             os.close(fd)
             raise
         # Once per file while kept (the reads above are the first); every read of a file kept nowhere.
-        answered = self._answered.get(directory)
-        if answered is None:
-            answered = self._answered[directory] = set()
-        answered.add(sys.intern(name))
+        answered = self._answered.get(directory, ())
+        if name not in answered:
+            self._answered[directory] = (*answered, sys.intern(name))
         if self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
             if kept is None:
                 kept = self._watch(directory)
