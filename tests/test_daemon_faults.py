@@ -24,7 +24,7 @@ from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import FileBudget, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
-from conftest import Took, prometheus_text, samples, timed, wait_until
+from conftest import RefusingReads, Took, prometheus_text, samples, timed, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -258,6 +258,26 @@ def netdev_file(root: Path, netdev: str, name: str) -> Path:
 
 # The sample tree's mlx5_0 is an InfiniBand HCA (IPoIB ibp24s0), its mlx5_8 a RoCE one.
 STALLED_NETDEVS = {"mlx5_0": "ibp24s0", "mlx5_8": "enp220s0f0np0"}
+
+
+def test_a_counter_the_device_refuses_stays_unsupported_beside_a_stalled_netdev_read(
+    tmp_path: Path, fifos: Fifos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The device-only job that reads a device beside one stuck on rtnl keeps no files, but knows what the
+    # kept ones know: a counter the device refuses stays left out and unsupported, not a failed firmware
+    # command and an `io` error on every scrape of the stall.
+    root, collector = sample_collector(tmp_path / "t", 1.5, DeviceReads(WorkerPool(parallelism=4, hard_max=8)))
+    refusing = RefusingReads(monkeypatch)
+    refusing.refused = {"mlx5_8/ports/1/counters/symbol_error"}
+    timed_scrape(collector)
+    fifos.make(netdev_file(root, STALLED_NETDEVS["mlx5_8"], "speed"))
+    for _ in range(4):
+        metrics, _ = timed_scrape(collector)
+        errors = {reason: value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband",
+                                device="mlx5_8", reason=reason) for reason in ("unsupported", "io")}  # fmt: skip
+        assert errors == {"unsupported": 1, "io": None}
+    assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="netdev") is not None
+    assert refusing.attempts == {"mlx5_8/ports/1/counters/symbol_error": 1}
 
 
 def test_a_netdev_read_stalled_on_rtnl_costs_only_that_devices_netdev_series(tmp_path: Path, fifos: Fifos) -> None:

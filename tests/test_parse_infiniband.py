@@ -489,7 +489,7 @@ def _scrape(collector: RdmaCollector) -> dict[tuple[str, tuple[tuple[str, str], 
     return samples(collector.gather().render_text().decode())
 
 
-def test_counters_a_port_refuses_from_the_start_are_unsupported_and_not_read_every_scrape(
+def test_counters_a_port_refuses_from_the_start_are_unsupported_and_read_once_a_minute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The "limited" PFs of HGX B200/B300 boards refuse every PMA counter (EINVAL, and a kernel log line
@@ -497,6 +497,8 @@ def test_counters_a_port_refuses_from_the_start_are_unsupported_and_not_read_eve
     # scrape, each was an `io` error for ever (RdmaExporterReadErrors fired, pointing at firmware resets)
     # and a failed firmware command every 15 s. The static info reads no counter: a hung firmware must
     # not keep the device's ports unknown.
+    now = [1000.0]
+    monkeypatch.setattr(reader_module, "refusal_clock", lambda: now[0])
     collector = _sample_collector(tmp_path)
     port = collector.inventory.sys_root / CLASS_DIR / "mlx5_0/ports/1"
     counters = sorted(p.name for p in (port / "counters").iterdir())
@@ -506,6 +508,7 @@ def test_counters_a_port_refuses_from_the_start_are_unsupported_and_not_read_eve
     unsupported = read_errors_key("mlx5_0", "unsupported")
     for _ in range(3):
         values = _scrape(collector)
+        now[0] += 15.0
         assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
         assert ("rdma_port_hw_out_of_sequence_total", MLX5_0) not in values
         assert values[("rdma_port_state_id", MLX5_0)] == 4  # the rest of the port is there
@@ -516,15 +519,19 @@ def test_counters_a_port_refuses_from_the_start_are_unsupported_and_not_read_eve
         assert not [k for k in values if k[0] == "rdma_exporter_file_read_errors_total"
                     and ("reason", "io") in k[1]]  # fmt: skip
     assert set(refusing.attempts.values()) == {1}
-    # Probed again with the static info, and back once the port answers (a firmware update).
-    collector.inventory.invalidate()
+    # Tried again a minute after the refusal (now at +45 s: not yet), and back once the port answers (a
+    # firmware update, or a refusal that was transient).
+    now[0] = 1000.0 + 59.9
+    assert _scrape(collector)[unsupported] == len(counters) + 1
+    now[0] = 1000.0 + 60.0
     assert _scrape(collector)[unsupported] == 2 * (len(counters) + 1)
     assert set(refusing.attempts.values()) == {2}
     refusing.refused.clear()
-    collector.inventory.invalidate()
+    now[0] += 60.0
     values = _scrape(collector)
     assert values[("rdma_port_symbol_errors_total", MLX5_0)] >= 0
     assert values[("rdma_port_hw_out_of_sequence_total", MLX5_0)] >= 0
+    assert values[unsupported] == 2 * (len(counters) + 1)
 
 
 def test_a_counter_that_answered_and_now_refuses_stays_an_io_error(

@@ -146,9 +146,10 @@ READS_NETDEV: Final = "netdev"
 DEVICE_BLOCKED: Final = MetricSpec(
     "rdma_exporter_device_read_blocked_seconds",
     "gauge",
-    "How long the unfinished read of a device has been running; present only for devices that timed out "
-    'or were skipped in this scrape. reads="device": a read of the device\'s own files (static info, '
-    'InfiniBand, PCIe) is unfinished, so none of its series are served; reads="netdev": only its netdev '
+    "How long the unfinished read of a device has been running; present only for devices that timed out, "
+    'were skipped or were read beside a stuck netdev read in this scrape. reads="device": a read of the '
+    "device's own files (static info, InfiniBand, PCIe) is unfinished, so none of its series are served; "
+    'reads="netdev": only its netdev '
     "reads (netdev and ethtool collectors, which wait for the kernel's rtnl lock) are unfinished, and its "
     "other series are served without them.",
     ("device", "reads"),
@@ -634,6 +635,12 @@ class DeviceReads:
                 files = self._files[key] = OpenFiles(self.budget, verify=verify)
             return files
 
+    def memory(self, key: str) -> OpenFiles | None:
+        """The kept files of `key` if there are any, for what they know of its counter files only: a
+        device-only job reads without them (SysfsReader.memory)."""
+        with self._lock:
+            return self._files.get(key)
+
     def open_files(self) -> int:
         """Files kept open now (approximate while jobs run)."""
         with self._lock:
@@ -854,15 +861,22 @@ class RdmaCollector(Collector):
             return
         if files is not None:
             files.begin()
-        self._read_sources(job, entry.name, info, files, self._device_sources)
+        memory = self.reads.memory(job.key) if job.device_only else files
+        self._read_sources(job, entry.name, info, files, memory, self._device_sources)
         job.device_reads_done = True
         if not job.device_only:
-            self._read_sources(job, entry.name, info, files, self._netdev_sources)
+            self._read_sources(job, entry.name, info, files, memory, self._netdev_sources)
         if not os.path.isdir(job.key):
             self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
 
     def _read_sources(
-        self, job: DeviceJob, name: str, info: DeviceInfo, files: OpenFiles | None, sources: Sequence[Source]
+        self,
+        job: DeviceJob,
+        name: str,
+        info: DeviceInfo,
+        files: OpenFiles | None,
+        memory: OpenFiles | None,
+        sources: Sequence[Source],
     ) -> None:
         for source in sources:
             job.begin(source.name)
@@ -870,7 +884,8 @@ class RdmaCollector(Collector):
             started = time.perf_counter()
             key = (name, source.name)
             try:
-                value = source.read(self._contexts[source.name], info, SysfsReader(name, errors, files))
+                reader = SysfsReader(name, errors, files, memory)
+                value = source.read(self._contexts[source.name], info, reader)
                 ok = True
             except Exception as exc:  # one broken device must not take the others down
                 level = self._failures.record_failure(key, exc)

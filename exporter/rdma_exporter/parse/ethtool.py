@@ -379,12 +379,16 @@ def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = 
     except OSError as exc:  # the caller names the file; the detail is only why it failed
         raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EthtoolError(ifname, REASON_IO, "not a regular file")
         with os.fdopen(fd, "rb") as capture:
-            if not stat.S_ISREG(os.fstat(capture.fileno()).st_mode):
-                raise EthtoolError(ifname, REASON_IO, "not a regular file")
+            fd = -1  # the file object closes it now
             raw = capture.read(MAX_CAPTURE_BYTES + 1)
     except OSError as exc:
         raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(raw) > MAX_CAPTURE_BYTES:
         raise EthtoolError(ifname, REASON_IO, f"larger than {MAX_CAPTURE_BYTES} bytes")
     return parse_stats_text(raw.decode("utf-8", "replace"), malformed)

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -66,6 +66,12 @@ GID_ATTR_NO_VALUE_ERRNOS: Final = NO_VALUE_ERRNOS | {errno.EAGAIN}
 # VL15_dropped); EOPNOTSUPP and ENOSYS are drivers without the query. A counter file that has answered
 # nothing else since the device was first read is unsupported, not broken (SysfsReader.uints).
 COUNTER_REFUSALS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS})
+# A refused counter file is tried again this long after its last refusal: once a minute instead of every
+# scrape for a function that may never read it, and a refusal that was transient (a failed PMA query at
+# start-up) hides the value for a minute at most.
+REFUSAL_RETRY_SECONDS: Final = 60.0
+# The clock of those retries (tests move it).
+refusal_clock: Callable[[], float] = time.monotonic
 
 
 def reason_for_errno(code: int | None) -> str:
@@ -198,9 +204,9 @@ class OpenFiles:
         # not sets: a set per directory of every device cost 1.1 MB on 128 devices; this is read only when
         # a read fails and grows only on a file's first read.
         self._answered: dict[str, tuple[str, ...]] = {}
-        # Counter files (by directory) that have refused every read: left out until close(), which the
-        # engine calls when it reads the device's static info again.
-        self.refused: dict[str, set[str]] = {}
+        # Counter files (by directory) that have refused every read, with when they last did: left out
+        # until REFUSAL_RETRY_SECONDS later.
+        self.refused: dict[str, dict[str, float]] = {}
 
     def __len__(self) -> int:
         return sum(len(kept.fds) for kept in list(self._dirs.values()))
@@ -312,14 +318,13 @@ class OpenFiles:
         return name in self._answered.get(directory, ())
 
     def refuse(self, path: str) -> None:
-        """Leave the counter file `path` out of reads until close()."""
+        """Leave the counter file `path` out of reads for REFUSAL_RETRY_SECONDS."""
         directory, _, name = path.rpartition("/")
-        self.refused.setdefault(directory, set()).add(sys.intern(name))
+        self.refused.setdefault(directory, {})[sys.intern(name)] = refusal_clock()
 
     def close(self) -> None:
         for directory in list(self._dirs):
             self._drop_dir(directory)
-        self.refused.clear()  # probed again, as the static info is read again
 
     def __del__(self) -> None:
         # A collector dropped without closing (a reload, a test) must not leak its fds.
@@ -379,15 +384,24 @@ class SysfsReader:
     attributed without passing the device name to every call.
     """
 
-    __slots__ = ("device", "errors", "files", "opened")
+    __slots__ = ("device", "errors", "files", "memory", "opened")
 
-    def __init__(self, device: str, errors: ReadErrors | None = None, files: OpenFiles | None = None) -> None:
+    def __init__(
+        self,
+        device: str,
+        errors: ReadErrors | None = None,
+        files: OpenFiles | None = None,
+        memory: OpenFiles | None = None,
+    ) -> None:
         self.device = device
         self.errors = errors if errors is not None else ReadErrors()
         # Count of files read, for the benchmark's "files read per scrape" figures and tests.
         self.opened = 0
         # Per-scrape reads of a device go through its kept-open files; static reads pass none.
         self.files = files
+        # Which counter files have answered or refused (SysfsReader.uints): the kept files' record, also
+        # for a read that may not use them (the engine's device-only job, beside a job that holds them).
+        self.memory = memory if memory is not None else files
 
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
         self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
@@ -415,11 +429,11 @@ class SysfsReader:
         except OSError as exc:
             if (optional and exc.errno == errno.ENOENT) or exc.errno in absent_errnos:
                 return None
-            if counter and exc.errno in COUNTER_REFUSALS and self.files is not None:
+            if counter and exc.errno in COUNTER_REFUSALS and self.memory is not None:
                 text = os.fspath(path)
-                if not self.files.has_answered(text):
-                    self.files.refuse(text)
-                    detail = f"{exc.strerror or exc} on every read so far; left out until the static info is read again"
+                if not self.memory.has_answered(text):
+                    self.memory.refuse(text)
+                    detail = f"{exc.strerror or exc} on every read so far; tried again in a minute"
                     self.fail(REASON_UNSUPPORTED, path, detail)
                     return None
             self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
@@ -483,13 +497,14 @@ class SysfsReader:
         through `uint`, which handles and counts it.
 
         A file that fails with COUNTER_REFUSALS and has never given a value through the device's kept
-        files is counted once as unsupported and left out of later reads until the files are closed
-        (the device's static info read again). One that did give a value is a fault: counted every read.
+        files is counted as unsupported and left out of the reads for REFUSAL_RETRY_SECONDS, then tried
+        again. One that did give a value is a fault: counted on every read.
         """
         values: dict[str, int] = {}
         files = self.files
         fds = files.trusted(directory) if files is not None else None
-        refused = files.refused.get(directory) if files is not None else None
+        refused = self.memory.refused.get(directory) if self.memory is not None else None
+        now = refusal_clock() if refused else 0.0
         fast = 0
         for name in names:
             fd = fds.get(name) if fds is not None else None
@@ -511,8 +526,12 @@ class SysfsReader:
                         values[name] = number
                         fast += 1
                         continue
-            if refused is not None and name in refused:
-                continue  # counted when it refused (COUNTER_REFUSALS)
+            if refused:
+                since = refused.get(name)
+                if since is not None:
+                    if now - since < REFUSAL_RETRY_SECONDS:
+                        continue  # counted when it refused (COUNTER_REFUSALS)
+                    refused.pop(name, None)  # another job of the device may have retried it
             value = self._uint(f"{directory}/{name}", counter=True)
             if value is not None:
                 values[name] = value
