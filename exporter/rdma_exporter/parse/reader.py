@@ -459,19 +459,11 @@ class SysfsReader:
         base: int = 10,
         prefix: str = "",
         absent_errnos: Collection[int] = (),
-    ) -> int | None:
-        """Read an unsigned integer attribute (decimal by default), after a `prefix` that must be there."""
-        return self._uint(path, optional, base, prefix, absent_errnos)
-
-    def _uint(
-        self,
-        path: str | os.PathLike[str],
-        optional: bool = False,
-        base: int = 10,
-        prefix: str = "",
-        absent_errnos: Collection[int] = (),
         counter: bool = False,
     ) -> int | None:
+        """Read an unsigned integer attribute (decimal by default), after a `prefix` that must be there.
+
+        `counter`: a file of a counters directory, whose refusals are judged as `uints` says."""
         raw = self._raw(path, optional, absent_errnos, counter)
         if raw is None:
             return None
@@ -532,7 +524,7 @@ class SysfsReader:
                     if now - since < REFUSAL_RETRY_SECONDS:
                         continue  # counted when it refused (COUNTER_REFUSALS)
                     refused.pop(name, None)  # another job of the device may have retried it
-            value = self._uint(f"{directory}/{name}", counter=True)
+            value = self.uint(f"{directory}/{name}", counter=True)
             if value is not None:
                 values[name] = value
         self.opened += fast
