@@ -7,10 +7,7 @@ was told to leave alone.
 
 from __future__ import annotations
 
-import errno
-import os
 import re
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +15,7 @@ from typing import Any, Final
 
 import yaml
 
-from .parse.reader import DEFAULT_MAX_OPEN_FILES
+from .parse.reader import DEFAULT_MAX_OPEN_FILES, read_regular_file
 
 DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
@@ -360,33 +357,12 @@ def _yaml_error(source: str, text: str, exc: yaml.YAMLError) -> ConfigError:
 MAX_CONFIG_BYTES: Final = 4 * 2**20
 
 
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of a regular file of at most MAX_CONFIG_BYTES. Anything else is an OSError whose
-    strerror says why: a FIFO nobody writes would block start-up, `--check-config` and a reload (which
-    holds the reload lock, so later SIGHUPs queue behind it) for ever; a device could never end."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO returns
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-    except OSError:
-        os.close(fd)  # each reload of a bad path would otherwise keep one more fd
-        raise
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise OSError(errno.EFBIG, f"larger than {MAX_CONFIG_BYTES // 2**20} MiB")
-    return data
-
-
 def read_yaml_file(path: Path) -> Any:
     """The one YAML document in `path` (load_yaml); any problem is a ConfigError naming the file, and a
     syntax error its line and column. Shared by the config and the web config file."""
     source = str(path)
     try:
-        text = _read_regular_file(path).decode("utf-8")
+        text = read_regular_file(path, MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES // 2**20} MiB").decode("utf-8")
     except OSError as exc:
         raise ConfigError(source, "(file)", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

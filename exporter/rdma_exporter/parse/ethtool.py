@@ -22,7 +22,6 @@ import mmap
 import os
 import re
 import socket
-import stat
 import struct
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from .reader import (
     REASON_MISSING,
     REASON_UNSUPPORTED,
     parse_uint,
+    read_regular_file,
     reason_for_errno,
 )
 
@@ -372,25 +372,11 @@ def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = 
     """Fixture mode (`--path.ethtool=DIR`): parse the saved `ethtool -S ifname` output in DIR/ifname."""
     if not valid_ifname(ifname):
         raise EthtoolError(ifname, REASON_MISSING, "not a valid interface name")
-    path = directory / ifname
     try:
-        # Non-blocking: a FIFO left in the capture directory must not hold a reader thread for ever.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        # A FIFO left in the capture directory must not hold a reader thread for ever.
+        raw = read_regular_file(directory / ifname, MAX_CAPTURE_BYTES, f"{MAX_CAPTURE_BYTES} bytes")
     except OSError as exc:  # the caller names the file; the detail is only why it failed
         raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise EthtoolError(ifname, REASON_IO, "not a regular file")
-        with os.fdopen(fd, "rb") as capture:
-            fd = -1  # the file object closes it now
-            raw = capture.read(MAX_CAPTURE_BYTES + 1)
-    except OSError as exc:
-        raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(raw) > MAX_CAPTURE_BYTES:
-        raise EthtoolError(ifname, REASON_IO, f"larger than {MAX_CAPTURE_BYTES} bytes")
     return parse_stats_text(raw.decode("utf-8", "replace"), malformed)
 
 

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -536,6 +537,28 @@ def _read_fd(fd: int) -> bytes:
     data = os.read(fd, _SMALL_READ)
     if len(data) == _SMALL_READ:
         data += os.read(fd, _READ_LIMIT - _SMALL_READ)
+    return data
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int, limit_text: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (`limit_text` says how much in the error),
+    for files an operator names (a config, an ethtool capture). Anything else is an OSError whose strerror
+    says why: opening and reading a FIFO nobody writes would block for ever, and a device such as
+    /dev/zero would never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO returns
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+    except OSError:
+        os.close(fd)  # a caller that retries (a reload) would otherwise keep one more fd each time
+        raise
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit_text}")
     return data
 
 
