@@ -327,9 +327,7 @@ class FailureEpisodes:
 
     def forget(self, device: str) -> None:
         """A removed device's episodes end with it, unlogged."""
-        with self._lock:
-            for key in [key for key in self._failing if key[0] == device]:
-                del self._failing[key]
+        self.retain(device, ())
 
     def retain(self, device: str, whats: Collection[str]) -> None:
         """End, unlogged, the device's episodes of anything not in `whats` (a netdev that went away)."""
