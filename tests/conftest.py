@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -243,9 +243,9 @@ class RefusingReads:
     """The reader's `os`, except that reads of files whose path ends in one of `refused` fail with `code`
     (EINVAL: counters the firmware will not give); `attempts` counts those reads by suffix."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, code: int = errno.EINVAL) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, code: int = errno.EINVAL, refused: Iterable[str] = ()) -> None:
         self.code = code
-        self.refused: set[str] = set()
+        self.refused: set[str] = set(refused)
         self.attempts: dict[str, int] = {}
         fake = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
         fake.read = lambda fd, size: self._check(fd) or os.read(fd, size)

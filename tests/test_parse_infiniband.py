@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -222,21 +221,6 @@ def test_counter_file_replaced_by_directory_is_an_io_error(captured_copy) -> Non
     assert values[("rdma_port_link_downed_total", MLX5_0)] == 0
 
 
-class _FailingOs(types.SimpleNamespace):
-    """Stands in for the reader's `os` module; reads of one file fail with a given errno."""
-
-
-def _failing_os(path_suffix: str, code: int) -> _FailingOs:
-    def read(fd: int, size: int) -> bytes:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(path_suffix):
-            raise OSError(code, os.strerror(code))
-        return os.read(fd, size)
-
-    fake = _FailingOs(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
-    fake.read = read
-    return fake
-
-
 @pytest.mark.parametrize(
     ("code", "reason"),
     [
@@ -249,7 +233,7 @@ def _failing_os(path_suffix: str, code: int) -> _FailingOs:
 def test_kernel_read_errors_cost_only_the_value(
     monkeypatch: pytest.MonkeyPatch, code: int, reason: str
 ) -> None:
-    monkeypatch.setattr(reader_module, "os", _failing_os("mlx5_0/ports/1/rate", code))
+    RefusingReads(monkeypatch, code, {"mlx5_0/ports/1/rate"})
     values = samples(scrape(LEPTON))
     assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
     assert values[("rdma_port_state_id", MLX5_0)] == 4
@@ -261,7 +245,7 @@ def test_kernel_read_errors_cost_only_the_value(
 def test_rate_without_a_valid_width_is_absent_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     # Upstream rate_show() answers EINVAL for a port with no module in its cage, on every scrape: that
     # must not count as a read error (RdmaExporterReadErrors would fire for every empty cage).
-    monkeypatch.setattr(reader_module, "os", _failing_os("mlx5_0/ports/1/rate", errno.EINVAL))
+    RefusingReads(monkeypatch, errno.EINVAL, {"mlx5_0/ports/1/rate"})
     values = samples(scrape(LEPTON))
     assert ("rdma_port_rate_bytes_per_second", MLX5_0) not in values
     assert values[("rdma_port_state_id", MLX5_0)] == 4
@@ -471,7 +455,7 @@ def test_64_bit_files_failing_with_einval_are_not_errors(monkeypatch: pytest.Mon
     # counters/ value is then the counter, and that is a fact about the HCA, not a read error that
     # RdmaExporterReadErrors fires for and that has the static info read again every minute.
     # (infiniband mutation review: counting EINVAL there passed every test.)
-    monkeypatch.setattr(reader_module, "os", _failing_os("counters_ext/port_rcv_data_64", errno.EINVAL))
+    RefusingReads(monkeypatch, errno.EINVAL, {"counters_ext/port_rcv_data_64"})
     values = samples(scrape(NODE_EXPORTER))
     assert not any(name == "rdma_exporter_file_read_errors_total" and ("device", "mlx4_0") in labels
                    for name, labels in values)
@@ -874,7 +858,7 @@ def test_unpopulated_gid_entries_are_not_read(tmp_path: Path, monkeypatch: pytes
     assert empty  # the sample tree has unpopulated entries
     baseline = samples(scrape(root))
     (port / "gid_attrs/types" / empty[0]).write_text("IB/RoCE v1\n")
-    monkeypatch.setattr(reader_module, "os", _failing_os(f"gid_attrs/types/{empty[0]}", errno.EINVAL))
+    RefusingReads(monkeypatch, errno.EINVAL, {f"gid_attrs/types/{empty[0]}"})
     values = samples(scrape(root))
     assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
     gid_series = {k: v for k, v in values.items() if k[0] == "rdma_port_gids"}
@@ -903,13 +887,13 @@ def test_gid_attrs_of_a_4_18_kernel_are_absent_not_errors(tmp_path: Path, monkey
     # A RoCE port: an unpopulated entry's ndevs file exists and fails with EAGAIN.
     empty = max((p.name for p in (roce_port / "gids").iterdir()), key=int)
     (roce_port / "gid_attrs/ndevs" / empty).write_text("")
-    monkeypatch.setattr(reader_module, "os", _failing_os(f"mlx5_1/ports/1/gid_attrs/ndevs/{empty}", errno.EAGAIN))
+    RefusingReads(monkeypatch, errno.EAGAIN, {f"mlx5_1/ports/1/gid_attrs/ndevs/{empty}"})
     values = samples(scrape(root))
     assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
     assert {k: v for k, v in values.items() if k[0] == "rdma_port_gids" and ("device", "mlx5_1") in k[1]} == roce_gids
     # An IB port: the populated entry 0's type fails with EINVAL.
     assert (ib_port / "gid_attrs/types/0").read_text().strip() == "IB/RoCE v1"
-    monkeypatch.setattr(reader_module, "os", _failing_os("mlx5_0/ports/1/gid_attrs/types/0", errno.EINVAL))
+    RefusingReads(monkeypatch, errno.EINVAL, {"mlx5_0/ports/1/gid_attrs/types/0"})
     values = samples(scrape(root))
     assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
     assert not any(k[0] == "rdma_port_gids" and ("device", "mlx5_0") in k[1] for k in values)
@@ -929,7 +913,7 @@ def test_an_empty_gid_entry_that_fails_with_eagain_is_empty_not_an_error(
     empty = max((p.name for p in (port / "gids").iterdir()), key=int)
     assert not (port / "gids" / empty).read_text().replace(":", "").strip().strip("0")
     baseline = samples(scrape(root))
-    monkeypatch.setattr(reader_module, "os", _failing_os(f"mlx5_0/ports/1/gids/{empty}", errno.EAGAIN))
+    RefusingReads(monkeypatch, errno.EAGAIN, {f"mlx5_0/ports/1/gids/{empty}"})
     values = samples(scrape(root))
     assert not any(name == "rdma_exporter_file_read_errors_total" for name, _ in values)
     assert {k: v for k, v in values.items() if k[0] == "rdma_port_gids"} == {

@@ -5,26 +5,13 @@ from __future__ import annotations
 
 import errno
 import os
-import types
 from pathlib import Path
 
 import pytest
 
-from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.reader import FileBudget, OpenFiles, ReadErrors, SysfsReader, link_name, list_dir
 
-
-def failing_os(path_suffix: str, code: int) -> types.SimpleNamespace:
-    """The reader's `os` module, except that reads of files ending in `path_suffix` fail with `code`."""
-
-    def read(fd: int, size: int) -> bytes:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(path_suffix):
-            raise OSError(code, os.strerror(code))
-        return os.read(fd, size)
-
-    fake = types.SimpleNamespace(**{name: getattr(os, name) for name in dir(os) if not name.startswith("__")})
-    fake.read = read
-    return fake
+from conftest import RefusingReads
 
 
 @pytest.mark.parametrize(
@@ -50,7 +37,7 @@ def test_each_errno_is_counted_under_its_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, reason: str
 ) -> None:
     (tmp_path / "rate").write_text("100 Gb/sec (4X EDR)\n")
-    monkeypatch.setattr(reader_module, "os", failing_os("/rate", code))
+    RefusingReads(monkeypatch, code, {"/rate"})
     errors = ReadErrors()
     assert SysfsReader("mlx5_0", errors).text(tmp_path / "rate") is None
     assert errors.counts == {("mlx5_0", reason): 1}
@@ -85,7 +72,7 @@ def test_failed_and_one_off_reads_leave_no_fd_open(tmp_path: Path) -> None:
 def test_an_optional_attribute_that_fails_is_still_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `optional` excuses a file that does not exist (no `lid` on a RoCE port), not one that fails.
     (tmp_path / "lid").write_text("0x1\n")
-    monkeypatch.setattr(reader_module, "os", failing_os("/lid", errno.EIO))
+    RefusingReads(monkeypatch, errno.EIO, {"/lid"})
     errors = ReadErrors()
     reader = SysfsReader("mlx5_0", errors)
     assert reader.uint(tmp_path / "lid", optional=True, base=0) is None
