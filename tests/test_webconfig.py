@@ -418,6 +418,13 @@ def test_basic_auth_refuses_malformed_credentials_like_go_does(
     assert status("Basic " + good) == 200
 
 
+def webconfig_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """webconfig's monotonic clock, at now[0] (1000.0 to start), moved by the test."""
+    now = [1000.0]
+    monkeypatch.setattr(webconfig, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    return now
+
+
 def test_the_auth_cache_is_bounded_and_evicts_the_least_recently_used_entry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -427,8 +434,7 @@ def test_the_auth_cache_is_bounded_and_evicts_the_least_recently_used_entry(
     text = "basic_auth_users:\n" + "".join(f"  u{i}: '{hashed}'\n" for i in range(size + 2))
     auth = load_web_config(web_config(tmp_path, text)).auth
     assert auth is not None
-    now = [1000.0]
-    monkeypatch.setattr(webconfig, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    now = webconfig_clock(monkeypatch)
     checked: list[str] = []
 
     def login(user: str) -> bool:
@@ -539,8 +545,7 @@ def test_a_login_in_use_stays_remembered_and_only_unknown_ones_are_costly(
     # needs_bcrypt runs on the server's loop thread for every request: it must never hash, and must say
     # True exactly for the headers that check() would run bcrypt on.
     auth = users(tmp_path, prometheus=bcrypt_hash("pw"))
-    now = [1000.0]
-    monkeypatch.setattr(webconfig, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    now = webconfig_clock(monkeypatch)
     hashed: list[bytes] = []
     real_checkpw = bcrypt.checkpw
     monkeypatch.setattr(webconfig.bcrypt, "checkpw", lambda pw, h: hashed.append(pw) or real_checkpw(pw, h))
@@ -567,8 +572,7 @@ def test_a_login_is_remembered_until_it_goes_unused_for_five_minutes(
 ) -> None:
     # operations.md promises 5 minutes. (The other cache tests count in AUTH_CACHE_SECONDS, whatever it is.)
     auth = users(tmp_path, prometheus=bcrypt_hash("pw"))
-    now = [1000.0]
-    monkeypatch.setattr(webconfig, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    now = webconfig_clock(monkeypatch)
     good = basic("prometheus", "pw")["Authorization"]
     assert auth.check(good)
     now[0] += 5 * 60 - 1
