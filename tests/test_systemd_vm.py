@@ -7,7 +7,9 @@ the config are, since this machine has no /opt/rdma-exporter install. The test u
 service, scrapes it, reads its state and its process's credentials, reloads it, scrapes again and saves
 the journal; the tests here read what it saved. Then, in the same boot, it turns TLS on as the unit's
 comments and docs/operations.md say: a second drop-in (TLS_DROP_IN) with LoadCredential= for a root-only
-key and the shipped web-config.yml, daemon-reload, restart, and an HTTPS scrape verified against the test CA.
+key and the shipped web-config.yml, daemon-reload, restart, and an HTTPS scrape verified against the test
+CA. Last, a third drop-in gives it an invalid flag: the unit must fail once and stay failed
+(RestartPreventExitStatus=), not loop.
 
 What can only show at run time does show here: a syscall the filter denies, a path the mount sandbox
 hides, READY=1 not reaching systemd (Type=notify would time out), the ethtool ioctl or the netlink socket
@@ -17,7 +19,7 @@ Needs what tests/test_real_kernel.py needs, and systemd (252 here). Measured on 
 nested /dev/kvm hangs its guests: 70-78 s for the module (a 15 s KVM probe, then TCG, of which
 about 10 s to systemd's first unit, 10 s for Python to import the exporter, and 18-23 s for the TLS phase:
 daemon-reload, the restart's second import, the first scrape); 64-69 s with RDMA_EXPORTER_VM_ACCEL=tcg.
-Before the TLS phase it was 61 s and 44 s.
+Before the TLS phase it was 61 s and 44 s; the invalid-configuration phase adds about 20 s (98 s in all).
 
 Shown failing, each on a scratch copy of the unit: SystemCallFilter=~ioctl (the listener's FIONBIO is
 refused: "cannot listen ... Operation not permitted", a restart loop) and AF_UNIX left out of
@@ -27,7 +29,8 @@ socket ...)") or --no-collector.ethtool the third; ExecReload=/bin/true the four
 ("open-file limit 1024: keeping 384 sysfs files open instead of 16384") the fifth. The TLS tests (the last
 two) fail, and only they, with the key's LoadCredential= naming a file that is not there ("Failed to set up
 credentials", status=243/CREDENTIALS, a restart loop), and with no LoadCredential= and a web config naming
-the 0600 source key itself ("cannot load ... tls.key: [Errno 13] Permission denied", status=2).
+the 0600 source key itself ("cannot load ... tls.key: [Errno 13] Permission denied", status=2). The last
+test fails without RestartPreventExitStatus=2 (ActiveState "activating", NRestarts 6 after the watch).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import pytest
 from vm.harness import NETDEV, VM_OUT, VmResult
 from vm.systemd import NIC_NETDEV, NIC_RDMA, SYSTEMD, UNIT_DIR, boot_systemd
 
+from rdma_exporter.config import EXIT_CONFIG
 from rdma_exporter.daemon import FD_RESERVE
 from rdma_exporter.parse.reader import DEFAULT_MAX_OPEN_FILES
 
@@ -119,6 +123,14 @@ LoadCredential=tls.key:{TLS_DIR}/tls.key
 Environment=RDMA_EXPORTER_ARGS=--web.config.file={OPT}/deploy/web-config.yml
 """
 
+# The invalid-configuration phase: a flag value the exporter refuses (status 2, EXIT_CONFIG), given as an
+# operator would through RDMA_EXPORTER_ARGS; it sorts after tls.conf, so its setting wins.
+INVALID_DROP_IN = """\
+[Service]
+Environment=RDMA_EXPORTER_ARGS=--devices.exclude=mlx5_[0-
+"""
+INVALID_WATCH_SECONDS = 12
+
 
 def make_tls(directory: Path) -> None:
     """ca.crt, and tls.crt/tls.key (mode 0600) for TLS_NAME signed by it, as an operator's PKI would."""
@@ -178,6 +190,17 @@ stat -c '%a %u' {TLS_DIR}/tls.key > $out/key-mode.txt
 journalctl --sync
 journalctl -u $unit --after-cursor="$cursor" -o short-monotonic --no-pager > $out/journal-tls.txt 2>&1
 systemctl status $unit --no-pager > $out/status-tls.txt 2>&1 || :  # 3 when not running: not the exit
+# An invalid configuration: the unit must fail once and stay failed, not restart every RestartSec=.
+cursor=$(journalctl -u $unit -n 1 --show-cursor -q -o cat | sed -n 's/^-- cursor: //p')
+cat > {UNIT_DIR}/{UNIT}.d/zz-invalid.conf <<'EOF'
+{INVALID_DROP_IN}EOF
+systemctl daemon-reload
+systemctl restart $unit; echo $? > $out/invalid-restart-exit.txt
+for i in $(seq 100); do [ "$(systemctl show -p ActiveState --value $unit)" = failed ] && break; sleep 0.2; done
+sleep {INVALID_WATCH_SECONDS}  # two RestartSec= and more: a restart, if one were scheduled, has begun
+show invalid
+journalctl --sync
+journalctl -u $unit --after-cursor="$cursor" -o short-monotonic --no-pager > $out/journal-invalid.txt 2>&1
 """
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -370,3 +393,17 @@ def test_journal_after_the_tls_restart_is_clean(vm: VmResult) -> None:
     lines = [line for line in journal_tls.splitlines() if DENIED.search(line) or FAILED.search(line)]
     assert lines == [], journal_tls
     assert "Started rdma-exporter.service" in journal_tls, journal_tls
+
+
+def test_an_invalid_configuration_fails_the_unit_once_without_a_restart_loop(vm: VmResult) -> None:
+    """RestartPreventExitStatus= names EXIT_CONFIG: a typo in the flags leaves the unit failed, with the
+    reason in the journal once, instead of a new start (and the same error) every RestartSec=."""
+    state = show(vm, "invalid")
+    journal_invalid = read(vm, "journal-invalid.txt")
+    assert read(vm, "invalid-restart-exit.txt").strip() != "0", journal_invalid
+    assert (state["ActiveState"], state["Result"]) == ("failed", "exit-code"), (state, journal_invalid)
+    assert state["ExecMainStatus"] == str(EXIT_CONFIG), (state, journal_invalid)
+    assert state["NRestarts"] == "0", (state, journal_invalid)
+    assert "Scheduled restart" not in journal_invalid, journal_invalid
+    reasons = re.findall(r"invalid configuration: .*devices\.exclude.*", journal_invalid)
+    assert len(reasons) == 1, journal_invalid

@@ -19,6 +19,7 @@ from .config import (
     COLLECTORS,
     DEFAULT_LISTEN,
     DEFAULT_READ_THREADS,
+    EXIT_CONFIG,
     LOG_LEVELS,
     Config,
     ConfigError,
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve_config(args)
     except ConfigError as exc:
         print(f"rdma-exporter: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     from .webconfig import load_web_config
 
     try:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         web = load_web_config(config.web_config_file)
     except ConfigError as exc:
         print(f"rdma-exporter: invalid web configuration: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if args.check_config:
         source = config.config_file or "defaults and flags"
         print(f"rdma-exporter: configuration OK ({source}; web: {web.describe()})")

@@ -30,6 +30,11 @@ MAX_READ_THREADS: Final = 64
 MAX_OPEN_FILES: Final = 1_000_000
 
 
+# The exit status of an invalid configuration, as argparse's for an unknown flag. Restarting cannot fix
+# it, so the systemd unit names it in RestartPreventExitStatus= (a restart loop every RestartSec= otherwise).
+EXIT_CONFIG: Final = 2
+
+
 class ConfigError(Exception):
     """An invalid setting: `str()` names the source (file or flag), the key and the reason."""
 

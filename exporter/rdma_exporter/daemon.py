@@ -38,7 +38,7 @@ from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
 from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
-from .config import MIN_DEADLINE_SECONDS, Config, ConfigError
+from .config import EXIT_CONFIG, MIN_DEADLINE_SECONDS, Config, ConfigError
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
@@ -459,7 +459,7 @@ def run(config: Config, reload: Callable[[], Config] | None = None) -> int:
         daemon = Daemon(config, reload)
     except ConfigError as exc:
         log.error("invalid web configuration: %s", exc)
-        return 2
+        return EXIT_CONFIG
     except OSError as exc:
         log.error("cannot listen on %s: %s", config.listen_address, exc)
         return 1
