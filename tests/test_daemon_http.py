@@ -2195,6 +2195,54 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     assert daemon.stop() == 0
 
 
+def test_a_reload_refuses_an_empty_file_that_start_up_takes_as_the_defaults(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
+) -> None:
+    """Config management truncates a file before it writes it: a reload in between must not drop the
+    device filter, nor turn basic auth off. An explicit `{}` still means the defaults."""
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  p: '{hashed}'\n")
+    config = tmp_path / "rdma-exporter.yml"
+    config.write_text(f'devices:\n  exclude: "mlx5_1"\nweb:\n  config_file: {web}\n')
+    daemon = start("--path.sysfs", str(tree), "--config.file", str(config))
+    auth = basic("p", "pw")
+
+    def reload_and_wait(expect: str) -> str:
+        before = daemon.log()
+        daemon.proc.send_signal(signal.SIGHUP)
+        end = time.monotonic() + 10
+        while daemon.log().count(expect) == before.count(expect):
+            assert time.monotonic() < end, daemon.log()
+            time.sleep(0.05)
+        return daemon.log()[len(before):]
+
+    def devices() -> float:
+        return samples(get(daemon.port, headers=auth).body.decode())[("rdma_exporter_devices", ())]
+
+    assert devices() == 2 and get(daemon.port).status == 401
+    config.write_text("")
+    assert f"{config}: (file): empty" in reload_and_wait("reload rejected")
+    assert devices() == 2
+
+    config.write_text(f'devices:\n  exclude: "mlx5_1"\nweb:\n  config_file: {web}\n')
+    web.write_text("# being rewritten\n")  # only a comment: no document, as empty
+    assert f"{web}: (file): empty" in reload_and_wait("reload rejected")
+    assert get(daemon.port).status == 401 and devices() == 2
+
+    web.write_text("{}\n")
+    reload_and_wait("reloaded")
+    assert get(daemon.port).status == 200
+    assert daemon.stop() == 0
+
+    # At start-up an empty file is the defaults, as node_exporter takes an empty web config.
+    config.write_text("")
+    web.write_text("")
+    fresh = start("--path.sysfs", str(tree), "--config.file", str(config), "--web.config.file", str(web))
+    assert samples(get(fresh.port).body.decode())[("rdma_exporter_devices", ())] == 3
+    assert fresh.stop() == 0
+
+
 def test_systemd_is_told_ready_reloading_and_stopping(
     start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -113,13 +113,15 @@ def _number(text: str) -> float | str:
         return text
 
 
-def resolve_config(args: argparse.Namespace) -> Config:
-    """Defaults < config file < explicit flags; every invalid value raises ConfigError."""
+def resolve_config(args: argparse.Namespace, *, reloading: bool = False) -> Config:
+    """Defaults < config file < explicit flags; every invalid value raises ConfigError. `reloading`
+    refuses an empty config file (config.read_yaml_file)."""
     config = Config()
     if args.config_file is not None:
         # An empty value (`--config.file=$CONFIG`, the variable unset) is refused, not taken for "no file":
         # the exporter would run on the defaults, without the file's devices.exclude.
-        config = load_config_file(Path(check_string("command line", "--config.file", args.config_file)), config)
+        path = Path(check_string("command line", "--config.file", args.config_file))
+        config = load_config_file(path, config, reloading=reloading)
     flag: dict[str, Any] = {}
     if args.listen_address is not None:
         flag["listen_address"] = check_listen("command line", "--web.listen-address", args.listen_address)
@@ -250,4 +252,4 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user")
     from .daemon import run
 
-    return run(served, reload=lambda: replace(resolve_config(args), **sample))
+    return run(served, reload=lambda: replace(resolve_config(args, reloading=True), **sample))

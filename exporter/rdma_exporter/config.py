@@ -362,9 +362,14 @@ def _yaml_error(source: str, text: str, exc: yaml.YAMLError) -> ConfigError:
 MAX_CONFIG_BYTES: Final = 4 * 2**20
 
 
-def read_yaml_file(path: Path) -> Any:
+def read_yaml_file(path: Path, *, reloading: bool = False) -> Any:
     """The one YAML document in `path` (load_yaml); any problem is a ConfigError naming the file, and a
-    syntax error its line and column. Shared by the config and the web config file."""
+    syntax error its line and column. Shared by the config and the web config file.
+
+    `reloading`: an empty document (no bytes, or only comments) is refused. At start-up it means the
+    defaults, as node_exporter takes an empty web config; on a reload it is far more often a file that
+    config management has truncated and not yet written, and taking it would silently drop every setting,
+    the web config's TLS and users among them."""
     source = str(path)
     try:
         text = read_regular_file(path, MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES // 2**20} MiB").decode("utf-8")
@@ -373,15 +378,21 @@ def read_yaml_file(path: Path) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(source, "(file)", "not UTF-8 text") from None
     try:
-        return load_yaml(text)
+        document = load_yaml(text)
     except RecursionError:  # PyYAML composes and constructs nested values recursively
         raise ConfigError(source, "(file)", "invalid YAML: values nested too deeply") from None
     except yaml.YAMLError as exc:
         raise _yaml_error(source, text, exc) from None
+    if document is None and reloading:
+        raise ConfigError(
+            source, "(file)", "empty: a reload would drop every setting in it (write {} to mean the defaults)"
+        )
+    return document
 
 
-def load_config_file(path: Path, base: Config | None = None) -> Config:
-    document = read_yaml_file(path)
+def load_config_file(path: Path, base: Config | None = None, *, reloading: bool = False) -> Config:
+    """The config file over `base`; `reloading` refuses an empty file (read_yaml_file)."""
+    document = read_yaml_file(path, reloading=reloading)
     return replace(parse_config(document, str(path), base, path.absolute().parent), config_file=path)
 
 

@@ -399,7 +399,7 @@ class Daemon:
                 if getattr(config, name) != getattr(old.config, name):
                     log.warning("reload: %s changed to %s; restart to apply it", name, getattr(config, name))
                     config = replace(config, **{name: getattr(old.config, name)})
-            web = load_web_config(config.web_config_file)
+            web = load_web_config(config.web_config_file, reloading=True)
             if web.auth is not None and old.web.auth is not None:
                 web.auth.remember_from(old.web.auth)  # no bcrypt wait for Prometheus after a reload
             udev = self.hotplug is not None and self.hotplug.running

@@ -388,12 +388,13 @@ def _headers(source: str, body: Mapping[str, Any]) -> dict[str, str]:
     return result
 
 
-def load_web_config(path: Path | None) -> WebConfig:
-    """Parse and check the whole file: certificates are loaded now, so a bad one stops start-up."""
+def load_web_config(path: Path | None, *, reloading: bool = False) -> WebConfig:
+    """Parse and check the whole file: certificates are loaded now, so a bad one stops start-up.
+    `reloading` refuses an empty file, which would otherwise turn TLS and basic auth off (read_yaml_file)."""
     if path is None:
         return WebConfig()
     source = str(path)
-    document = read_yaml_file(path)
+    document = read_yaml_file(path, reloading=reloading)
     top = _mapping(source, "", document, _TOP_KEYS)
     base = path.parent
     context, sans = _tls(source, top.get("tls_server_config"), base)
