@@ -261,11 +261,12 @@ def runbook_links(alerts: Iterable[str]) -> list[Json]:
 
 
 def node_link(field: str) -> Json:
-    """Data link from a series or row to the node-detail dashboard of its instance."""
+    """Data link from a series or row to the node-detail dashboard of its instance, keeping the data source,
+    job and cluster chosen here (the node's dashboard would otherwise open on its own saved ones)."""
     return {
         "title": "Node detail for ${" + field + "}",
-        "url": f"/d/{UIDS['node-detail']}/rdma-node-detail?${{datasource:queryparam}}&var-instance=${{{field}}}"
-        "&${__url_time_range}",
+        "url": f"/d/{UIDS['node-detail']}/rdma-node-detail?${{datasource:queryparam}}&${{job:queryparam}}"
+        f"&${{cluster:queryparam}}&var-instance=${{{field}}}&${{__url_time_range}}",
     }
 
 

@@ -412,6 +412,38 @@ def test_json_is_what_build_py_generates() -> None:
         assert path.read_text() == generated[path.name], f"{path.name} is stale: run python grafana/build.py"
 
 
+def test_drill_down_links_keep_the_selection_the_row_does_not_set() -> None:
+    """A data link to another dashboard passes, as `var-` parameters, every template variable of the target
+    that the source dashboard also has, except what the clicked row sets (its instance) and the device and
+    port lists (the target's own choice): otherwise a fleet filtered to one job and cluster opens the node
+    on the target's saved job and cluster."""
+    dashboards = {load(path)["uid"]: load(path) for path in DASHBOARD_FILES}
+    names = {uid: {v["name"] for v in d["templating"]["list"]} for uid, d in dashboards.items()}
+
+    def links(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            if isinstance(node.get("url"), str) and node["url"].startswith("/d/"):
+                yield node["url"]
+            for value in node.values():
+                yield from links(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from links(value)
+
+    checked = 0
+    for uid, dashboard in dashboards.items():
+        for url in links(dashboard):
+            target = url.removeprefix("/d/").split("/", 1)[0]
+            assert target in dashboards, f"{dashboard['title']}: link to an unknown dashboard: {url}"
+            query = url.partition("?")[2].split("&")
+            passed = {p.removeprefix("var-").split("=", 1)[0] for p in query if p.startswith("var-")}
+            passed |= {m for p in query for m in re.findall(r"^\$\{(\w+):queryparam\}$", p)}
+            wanted = (names[target] & names[uid]) - {"instance", "device", "port"}
+            assert "instance" in passed and wanted <= passed, f"{dashboard['title']}: {url} misses {wanted - passed}"
+            checked += 1
+    assert checked >= 3
+
+
 @pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
 def test_dashboard_settings(path: Path) -> None:
     board = load(path)
