@@ -131,3 +131,23 @@ def test_a_text_attribute_that_is_not_utf8_is_malformed(tmp_path: Path) -> None:
     assert reader.text(tmp_path / "node_desc") is None
     assert reader.text(tmp_path / "board_id") == "MT_0000000838 \u00b5"
     assert errors.counts == {("mlx5_0", "malformed"): 1}
+
+
+def test_a_counter_that_answered_without_the_kept_files_is_a_fault_when_it_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine's device-only job reads beside the job that holds the kept files, with their record as
+    # `memory`: a counter that gives a value there has answered, so a later EINVAL is a failing firmware
+    # query (io, on every read), not a counter the device does not have (unsupported, left out a minute).
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    (counters / "symbol_error").write_text("7\n")
+    kept = OpenFiles(FileBudget(8))
+    errors = ReadErrors()
+    beside = SysfsReader("mlx5_0", errors, None, memory=kept)
+    assert beside.uints(str(counters), ["symbol_error"]) == {"symbol_error": 7}
+    RefusingReads(monkeypatch, errno.EINVAL, {"/symbol_error"})
+    for reader in (beside, SysfsReader("mlx5_0", errors, kept)):
+        assert reader.uints(str(counters), ["symbol_error"]) == {}
+    assert errors.counts == {("mlx5_0", "io"): 2}
+    assert kept.refused == {}

@@ -272,9 +272,7 @@ class OpenFiles:
             os.close(fd)
             raise
         # Once per file while kept (the reads above are the first); every read of a file kept nowhere.
-        answered = self._answered.get(directory, ())
-        if name not in answered:
-            self._answered[directory] = (*answered, sys.intern(name))
+        self._note_answered(directory, name)
         if self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
             if kept is None:
                 kept = self._watch(directory)
@@ -312,6 +310,16 @@ class OpenFiles:
         for fd in kept.fds.values():
             _close(fd)
         self._budget.give(len(kept.fds))
+
+    def _note_answered(self, directory: str, name: str) -> None:
+        answered = self._answered.get(directory, ())
+        if name not in answered:
+            self._answered[directory] = (*answered, sys.intern(name))
+
+    def note_answered(self, path: str) -> None:
+        """Record that `path` gave a value through a read that did not use these files (a device-only job)."""
+        directory, _, name = path.rpartition("/")
+        self._note_answered(directory, name)
 
     def has_answered(self, path: str) -> bool:
         """Whether `path` has given a value through this object."""
@@ -426,7 +434,11 @@ class SysfsReader:
         try:
             if self.files is not None:
                 return self.files.read(path if type(path) is str else os.fspath(path))
-            return _read_once(path)
+            raw = _read_once(path)
+            if counter and self.memory is not None:
+                # A device-only job: what answers here is a fault when it later refuses, as in the kept files.
+                self.memory.note_answered(os.fspath(path))
+            return raw
         except OSError as exc:
             if (optional and exc.errno == errno.ENOENT) or exc.errno in absent_errnos:
                 return None
