@@ -151,3 +151,16 @@ def test_a_counter_that_answered_without_the_kept_files_is_a_fault_when_it_refus
         assert reader.uints(str(counters), ["symbol_error"]) == {}
     assert errors.counts == {("mlx5_0", "io"): 2}
     assert kept.refused == {}
+
+
+def test_a_file_longer_than_any_attribute_is_malformed_not_cut(tmp_path: Path) -> None:
+    # Reads stop at 8 KiB (a sysfs attribute is one page); what was read of a longer file is not its value.
+    (tmp_path / "board_id").write_text("MT_0000000838" + " " * 9000 + "\n")
+    (tmp_path / "node_desc").write_text("h" * 8190 + "\n")  # one byte short of the limit: still a value
+    errors = ReadErrors()
+    for files in (None, OpenFiles(FileBudget(8))):
+        reader = SysfsReader("mlx5_0", errors, files)
+        assert reader.text(tmp_path / "board_id") is None
+        assert reader.text(str(tmp_path / "node_desc")) == "h" * 8190
+    assert errors.counts == {("mlx5_0", "malformed"): 2}
+    assert "8192 bytes or more" in errors.last[("mlx5_0", "malformed")]

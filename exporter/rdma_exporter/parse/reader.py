@@ -453,6 +453,9 @@ class SysfsReader:
             return None
 
     def _decode(self, path: str | os.PathLike[str], raw: bytes) -> str | None:
+        if len(raw) >= _READ_LIMIT:  # the read stopped at the limit: no attribute is this long
+            self.fail(REASON_MALFORMED, path, f"{_READ_LIMIT} bytes or more: not a sysfs attribute")
+            return None
         try:
             value = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
