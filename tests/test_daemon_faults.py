@@ -280,6 +280,30 @@ def test_a_counter_the_device_refuses_stays_unsupported_beside_a_stalled_netdev_
     assert refusing.attempts == {"mlx5_8/ports/1/counters/symbol_error": 1}
 
 
+def test_a_roce_lag_device_keeps_its_infiniband_series_while_its_bonds_slave_list_waits_for_rtnl(
+    tmp_path: Path, fifos: Fifos
+) -> None:
+    # bonding/slaves takes the rtnl lock too. The device's static info names the bond's slaves from the
+    # lower_* links instead, so a stall from the first scrape on (or during a static re-read) costs only
+    # the netdev series, read after the device's own (before, the static read blocked, and the LAG
+    # device's port state and counters vanished with it).
+    from test_collect_roce import _bond, _function
+
+    root = tmp_path / "t"
+    _function(root, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(root, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(root, "bond0", ["ens1f0np0", "ens1f1np1"])
+    fifos.make(root / "devices/virtual/net/bond0/bonding/slaves")
+    collector = collector_for(root, 1.5)
+    for attempt in range(3):
+        metrics, _ = timed_scrape(collector)
+        port = {"device": "mlx5_bond_0", "port": "1"}
+        assert value(metrics, "rdma_port_state", **port, state="ACTIVE") == 1, attempt
+        assert value(metrics, "rdma_port_receive_data_bytes_total", **port) == 4, attempt
+        assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_bond_0", reads="device") is None
+    assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_bond_0", reads="netdev") is not None
+
+
 def test_a_netdev_read_stalled_on_rtnl_costs_only_that_devices_netdev_series(tmp_path: Path, fifos: Fifos) -> None:
     # class/net attributes such as speed (and the ethtool ioctl) wait in the kernel for the rtnl lock,
     # which another NIC's driver or a busy node can hold for minutes. The HCA's own reads need no rtnl:

@@ -25,7 +25,7 @@ from rdma_exporter.parse.netdev import (
 )
 from rdma_exporter.parse.reader import REASON_MALFORMED, REASON_MISSING, ReadErrors, SysfsReader
 
-from conftest import symlink, write_files
+from conftest import RefusingReads, symlink, write_files
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 PROCFS_SYS = FIXTURES / "prometheus-procfs" / "sys"
@@ -494,6 +494,22 @@ def test_bond_slaves_and_mode_are_state_not_identity(tmp_path: Path) -> None:
     assert bond is not None
     assert (bond.bond_slaves, bond.bond_mode) == (("ens1f1np1",), "active-backup")
     assert reader.errors.total() == 0
+
+
+def test_a_bonds_identity_names_its_slaves_from_lower_links_without_rtnl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bonding/slaves waits in the kernel for the rtnl lock, which a busy node can hold for minutes; the
+    # static read of a RoCE LAG device must not, or the stall hides its InfiniBand side too. Its per-scrape
+    # read (the netdev source, read after the device's own sources) still takes it.
+    bond_tree(tmp_path)
+    for slave in ("ens1f1np1", "ens1f0np0"):
+        symlink(tmp_path, f"class/net/bond0/lower_{slave}", f"class/net/{slave}")
+    stalled = RefusingReads(monkeypatch, errno.EIO, {"/bonding/slaves"})
+    reader = SysfsReader("bond0")
+    identity = read_netdev_identity(tmp_path, "bond0", reader)
+    assert identity is not None and set(identity.bond_slaves) == {"ens1f0np0", "ens1f1np1"}
+    assert stalled.attempts == {} and reader.errors.total() == 0
 
 
 def test_function_netdevs_without_port_numbers_all_belong_to_the_port(tmp_path: Path) -> None:

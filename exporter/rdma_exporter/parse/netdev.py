@@ -219,7 +219,12 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
     is_bond_master = (net_dir / "bonding").is_dir()
     slaves: tuple[str, ...] = ()
     if is_bond_master:
-        slaves = _bond_slaves(reader.text(net_dir / "bonding" / "slaves", optional=True))
+        # The lower_* links name the slaves without bonding/slaves, whose read waits for the rtnl lock:
+        # a stall there would hold up the whole device's static read, IB ports included. A bond without
+        # them (no slaves, or a kernel before 3.13) still has the file read.
+        slaves = tuple(e[len("lower_") :] for e in list_dir(net_dir, reader) if e.startswith("lower_"))
+        if not slaves:
+            slaves = _bond_slaves(reader.text(net_dir / "bonding" / "slaves", optional=True))
     return NetdevIdentity(
         name=name,
         ifindex=reader.uint(net_dir / "ifindex", optional=True),
