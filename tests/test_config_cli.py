@@ -15,7 +15,7 @@ import pytest
 
 from rdma_exporter import __version__, cli
 from rdma_exporter.cli import LogfmtFormatter, build_parser, resolve_config, use_sample_tree
-from rdma_exporter.config import DEFAULT_PORT, Config, ConfigError, load_config_file
+from rdma_exporter.config import DEFAULT_PORT, EXIT_CONFIG, EXIT_UNAVAILABLE, Config, ConfigError, load_config_file
 
 from conftest import SYSFS_FIXTURES, record_reads, samples, scrape
 
@@ -91,9 +91,10 @@ def test_invalid_config_names_file_key_and_reason(tmp_path: Path, text: str, key
     assert info.value.source == str(path)
     assert info.value.key == key
     assert reason in info.value.reason
-    # The daemon refuses to start with the same message.
+    # The daemon refuses to start with the same message; a directory that is not there may be mounted
+    # later, so its exit status lets systemd restart (EXIT_UNAVAILABLE), an invalid value's does not.
     result = run_cli("--config.file", str(path), "--check-config")
-    assert result.returncode == 2
+    assert result.returncode == (EXIT_UNAVAILABLE if "/nonexistent/" in text else EXIT_CONFIG)
     assert f"{path}: {key}: " in result.stderr
 
 
@@ -132,7 +133,8 @@ def test_an_unreadable_config_file_is_named_with_the_reason(tmp_path: Path, name
     # The OS's reason alone, not Python's "[Errno 2] ...: '<the path again>'".
     path = tmp_path / name
     result = run_cli("--config.file", str(path))
-    assert result.returncode == 2
+    # A file not there yet (config management writes it after the unit starts) is worth a restart.
+    assert result.returncode == (EXIT_UNAVAILABLE if name else EXIT_CONFIG)
     assert result.stderr == f"rdma-exporter: invalid configuration: {path}: (file): cannot read: {reason}\n"
 
 
@@ -236,8 +238,11 @@ def test_invalid_flag_value(flag: str, value: str) -> None:
 def test_missing_directory_flag_stops_start_up(tmp_path: Path, flag: str) -> None:
     # A typo, or a container started without its host /sys mount, must not look like a node without RDMA.
     result = run_cli(flag, str(tmp_path / "absent"), "--check-config")
-    assert result.returncode == 2
+    assert result.returncode == EXIT_UNAVAILABLE
     assert f"command line: {flag}: not a directory: {tmp_path / 'absent'}" in result.stderr
+    (tmp_path / "a-file").write_text("")  # there, and no directory: that stays so
+    result = run_cli(flag, str(tmp_path / "a-file"), "--check-config")
+    assert result.returncode == EXIT_CONFIG
 
 
 # Superscript two is a digit to str.isdigit() but not to int(): it once ended start-up with a ValueError

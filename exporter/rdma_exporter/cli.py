@@ -19,7 +19,6 @@ from .config import (
     COLLECTORS,
     DEFAULT_LISTEN,
     DEFAULT_READ_THREADS,
-    EXIT_CONFIG,
     LOG_LEVELS,
     Config,
     ConfigError,
@@ -33,6 +32,7 @@ from .config import (
     check_seconds,
     check_string,
     check_telemetry_path,
+    exit_status,
     load_config_file,
 )
 from .parse.reader import DEFAULT_MAX_OPEN_FILES
@@ -113,15 +113,13 @@ def _number(text: str) -> float | str:
         return text
 
 
-def resolve_config(args: argparse.Namespace, *, reloading: bool = False) -> Config:
-    """Defaults < config file < explicit flags; every invalid value raises ConfigError. `reloading`
-    refuses an empty config file (config.read_yaml_file)."""
+def resolve_config(args: argparse.Namespace) -> Config:
+    """Defaults < config file < explicit flags; every invalid value raises ConfigError."""
     config = Config()
     if args.config_file is not None:
         # An empty value (`--config.file=$CONFIG`, the variable unset) is refused, not taken for "no file":
         # the exporter would run on the defaults, without the file's devices.exclude.
-        path = Path(check_string("command line", "--config.file", args.config_file))
-        config = load_config_file(path, config, reloading=reloading)
+        config = load_config_file(Path(check_string("command line", "--config.file", args.config_file)), config)
     flag: dict[str, Any] = {}
     if args.listen_address is not None:
         flag["listen_address"] = check_listen("command line", "--web.listen-address", args.listen_address)
@@ -229,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         config = resolve_config(args)
     except ConfigError as exc:
         print(f"rdma-exporter: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return exit_status(exc)
     from .webconfig import load_web_config
 
     try:
@@ -237,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         web = load_web_config(config.web_config_file)
     except ConfigError as exc:
         print(f"rdma-exporter: invalid web configuration: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return exit_status(exc)
     if args.check_config:
         source = config.config_file or "defaults and flags"
         print(f"rdma-exporter: configuration OK ({source}; web: {web.describe()})")
@@ -252,4 +250,4 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user")
     from .daemon import run
 
-    return run(served, reload=lambda: replace(resolve_config(args, reloading=True), **sample))
+    return run(served, reload=lambda: replace(resolve_config(args), **sample))

@@ -7,6 +7,7 @@ was told to leave alone.
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,9 @@ MAX_OPEN_FILES: Final = 1_000_000
 # The exit status of an invalid configuration, as argparse's for an unknown flag. Restarting cannot fix
 # it, so the systemd unit names it in RestartPreventExitStatus= (a restart loop every RestartSec= otherwise).
 EXIT_CONFIG: Final = 2
+# A file or directory the configuration names that is not there or cannot be read (ConfigUnavailable):
+# it may appear later, as a certificate issued by another unit after boot, so systemd restarts on this one.
+EXIT_UNAVAILABLE: Final = 1
 
 
 class ConfigError(Exception):
@@ -43,6 +47,24 @@ class ConfigError(Exception):
         self.source = source
         self.key = key
         self.reason = reason
+
+
+class ConfigUnavailable(ConfigError):
+    """A file or directory the configuration names is missing or unreadable, rather than invalid."""
+
+
+def exit_status(exc: ConfigError) -> int:
+    return EXIT_UNAVAILABLE if isinstance(exc, ConfigUnavailable) else EXIT_CONFIG
+
+
+# A named file that is not there, or that this user may not read: either may change without an edit of
+# the configuration. Anything else (a directory, a FIFO, EIO, too large) is the file's own fault.
+_UNAVAILABLE_ERRNOS: Final = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM})
+
+
+def file_error(exc: OSError) -> type[ConfigError]:
+    """The ConfigError class for a configured file that could not be read with `exc`."""
+    return ConfigUnavailable if exc.errno in _UNAVAILABLE_ERRNOS else ConfigError
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,8 @@ class Config:
     collector_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Which settings came from where, for `--check-config` and logs.
     config_file: Path | None = None
+    # The config file held no document (empty, or only comments): see read_yaml_file.
+    config_file_empty: bool = False
     # `sysfs` is the bundled sample tree of made-up devices (cli.use_sample_tree), said in the metrics.
     sample_tree: bool = False
 
@@ -98,7 +122,8 @@ def check_required_directory(source: str, key: str, value: Any) -> Path:
     --check-config as no directory at all, and the daemon then failed on it with a traceback."""
     path = Path(check_string(source, key, value))
     if not path.is_dir():
-        raise ConfigError(source, key, f"not a directory: {path}")
+        error = ConfigError if path.exists() else ConfigUnavailable  # a mount may come later; a file stays
+        raise error(source, key, f"not a directory: {path}")
     return path
 
 
@@ -362,38 +387,32 @@ def _yaml_error(source: str, text: str, exc: yaml.YAMLError) -> ConfigError:
 MAX_CONFIG_BYTES: Final = 4 * 2**20
 
 
-def read_yaml_file(path: Path, *, reloading: bool = False) -> Any:
-    """The one YAML document in `path` (load_yaml); any problem is a ConfigError naming the file, and a
-    syntax error its line and column. Shared by the config and the web config file.
-
-    `reloading`: an empty document (no bytes, or only comments) is refused. At start-up it means the
-    defaults, as node_exporter takes an empty web config; on a reload it is far more often a file that
-    config management has truncated and not yet written, and taking it would silently drop every setting,
-    the web config's TLS and users among them."""
+def read_yaml_file(path: Path) -> Any:
+    """The one YAML document in `path` (load_yaml), None for an empty file (no bytes, or only comments);
+    any problem is a ConfigError naming the file, and a syntax error its line and column. Shared by the
+    config and the web config file."""
     source = str(path)
     try:
         text = read_regular_file(path, MAX_CONFIG_BYTES, f"{MAX_CONFIG_BYTES // 2**20} MiB").decode("utf-8")
     except OSError as exc:
-        raise ConfigError(source, "(file)", f"cannot read: {exc.strerror or exc}") from None
+        raise file_error(exc)(source, "(file)", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(source, "(file)", "not UTF-8 text") from None
     try:
-        document = load_yaml(text)
+        return load_yaml(text)
     except RecursionError:  # PyYAML composes and constructs nested values recursively
         raise ConfigError(source, "(file)", "invalid YAML: values nested too deeply") from None
     except yaml.YAMLError as exc:
         raise _yaml_error(source, text, exc) from None
-    if document is None and reloading:
-        raise ConfigError(
-            source, "(file)", "empty: a reload would drop every setting in it (write {} to mean the defaults)"
-        )
-    return document
 
 
-def load_config_file(path: Path, base: Config | None = None, *, reloading: bool = False) -> Config:
-    """The config file over `base`; `reloading` refuses an empty file (read_yaml_file)."""
-    document = read_yaml_file(path, reloading=reloading)
-    return replace(parse_config(document, str(path), base, path.absolute().parent), config_file=path)
+def load_config_file(path: Path, base: Config | None = None) -> Config:
+    document = read_yaml_file(path)
+    config = parse_config(document, str(path), base, path.absolute().parent)
+    return replace(config, config_file=path, config_file_empty=document is None)
+
+
+EMPTY_ON_RELOAD: Final = "empty: a reload would drop every setting in it (write {} to mean the defaults)"
 
 
 # Collectors register their `collector.<name>` validators on import; import them here so that a config

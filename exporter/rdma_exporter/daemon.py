@@ -38,7 +38,7 @@ from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
 from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
-from .config import EXIT_CONFIG, MIN_DEADLINE_SECONDS, Config, ConfigError
+from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, exit_status
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
@@ -399,7 +399,13 @@ class Daemon:
                 if getattr(config, name) != getattr(old.config, name):
                     log.warning("reload: %s changed to %s; restart to apply it", name, getattr(config, name))
                     config = replace(config, **{name: getattr(old.config, name)})
-            web = load_web_config(config.web_config_file, reloading=True)
+            web = load_web_config(config.web_config_file)
+            # A file that config management has truncated and not yet written: taking it would drop every
+            # setting in it, a web config's TLS and users among them. One that was empty already is fine.
+            if config.config_file_empty and not old.config.config_file_empty:
+                raise ConfigError(str(config.config_file), "(file)", EMPTY_ON_RELOAD)
+            if web.empty and not (old.web.empty and old.web.source == web.source):
+                raise ConfigError(web.source, "(file)", EMPTY_ON_RELOAD)
             if web.auth is not None and old.web.auth is not None:
                 web.auth.remember_from(old.web.auth)  # no bcrypt wait for Prometheus after a reload
             udev = self.hotplug is not None and self.hotplug.running
@@ -459,7 +465,7 @@ def run(config: Config, reload: Callable[[], Config] | None = None) -> int:
         daemon = Daemon(config, reload)
     except ConfigError as exc:
         log.error("invalid web configuration: %s", exc)
-        return EXIT_CONFIG
+        return exit_status(exc)
     except OSError as exc:
         log.error("cannot listen on %s: %s", config.listen_address, exc)
         return 1

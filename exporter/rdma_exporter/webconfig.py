@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import bcrypt
 
-from .config import ConfigError, check_bool, read_yaml_file
+from .config import ConfigError, ConfigUnavailable, check_bool, file_error, read_yaml_file
 
 TLS_VERSIONS: Final = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -177,6 +177,7 @@ class WebConfig:
     headers: dict[str, str] = field(default_factory=dict)
     allowed_sans: frozenset[str] = frozenset()
     source: str = ""
+    empty: bool = False  # the file held no document (empty, or only comments): see Daemon._reload
 
     @property
     def scheme(self) -> str:
@@ -249,7 +250,9 @@ def _file(source: str, key: str, value: Any, base: Path) -> Path:
         raise ConfigError(source, key, f"expected a file path, got {value!r}")
     path = Path(value) if Path(value).is_absolute() else base / value
     if not path.is_file():
-        raise ConfigError(source, key, f"{path} does not exist or is not a file")
+        # Missing (a certificate not issued yet) is worth a restart; a directory in its place is not.
+        error = ConfigError if path.exists() else ConfigUnavailable
+        raise error(source, key, f"{path} does not exist or is not a file")
     return path
 
 
@@ -298,8 +301,10 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
             f"{key_file} is encrypted and there is no way to give its passphrase; store the key unencrypted "
             "(`openssl pkey -in KEY -out KEY.plain`) and restrict who may read it (LoadCredential= under systemd)",
         ) from None
-    except (ssl.SSLError, OSError) as exc:
+    except ssl.SSLError as exc:  # the content: not PEM, a key that does not match the certificate
         raise ConfigError(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
+    except OSError as exc:  # not readable (yet), as a key whose permissions are still being set
+        raise file_error(exc)(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
     auth_type = body.get("client_auth_type", "NoClientCert")
     if auth_type in _UNSUPPORTED_AUTH:
         raise ConfigError(
@@ -319,8 +324,11 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
         ca_path = _file(source, "tls_server_config.client_ca_file", ca, base)
         try:
             context.load_verify_locations(cafile=ca_path)
-        except (ssl.SSLError, OSError) as exc:
+        except ssl.SSLError as exc:
             raise ConfigError(source, "tls_server_config.client_ca_file", f"cannot load {ca_path}: {exc}") from None
+        except OSError as exc:
+            reason = f"cannot load {ca_path}: {exc}"
+            raise file_error(exc)(source, "tls_server_config.client_ca_file", reason) from None
         context.verify_mode = CLIENT_AUTH[auth_type]
     elif ca is not None:
         reason = "set, but client_auth_type is NoClientCert: no client would be checked"
@@ -388,13 +396,12 @@ def _headers(source: str, body: Mapping[str, Any]) -> dict[str, str]:
     return result
 
 
-def load_web_config(path: Path | None, *, reloading: bool = False) -> WebConfig:
-    """Parse and check the whole file: certificates are loaded now, so a bad one stops start-up.
-    `reloading` refuses an empty file, which would otherwise turn TLS and basic auth off (read_yaml_file)."""
+def load_web_config(path: Path | None) -> WebConfig:
+    """Parse and check the whole file: certificates are loaded now, so a bad one stops start-up."""
     if path is None:
         return WebConfig()
     source = str(path)
-    document = read_yaml_file(path, reloading=reloading)
+    document = read_yaml_file(path)
     top = _mapping(source, "", document, _TOP_KEYS)
     base = path.parent
     context, sans = _tls(source, top.get("tls_server_config"), base)
@@ -409,4 +416,5 @@ def load_web_config(path: Path | None, *, reloading: bool = False) -> WebConfig:
         headers=_headers(source, http),
         allowed_sans=sans,
         source=source,
+        empty=document is None,
     )
