@@ -154,7 +154,7 @@ def test_a_counter_that_answered_without_the_kept_files_is_a_fault_when_it_refus
 
 
 def test_a_file_longer_than_any_attribute_is_malformed_not_cut(tmp_path: Path) -> None:
-    # Reads stop at 8 KiB (a sysfs attribute is one page); what was read of a longer file is not its value.
+    # Reads stop at 8 KiB, far above any attribute read; what was read of a longer file is not its value.
     (tmp_path / "board_id").write_text("MT_0000000838" + " " * 9000 + "\n")
     (tmp_path / "node_desc").write_text("h" * 8190 + "\n")  # one byte short of the limit: still a value
     errors = ReadErrors()

@@ -27,7 +27,8 @@ U64_MAX: Final = 2**64 - 1
 # ValueError instead of returning it: digits are bounded before int() sees them.
 U64_DIGITS: Final = len(str(U64_MAX))
 
-# Sysfs attribute files are at most one page; reading a little more detects a file that is not sysfs.
+# No attribute this exporter reads comes near this (the longest, AER counts, are about 1 KiB; a page is
+# 4 or 64 KiB): a read that reaches it is of a file that is not such an attribute (SysfsReader._decode).
 _READ_LIMIT: Final = 8192
 # Kept files are re-read with this first: nearly every attribute is shorter, and a buffer this small
 # comes from Python's small-object allocator instead of an 8 KB malloc shrunk afterwards (fragmentation).
@@ -185,8 +186,10 @@ class OpenFiles:
     ENODEV: then (REOPEN_ERRNOS) the fd is dropped and the path opened afresh, which finds a re-created
     device or reports the real error. Any other error is the attribute's own (EIO from firmware): the fd
     is dropped and the error raised, without a second read. Only the thread running the device's job may
-    use it (the engine guarantees one job per device at a time). Files are kept by directory, then by
-    (interned) name.
+    use it (the engine guarantees one job per device at a time). The one exception is the record of
+    answered and refused counter files (`note_answered`, `refuse`), which a device-only job beside it also
+    writes: the engine starts that job only once the full job is past the device's own reads, so the two
+    never write the same directory's entry. Files are kept by directory, then by (interned) name.
 
     On a tree that is not sysfs (fixtures), a file deleted or replaced under a kept fd stays readable, so
     `verify` makes `begin()` stat each directory of kept files once per scrape and drop the files of a
