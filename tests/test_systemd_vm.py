@@ -29,8 +29,9 @@ socket ...)") or --no-collector.ethtool the third; ExecReload=/bin/true the four
 ("open-file limit 1024: keeping 384 sysfs files open instead of 16384") the fifth. The TLS tests (the last
 two) fail, and only they, with the key's LoadCredential= naming a file that is not there ("Failed to set up
 credentials", status=243/CREDENTIALS, a restart loop), and with no LoadCredential= and a web config naming
-the 0600 source key itself ("cannot load ... tls.key: [Errno 13] Permission denied", status=2). The last
-test fails without RestartPreventExitStatus=2 (ActiveState "activating", NRestarts 6 after the watch).
+the 0600 source key itself ("cannot load ... tls.key: [Errno 13] Permission denied"; seen as status=2,
+which is status=1 and a restart loop since EACCES became EXIT_UNAVAILABLE). The last test fails without
+RestartPreventExitStatus=2 (ActiveState "activating", NRestarts 6 after the watch).
 """
 
 from __future__ import annotations
