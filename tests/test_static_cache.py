@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
@@ -22,7 +23,7 @@ from rdma_exporter.parse.infiniband import read_device_info
 from rdma_exporter.parse.reader import ReadErrors, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
-from conftest import RefusingReads, record_reads
+from conftest import RefusingReads, record_reads, samples
 
 # Identity files: they change only with a uevent (hotplug, driver reload, firmware reset, netdev moves).
 STATIC_NAMES = frozenset(
@@ -239,6 +240,34 @@ def test_rescan_mode_rereads_a_device_that_was_removed_and_came_back(tmp_path: P
     clock.now += 1.0
     assert rereads(collector) == {"mlx5_1"}
     assert fw_of(collector, "mlx5_1") == "99.1.2"
+
+
+def test_a_device_recreated_under_its_name_starts_without_the_old_devices_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A driver reload after a firmware update re-creates the device under the same name and path, and the
+    # new firmware may refuse a counter the old one gave: that is a counter the device does not have
+    # (unsupported, left out a minute at a time), not a failing firmware query on every scrape (io). A
+    # static re-read of the same directory (the resync) keeps what it knows: there EINVAL stays a fault.
+    root, collector, _ = clocked_collector(tmp_path, rescan=False)
+    registry = build_registry(collector)
+    generate_latest(registry)
+    refusing = RefusingReads(monkeypatch)
+    refusing.refused = {"mlx5_0/ports/1/counters/symbol_error", "mlx5_1/ports/1/counters/symbol_error"}
+    real = device_dir(root, "mlx5_1")
+    shutil.copytree(real, real.with_name("new"), symlinks=True)
+    shutil.rmtree(real)
+    real.with_name("new").rename(real)  # the same path, a new directory
+    collector.inventory.invalidate("mlx5_1")  # the remove and add uevents
+    collector.inventory.invalidate("mlx5_0")  # a resync: the same directory
+    text = generate_latest(registry).decode()
+
+    def errors(device: str, reason: str) -> float | None:
+        labels = (("collector", "infiniband"), ("device", device), ("reason", reason))
+        return samples(text).get(("rdma_exporter_file_read_errors_total", labels))
+
+    assert (errors("mlx5_1", "unsupported"), errors("mlx5_1", "io")) == (1, None)
+    assert (errors("mlx5_0", "unsupported"), errors("mlx5_0", "io")) == (None, 1)
 
 
 def test_udev_resync_is_not_postponed_by_an_event_in_between(tmp_path: Path) -> None:

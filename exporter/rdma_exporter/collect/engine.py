@@ -187,6 +187,14 @@ class DeviceFilter:
         return not (self.exclude is not None and self.exclude.fullmatch(name))
 
 
+def _inode(path: str) -> int | None:
+    """The inode of the directory `path` leads to (sysfs numbers a re-created device's anew), or None."""
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 # --- inventory ---------------------------------------------------------------------------------------
 
 
@@ -838,6 +846,7 @@ class RdmaCollector(Collector):
         if info is None:
             if files is not None:
                 files.close()  # new static info may name other files (or the device is a new one)
+                files.adopt(_inode(job.key))  # a new one has answered nothing yet
             started = time.perf_counter()
             key = (entry.name, "device info")
             try:

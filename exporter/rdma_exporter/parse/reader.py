@@ -197,7 +197,7 @@ class OpenFiles:
     (timestamps are coarse), so meanwhile each read of its files checks st_nlink with an fstat.
     """
 
-    __slots__ = ("_answered", "_budget", "_dirs", "refused", "verify")
+    __slots__ = ("_answered", "_budget", "_dirs", "device_inode", "refused", "verify")
 
     def __init__(self, budget: FileBudget, *, verify: bool = False) -> None:
         self._budget = budget
@@ -211,6 +211,8 @@ class OpenFiles:
         # Counter files (by directory) that have refused every read, with when they last did: left out
         # until REFUSAL_RETRY_SECONDS later.
         self.refused: dict[str, dict[str, float]] = {}
+        # The device directory's inode when the records above began (adopt), None before it is known.
+        self.device_inode: int | None = None
 
     def __len__(self) -> int:
         return sum(len(kept.fds) for kept in list(self._dirs.values()))
@@ -333,6 +335,18 @@ class OpenFiles:
         """Leave the counter file `path` out of reads for REFUSAL_RETRY_SECONDS."""
         directory, _, name = path.rpartition("/")
         self.refused.setdefault(directory, {})[sys.intern(name)] = refusal_clock()
+
+    def adopt(self, device_inode: int | None) -> None:
+        """Tie the answered and refused records to the device directory with inode `device_inode`, and
+        forget them if they were of another one: a driver reload (after a firmware update, say) re-creates
+        the device under the same name and path, and what the old firmware answered says nothing of the
+        new. None (the directory could not be stat'ed) keeps them."""
+        if device_inode is None:
+            return
+        if self.device_inode is not None and device_inode != self.device_inode:
+            self._answered.clear()
+            self.refused.clear()
+        self.device_inode = device_inode
 
     def close(self) -> None:
         for directory in list(self._dirs):
