@@ -242,6 +242,24 @@ def test_rescan_mode_rereads_a_device_that_was_removed_and_came_back(tmp_path: P
     assert fw_of(collector, "mlx5_1") == "99.1.2"
 
 
+def test_rescan_mode_rereads_a_device_recreated_between_two_listings(tmp_path: Path) -> None:
+    # A driver reload that ends before the next scrape: no listing saw the device gone, and its link target
+    # is the same. Its directory is a new one (sysfs numbers it anew), so the new firmware version shows at
+    # once, not up to 300 s later.
+    root, collector, clock = clocked_collector(tmp_path, rescan=True)
+    rereads(collector)
+    real = device_dir(root, "mlx5_1")
+    shutil.copytree(real, real.with_name("new"), symlinks=True)
+    shutil.rmtree(real)
+    real.with_name("new").rename(real)
+    (real / "fw_ver").write_text("99.1.2\n")
+    clock.now += 1.0
+    assert rereads(collector) == {"mlx5_1"}
+    assert fw_of(collector, "mlx5_1") == "99.1.2"
+    clock.now += 1.0
+    assert rereads(collector) == set()
+
+
 def test_a_device_recreated_under_its_name_starts_without_the_old_devices_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,6 +34,7 @@ import os
 import platform
 import re
 import resource
+import stat
 import threading
 import time
 from collections import Counter, deque
@@ -203,7 +204,9 @@ class DeviceEntry:
     """One listed device for one round: its cached static info, or None when the job must read it."""
 
     name: str
-    target: str  # class/infiniband link target: a new target is a new device under an old name
+    # (class/infiniband link target, device directory inode): a change in either is a new device under an
+    # old name. The inode catches a driver reload, which keeps the link target, between two listings.
+    identity: tuple[str, int]
     info: DeviceInfo | None
     epoch: tuple[int, int]  # invalidation generation when listed; a late static read must not undo one
 
@@ -212,9 +215,10 @@ class Inventory:
     """The device list and the static info of every device, kept until the device changes.
 
     Rescan mode (no udev: containers, fixture trees) lists class/infiniband on every scrape (a single
-    getdents, plus a readlink per device) and re-reads a device's static info when its link target
-    changes (driver reload, VF re-creation) or after RESCAN_STATIC_MAX_AGE. Udev mode lists only when
-    the hotplug monitor said something changed (`mark_dirty`, `invalidate`), plus a periodic resync.
+    getdents, plus a stat and a readlink per device) and re-reads a device's static info when its link
+    target or its directory's inode changes (driver reload, VF re-creation) or after
+    RESCAN_STATIC_MAX_AGE. Udev mode lists only when the hotplug monitor said something changed
+    (`mark_dirty`, `invalidate`), plus a periodic resync.
     In either mode, static info whose read had errors, or that is not settled (a PCIe capability read
     while the device was in reset), is read again after STATIC_RETRY_SECONDS.
     Static info itself is read by the device's job, under the scrape deadline.
@@ -235,13 +239,13 @@ class Inventory:
         self.rescan_each_scrape = rescan_each_scrape
         self._clock = clock
         self._lock = threading.Lock()
-        self._listing: list[tuple[str, str]] | None = None  # (name, link target) of allowed devices
+        self._listing: list[tuple[str, tuple[str, int]]] | None = None  # (name, identity) of allowed devices
         # When udev mode last relisted and re-read everything (never, before the first scan). Not moved
         # by the relists that events cause: on a node with an event every few minutes the resync would
         # never come.
         self._resynced_at = -math.inf
-        # name -> (target, info, read at, read without errors)
-        self._cache: dict[str, tuple[str, DeviceInfo, float, bool]] = {}
+        # name -> (identity, info, read at, read without errors)
+        self._cache: dict[str, tuple[tuple[str, int], DeviceInfo, float, bool]] = {}
         self._epoch_all = 0
         self._epochs: dict[str, int] = {}
         # Listed devices the filters skip, with their PCI address (from the class link alone), or None.
@@ -295,14 +299,14 @@ class Inventory:
                 self._listing = None
             entries = []
             max_age = RESCAN_STATIC_MAX_AGE if self.rescan_each_scrape else math.inf
-            for name, target in listing:
+            for name, identity in listing:
                 cached = self._cache.get(name)
                 info = None
-                if cached is not None and cached[0] == target:
+                if cached is not None and cached[0] == identity:
                     age = now - cached[2]
                     if age < max_age and (cached[3] or age < STATIC_RETRY_SECONDS):
                         info = cached[1]
-                entries.append(DeviceEntry(name, target, info, (self._epoch_all, self._epochs.get(name, 0))))
+                entries.append(DeviceEntry(name, identity, info, (self._epoch_all, self._epochs.get(name, 0))))
             return entries
 
     def store(self, entry: DeviceEntry, info: DeviceInfo, *, complete: bool = True) -> None:
@@ -313,24 +317,31 @@ class Inventory:
         """
         with self._lock:
             if entry.epoch == (self._epoch_all, self._epochs.get(entry.name, 0)):
-                self._cache[entry.name] = (entry.target, info, self._clock(), complete)
+                self._cache[entry.name] = (entry.identity, info, self._clock(), complete)
 
-    def _list(self, errors: ReadErrors) -> list[tuple[str, str]]:
+    def _list(self, errors: ReadErrors) -> list[tuple[str, tuple[str, int]]]:
         # A link that leads nowhere is a device in the middle of its removal, not a device without attributes.
         listed = list_devices(self.sys_root, SysfsReader("", errors))
-        allowed: list[str] = []
+        allowed: list[tuple[str, int]] = []
         excluded: list[str] = []
         for name in listed:
-            if os.path.isdir(self.class_dir + name):
-                (allowed if self.device_filter.allows(name) else excluded).append(name)
+            try:
+                found = os.stat(self.class_dir + name)
+            except OSError:
+                continue
+            if stat.S_ISDIR(found.st_mode):
+                if self.device_filter.allows(name):
+                    allowed.append((name, found.st_ino))
+                else:
+                    excluded.append(name)
         self.excluded_pci = {name: pci_address_of(self.sys_root, name) for name in excluded}
         listing = []
-        for name in allowed:
+        for name, inode in allowed:
             try:
                 target = os.readlink(self.class_dir + name)
             except OSError:
-                target = ""  # a plain directory (fixture trees): identity is the name alone
-            listing.append((name, target))
+                target = ""  # a plain directory (fixture trees): identity is its inode alone
+            listing.append((name, (target, inode)))
         return listing
 
 
