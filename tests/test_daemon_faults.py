@@ -304,6 +304,30 @@ def test_a_roce_lag_device_keeps_its_infiniband_series_while_its_bonds_slave_lis
     assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_bond_0", reads="netdev") is not None
 
 
+def test_a_device_recreated_during_an_rtnl_stall_starts_without_the_old_devices_answers(
+    tmp_path: Path, fifos: Fifos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A driver reload takes rtnl, so the device's full job may sit in a netdev read while the device is
+    # re-created: the device-only job beside it then reads (and caches) the new device's static info. What
+    # the old firmware answered must not judge the new one's refusals there, nor in the full jobs after it
+    # (review: the record was reset only when a full job read static info, which then never came).
+    root, collector = sample_collector(tmp_path / "t", 1.5)
+    timed_scrape(collector)
+    fifos.make(netdev_file(root, STALLED_NETDEVS["mlx5_8"], "speed"))
+    timed_scrape(collector)  # the full job blocks in its netdev reads
+    real = (root / "class" / "infiniband" / "mlx5_8").resolve()
+    shutil.copytree(real, real.with_name("new"), symlinks=True)
+    shutil.rmtree(real)
+    real.with_name("new").rename(real)
+    refusing = RefusingReads(monkeypatch)
+    refusing.refused = {"mlx5_8/ports/1/counters/symbol_error"}
+    metrics, _ = timed_scrape(collector)
+    errors = {reason: value(metrics, "rdma_exporter_file_read_errors_total", collector="infiniband",
+                            device="mlx5_8", reason=reason) for reason in ("unsupported", "io")}  # fmt: skip
+    assert errors == {"unsupported": 1, "io": None}
+    assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="netdev") is not None
+
+
 def test_a_netdev_read_stalled_on_rtnl_costs_only_that_devices_netdev_series(tmp_path: Path, fifos: Fifos) -> None:
     # class/net attributes such as speed (and the ethtool ioctl) wait in the kernel for the rtnl lock,
     # which another NIC's driver or a busy node can hold for minutes. The HCA's own reads need no rtnl:

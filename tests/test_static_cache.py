@@ -244,8 +244,8 @@ def test_rescan_mode_rereads_a_device_that_was_removed_and_came_back(tmp_path: P
 
 def test_rescan_mode_rereads_a_device_recreated_between_two_listings(tmp_path: Path) -> None:
     # A driver reload that ends before the next scrape: no listing saw the device gone, and its link target
-    # is the same. Its directory is a new one (sysfs numbers it anew), so the new firmware version shows at
-    # once, not up to 300 s later.
+    # is the same. Its directory is a new one (kernfs numbers it anew since 4.14), so the new firmware version
+    # shows at once, not up to 300 s later.
     root, collector, clock = clocked_collector(tmp_path, rescan=True)
     rereads(collector)
     real = device_dir(root, "mlx5_1")

@@ -188,14 +188,6 @@ class DeviceFilter:
         return not (self.exclude is not None and self.exclude.fullmatch(name))
 
 
-def _inode(path: str) -> int | None:
-    """The inode of the directory `path` leads to (sysfs numbers a re-created device's anew), or None."""
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
-
-
 # --- inventory ---------------------------------------------------------------------------------------
 
 
@@ -205,7 +197,8 @@ class DeviceEntry:
 
     name: str
     # (class/infiniband link target, device directory inode): a change in either is a new device under an
-    # old name. The inode catches a driver reload, which keeps the link target, between two listings.
+    # old name. The inode catches a driver reload, which keeps the link target, between two listings, on
+    # kernels since 4.14 (they number a re-created kernfs directory anew; older ones may reuse the number).
     identity: tuple[str, int]
     info: DeviceInfo | None
     epoch: tuple[int, int]  # invalidation generation when listed; a late static read must not undo one
@@ -854,10 +847,15 @@ class RdmaCollector(Collector):
         info = entry.info
         # A device-only job runs beside a job that holds the kept files: it reads without any.
         files = None if job.device_only else self.reads.files(job.key, verify=self._verify_files)
+        memory = self.reads.memory(job.key) if job.device_only else files
+        if memory is not None:
+            # A new device under the old name has answered nothing yet. Checked on every read, not only
+            # with static info: a device-only job may have read and cached the new device's, and in either
+            # job, since a driver reload takes rtnl and so stalls the full job's netdev reads.
+            memory.adopt(entry.identity[1])
         if info is None:
             if files is not None:
                 files.close()  # new static info may name other files (or the device is a new one)
-                files.adopt(_inode(job.key))  # a new one has answered nothing yet
             started = time.perf_counter()
             key = (entry.name, "device info")
             try:
@@ -881,7 +879,6 @@ class RdmaCollector(Collector):
             return
         if files is not None:
             files.begin()
-        memory = self.reads.memory(job.key) if job.device_only else files
         self._read_sources(job, entry.name, info, files, memory, self._device_sources)
         job.device_reads_done = True
         if not job.device_only:

@@ -219,9 +219,10 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
     is_bond_master = (net_dir / "bonding").is_dir()
     slaves: tuple[str, ...] = ()
     if is_bond_master:
-        # The lower_* links name the slaves without bonding/slaves, whose read waits for the rtnl lock:
-        # a stall there would hold up the whole device's static read, IB ports included. A bond without
-        # them (no slaves, or a kernel before 3.13) still has the file read.
+        # The lower_* links name the slaves without bonding/slaves, whose read waits for the rtnl lock
+        # (on kernels before a 2024 change that reads it under RCU): a stall there would hold up the whole
+        # device's static read, IB ports included. A bond without them (no slaves, or a kernel before
+        # 3.13) still has the file read.
         slaves = tuple(e[len("lower_") :] for e in list_dir(net_dir, reader) if e.startswith("lower_"))
         if not slaves:
             slaves = _bond_slaves(reader.text(net_dir / "bonding" / "slaves", optional=True))

@@ -336,13 +336,12 @@ class OpenFiles:
         directory, _, name = path.rpartition("/")
         self.refused.setdefault(directory, {})[sys.intern(name)] = refusal_clock()
 
-    def adopt(self, device_inode: int | None) -> None:
+    def adopt(self, device_inode: int) -> None:
         """Tie the answered and refused records to the device directory with inode `device_inode`, and
         forget them if they were of another one: a driver reload (after a firmware update, say) re-creates
         the device under the same name and path, and what the old firmware answered says nothing of the
-        new. None (the directory could not be stat'ed) keeps them."""
-        if device_inode is None:
-            return
+        new. Kernels since 4.14 number a re-created kernfs directory anew; older ones may give it its old
+        number back, and then the records stay."""
         if self.device_inode is not None and device_inode != self.device_inode:
             self._answered.clear()
             self.refused.clear()
