@@ -67,6 +67,12 @@ def file_error(exc: OSError) -> type[ConfigError]:
     return ConfigUnavailable if exc.errno in _UNAVAILABLE_ERRNOS else ConfigError
 
 
+def wrong_kind_error(path: Path) -> type[ConfigError]:
+    """The ConfigError class for a configured path that is not the file or directory it should be: one not
+    there yet (a certificate issued later, a mount to come) is worth a restart, one of another kind is not."""
+    return ConfigError if path.exists() else ConfigUnavailable
+
+
 @dataclass(frozen=True)
 class Config:
     listen_address: str = DEFAULT_LISTEN
@@ -122,8 +128,7 @@ def check_required_directory(source: str, key: str, value: Any) -> Path:
     --check-config as no directory at all, and the daemon then failed on it with a traceback."""
     path = Path(check_string(source, key, value))
     if not path.is_dir():
-        error = ConfigError if path.exists() else ConfigUnavailable  # a mount may come later; a file stays
-        raise error(source, key, f"not a directory: {path}")
+        raise wrong_kind_error(path)(source, key, f"not a directory: {path}")
     return path
 
 

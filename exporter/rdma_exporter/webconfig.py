@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import bcrypt
 
-from .config import ConfigError, ConfigUnavailable, check_bool, file_error, read_yaml_file
+from .config import ConfigError, check_bool, file_error, read_yaml_file, wrong_kind_error
 
 TLS_VERSIONS: Final = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -250,9 +250,7 @@ def _file(source: str, key: str, value: Any, base: Path) -> Path:
         raise ConfigError(source, key, f"expected a file path, got {value!r}")
     path = Path(value) if Path(value).is_absolute() else base / value
     if not path.is_file():
-        # Missing (a certificate not issued yet) is worth a restart; a directory in its place is not.
-        error = ConfigError if path.exists() else ConfigUnavailable
-        raise error(source, key, f"{path} does not exist or is not a file")
+        raise wrong_kind_error(path)(source, key, f"{path} does not exist or is not a file")
     return path
 
 
