@@ -28,7 +28,9 @@ PORT: Final = ("device", "port")
 DEVICE_INFO: Final = MetricSpec(
     "rdma_device_info",
     "info",
-    "Descriptive attributes of an RDMA device (GUIDs, firmware, board, PCI address, driver).",
+    "Descriptive attributes of an RDMA device (GUIDs, firmware, board, PCI address, driver). node_type is "
+    "named from the number in the node_type file as verbs names it: CA, Switch, Router, RNIC, USNIC, USNIC_UDP, "
+    "UNSPECIFIED.",
     (
         "device",
         "node_type",
@@ -92,16 +94,23 @@ PORT_RATE: Final = MetricSpec(
     "gauge",
     "Link rate the port trained at (all lanes), in bytes per second, as the kernel's rate file gives it: the "
     "signalling rate. SDR, DDR and QDR links carry 80% of it as data (8b/10b), FDR 64/66; later generations "
-    "report their data rate.",
+    "report their data rate. On Ethernet ports (RoCE, iWARP) the driver maps the netdev's speed to the nearest "
+    "InfiniBand rate, which is coarse for some speeds (1 GbE can show 2.5 Gb/s) and carries no 8b/10b loss: "
+    "rdma_netdev_speed_bytes_per_second is the exact figure there.",
     PORT,
 )
 PORT_WIDTH: Final = MetricSpec(
-    "rdma_port_link_width_lanes", "gauge", "Number of lanes the link trained with (the 4 of 4X).", PORT
+    "rdma_port_link_width_lanes",
+    "gauge",
+    "Number of lanes the link trained with (the 4 of 4X). On Ethernet ports the driver derives it from the link "
+    "mode (mlx5) or from the speed alone (rxe, siw).",
+    PORT,
 )
 PORT_SPEED: Final = MetricSpec(
     "rdma_port_lane_speed_info",
     "info",
-    "Per-lane signalling generation the link trained at (SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR).",
+    "Per-lane signalling generation the link trained at (SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR). On "
+    "Ethernet ports it is the InfiniBand generation the driver maps the netdev's speed to.",
     (*PORT, "speed"),
 )
 PORT_LID: Final = MetricSpec("rdma_port_lid", "gauge", "Local identifier assigned by the subnet manager.", PORT)
@@ -141,8 +150,10 @@ _PMA_HELP: Final[dict[str, str]] = {
     "receive_remote_physical_errors": "Received packets marked with the EBP delimiter (error upstream).",
     "receive_switch_relay_errors": "Received packets discarded because they could not be forwarded.",
     "transmit_discards": "Outbound packets discarded because the port was down or congested.",
-    "transmit_constraint_errors": "Outbound packets not sent because of partition or rate constraints.",
-    "receive_constraint_errors": "Received packets discarded because of partition or rate constraints.",
+    "transmit_constraint_errors": "Outbound packets dropped by raw-packet filtering or a failed partition (P_Key) "
+    "or IP version check.",
+    "receive_constraint_errors": "Received packets dropped by raw-packet filtering or a failed partition (P_Key) "
+    "or IP version check.",
     "local_link_integrity_errors": "Times local physical errors exceeded the LocalPhyErrors threshold.",
     "excessive_buffer_overrun_errors": "Times consecutive receive buffer overruns exceeded the threshold.",
     "vl15_dropped": "Subnet management packets (VL15) dropped for lack of buffers.",
@@ -154,7 +165,8 @@ _PMA_HELP: Final[dict[str, str]] = {
     ),
     "transmit_packets": "Packets transmitted on all VLs.",
     "receive_packets": "Packets received on all VLs.",
-    "transmit_wait": "Ticks during which the port had data to send but no flow-control credits.",
+    "transmit_wait": "Ticks during which the port had data to send but sent none, for lack of flow-control "
+    "credits or of arbitration (the tick length is the device's).",
     "transmit_unicast_packets": "Unicast packets transmitted.",
     "receive_unicast_packets": "Unicast packets received.",
     "transmit_multicast_packets": "Multicast packets transmitted.",
@@ -206,8 +218,8 @@ HW_COUNTER_HELP: Final[dict[str, str]] = {
     "below np_ecn_marked_roce_packets.",
     "np_ecn_marked_roce_packets": "RoCEv2 packets received with ECN Congestion Experienced (a switch queue on the "
     "path was filling up). Zero on a loaded fabric can mean ECN marking is off on the switches.",
-    "rp_cnp_handled": "CNPs received and acted on by this port as DCQCN reaction point: a receiver saw congestion "
-    "and this port lowered its send rate.",
+    "rp_cnp_handled": "CNPs received by this port as DCQCN reaction point: a receiver saw congestion and told "
+    "this port to slow down (mlx5 counts the CNPs it handled by lowering its send rate).",
     "rp_cnp_ignored": "CNPs received but ignored by this port as reaction point, because DCQCN is not enabled "
     "for their priority (ecn/roce_rp/enable/<prio>): senders do not slow down when told to. Should stay 0.",
     "cc_rx_ce_pkts": "RoCE packets received with ECN Congestion Experienced (mlx5 optional counter).",

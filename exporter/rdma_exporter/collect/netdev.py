@@ -104,10 +104,14 @@ BOND_SLAVE: Final = MetricSpec(
 # struct rtnl_link_stats64 as the kernel shows it under statistics/: net-sysfs.c stops at rx_nohandler
 # (later fields such as rx_otherhost_dropped are netlink only). Other files get a generic HELP.
 STATISTICS_HELP: Final[dict[str, str]] = {
-    "rx_packets": "Packets received by the kernel network stack (RDMA traffic bypasses it and is not counted).",
-    "tx_packets": "Packets transmitted by the kernel network stack (RDMA traffic is not counted).",
-    "rx_bytes": "Bytes received by the kernel network stack (RDMA traffic is not counted).",
-    "tx_bytes": "Bytes transmitted by the kernel network stack (RDMA traffic is not counted).",
+    "rx_packets": "Packets received by the kernel network stack (RDMA traffic bypasses it and is not counted, "
+    "except on an mlx5 switchdev uplink representor, whose counts are the physical port's).",
+    "tx_packets": "Packets transmitted by the kernel network stack (RDMA traffic is not counted, except on an "
+    "mlx5 switchdev uplink representor, whose counts are the physical port's).",
+    "rx_bytes": "Bytes received by the kernel network stack (RDMA traffic is not counted, except on an mlx5 "
+    "switchdev uplink representor, whose counts are the physical port's).",
+    "tx_bytes": "Bytes transmitted by the kernel network stack (RDMA traffic is not counted, except on an mlx5 "
+    "switchdev uplink representor, whose counts are the physical port's).",
     "rx_errors": "Received packets with errors of any kind (the sum of the rx_*_errors details).",
     "tx_errors": "Packets that failed to transmit, of any kind.",
     "rx_dropped": "Received packets dropped before reaching the stack (no buffer, filtered, unknown protocol).",
