@@ -742,11 +742,11 @@ def fabric_overview() -> Json:
             "Top RoCE priorities by PFC pause time",
             "The ten RoCE port priorities and directions paused by PFC for the largest share of time (5 minutes). "
             "rx: the switch paused this NIC; tx: this NIC paused the switch. Colours follow RdmaRocePfcPauseHigh "
-            "(warning above 0.05).",
+            "(warning above 0.05, critical above 0.5).",
             "percentunit",
             sel('instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m'),
             "{{instance}} {{netdev}} prio {{priority}} {{direction}}",
-            steps=thresholds((above(0.05), WARNING)),
+            steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
         ), 8, 9),
         (top_ports(
@@ -847,11 +847,12 @@ def fabric_overview() -> Json:
             "Most paused nodes (RoCE PFC)",
             "The five node and direction pairs whose most paused RoCE priority was paused by PFC for the largest "
             "share of time (5 minutes, instance: recording rule; whole nodes). rx: the switch paused the node, "
-            "tx: the node paused the switch. Colours follow RdmaRocePfcPauseHigh (warning above 0.05).",
+            "tx: the node paused the switch. Colours follow RdmaRocePfcPauseHigh (warning above 0.05, critical "
+            "above 0.5).",
             "percentunit",
             targets((f"topk(5, {sel('instance:rdma_ethtool_pfc_pause_duration:max_ratio_rate5m', NODE)})",
                      "{{instance}} {{direction}}")),
-            steps=thresholds((above(0.05), WARNING)),
+            steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
             minimum=0,
         ), 8, 8),
@@ -1315,10 +1316,10 @@ def roce_congestion() -> Json:
             "Most-paused priority",
             "Largest share of time any selected RoCE priority and direction was paused by PFC, or a port by "
             "link-level pause (priority global), over 5 minutes. "
-            "Colours follow RdmaRocePfcPauseHigh (warning above 0.05).",
+            "Colours follow RdmaRocePfcPauseHigh (warning above 0.05, critical above 0.5).",
             "percentunit",
             targets((f"max({sel(PAUSE_DURATION, PORT, PRIO)})", "paused")),
-            steps=thresholds((above(0.05), WARNING)),
+            steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
             decimals=1,
         ), 4, 4),
@@ -1406,10 +1407,10 @@ def roce_congestion() -> Json:
             "Time paused",
             "Share of time each priority and direction was paused by PFC, or the whole port by link-level "
             "802.3x pause (priority global), over 5 minutes. Colours follow RdmaRocePfcPauseHigh (warning "
-            "above 0.05).",
+            "above 0.05, critical above 0.5).",
             "percentunit",
             targets((sel(PAUSE_DURATION, PORT, PRIO), npd)),
-            steps=thresholds((above(0.05), WARNING)),
+            steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
             minimum=0,
         ), 12, 8),
