@@ -229,10 +229,42 @@ def test_prometheus_scrape_config_passes_promtool(tmp_path: Path) -> None:
     for name in ("ca.crt", "prometheus.crt", "prometheus.key", "password"):
         (tmp_path / "rdma").mkdir(exist_ok=True)
         (tmp_path / "rdma" / name).write_text("")
+    # Installed as the file's comment says: promtool then checks the rules it names, too.
+    (tmp_path / "rules").mkdir()
+    for rules in (DEPLOY.parent / "rules").glob("*.rules.yml"):
+        shutil.copy(rules, tmp_path / "rules")
     config = tmp_path / "prometheus.yml"
     config.write_text(text)
     result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 2 rule files found" in result.stdout, result.stdout
+    for rules in ("rdma-recording.rules.yml", "rdma-alerts.rules.yml"):
+        assert f"Checking {tmp_path}/rules/{rules}\n  SUCCESS:" in result.stdout, result.stdout
+
+
+def test_prometheusrule_is_generated_from_the_rules(tmp_path: Path) -> None:
+    """The Kubernetes base loads the alerts with its ServiceMonitor: the PrometheusRule holds exactly the
+    groups of rules/ (regenerated, not hand-edited), in a form promtool accepts."""
+    script = DEPLOY / "kubernetes" / "prometheusrule.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (resource,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "prometheusrule.yaml").read_text())
+    assert resource["kind"] == "PrometheusRule"
+    groups = [
+        group
+        for name in ("rdma-recording.rules.yml", "rdma-alerts.rules.yml")
+        for group in yaml.safe_load((DEPLOY.parent / "rules" / name).read_text())["groups"]
+    ]
+    assert resource["spec"]["groups"] == groups
+    kustomization = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
+    assert "prometheusrule.yaml" in kustomization["resources"]
+    servicemonitor = yaml.safe_load((DEPLOY / "kubernetes" / "servicemonitor.yaml").read_text())
+    assert resource["metadata"]["namespace"] == servicemonitor["metadata"]["namespace"]
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(resource["spec"]))
+    promtool = require_binary("promtool")
+    check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 # Fields of a RelabelConfig in the ServiceMonitor CRD (monitoring.coreos.com/v1): camelCase, unlike
