@@ -789,6 +789,26 @@ def test_a_source_raising_in_expose_costs_only_that_source(tmp_path: Path) -> No
             assert value(metrics, "rdma_exporter_scrape_collector_success", collector=name) == 1, name
 
 
+def test_as_many_stuck_devices_as_read_threads_do_not_hide_the_others(tmp_path: Path, fifos: Fifos) -> None:
+    """Four HCAs stuck with the default four read threads: the first scrape used to serve no other
+    device, all of them queued behind the stuck reads until the deadline (found by review). A read past
+    STUCK_AFTER_SECONDS gives up its slot, so the other devices are read within the same scrape."""
+    root = make_tree(tmp_path, 8)
+    expected = baseline(tmp_path, 8)
+    stuck = [f"mlx5_{n}" for n in range(4)]
+    for device in stuck:
+        fifos.make(device_dir(root, device) / "ports" / "1" / "counters" / "symbol_error")
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=16))
+    first, took = timed_scrape(collector_for(root, 3.0, reads))
+    assert took.scheduled < 3.6, took
+    for device in (f"mlx5_{n}" for n in range(4, 8)):
+        assert device_series(first, device) == device_series(expected, device), device
+        assert value(first, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device") is None
+    for device in stuck:
+        assert device_series(first, device) == {}
+        assert value(first, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device")
+
+
 def test_threads_stay_bounded_when_every_device_blocks(tmp_path: Path, fifos: Fifos) -> None:
     root = make_tree(tmp_path, 8)
     for n in range(8):

@@ -208,13 +208,20 @@ def test_durations_include_static_and_source_reads(
     assert durations["standin"] >= 0.2
 
 
-@pytest.mark.parametrize("error", [OSError("EIO"), ValueError("a parser bug")], ids=["io", "bug"])
-def test_a_device_whose_static_read_raises_is_counted_by_the_inventory_only(
-    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch, error: Exception
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(OSError("EIO"), "io"), (ValueError("a parser bug"), "io"), (PermissionError(13, "denied"), "permission")],
+    ids=["io", "bug", "permission"],
+)
+def test_a_device_whose_static_read_raises_is_an_inventory_error_and_fails_the_sources(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch, error: Exception, reason: str
 ) -> None:
-    # Without its static info the device has no reads to time out: the failure is an inventory read error,
-    # not a timeout of every source, and the device is not counted as answering. A parser tripped by odd
-    # attributes is no different from a read that failed.
+    # Without its static info the device has no reads to time out: the failure is an inventory read error
+    # (by its errno: an unreadable device directory is `permission`, once, not also `io`), not a timeout
+    # of every source. The device is still one found under class/infiniband (rdma_exporter_devices), and
+    # it failed as a whole for every source that reads files (their success is 0, as their HELP says;
+    # before, a device nothing could be read of left every collector at 1, found by review). A parser
+    # tripped by odd attributes is no different from a read that failed.
     real = engine.read_device_info
 
     def failing(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
@@ -224,9 +231,12 @@ def test_a_device_whose_static_read_raises_is_counted_by_the_inventory_only(
 
     monkeypatch.setattr(engine, "read_device_info", failing)
     metrics = scrape(collector(tmp_path, standin))
-    assert errors_of(metrics, "mlx5_0", "io", "inventory") == 1
-    assert errors_of(metrics, "mlx5_0", "timeout") is None
-    assert (success_of(metrics), metrics[("rdma_exporter_devices", ())]) == (1, 1)
+    assert errors_of(metrics, "mlx5_0", reason, "inventory") == 1
+    assert {key[1] for key in metrics if key[0] == "rdma_exporter_file_read_errors_total"} == {
+        (("collector", "inventory"), ("device", "mlx5_0"), ("reason", reason))
+    }
+    assert (success_of(metrics), metrics[("rdma_exporter_devices", ())]) == (0, 2)
+    assert success_of(metrics, "inventory") == 1  # the listing itself worked
     assert metrics[("x_value", (("device", "mlx5_1"),))] == 1
 
 

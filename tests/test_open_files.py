@@ -293,6 +293,32 @@ def test_a_slow_job_lets_another_thread_take_the_queue() -> None:
     assert len(threads) == 2
 
 
+def test_stuck_jobs_do_not_hold_the_parallelism() -> None:
+    """As many stuck reads as read threads held every slot until a scrape abandoned them at its deadline,
+    so in the first scrape of such a fault no healthy device was read (found by review: 4 stuck HCAs
+    with the default 4 threads served none of the others). Past stuck_after they no longer count."""
+    pool = WorkerPool(parallelism=2, spill_after=0.02, stuck_after=0.2)
+    healthy_done = threading.Event()
+    released: list[bool] = []
+
+    def stuck(job: DeviceJob) -> None:
+        released.append(healthy_done.wait(5))  # blocked until the healthy jobs ran, which needs a third thread
+
+    done: list[str] = []
+
+    def healthy(job: DeviceJob) -> None:
+        done.append(job.device)
+        if len(done) == 3:
+            healthy_done.set()
+
+    jobs = [DeviceJob(f"s{n}", f"stuck{n}", stuck) for n in range(2)]
+    jobs += [DeviceJob(f"h{n}", f"healthy{n}", healthy) for n in range(3)]
+    run_jobs(pool, jobs, timeout=10.0)
+    assert released == [True, True]
+    assert sorted(done) == ["healthy0", "healthy1", "healthy2"]
+    assert pool.threads <= 4  # two stuck, at most two more: the parallelism still bounds the others
+
+
 # --- the engine and the daemon ------------------------------------------------------------------------
 
 

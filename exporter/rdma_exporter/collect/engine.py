@@ -59,6 +59,7 @@ from ..parse.reader import (
     ReadErrors,
     SysfsReader,
     is_sysfs_mount,
+    reason_for_errno,
 )
 from .base import FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source, needs_rtnl
 
@@ -73,6 +74,11 @@ INVENTORY: Final = "inventory"
 DEFAULT_PARALLELISM: Final = 4
 # A job running longer than this lets one more reader thread start on the queue (WorkerPool).
 SPILL_AFTER_SECONDS: Final = 0.02
+# A job running longer than this is stuck (a firmware command or driver lock that does not return), not
+# slow: a device's reads are ~100 firmware commands of 0.1-1 ms. Like an abandoned job it stops counting
+# against the parallelism, so that as many stuck devices as read threads cannot keep every other device
+# from being read in the same scrape; only hard_max bounds the threads then.
+STUCK_AFTER_SECONDS: Final = 1.0
 # However many devices are stuck, the pool never holds more threads than this.
 HARD_MAX_WORKERS: Final = 64
 # Idle pool threads exit after this, so a quiet exporter holds no reader threads.
@@ -440,8 +446,9 @@ class WorkerPool:
     one more thread starts on the queue, up to `parallelism` at once. The scrape waiting for the jobs is
     the watchdog: it calls `rebalance()` while it waits.
 
-    Besides, every abandoned job (one some scrape gave up waiting for, probably blocked in the kernel)
-    lets one more thread in, and there are never more than `hard_max` threads. Threads are daemons so
+    Besides, every job that has run past `stuck_after` and every abandoned job (one some scrape gave up
+    waiting for, probably blocked in the kernel) lets one more thread in, and there are never more than
+    `hard_max` threads. Threads are daemons so
     that a read blocked forever cannot stop the process from exiting.
     """
 
@@ -451,11 +458,13 @@ class WorkerPool:
         hard_max: int = HARD_MAX_WORKERS,
         idle_seconds: float = WORKER_IDLE_SECONDS,
         spill_after: float = SPILL_AFTER_SECONDS,
+        stuck_after: float = STUCK_AFTER_SECONDS,
     ) -> None:
         self.parallelism = max(1, min(parallelism, hard_max))
         self.hard_max = hard_max
         self.idle_seconds = idle_seconds
         self.spill_after = spill_after
+        self.stuck_after = max(stuck_after, spill_after)  # a stuck job is a slow one too
         self._cond = threading.Condition()
         self._queue: deque[DeviceJob] = deque()
         self._running: set[DeviceJob] = set()
@@ -474,14 +483,17 @@ class WorkerPool:
         return self._abandoned
 
     def _capacity(self) -> int:
-        """Jobs that may run now: one, plus one per running job that is slow, plus the abandoned ones."""
+        """Jobs that may run now: one, plus one per running job that is slow (up to the parallelism), plus
+        one per job that is stuck or abandoned."""
         now = time.monotonic()
-        slow = sum(
-            1
-            for job in self._running
-            if not job.abandoned and job.started is not None and now - job.started >= self.spill_after
-        )
-        return min(self.hard_max, min(self.parallelism, 1 + slow) + self._abandoned)
+        slow = stuck = 0
+        for job in self._running:
+            if job.abandoned or job.started is None:
+                continue
+            ran = now - job.started
+            slow += ran >= self.spill_after
+            stuck += ran >= self.stuck_after
+        return min(self.hard_max, min(self.parallelism, 1 + slow) + stuck + self._abandoned)
 
     def submit(self, job: DeviceJob) -> None:
         with self._cond:
@@ -862,7 +874,8 @@ class RdmaCollector(Collector):
                 info = read_device_info(self.sys_root, entry.name, SysfsReader(entry.name, job.info_errors))
             except Exception as exc:  # a broken device costs that device only
                 log.log(self._failures.record_failure(key, exc), "cannot read device %s: %s", entry.name, exc)
-                job.info_errors.add(entry.name, REASON_IO, f"{entry.name}: {exc}")
+                reason = reason_for_errno(exc.errno) if isinstance(exc, OSError) else REASON_IO
+                job.info_errors.add(entry.name, reason, f"{entry.name}: {exc}")
                 job.info_failed = True
             else:
                 if self._failures.succeeded(key):
@@ -957,8 +970,12 @@ class RdmaCollector(Collector):
                         rnd.recorded.add((INVENTORY, name))
                         self._record_errors(INVENTORY, job.info_errors)
                     if job.info_failed:
-                        for source in self.sources:  # listed all the same: present, its ports unknown
-                            self._read_io_free(source, name, None, results, success)
+                        # Listed all the same: found under class/infiniband, present with its ports
+                        # unknown, and failed as a whole for every source that reads files.
+                        devices += 1
+                        for source in self.sources:
+                            if not self._read_io_free(source, name, None, results, success):
+                                success[source.name] = False
                         continue
                 devices += 1
                 unfinished = not job.done.is_set() or job.cancelled
