@@ -741,6 +741,35 @@ def test_roce_lag_slaves_static_attributes_are_read_once(tmp_path: Path, monkeyp
     assert value(cold, "rdma_netdev_up", **slave) == value(warm, "rdma_netdev_up", **slave) == 1  # still exported
 
 
+@pytest.mark.parametrize(("rdma", "present"), [("mlx5_bond_0", 1), ("mlx5_0", 0)], ids=["lag", "no-lag"])
+def test_an_expected_function_that_a_roce_lag_device_stands_for_is_present(
+    tmp_path: Path, rdma: str, present: int
+) -> None:
+    """While a card's two ports are one RoCE LAG device (mlx5_bond_0, on the first function), the second
+    function has no RDMA device: expected by address, it was paged missing (RdmaExpectedDeviceMissing,
+    critical) for as long as the LAG was up (found by the bandwidth alerts review). The LAG device stands
+    for the functions of its bond's slaves on its card. A plain device whose GIDs name a bond over both
+    functions is no LAG: the other function's missing RDMA device is still missing."""
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", rdma, ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    config = parse_config(
+        yaml.safe_load(
+            "collector: {expected: {ports: [{pci_addresses: ['0000:3b:00.0', '0000:3b:00.1'], port: 1, "
+            "link_layer: Ethernet}]}}"
+        ),
+        "test.yml",
+    )
+    exporter = Exporter(tmp_path, config=config)
+    exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+    metrics = exporter.scrape()
+    assert value(metrics, "rdma_expected_pci_device_present", pci_address="0000:3b:00.0") == 1
+    assert value(metrics, "rdma_expected_pci_device_present", pci_address="0000:3b:00.1") == present
+    # One port expectation, under the device's name, whichever function's entry it came from.
+    expected_ports = [labels for name, labels in metrics if name == "rdma_expected_port_info"]
+    assert expected_ports == [(("device", rdma), ("link_layer", "Ethernet"), ("port", "1"))]
+
+
 def test_bond_slaves_are_read_every_scrape(tmp_path: Path) -> None:
     """Releasing a slave (`ip link set X nomaster`) sends no uevent, so the cached static info does not
     change: the slave list must still be current on the next scrape (RdmaRoceLagSlaveMissing reads it)."""

@@ -381,7 +381,7 @@ def test_collector_can_be_disabled(tree: Path) -> None:
 def test_source_is_pure() -> None:
     """`expose` needs only the results dict: a device absent from it is missing."""
     source = ExpectedSource([ExpectedPort("mlx5_0", 1, pcie_width=16), ExpectedPort("mlx5_0", 2)])
-    got = exposed(source, {"mlx5_0": (None, frozenset({1}))})
+    got = exposed(source, {"mlx5_0": (None, frozenset({1}), frozenset())})
     assert ("rdma_expected_port_present", ("mlx5_0", "1"), 1) in got
     assert ("rdma_expected_port_present", ("mlx5_0", "2"), 0) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
@@ -397,7 +397,7 @@ def test_source_merges_pcie_speed_and_width_of_a_device() -> None:
             ExpectedPort("mlx5_0", 3, pcie_width=16),
         ]
     )
-    got = exposed(source, {"mlx5_0": (None, frozenset({1, 2, 3}))})
+    got = exposed(source, {"mlx5_0": (None, frozenset({1, 2, 3}), frozenset())})
     assert ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16) in got
 
@@ -423,7 +423,7 @@ def test_every_pcie_generation_and_width_is_exported_as_configured(gen: int, tra
     # come out exact, not only Gen5 x16.
     config = parse(f"collector: {{expected: {{ports: [{{devices: mlx5_0, pcie_gen: {gen}, pcie_width: {lanes}}}]}}}}")
     source = ExpectedSource.from_settings(config.collector_settings["expected"])
-    got = exposed(source, {"mlx5_0": ("0000:18:00.0", frozenset({1}))})
+    got = exposed(source, {"mlx5_0": ("0000:18:00.0", frozenset({1}), frozenset())})
     assert ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), transfers) in got
     assert ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), lanes) in got
 
@@ -649,9 +649,10 @@ def test_an_address_no_known_device_holds_is_not_missing_while_a_device_is_unkno
         family = "rdma_expected_pci_device_present"
         return {(labels, v) for name, labels, v in exposed(source, results) if name == family}
 
-    assert present({"mlx5_0": ("0000:40:00.0", frozenset({1}))}) == {(("0000:18:00.0",), 0)}
-    assert present({"mlx5_0": ("0000:40:00.0", frozenset({1})), "mlx5_1": None}) == set()
-    assert present({"mlx5_0": ("0000:18:00.0", frozenset({1})), "mlx5_1": None}) == {(("0000:18:00.0",), 1)}
+    assert present({"mlx5_0": ("0000:40:00.0", frozenset({1}), frozenset())}) == {(("0000:18:00.0",), 0)}
+    assert present({"mlx5_0": ("0000:40:00.0", frozenset({1}), frozenset()), "mlx5_1": None}) == set()
+    at_18 = ("0000:18:00.0", frozenset({1}), frozenset())
+    assert present({"mlx5_0": at_18, "mlx5_1": None}) == {(("0000:18:00.0",), 1)}
 
 
 def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
@@ -662,7 +663,7 @@ def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
         ]
     )
     out = FamilySet()
-    source.expose({"mlx5_0": ("0000:18:00.0", frozenset({1}))}, out)
+    source.expose({"mlx5_0": ("0000:18:00.0", frozenset({1}), frozenset())}, out)
     family = "rdma_expected_port_rate_bytes_per_second"
     rates = [(s.labels, s.value) for m in out for s in m.samples if m.name == family]
     assert rates == [({"device": "mlx5_0", "port": "1"}, 5e10)]
@@ -734,7 +735,8 @@ def test_pcie_expectations_by_name_and_by_address_on_one_device_first_in_the_fil
             ExpectedPort("", 2, pcie_transfers_per_second=16e9, pcie_width=8, pci_address="0000:18:00.0"),
         ]
     )
-    got = {row for row in exposed(source, {"mlx5_0": ("0000:18:00.0", frozenset({1, 2}))}) if "pcie" in row[0]}
+    listed = {"mlx5_0": ("0000:18:00.0", frozenset({1, 2}), frozenset())}
+    got = {row for row in exposed(source, listed) if "pcie" in row[0]}
     assert got == {
         ("rdma_expected_pcie_link_speed_transfers_per_second", ("mlx5_0",), 32e9),
         ("rdma_expected_pcie_link_width_lanes", ("mlx5_0",), 16),

@@ -23,7 +23,8 @@ An entry can name PCI functions instead (`pci_addresses: ["0000:17:00.0", ...]`)
 `mlx5_N` in probe order, so after a reboot without one HCA every HCA after it is renumbered, and
 expectations by name then report the last name missing and compare the others with their neighbours'
 expectations. By address, each HCA keeps its expectations under whatever name it has now, and the one
-that is gone is reported by its slot.
+that is gone is reported by its slot. A RoCE LAG device (mlx5_bond_N, on its card's first function)
+stands for the card's other function too, which has no RDMA device while the LAG is up.
 
 Nothing is read from sysfs: presence comes from the inventory the engine already holds.
 """
@@ -325,14 +326,44 @@ PCI_DEVICE_PRESENT: Final = MetricSpec(
     "rdma_expected_pci_device_present",
     "gauge",
     "1 if an RDMA device is listed at a PCI address the configuration expects one at, whatever its name "
-    "(its expectations are then exported under that name), 0 if none is; absent while the address of a "
+    "(its expectations are then exported under that name), or a RoCE LAG device stands for that function "
+    "(the second port of its card, folded into mlx5_bond_N); 0 if none is; absent while the address of a "
     "listed device is not known (its first read is stuck).",
     ("pci_address",),
 )
 
-# What `read` hands `expose` for a listed device: its PCI address and its port numbers (None when the
-# device filters skip it: its address is known from its class link, its ports are not).
-Listed = tuple[str | None, frozenset[int] | None]
+# What `read` hands `expose` for a listed device: its PCI address, its port numbers (None when the
+# device filters skip it: its address is known from its class link, its ports are not), and the other PCI
+# functions it stands for (a RoCE LAG device's second function, which has no RDMA device of its own).
+Listed = tuple[str | None, frozenset[int] | None, frozenset[str]]
+
+
+def _pci_slot(address: str) -> str:
+    """domain:bus:device, the card, of a PCI function address."""
+    return address.rpartition(".")[0]
+
+
+def lag_functions(device: DeviceInfo) -> frozenset[str]:
+    """The other PCI functions of the card that a RoCE LAG device stands for.
+
+    While mlx5 bonds both ports of a card into one RoCE LAG device (mlx5_bond_N, on the first function),
+    the second function has no RDMA device: an expectation by address of that function is met by the
+    LAG device. Those are the functions of the bond slaves of its ports, on its own card. Only for a
+    device named as a bond: a plain mlx5_0 whose port's GIDs name a bond over both functions is no LAG,
+    and the other function's missing RDMA device must stay missing.
+    """
+    if device.pci_address is None or "bond" not in device.name.lower():
+        return frozenset()
+    slot = _pci_slot(device.pci_address)
+    slaves = {slave for netdev in device.netdevs if netdev.is_bond_master for slave in netdev.bond_slaves}
+    return frozenset(
+        identity.pci_address
+        for name in slaves
+        if (identity := device.netdev(name)) is not None
+        and identity.pci_address is not None
+        and identity.pci_address != device.pci_address
+        and _pci_slot(identity.pci_address) == slot
+    )
 
 
 class ExpectedSource:
@@ -363,13 +394,13 @@ class ExpectedSource:
         return cls(settings.get("ports", ()))
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> Listed:
-        # The inventory already knows the address and the ports: no file is opened.
-        return device.pci_address, frozenset(port.number for port in device.ports)
+        # The inventory already knows the address, the ports and the bond slaves: no file is opened.
+        return device.pci_address, frozenset(port.number for port in device.ports), lag_functions(device)
 
     def read_excluded(self, pci_address: str | None) -> Listed:
         # Known to be at that address (or, for rxe and siw, at none), which is all an expectation by
         # address needs; its ports are not known.
-        return pci_address, None
+        return pci_address, None, frozenset()
 
     def expose(self, results: Mapping[str, Listed | None], out: FamilySet) -> None:
         # A device is present when it is listed. None: listed, but its static info (and so its ports and
@@ -377,6 +408,9 @@ class ExpectedSource:
         # reported at all rather than reported missing, and neither is an expected address that no known
         # device holds: it may be that one's.
         at_address = {listed[0]: name for name, listed in results.items() if listed is not None and listed[0]}
+        for name, listed in sorted(results.items()):
+            for address in listed[2] if listed is not None else ():
+                at_address.setdefault(address, name)  # a function of its own RDMA device comes first
         identity_unknown = any(listed is None for listed in results.values())
         pci_present: dict[str, bool] = {}
         exported: set[tuple[str, int]] = set()
@@ -402,7 +436,7 @@ class ExpectedSource:
                 out.add(PORT_WIDTH, labels, expected.width)
             if expected.netdev_speed_bytes_per_second is not None:
                 out.add(NETDEV_SPEED, labels, expected.netdev_speed_bytes_per_second)
-            listed = results.get(device, (None, frozenset()))
+            listed = results.get(device, (None, frozenset(), frozenset()))
             if listed is not None and listed[1] is not None:
                 out.add(PORT_PRESENT, labels, 1 if expected.port in listed[1] else 0)
             # The ports of a device may each give part of its PCIe expectation: the speed and the width each

@@ -197,6 +197,7 @@ class NetdevIdentity:
     # read every scrape.
     statistics_files: tuple[str, ...] = ()
     ecn_layout: tuple[tuple[str, int, str], ...] = ()  # (role, priority, file relative to the netdev)
+    pci_address: str | None = None  # the PCI function behind it; None for software netdevs (bonds, VLANs)
 
 
 def _bond_slaves(text: str | None) -> tuple[str, ...]:
@@ -236,6 +237,7 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
         master=link_name(net_dir / "master"),
         statistics_files=tuple(list_dir(net_dir / "statistics", reader)),
         ecn_layout=_ecn_layout(net_dir / "ecn", reader),
+        pci_address=pci_fn.name if (pci_fn := pci_function(net_dir)) is not None else None,
     )
 
 
