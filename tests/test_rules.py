@@ -33,9 +33,8 @@ RUNBOOKS = ROOT / "docs" / "runbooks"
 ALERTMANAGER = ROOT / "deploy" / "alertmanager"
 RUNBOOK_BASE = "https://github.com/rdma-exporter/rdma-exporter/blob/main/docs/runbooks/"
 SEVERITIES = ("critical", "warning", "info")
-# Series Prometheus itself makes: for every target, and for every pending or firing alert (ALERTS, read
-# by a record that follows a page; test_alerts_series_name_shipped_alerts checks what it selects).
-SYNTHETIC = {"up", "scrape_duration_seconds", "ALERTS"}
+# Series Prometheus itself makes for every target.
+SYNTHETIC = {"up", "scrape_duration_seconds"}
 # Metrics the exporter serves only for hardware the sample tree does not have (bonds, EFA and bnxt_re
 # hw_counters): they must be in one of the golden expositions of tests/golden/, which the exporter's
 # own tests keep equal to its output, or have their own row in METRICS.md, so that a rename is caught.
@@ -422,23 +421,6 @@ def test_rules_read_only_metrics_the_exporter_emits(emitted: set[str]) -> None:
         elif name not in emitted and name not in SYNTHETIC:
             problems.append(f"{name} (used by {', '.join(sorted(owners))}) is not emitted")
     assert problems == []
-
-
-_ALERTS_SELECTOR = re.compile(r"\bALERTS\{([^}]*)\}")
-
-
-def test_alerts_series_name_shipped_alerts() -> None:
-    """A rule that reads ALERTS selects an alert by name and severity: renaming the alert, or dropping
-    that severity, would silently leave the rule with nothing to read."""
-    defined = {(rule["alert"], rule["labels"]["severity"]) for rule in alerts()}
-    found = 0
-    for rule in rules():
-        for selector in _ALERTS_SELECTOR.findall(rule["expr"]):
-            pairs = dict(_PAIR.findall(selector))
-            found += 1
-            assert (pairs.get("alertname"), pairs.get("severity")) in defined, (rule.get("record"), selector)
-            assert pairs.get("alertstate") == "firing", (rule.get("record"), selector)
-    assert found, "no rule reads ALERTS: drop this test and ALERTS from SYNTHETIC"
 
 
 # Labels Prometheus attaches to a target (and the tests use for one), not the exporter.
