@@ -319,6 +319,27 @@ def test_stuck_jobs_do_not_hold_the_parallelism() -> None:
     assert pool.threads <= 4  # two stuck, at most two more: the parallelism still bounds the others
 
 
+def test_slow_jobs_read_at_most_twice_the_parallelism_at_once() -> None:
+    """Jobs past stuck_after give up their slot, but where every device is merely slow (busy firmware) that
+    must not let reads in parallel climb to hard_max: at most `parallelism` stuck ones count (found by
+    the final review: 16 jobs of 3.5 s ran 16 at once with 4 read threads)."""
+    pool = WorkerPool(parallelism=2, hard_max=16, spill_after=0.02, stuck_after=0.05)
+    lock = threading.Lock()
+    running = [0]
+    peak = [0]
+
+    def slow(job: DeviceJob) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+
+    run_jobs(pool, [DeviceJob(f"k{n}", f"d{n}", slow) for n in range(12)], timeout=20.0)
+    assert 2 < peak[0] <= 4, peak[0]  # the stuck allowance is used, and bounded
+
+
 # --- the engine and the daemon ------------------------------------------------------------------------
 
 

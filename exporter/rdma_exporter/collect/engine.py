@@ -77,7 +77,8 @@ SPILL_AFTER_SECONDS: Final = 0.02
 # A job running longer than this is stuck (a firmware command or driver lock that does not return), not
 # slow: a device's reads are ~100 firmware commands of 0.1-1 ms. Like an abandoned job it stops counting
 # against the parallelism, so that as many stuck devices as read threads cannot keep every other device
-# from being read in the same scrape; only hard_max bounds the threads then.
+# from being read in the same scrape. At most `parallelism` of them: where every device is merely slow
+# (busy firmware), reads in parallel stay within twice the read threads, not up to hard_max.
 STUCK_AFTER_SECONDS: Final = 1.0
 # However many devices are stuck, the pool never holds more threads than this.
 HARD_MAX_WORKERS: Final = 64
@@ -446,9 +447,9 @@ class WorkerPool:
     one more thread starts on the queue, up to `parallelism` at once. The scrape waiting for the jobs is
     the watchdog: it calls `rebalance()` while it waits.
 
-    Besides, every job that has run past `stuck_after` and every abandoned job (one some scrape gave up
-    waiting for, probably blocked in the kernel) lets one more thread in, and there are never more than
-    `hard_max` threads. Threads are daemons so
+    Besides, every job that has run past `stuck_after` (up to `parallelism` of them) and every abandoned
+    job (one some scrape gave up waiting for, probably blocked in the kernel) lets one more thread in,
+    and there are never more than `hard_max` threads. Threads are daemons so
     that a read blocked forever cannot stop the process from exiting.
     """
 
@@ -493,7 +494,7 @@ class WorkerPool:
             ran = now - job.started
             slow += ran >= self.spill_after
             stuck += ran >= self.stuck_after
-        return min(self.hard_max, min(self.parallelism, 1 + slow) + stuck + self._abandoned)
+        return min(self.hard_max, min(self.parallelism, 1 + slow) + min(stuck, self.parallelism) + self._abandoned)
 
     def submit(self, job: DeviceJob) -> None:
         with self._cond:
