@@ -39,7 +39,8 @@ from typing import Any, Final
 
 from ..config import COLLECTOR_SETTINGS, ConfigError
 from ..parse.infiniband import MAX_PORT_NUMBER, DeviceInfo
-from ..parse.reader import PCI_ADDRESS, SysfsReader
+from ..parse.netdev import is_lag_device
+from ..parse.reader import PCI_ADDRESS, SysfsReader, pci_slot
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
 NAME: Final = "expected"
@@ -338,11 +339,6 @@ PCI_DEVICE_PRESENT: Final = MetricSpec(
 Listed = tuple[str | None, frozenset[int] | None, frozenset[str]]
 
 
-def _pci_slot(address: str) -> str:
-    """domain:bus:device, the card, of a PCI function address."""
-    return address.rpartition(".")[0]
-
-
 def lag_functions(device: DeviceInfo) -> frozenset[str]:
     """The other PCI functions of the card that a RoCE LAG device stands for.
 
@@ -352,9 +348,9 @@ def lag_functions(device: DeviceInfo) -> frozenset[str]:
     device named as a bond: a plain mlx5_0 whose port's GIDs name a bond over both functions is no LAG,
     and the other function's missing RDMA device must stay missing.
     """
-    if device.pci_address is None or "bond" not in device.name.lower():
+    if device.pci_address is None or not is_lag_device(device.name):
         return frozenset()
-    slot = _pci_slot(device.pci_address)
+    slot = pci_slot(device.pci_address)
     slaves = {slave for netdev in device.netdevs if netdev.is_bond_master for slave in netdev.bond_slaves}
     return frozenset(
         identity.pci_address
@@ -362,7 +358,7 @@ def lag_functions(device: DeviceInfo) -> frozenset[str]:
         if (identity := device.netdev(name)) is not None
         and identity.pci_address is not None
         and identity.pci_address != device.pci_address
-        and _pci_slot(identity.pci_address) == slot
+        and pci_slot(identity.pci_address) == slot
     )
 
 

@@ -24,6 +24,7 @@ from .reader import (
     list_dir,
     parse_entry_number,
     pci_function,
+    pci_slot,
 )
 
 NET_DIR: Final = Path("class") / "net"
@@ -360,7 +361,7 @@ def rdma_port_netdevs(
     for name in _function_ndevs(device_dir / "device" / "net", port, reader, single_port=single_port):
         master = _bond_master(sys_root, name)
         lag = master is not None and (
-            (master in gids and name not in gids) or (not gids and "bond" in ib_device.lower())
+            (master in gids and name not in gids) or (not gids and is_lag_device(ib_device))
         )
         chosen = master if lag and master is not None else name
         if chosen not in names:
@@ -372,10 +373,15 @@ def rdma_port_netdevs(
 MAX_STACK: Final = 4
 
 
+def is_lag_device(ib_device: str) -> bool:
+    """Whether an RDMA device is a RoCE LAG device, by its name (mlx5 names them mlx5_bond_N)."""
+    return "bond" in ib_device.lower()
+
+
 def _pci_slot(device_dir: str) -> str | None:
     """domain:bus:device, the card, of the PCI function behind `<dev>/device`; None if there is none."""
     function = pci_function(device_dir)
-    return function.name.rpartition(".")[0] if function is not None else None
+    return pci_slot(function.name) if function is not None else None
 
 
 class Locality:

@@ -162,6 +162,11 @@ REOPEN_ERRNOS: Final = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE, errn
 PCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
+def pci_slot(address: str) -> str:
+    """domain:bus:device, the card, of a PCI function address (0000:3b:00.1 -> 0000:3b:00)."""
+    return address.rpartition(".")[0]
+
+
 def pci_function(device_dir: str | Path) -> Path | None:
     """The PCI function behind `<dev>/device` (an RDMA device's or a netdev's), None for a device of no
     PCI function (rxe, siw, software netdevs) or a dangling link."""
