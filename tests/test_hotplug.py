@@ -89,6 +89,23 @@ def test_udev_mode_lists_devices_only_when_told(tree: Path, tmp_path: Path) -> N
     assert metrics[("rdma_exporter_devices", ())] == 3
 
 
+def test_a_removal_whose_uevent_was_lost_costs_one_scrape_not_the_resync(tree: Path) -> None:
+    # udevd drops events when its queue overflows: the removed device must not stay listed, its reads
+    # failing, until the 15-minute resync. The scrape that finds its directory gone relists.
+    collector = udev_collector(tree)
+    assert devices_of(collector) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
+    gone = real_dir(tree, "mlx5_3")
+    (tree / "class" / "infiniband" / "mlx5_3").unlink()
+    shutil.rmtree(gone)  # and no event
+    first = scrape_samples(collector)
+    missing = (("collector", "infiniband"), ("device", "mlx5_3"), ("reason", "missing"))
+    assert first[("rdma_exporter_file_read_errors_total", missing)] > 0
+    assert all(value == 1 for (name, _), value in first.items() if name == "rdma_exporter_scrape_collector_success")
+    second = scrape_samples(collector)
+    assert second[("rdma_exporter_devices", ())] == 3
+    assert not [key for key in second if ("device", "mlx5_3") in key[1]]  # no stale series, no error series
+
+
 def sriov_vfs_of(collector: RdmaCollector, device: str) -> float:
     return scrape_samples(collector)[("rdma_device_sriov_vfs", (("device", device),))]
 
