@@ -619,7 +619,7 @@ def join_round(collector: RdmaCollector, scraper: threading.Thread, timeout: flo
 def test_concurrent_scrapes_share_one_collection(tmp_path: Path) -> None:
     root = make_tree(tmp_path, 3)
     source = HeldSource()
-    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
+    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4, stuck_after=60.0)))
     results: list[FamilySet] = []
     scrapers = [threading.Thread(target=lambda: results.append(collector.gather(10.0))) for _ in range(3)]
     # The round is held until every scraper has joined it: with a read of fixed length (and 20 ms between
@@ -638,10 +638,44 @@ def test_concurrent_scrapes_share_one_collection(tmp_path: Path) -> None:
     assert source.calls == {"mlx5_0": 2, "mlx5_1": 2, "mlx5_2": 2}
 
 
+def test_a_scrape_does_not_join_a_round_held_only_by_a_stuck_read(tmp_path: Path) -> None:
+    """Found by review: two Prometheus servers whose scrapes overlapped kept joining the round of the
+    first, each moving its deadline, and a round with a hung read never completes. That one round lasted
+    as long as the hang, every answer took the full deadline, and every healthy device's counters stood
+    still in it. A scrape arriving once only stuck reads are left starts its own round."""
+    root = make_tree(tmp_path, 3)
+    source = HeldSource(frozenset({"mlx5_1"}))
+    pool = WorkerPool(parallelism=4, stuck_after=0.3)
+    collector = RdmaCollector(root, [source], reads=DeviceReads(pool))
+    first: list[FamilySet] = []
+    leader = threading.Thread(target=lambda: first.append(collector.gather(20.0)))
+    try:
+        leader.start()
+        wait_until(lambda: (rnd := round_in_flight(collector)) is not None and all(
+            rnd.jobs[name].done.is_set() for name in ("mlx5_0", "mlx5_2")), 10)
+        held = round_in_flight(collector)
+        assert held is not None
+        # Still young: a scrape now would join it (the single-flight of an HA pair).
+        assert not held.only_stuck_left(time.monotonic(), pool.stuck_after)
+        wait_until(lambda: held.only_stuck_left(time.monotonic(), pool.stuck_after), 10)
+        started = time.monotonic()
+        second = samples(prometheus_text(collector.gather(20.0)).decode())
+        assert time.monotonic() - started < 5  # not the 20 s of the held round
+        assert round_in_flight(collector) is not held
+        assert value(second, "test_slow_reads", device="mlx5_0") == 2  # read again: fresh values
+        assert value(second, "test_slow_reads", device="mlx5_1") is None
+        assert value(second, "rdma_exporter_device_scrape_skipped", device="mlx5_1") == 1
+        assert source.calls["mlx5_1"] == 1  # the stuck device keeps its one read
+    finally:
+        source.release.set()
+    leader.join(10)
+    assert value(samples(prometheus_text(first[0]).decode()), "test_slow_reads", device="mlx5_0") == 1
+
+
 def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> None:
     root = make_tree(tmp_path, 3)
     source = HeldSource(frozenset({"mlx5_1"}))
-    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
+    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4, stuck_after=60.0)))
     leader: list[FamilySet] = []
     thread = threading.Thread(target=lambda: leader.append(collector.gather(5.0)))
     thread.start()

@@ -20,7 +20,8 @@ reads a device on the thread that serves a scrape:
   one job in its device reads and one in its netdev reads, and an rtnl stall costs the device's netdev
   and ethtool series only, not its InfiniBand and PCIe series;
 - concurrent scrapes join the round in flight (single-flight), each waiting no longer than its own
-  deadline, so three Prometheus replicas cost one set of firmware queries.
+  deadline, so three Prometheus replicas cost one set of firmware queries; but not a round whose only
+  unfinished jobs are stuck, which has nothing fresh left to give (`_Round.only_stuck_left`).
 
 Nothing is remembered between scrapes except the static inventory and the cumulative error counts, so
 a device or port that disappears simply stops being exported (no stale series).
@@ -741,6 +742,24 @@ class _Round:
     def complete(self) -> bool:
         return all(job.done.is_set() for job in self.jobs.values())
 
+    def only_stuck_left(self, now: float, stuck_after: float) -> bool:
+        """Whether every job of the round that has not ended is stuck (running past `stuck_after`).
+
+        Such a round has read all it will read soon, and it never completes while a read hangs: a scrape
+        joining it would get its old values. Overlapping scrapes (an HA pair) that kept joining it, each
+        moving its deadline, made one round last as long as the hang and froze every healthy device's
+        counters. A scrape then starts a round of its own, which skips the stuck devices. (A round whose
+        jobs have all ended is being assembled: joining it costs no reads.)"""
+        stuck = False
+        for job in self.jobs.values():
+            if job.done.is_set():
+                continue
+            started = job.started
+            if started is None or now - started < stuck_after:
+                return False
+            stuck = True
+        return stuck
+
     def job_ended(self) -> None:
         with self.pending_lock:
             self.pending -= 1
@@ -811,13 +830,18 @@ class RdmaCollector(Collector):
         wait = self.scrape_timeout if timeout is None else max(0.0, timeout)
         now = time.monotonic()
         mine = now + wait
+        pool = self.reads.pool
         with self._round_lock:
             current = self._round
-            if current is None or current.result is not None or now >= current.deadline:
+            if (
+                current is None
+                or current.result is not None
+                or now >= current.deadline
+                or current.only_stuck_left(now, pool.stuck_after)
+            ):
                 current = self._round = self._start_round(mine)
             else:
                 current.deadline = max(current.deadline, mine)
-        pool = self.reads.pool
         while True:
             remaining = mine - time.monotonic()
             if remaining <= 0 or current.all_done.wait(min(remaining, pool.spill_after)):
