@@ -1116,11 +1116,16 @@ def node_detail() -> Json:
         ), 12, 8),
         (timeseries(
             "Transport retries",
-            "Reliable-transport retransmissions per port and cause (5 minutes). Colours follow "
-            "RdmaTransportRetries (warning above 1/s summed over the causes of one port).",
+            "Reliable-transport retransmissions per port and cause (5 minutes), and their sum per port, which "
+            "is what RdmaTransportRetries compares: two causes at 0.7/s each make a port retransmit 1.4/s. "
+            "Colours follow RdmaTransportRetries (warning above 1/s), on the sum.",
             "cps",
-            targets((sel("instance_device_port:rdma_port_transport_retries:rate5m"), f"{dp} {{{{counter}}}}")),
-            steps=thresholds((above(1), WARNING)),
+            targets((sel("instance_device_port:rdma_port_transport_retries:rate5m"), f"{dp} {{{{counter}}}}"),
+                    (f"sum without (counter) ({sel('instance_device_port:rdma_port_transport_retries:rate5m')})",
+                     f"{dp} all causes")),
+            overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                        "properties": [{"id": "thresholds", "value": thresholds((above(1), WARNING))},
+                                       {"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}}]}],
             alerts=["RdmaTransportRetries"],
         ), 8, 8),
         (timeseries(
@@ -1388,8 +1393,8 @@ def roce_congestion() -> Json:
             "RoCE throughput",
             "Data sent and received by the selected RoCE ports.",
             "bps",
-            targets((f"sum({bytes_rate('transmit')}) * 8", "tx"),
-                    (f"sum({bytes_rate('receive')}) * 8", "rx")),
+            targets((f"sum({bytes_rate('transmit')} {ETHERNET}) * 8", "tx"),
+                    (f"sum({bytes_rate('receive')} {ETHERNET}) * 8", "rx")),
         ), 4, 4),
         (row("Priority flow control"), 24, 1),
         (timeseries(
@@ -1510,8 +1515,8 @@ def roce_congestion() -> Json:
             "mainline bnxt_re). Colours follow RdmaPortOutOfBuffer (warning above 0).",
             "pps",
             targets((rate("rdma_ethtool_out_of_buffer_total"), f"{np} RX rings"),
-                    (either_rate("rdma_port_hw_out_of_buffer_total", "rdma_port_hw_rx_out_of_buffer_total"),
-                     "{{instance}} {{device}} RDMA queues")),
+                    (f"({either_rate('rdma_port_hw_out_of_buffer_total', 'rdma_port_hw_rx_out_of_buffer_total')})"
+                     f" {ETHERNET}", "{{instance}} {{device}} RDMA queues")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaPortOutOfBuffer"],
         ), 12, 8),

@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import free_port, require_binary
+from conftest import free_port, require_binary, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -299,12 +299,27 @@ class Comparison:
     op: str
     value: float
     quantity: tuple[Selector, ...]  # the selectors of the left-hand side, with their functions and windows
+    # The aggregations of the left-hand side with their grouping, as "sum without (counter)": the alert
+    # compares the sum over causes, so a panel drawing each cause against its threshold shows another
+    # quantity.
+    groupings: tuple[str, ...] = ()
 
 
-def comparisons(expr: str) -> list[tuple[str, float, list[Selector]]]:
-    """(op, number, left-hand selectors) of every comparison of `expr` with a number. The left-hand side
-    reaches back to the previous comparison or set operator at its depth, which bind less tightly than
-    the arithmetic and functions around the quantity (`rate(x[10m]) * 60 > 0`)."""
+def groupings(tokens: list[tuple[str, str]]) -> list[str]:
+    """Every `agg by|without (labels)` of the tokens, written "agg by (a, b)" (labels as written)."""
+    found = []
+    for index, (kind, text) in enumerate(tokens[:-2]):
+        if kind == "ident" and text in AGGREGATIONS and tokens[index + 1][1] in ("by", "without"):
+            stop = closing(tokens, index + 2, "(", ")")
+            labels = ", ".join(label for _, label in tokens[index + 3 : stop] if label != ",")
+            found.append(f"{text} {tokens[index + 1][1]} ({labels})")
+    return found
+
+
+def comparisons(expr: str) -> list[tuple[str, float, list[Selector], list[str]]]:
+    """(op, number, left-hand selectors, left-hand groupings) of every comparison of `expr` with a number.
+    The left-hand side reaches back to the previous comparison or set operator at its depth, which bind
+    less tightly than the arithmetic and functions around the quantity (`rate(x[10m]) * 60 > 0`)."""
     tokens = tokenize(expr)
     found = []
     braces = 0
@@ -330,7 +345,7 @@ def comparisons(expr: str) -> list[tuple[str, float, list[Selector]]]:
                 break
             start -= 1
         left = " ".join(text for _, text in tokens[start + 1 : index])
-        found.append((text, float(tokens[at][1]), selectors(left)))
+        found.append((text, float(tokens[at][1]), selectors(left), groupings(tokens[start + 1 : index])))
     return found
 
 
@@ -339,11 +354,11 @@ def test_comparisons_find_the_quantity_each_threshold_applies_to() -> None:
         'rdma_port_state_id{x!="y"} < 4 or max without (source) (rec:a:b) >= bool 2 unless on (device) vf == 1 '
         "and rate(c_total[10m]) * 60 > 0"
     )
-    assert [(op, value, [(q.name, q.function, q.range) for q in qs]) for op, value, qs in found] == [
-        ("<", 4.0, [("rdma_port_state_id", None, None)]),
-        (">=", 2.0, [("rec:a:b", None, None)]),
-        ("==", 1.0, [("vf", None, None)]),
-        (">", 0.0, [("c_total", "rate", "10m")]),
+    assert [(op, value, [(q.name, q.function, q.range) for q in qs], by) for op, value, qs, by in found] == [
+        ("<", 4.0, [("rdma_port_state_id", None, None)], []),
+        (">=", 2.0, [("rec:a:b", None, None)], ["max without (source)"]),
+        ("==", 1.0, [("vf", None, None)], []),
+        (">", 0.0, [("c_total", "rate", "10m")], []),
     ]
 
 
@@ -352,10 +367,10 @@ def alert_comparisons() -> dict[str, list[Comparison]]:
     out: dict[str, list[Comparison]] = {}
     for rule in rules():
         if "alert" in rule:
-            for op, value, quantity in comparisons(rule["expr"]):
+            for op, value, quantity, grouped in comparisons(rule["expr"]):
                 severity = rule["labels"]["severity"]
                 out.setdefault(rule["alert"], []).append(
-                    Comparison(rule["alert"], severity, op, value, tuple(quantity))
+                    Comparison(rule["alert"], severity, op, value, tuple(quantity), tuple(grouped))
                 )
             out.setdefault(rule["alert"], [])
     return out
@@ -723,6 +738,8 @@ def step_follows(step: dict[str, Any], tgt: dict[str, Any], followed: list[str],
                 at = False
             if not at:
                 continue
+            if not set(claim.groupings) <= set(groupings(tokenize(tgt["expr"]))):
+                continue  # the alert aggregates (over causes, say) what the query shows apart
             any_rate = claim.op == ">" and claim.value == 0
             if all(
                 any(
@@ -770,6 +787,46 @@ def test_threshold_colours_follow_the_alerts() -> None:
                     checked += 1
     assert set(UNCLAIMED_COLOURS) <= titles, "stale UNCLAIMED_COLOURS entries"
     assert checked >= 15
+
+
+def infiniband_port_metrics() -> set[str]:
+    """Metrics that some golden exposition has on an InfiniBand port."""
+    names = set()
+    for path in sorted((ROOT / "tests" / "golden").glob("*.prom")):
+        exposed = samples(path.read_text())
+        ib_ports = {
+            (labels["device"], labels["port"])
+            for name, pairs in exposed
+            if name == "rdma_port_info" and (labels := dict(pairs)).get("link_layer") == "InfiniBand"
+        }
+        for name, pairs in exposed:
+            labels = dict(pairs)
+            if (labels.get("device"), labels.get("port")) in ib_ports:
+                names.add(name)
+    return names
+
+
+def test_roce_panels_read_no_infiniband_port() -> None:
+    """Device names are per node: mlx5_0 is a RoCE port on one node and an InfiniBand port on the next,
+    so the RoCE dashboard's device list does not keep InfiniBand ports out (found by review: "RoCE
+    throughput" showed 476 Gb/s of which 80 were RoCE, on a fleet mixing the two). A query reading a
+    metric that InfiniBand ports also have keeps the Ethernet ports only, by their link layer."""
+    on_ib = infiniband_port_metrics()
+    assert {"rdma_port_transmit_data_bytes_total", "rdma_port_hw_out_of_buffer_total"} <= on_ib
+    checked = 0
+    for item in panels(load(GRAFANA / "dashboards" / "roce-congestion.json")):
+        for tgt in item["targets"]:
+            found = selectors(tgt["expr"])
+            read = {s.name for s in found if not s.presence and s.name in on_ib}
+            if not read:
+                continue
+            checked += 1
+            ethernet = any(
+                s.presence and s.name == "rdma_port_info" and s.matchers.get("link_layer") == ("=", "Ethernet")
+                for s in found
+            )
+            assert ethernet, f"{item['title']} {tgt['refId']}: reads {sorted(read)} of InfiniBand ports too"
+    assert checked >= 2
 
 
 def test_few_panels_may_be_empty() -> None:
