@@ -1072,6 +1072,31 @@ def test_netdev_named_with_bytes_that_are_not_utf8_costs_nothing(tmp_path: Path)
     assert untouched - set(served) == set()
 
 
+def test_a_renamed_netdev_is_served_under_its_new_name_from_the_next_scrape(tmp_path: Path) -> None:
+    """Found by review: without uevents (rescan mode: containers, fixture trees) a netdev renamed after
+    the device's static info was read stayed unread, and counted missing, until that info aged out, up to
+    5 minutes later. The read that finds it gone counts it once and has the static info read again."""
+    root = build_tree(tmp_path / "t", SAMPLE_SPEC)
+    collector = build_collector(replace(Config(), sysfs=root))
+    assert collector.inventory.mode == "rescan"
+    before = samples(collector.gather(5.0).render_text().decode())
+    assert value(before, "rdma_netdev_up", device="mlx5_8", port="1", netdev="enp220s0f0np0") == 1
+    function = root / "devices" / "pci0000:d7" / "0000:d7:01.0" / "0000:dc:00.0"
+    (function / "net" / "enp220s0f0np0").rename(function / "net" / "rail8")
+    (root / "class" / "net" / "enp220s0f0np0").unlink()
+    (root / "class" / "net" / "rail8").symlink_to("../../devices/pci0000:d7/0000:d7:01.0/0000:dc:00.0/net/rail8")
+    for ndev in (device_dir(root, "mlx5_8") / "ports" / "1" / "gid_attrs" / "ndevs").iterdir():
+        if ndev.read_text() == "enp220s0f0np0\n":  # the kernel shows a GID's netdev by its current name
+            ndev.write_text("rail8\n")
+    first = samples(collector.gather(5.0).render_text().decode())
+    missing = {"collector": "netdev", "device": "mlx5_8", "reason": "missing"}
+    assert value(first, "rdma_exporter_file_read_errors_total", **missing) == 1
+    second = samples(collector.gather(5.0).render_text().decode())
+    assert value(second, "rdma_netdev_up", device="mlx5_8", port="1", netdev="rail8") == 1
+    assert not [key for key in second if ("netdev", "enp220s0f0np0") in key[1]]
+    assert value(second, "rdma_exporter_file_read_errors_total", **missing) == 1  # once, not per scrape
+
+
 # --- the reader pool on its own -------------------------------------------------------------------
 
 

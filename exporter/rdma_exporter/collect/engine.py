@@ -295,6 +295,11 @@ class Inventory:
                     self._resynced_at = now
                 listed = {name for name, _ in self._listing}
                 self._cache = {n: v for n, v in self._cache.items() if n in listed}
+                # Epochs of names no longer listed go too, or one per VF name ever invalidated piles up.
+                # A pruned name's epoch starts again at 0, so no job listed before may store under it.
+                if any(n not in listed for n in self._epochs):
+                    self._epochs = {n: e for n, e in self._epochs.items() if n in listed}
+                    self._epoch_all += 1
             listing = self._listing
             if errors.counts:  # a listing that failed is no listing: udev mode too lists again next scrape
                 self._listing = None
@@ -942,6 +947,8 @@ class RdmaCollector(Collector):
                 reader = SysfsReader(name, errors, files, memory)
                 value = source.read(self._contexts[source.name], info, reader)
                 ok = True
+                if reader.static_stale:  # e.g. a netdev it names was renamed: read it again next scrape
+                    self.inventory.invalidate(name)
             except Exception as exc:  # one broken device must not take the others down
                 level = self._failures.record_failure(key, exc)
                 log.log(level, "collector %s failed on device %s: %s", source.name, name, exc)
@@ -1148,6 +1155,10 @@ class RdmaCollector(Collector):
             return
         for device in gone:
             self._failures.forget(device)
+            for source in self.sources:
+                forget = getattr(source, "forget_device", None)
+                if forget is not None:
+                    forget(device)
         with self._state_lock:
             for state in self._state.values():
                 for key in [key for key in state.errors if key[0] in gone]:

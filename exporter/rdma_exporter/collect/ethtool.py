@@ -241,7 +241,7 @@ class EthtoolSource:
         return False
 
     def _targets(
-        self, locality: Locality, names: Sequence[str], reader: SysfsReader
+        self, locality: Locality, device: str, names: Sequence[str], reader: SysfsReader
     ) -> tuple[list[str], list[str]]:
         """The netdevs of one port whose hardware statistics this device reads: its own, and its bonds'
         slaves."""
@@ -249,7 +249,7 @@ class EthtoolSource:
         slaves: list[str] = []
         for name in names:
             if not locality.exists(name):
-                self.seen.check_vanished(locality, name, reader)
+                self.seen.check_vanished(locality, device, name, reader)
             elif locality.is_bond(name):
                 # A bond has no ethtool statistics of its own; PFC and PHY counters live on the slaves.
                 slaves += [s for s in locality.bond_slaves(name) if locality.is_physical(s) and locality.is_local(s)]
@@ -258,10 +258,16 @@ class EthtoolSource:
             # else a software upper (VLAN, macvlan), whose lower is the port's netdev, or another device's
         return own, slaves
 
+    def forget_device(self, device: str) -> None:
+        """The device is gone (engine): so are its netdevs' failure episodes and what was read of them."""
+        self._failures.forget(device)
+        self.seen.forget(device)
+
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
         if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
             self._failures.retain(device.name, ())
+            self.seen.forget(device.name)
             return EthtoolReading(())
         locality = Locality(ctx.sys_root, device.name, reader)
         own: list[tuple[int, str]] = []
@@ -269,7 +275,7 @@ class EthtoolSource:
         for port in device.ports:
             if port.link_layer != "Ethernet":
                 continue  # IPoIB netdevs have no PFC, ECN or PHY counters of the RDMA link
-            port_own, port_slaves = self._targets(locality, port.netdevs, reader)
+            port_own, port_slaves = self._targets(locality, device.name, port.netdevs, reader)
             own += [(port.number, name) for name in port_own]
             slaves += [(port.number, name) for name in port_slaves]
         # Bond slaves after every port's own netdevs, as in NetdevSource.read: a bond over both ports of a
@@ -282,10 +288,11 @@ class EthtoolSource:
             done.add(name)
             curated = self._read_netdev(device.name, name, reader)
             if curated is not None:
-                self.seen.add(name)
+                self.seen.add(device.name, name)
                 netdevs.append((number, name, curated))
         # A netdev that failed and then went away (a driver reload) starts a new episode if it comes back.
         self._failures.retain(device.name, done)
+        self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return EthtoolReading(tuple(netdevs))
 

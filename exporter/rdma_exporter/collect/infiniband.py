@@ -271,6 +271,8 @@ HW_COUNTER_DYNAMIC: Final = (
 class HwCounterSpecs:
     """MetricSpecs for driver-named counters, memoised so each name is converted once per process."""
 
+    MAX_LISTINGS: Final = 64  # distinct hw_counters listings whose shadowed files are remembered
+
     def __init__(self, prefix: str, labels: tuple[str, ...], scope: str) -> None:
         self._prefix = prefix
         self._labels = labels
@@ -298,6 +300,8 @@ class HwCounterSpecs:
         Prometheus would take for a counter reset."""
         shadowed = self._shadowed.get(files)
         if shadowed is None:
+            if len(self._shadowed) >= self.MAX_LISTINGS:
+                self._shadowed.clear()  # a node has a handful of listings; more is churn, not a working set
             names: set[str] = set()
             later: set[str] = set()
             for file in files:

@@ -10,7 +10,7 @@ The ethtool collector uses the same rules.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -23,31 +23,47 @@ NAME: Final = "netdev"
 
 
 class SeenNetdevs:
-    """Netdevs a source has read, to tell a netdev that vanished from one that was never visible here.
+    """Netdevs each device's reads have read, to tell a netdev that vanished from one never visible here.
 
     GID tables also name netdevs of other network namespaces (macvlans and VFs handed to containers),
     which never appear in this sysfs; counting those as errors on every scrape would drown real losses.
-    A netdev that was read before and is now gone is counted once, then forgotten until it is back.
+    A netdev that was read before and is now gone is counted once, then forgotten until it is back, and
+    the device's static info, which still names it, is read again (a rename, or a re-created VF's netdev).
+    Kept per device and only for the netdevs the device's last read named, so that names which are gone
+    for good (VFs created per job, renames) do not pile up over weeks.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: set[str] = set()
+        self._seen: dict[str, set[str]] = {}
 
-    def add(self, name: str) -> None:
+    def __len__(self) -> int:
         with self._lock:
-            self._seen.add(name)
+            return sum(len(names) for names in self._seen.values())
 
-    def take(self, name: str) -> bool:
+    def add(self, device: str, name: str) -> None:
         with self._lock:
-            if name in self._seen:
-                self._seen.discard(name)
-                return True
-            return False
+            self._seen.setdefault(device, set()).add(name)
 
-    def check_vanished(self, locality: Locality, name: str, reader: SysfsReader) -> None:
-        if self.take(name):
-            reader.fail(REASON_MISSING, locality.net_dir(name), "netdev vanished since it was last read")
+    def check_vanished(self, locality: Locality, device: str, name: str, reader: SysfsReader) -> None:
+        with self._lock:
+            names = self._seen.get(device)
+            if names is None or name not in names:
+                return
+            names.discard(name)
+        reader.fail(REASON_MISSING, locality.net_dir(name), "netdev vanished since it was last read")
+        reader.static_stale = True
+
+    def retain(self, device: str, names: Collection[str]) -> None:
+        """Forget the device's netdevs that its read did not name (its static info no longer does)."""
+        with self._lock:
+            seen = self._seen.get(device)
+            if seen is not None and not seen.issubset(names):
+                seen.intersection_update(names)
+
+    def forget(self, device: str) -> None:
+        with self._lock:
+            self._seen.pop(device, None)
 
 
 LABELS: Final = ("device", "port", "netdev")
@@ -225,7 +241,7 @@ class NetdevSource:
                 return None  # reached from two ports of this device: the lower port has it
             done.add(name)
             if not locality.exists(name):
-                self.seen.check_vanished(locality, name, reader)
+                self.seen.check_vanished(locality, device.name, name, reader)
                 return None
             if not locality.is_local(name):
                 return None  # another RDMA device reads it
@@ -234,7 +250,7 @@ class NetdevSource:
             identity = device.netdev(name) or read_netdev_identity(ctx.sys_root, name, reader)
             netdev = read_netdev_state(ctx.sys_root, identity, reader) if identity is not None else None
             if netdev is not None:
-                self.seen.add(name)
+                self.seen.add(device.name, name)
                 netdevs.append((port, netdev))
             return netdev
 
@@ -251,8 +267,13 @@ class NetdevSource:
         for number, bond in bonds:
             for slave in bond.bond_slaves:
                 visit(number, slave)
+        self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return NetdevReading(tuple(netdevs))
+
+    def forget_device(self, device: str) -> None:
+        """The device is gone (engine): so is what was known of its netdevs."""
+        self.seen.forget(device)
 
     def expose(self, results: Mapping[str, NetdevReading], out: FamilySet) -> None:
         emitted: set[str] = set()

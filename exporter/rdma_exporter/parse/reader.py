@@ -414,7 +414,7 @@ class SysfsReader:
     attributed without passing the device name to every call.
     """
 
-    __slots__ = ("device", "errors", "files", "memory", "opened")
+    __slots__ = ("device", "errors", "files", "memory", "opened", "static_stale")
 
     def __init__(
         self,
@@ -432,6 +432,9 @@ class SysfsReader:
         # Which counter files have answered or refused (SysfsReader.uints): the kept files' record, also
         # for a read that may not use them (the engine's device-only job, beside a job that holds them).
         self.memory = memory if memory is not None else files
+        # Set by a read that found the device's cached static info out of date (a netdev it names is gone:
+        # renamed, or re-created under another name), so that the caller reads it again.
+        self.static_stale = False
 
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
         self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
