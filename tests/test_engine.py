@@ -19,7 +19,7 @@ from test_daemon_faults import PausedClock
 from rdma_exporter import __version__
 from rdma_exporter.collect import engine
 from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
-from rdma_exporter.collect.engine import DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.collect.engine import STUCK_AFTER_SECONDS, DeviceReads, RdmaCollector, WorkerPool
 from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import REASON_IO, REASON_PERMISSION, SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
@@ -74,10 +74,15 @@ def standin() -> Iterator[StandIn]:
 
 
 def collector(
-    tmp_path: Path, source: StandIn, devices: int = 2, parallelism: int = 4, hard_max: int = 8
+    tmp_path: Path,
+    source: StandIn,
+    devices: int = 2,
+    parallelism: int = 4,
+    hard_max: int = 8,
+    stuck_after: float = STUCK_AFTER_SECONDS,
 ) -> RdmaCollector:
     root = build_tree(tmp_path / "t", spec_for_devices(devices))
-    reads = DeviceReads(WorkerPool(parallelism=parallelism, hard_max=hard_max))
+    reads = DeviceReads(WorkerPool(parallelism=parallelism, hard_max=hard_max, stuck_after=stuck_after))
     return RdmaCollector(root, [source], scrape_timeout=5.0, reads=reads)
 
 
@@ -90,7 +95,9 @@ def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(tmp_path:
     # its deadline drops the job that never started and lets another thread past the stuck one, so the next
     # scrape reads mlx5_1 instead of reporting it skipped behind a read that never began.
     standin.gates["mlx5_0"] = threading.Event()
-    rdma = collector(tmp_path, standin, parallelism=1)
+    # Never stuck by the pool's measure: on a loaded machine the first scrape could end after the 1 s at
+    # which a stuck job lets another thread in, and find mlx5_1 read by it.
+    rdma = collector(tmp_path, standin, parallelism=1, stuck_after=60.0)
     first = scrape(rdma, 0.5)
     assert ("x_value", (("device", "mlx5_1"),)) not in first
     # mlx5_1's job ends (dropped, or run by the thread let in): only the stuck read is left outstanding.
