@@ -409,6 +409,9 @@ def test_basic_auth_refuses_malformed_credentials_like_go_does(
     good = base64.b64encode(b"prometheus:s3cret").decode()
     assert status("Basic " + good) == 200
     assert status("Basic " + good[:4] + "*" + good[4:]) == 401  # not base64: Go refuses it too
+    # A byte that is not ASCII made b64decode raise a ValueError nobody caught: the connection was
+    # dropped with an error and a traceback logged per request (found by review: 2 MB of log a second).
+    assert status("Basic " + good[:4] + "\xe9" + good[4:]) == 401
     assert status("Bearer " + good) == 401
     # RFC 7235 puts 1*SP between the scheme and the credentials; Go takes exactly one, this server any
     # number (a proxy that pads the header still authenticates).

@@ -19,7 +19,6 @@ is worse than a start-up error.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import ipaddress
@@ -121,7 +120,7 @@ class BasicAuth:
             return None
         try:
             user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (binascii.Error), not UTF-8, or not ASCII to begin with
             return None
         if not sep:
             return None
