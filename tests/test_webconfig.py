@@ -133,6 +133,30 @@ def bcrypt_hash(password: str, cost: int = 4) -> str:
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=cost)).decode()
 
 
+def test_a_password_over_72_bytes_is_refused_even_by_a_bcrypt_that_truncates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bcrypt 5 refuses such passwords itself; bcrypt 4 (which pyproject allows) checks the first 72 bytes
+    # only, so that any suffix would log in. Stood in for by a checkpw that truncates as bcrypt 4 does.
+    password = "p" * 72
+    auth = users(tmp_path, prometheus=bcrypt_hash(password))
+    real = bcrypt.checkpw
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", lambda given, hashed: real(given[:72], hashed))
+
+    def header(secret: str) -> str:
+        return "Basic " + base64.b64encode(f"prometheus:{secret}".encode()).decode()
+
+    assert auth.check(header(password))
+    assert not auth.check(header(password + "anything"))
+
+
+def test_users_hashed_at_different_costs_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    users(tmp_path, same=bcrypt_hash("a"), cost=bcrypt_hash("b"))
+    assert "different bcrypt costs" not in caplog.text
+    users(tmp_path, fast=bcrypt_hash("a", 4), slow=bcrypt_hash("b", 5))
+    assert "different bcrypt costs (4, 5)" in caplog.text
+
+
 def users(tmp_path: Path, **hashes: str) -> BasicAuth:
     text = "basic_auth_users:\n" + "".join(f"  {user}: '{hashed}'\n" for user, hashed in hashes.items())
     auth = load_web_config(web_config(tmp_path, text)).auth
