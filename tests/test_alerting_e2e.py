@@ -333,8 +333,6 @@ def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> No
             "alertname": "RdmaPortDown",
             "severity": "critical",
             "device": "mlx5_0",
-            "state": "DOWN",
-            "physical_state": "Polling",
         }
         assert down["annotations"]["runbook_url"].endswith("/docs/runbooks/RdmaPortDown.md")
         assert f"{instance} mlx5_0 port 1 is DOWN (physical state Polling)" in down["annotations"]["description"]
