@@ -287,6 +287,13 @@ def test_servicemonitor_instance_is_the_node_name() -> None:
         rule = setting[label]
         assert rule["sourceLabels"] == ["__meta_kubernetes_pod_node_name"], rule
         assert rule.get("regex", "(.*)") == "(.*)" and rule.get("replacement", "$1") == "$1", rule
+    # Found by review: the operator's `pod` label changed every alert's identity at each rollout, so a
+    # page firing across an upgrade resolved and paged again. Labels that name the pod are dropped.
+    dropped = [re.compile(r["regex"]) for r in relabelings if r.get("action") == "labeldrop"]
+    for label in ("pod", "container"):
+        assert any(regex.fullmatch(label) for regex in dropped), label
+    for label in ("instance", "node", "job", "namespace", "service", "endpoint", "cluster"):
+        assert not any(regex.fullmatch(label) for regex in dropped), label
 
 
 def test_daemonset_args_pass_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
