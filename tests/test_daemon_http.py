@@ -400,10 +400,12 @@ def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], t
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),  # a TLS hello to a plain port
         (b"GET / HTTP/2.0\r\n\r\n", 505),
         (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: x\rTransfer-Encoding: chunked\r\n\r\n", 400),  # found by review
+        (b"GET / HTTP/1.1\r\nHost: x\x00y\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),  # more digits than int() takes
     ],
     ids=["long-line", "big-header", "many-headers", "body", "chunked", "tls-to-plain", "http2", "malformed",
-         "body-length-of-5000-digits"],
+         "bare-cr", "nul", "body-length-of-5000-digits"],
 )
 def test_request_limits(request_bytes: bytes, status: int) -> None:
     with InProcessServer(lambda request: Response(200, b"ok")) as server:
@@ -846,6 +848,43 @@ def test_a_full_server_closes_the_longest_idle_connection() -> None:
         closed, answer = closed_within(newer, 10)
         assert answer.startswith(b"HTTP/1.1 200")
         oldest.close()
+
+
+def test_one_client_cannot_hold_every_slot_and_prometheus_keeps_its_connection() -> None:
+    """Found by a security review: a single host holding every slot with heads sent a byte at a time (or
+    TLS handshakes never finished) kept Prometheus out, and closed its idle keep-alive connection to make
+    room for more. A full server now makes room from the client holding the most; that client may only
+    close its own idle connections."""
+    with InProcessServer(lambda r: Response(200, b"ok"), max_connections=6, idle_timeout=60, head_timeout=60) as server:
+        prometheus = socket.create_connection(("127.0.0.1", server.port))
+        prometheus.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        prometheus.settimeout(10)
+        assert prometheus.recv(4096).startswith(b"HTTP/1.1 200")  # now idle, kept alive
+
+        def slow_head(host: str) -> socket.socket:
+            sock = socket.create_connection(("127.0.0.1", server.port), source_address=(host, 0))
+            sock.sendall(b"G")
+            return sock
+
+        closed: set[socket.socket] = set()
+
+        def closed_count(socks: list[socket.socket]) -> int:
+            closed.update(sock for sock in socks if sock not in closed and closed_within(sock, 0.05)[0])
+            return sum(sock in closed for sock in socks)
+
+        attacker = [slow_head("127.0.0.2") for _ in range(6)]
+        wait_until(lambda: closed_count(attacker) == 1, 10)  # the sixth found no room of its own
+        other = [slow_head("127.0.0.3") for _ in range(2)]
+        wait_until(lambda: closed_count(attacker) == 3, 10)  # each made room from the biggest holder
+        assert server.connections() == 6
+        assert closed_count(other) == 0
+        # Prometheus's idle connection is still there, and a new one gets in too.
+        prometheus.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert closed_within(prometheus, 10)[1].startswith(b"HTTP/1.1 200")
+        assert get(server.port, "/").status == 200
+        assert server.refused_connections.logged > 0  # the refusal was logged (CountedWarning)
+        for sock in [prometheus, *attacker, *other]:
+            sock.close()
 
 
 # 16 MB, well over what loopback socket buffers take (tcp_wmem at most 4 MB), so that the server's

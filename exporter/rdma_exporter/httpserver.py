@@ -183,6 +183,10 @@ def parse_head(head: bytes) -> Request:
         name, sep, value = line.partition(":")
         if not sep or not _TOKEN.match(name):
             raise BadRequest(400, "malformed header field")
+        if "\r" in value or "\0" in value:
+            # RFC 9112 2.2 and RFC 9110 5.5: a bare CR or a NUL makes the field invalid. A proxy in front
+            # that splits on a bare CR would see two fields where this server sees one.
+            raise BadRequest(400, "bare CR or NUL in a header field")
         key = name.lower()
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     if "transfer-encoding" in headers:
@@ -411,8 +415,12 @@ class LastIdleFirst(Generic[T]):
 class HttpServer:
     """HTTP/1.1 (keep-alive, optional TLS) for GET/HEAD requests without bodies.
 
-    Bounded: `max_connections` sockets (the longest idle one is closed to make room), `workers` threads,
-    MAX_REQUEST_HEAD bytes buffered per connection, and every phase of a connection has a timeout.
+    Bounded: `max_connections` sockets, `workers` threads, MAX_REQUEST_HEAD bytes buffered per connection,
+    and every phase of a connection has a timeout. A full server makes room for a newcomer by closing the
+    oldest connection of the client (client_of) holding the most, if that is another client holding more
+    than the newcomer; a newcomer from the client holding the most may only close its own longest idle
+    one; otherwise the longest idle one goes, or the newcomer is refused. So one host holding every slot
+    with slow heads or unfinished TLS handshakes cannot keep another out, nor close its idle connections.
     """
 
     def __init__(
@@ -449,7 +457,9 @@ class HttpServer:
         self._costly_clients: Counter[str] = Counter()  # places in the costly lane taken, by client
         self.refused_logins = CountedWarning(log)  # 503s of the login lane
         self.refused_certificates = CountedWarning(log)  # certificates naming none of client_allowed_sans
+        self.refused_connections = CountedWarning(log)  # accepted and closed at once: no room
         self.max_connections = max_connections
+        self._client_conns: Counter[str] = Counter()  # open connections, by client
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
         self.write_timeout = write_timeout
@@ -552,14 +562,16 @@ class HttpServer:
                 self._accept_resume = time.monotonic() + ACCEPT_PAUSE
                 return
             now = time.monotonic()
-            if len(self._conns) >= self.max_connections and not self._evict_idle():
+            peer = f"{address[0]}:{address[1]}"
+            client = client_of(str(address[0]))
+            if len(self._conns) >= self.max_connections and not self._make_room(client):
                 sock.close()
+                self._log_refused_connection(peer)
                 continue
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             context = self._tls()
-            peer = f"{address[0]}:{address[1]}"
             if context is not None:
                 try:
                     sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
@@ -568,19 +580,38 @@ class HttpServer:
                     continue
             handshaking = context is not None
             deadline = now + (self.head_timeout if handshaking else self.idle_timeout)
-            conn = _Conn(sock, peer, client_of(str(address[0])), now, handshaking, deadline)
+            conn = _Conn(sock, peer, client, now, handshaking, deadline)
             self._conns[id(conn)] = conn
+            self._client_conns[client] += 1
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _evict_idle(self) -> bool:
+    def _evict_idle(self, client: str | None = None) -> bool:
+        """Close the longest idle connection (of `client`, if given); False if there is none."""
         idle = [
             c for c in self._conns.values()
             if id(c) not in self._busy and not c.started and not c.handshaking and not c.pending
+            and (client is None or c.client == client)
         ]
         if not idle:
             return False
         self._close(min(idle, key=lambda c: c.last_active))
         return True
+
+    def _make_room(self, client: str) -> bool:
+        """Close a connection for a newcomer from `client` on a full server (HttpServer); False if none may go."""
+        biggest, held = max(self._client_conns.items(), key=lambda item: item[1], default=("", 0))
+        if biggest == client:
+            return self._evict_idle(client)  # the top holder makes room from its own idle ones only
+        if held > self._client_conns[client] + 1:
+            # Any phase (a head sent a byte at a time, a TLS handshake never finished) but not one being
+            # answered: those end by their own timeouts.
+            candidates = [
+                c for c in self._conns.values() if c.client == biggest and id(c) not in self._busy and not c.pending
+            ]
+            if candidates:
+                self._close(min(candidates, key=lambda c: c.last_active))
+                return True
+        return self._evict_idle()
 
     def _on_ready(self, conn: _Conn, mask: int) -> None:
         try:
@@ -707,6 +738,12 @@ class HttpServer:
             self._jobs.costly_backlog, MAX_COSTLY_PER_CLIENT, peer,
         )
 
+    def _log_refused_connection(self, peer: str) -> None:
+        self.refused_connections.add(
+            "%d connection(s) closed at once since the last such line: no room (%d connections; the last from %s)",
+            self.max_connections, peer,
+        )
+
     def _log_refused_certificate(self, peer: str) -> None:
         # A scraper with the wrong certificate reconnects every scrape, and any holder of a certificate from
         # the client CA can connect in a loop.
@@ -795,7 +832,10 @@ class HttpServer:
         self._costly_done(conn)
         if conn.pending_bytes:
             self._release_pending(conn)
-        self._conns.pop(id(conn), None)
+        if self._conns.pop(id(conn), None) is not None:
+            self._client_conns[conn.client] -= 1
+            if not self._client_conns[conn.client]:
+                del self._client_conns[conn.client]
         self._busy.discard(id(conn))
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(conn.sock)
