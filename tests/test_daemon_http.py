@@ -872,7 +872,14 @@ def test_one_client_cannot_hold_every_slot_and_prometheus_keeps_its_connection()
             closed.update(sock for sock in socks if sock not in closed and closed_within(sock, 0.05)[0])
             return sum(sock in closed for sock in socks)
 
-        attacker = [slow_head("127.0.0.2") for _ in range(6)]
+        attacker = [slow_head("127.0.0.2") for _ in range(5)]  # the server is full
+
+        def heads_begun() -> bool:  # an accepted connection whose byte is not read yet still counts as idle
+            conns = [c for c in list(server._conns.values()) if c.client == "127.0.0.2"]
+            return len(conns) == 5 and all(c.started for c in conns)
+
+        wait_until(heads_begun, 10)
+        attacker.append(slow_head("127.0.0.2"))
         wait_until(lambda: closed_count(attacker) == 1, 10)  # the sixth found no room of its own
         other = [slow_head("127.0.0.3") for _ in range(2)]
         wait_until(lambda: closed_count(attacker) == 3, 10)  # each made room from the biggest holder
