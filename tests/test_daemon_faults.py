@@ -638,38 +638,61 @@ def test_concurrent_scrapes_share_one_collection(tmp_path: Path) -> None:
     assert source.calls == {"mlx5_0": 2, "mlx5_1": 2, "mlx5_2": 2}
 
 
-def test_a_scrape_does_not_join_a_round_held_only_by_a_stuck_read(tmp_path: Path) -> None:
+def test_a_round_is_joined_only_until_the_deadline_of_the_scrape_that_started_it(tmp_path: Path) -> None:
     """Found by review: two Prometheus servers whose scrapes overlapped kept joining the round of the
     first, each moving its deadline, and a round with a hung read never completes. That one round lasted
     as long as the hang, every answer took the full deadline, and every healthy device's counters stood
-    still in it. A scrape arriving once only stuck reads are left starts its own round."""
+    still in it. A scrape after the starter's deadline starts its own round."""
     root = make_tree(tmp_path, 3)
     source = HeldSource(frozenset({"mlx5_1"}))
-    pool = WorkerPool(parallelism=4, stuck_after=0.3)
-    collector = RdmaCollector(root, [source], reads=DeviceReads(pool))
-    first: list[FamilySet] = []
-    leader = threading.Thread(target=lambda: first.append(collector.gather(20.0)))
+    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
+    results: list[FamilySet] = []
     try:
+        leader = threading.Thread(target=lambda: collector.gather(1.0))
         leader.start()
         wait_until(lambda: (rnd := round_in_flight(collector)) is not None and all(
             rnd.jobs[name].done.is_set() for name in ("mlx5_0", "mlx5_2")), 10)
         held = round_in_flight(collector)
         assert held is not None
-        # Still young: a scrape now would join it (the single-flight of an HA pair).
-        assert not held.only_stuck_left(time.monotonic(), pool.stuck_after)
-        wait_until(lambda: held.only_stuck_left(time.monotonic(), pool.stuck_after), 10)
+        joiner = threading.Thread(target=lambda: results.append(collector.gather(20.0)))
+        join_round(collector, joiner)  # within the leader's second: joined, the deadline moved to 20 s
+        leader.join(10)
+        wait_until(lambda: time.monotonic() > held.joinable_until, 10)
         started = time.monotonic()
-        second = samples(prometheus_text(collector.gather(20.0)).decode())
+        third = samples(prometheus_text(collector.gather(20.0)).decode())
         assert time.monotonic() - started < 5  # not the 20 s of the held round
         assert round_in_flight(collector) is not held
-        assert value(second, "test_slow_reads", device="mlx5_0") == 2  # read again: fresh values
-        assert value(second, "test_slow_reads", device="mlx5_1") is None
-        assert value(second, "rdma_exporter_device_scrape_skipped", device="mlx5_1") == 1
+        assert value(third, "test_slow_reads", device="mlx5_0") == 2  # read again: fresh values
+        assert value(third, "test_slow_reads", device="mlx5_1") is None
+        assert value(third, "rdma_exporter_device_scrape_skipped", device="mlx5_1") == 1
         assert source.calls["mlx5_1"] == 1  # the stuck device keeps its one read
     finally:
         source.release.set()
+    joiner.join(10)
+    assert value(samples(prometheus_text(results[0]).decode()), "test_slow_reads", device="mlx5_1") == 1
+
+
+def test_a_scrape_joins_a_round_whose_device_is_slow_but_reading(tmp_path: Path) -> None:
+    """A device that takes 1.5 s to read is slow, not hung: the second of an HA pair, arriving 1.2 s into
+    the round, shares the read (found by the final review, against a first fix that started a round of
+    its own once a read had run for a second, and reported the device skipped every interval)."""
+    root = make_tree(tmp_path, 3)
+    source = HeldSource(frozenset({"mlx5_1"}))
+    collector = RdmaCollector(root, [source], reads=DeviceReads(WorkerPool(parallelism=4)))
+    first: list[FamilySet] = []
+    leader = threading.Thread(target=lambda: first.append(collector.gather(5.0)))
+    try:
+        leader.start()
+        wait_until(lambda: source.calls.get("mlx5_1") == 1, 10)
+        time.sleep(1.2)
+        threading.Timer(0.3, source.release.set).start()
+        second = samples(prometheus_text(collector.gather(5.0)).decode())
+    finally:
+        source.release.set()
     leader.join(10)
-    assert value(samples(prometheus_text(first[0]).decode()), "test_slow_reads", device="mlx5_0") == 1
+    assert source.calls["mlx5_1"] == 1  # one read, shared
+    assert value(second, "test_slow_reads", device="mlx5_1") == 1
+    assert value(second, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
 
 
 def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> None:

@@ -20,8 +20,9 @@ reads a device on the thread that serves a scrape:
   one job in its device reads and one in its netdev reads, and an rtnl stall costs the device's netdev
   and ethtool series only, not its InfiniBand and PCIe series;
 - concurrent scrapes join the round in flight (single-flight), each waiting no longer than its own
-  deadline, so three Prometheus replicas cost one set of firmware queries; but not a round whose only
-  unfinished jobs are stuck, which has nothing fresh left to give (`_Round.only_stuck_left`).
+  deadline, so three Prometheus replicas cost one set of firmware queries; but only until the deadline
+  of the scrape that started it (`_Round.joinable_until`): a round held up by a hung read never
+  completes, and scrapes that kept joining it would keep getting its old values.
 
 Nothing is remembered between scrapes except the static inventory and the cumulative error counts, so
 a device or port that disappears simply stops being exported (no stale series).
@@ -724,6 +725,11 @@ class _Round:
     """One collection: the jobs it started and what the scrapes waiting for it have already counted."""
 
     deadline: float  # the latest deadline of the scrapes waiting for it
+    # The deadline of the scrape that started it: later scrapes start a round of their own. Joining was
+    # open for as long as any joiner waited, and two Prometheus servers whose scrapes overlapped kept one
+    # round held up by a hung read alive for as long as the hang: every answer took the full deadline
+    # and every healthy device's counters stood still in it.
+    joinable_until: float
     entries: list[DeviceEntry]
     jobs: dict[str, DeviceJob]
     skipped: dict[str, DeviceJob]  # devices whose job from an earlier round is still running
@@ -746,24 +752,6 @@ class _Round:
 
     def complete(self) -> bool:
         return all(job.done.is_set() for job in self.jobs.values())
-
-    def only_stuck_left(self, now: float, stuck_after: float) -> bool:
-        """Whether every job of the round that has not ended is stuck (running past `stuck_after`).
-
-        Such a round has read all it will read soon, and it never completes while a read hangs: a scrape
-        joining it would get its old values. Overlapping scrapes (an HA pair) that kept joining it, each
-        moving its deadline, made one round last as long as the hang and froze every healthy device's
-        counters. A scrape then starts a round of its own, which skips the stuck devices. (A round whose
-        jobs have all ended is being assembled: joining it costs no reads.)"""
-        stuck = False
-        for job in self.jobs.values():
-            if job.done.is_set():
-                continue
-            started = job.started
-            if started is None or now - started < stuck_after:
-                return False
-            stuck = True
-        return stuck
 
     def job_ended(self) -> None:
         with self.pending_lock:
@@ -838,12 +826,7 @@ class RdmaCollector(Collector):
         pool = self.reads.pool
         with self._round_lock:
             current = self._round
-            if (
-                current is None
-                or current.result is not None
-                or now >= current.deadline
-                or current.only_stuck_left(now, pool.stuck_after)
-            ):
+            if current is None or current.result is not None or now >= current.joinable_until:
                 current = self._round = self._start_round(mine)
             else:
                 current.deadline = max(current.deadline, mine)
@@ -869,7 +852,7 @@ class RdmaCollector(Collector):
             self._forget_removed(frozenset(entry.name for entry in entries))
         jobs: dict[str, DeviceJob] = {}
         skipped: dict[str, DeviceJob] = {}
-        rnd = _Round(deadline, entries, jobs, skipped, 0.0, ok, pending=len(entries) + 1)
+        rnd = _Round(deadline, deadline, entries, jobs, skipped, 0.0, ok, pending=len(entries) + 1)
         self.reads.prune(class_dir, {class_dir + entry.name for entry in entries})
         for entry in entries:
             key = class_dir + entry.name
