@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rdma_exporter.collect.engine import RdmaCollector
+from rdma_exporter.collect.ethtool import EthtoolSource
 from rdma_exporter.collect.infiniband import HwCounterSpecs
 from rdma_exporter.collect.netdev import NetdevSource, SeenNetdevs
 from rdma_exporter.config import Config
@@ -45,6 +46,20 @@ def test_the_netdevs_of_a_removed_device_are_forgotten(tmp_path: Path) -> None:
     remove_device(root, "mlx5_8")
     collector.gather(5.0)
     assert len(seen) == before - 1
+
+
+def test_the_ethtool_state_of_a_removed_device_is_forgotten(tmp_path: Path) -> None:
+    dest = tmp_path / "t"
+    root = build_tree(dest, SAMPLE_SPEC)
+    collector = build_collector(replace(Config(), sysfs=root, ethtool_dir=dest / "ethtool"))
+    collector.gather(5.0)
+    ethtool = next(source for source in collector.sources if source.name == "ethtool")
+    assert isinstance(ethtool, EthtoolSource)
+    before = len(ethtool.seen)
+    assert before >= 2  # the two RoCE ports' netdevs
+    remove_device(root, "mlx5_8")
+    collector.gather(5.0)
+    assert len(ethtool.seen) == before - 1
 
 
 def test_a_netdev_no_longer_named_by_its_device_is_forgotten(tmp_path: Path) -> None:

@@ -402,10 +402,11 @@ def test_keep_alive_pipelining_and_http10(start: Callable[..., RunningDaemon], t
         (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nHost: x\rTransfer-Encoding: chunked\r\n\r\n", 400),  # found by review
         (b"GET / HTTP/1.1\r\nHost: x\x00y\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: x\r\r\n\r\n", 400),  # a bare CR at the end of the field, too
         (b"GET / HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),  # more digits than int() takes
     ],
     ids=["long-line", "big-header", "many-headers", "body", "chunked", "tls-to-plain", "http2", "malformed",
-         "bare-cr", "nul", "body-length-of-5000-digits"],
+         "bare-cr", "nul", "trailing-bare-cr", "body-length-of-5000-digits"],
 )
 def test_request_limits(request_bytes: bytes, status: int) -> None:
     with InProcessServer(lambda request: Response(200, b"ok")) as server:
@@ -884,6 +885,10 @@ def test_one_client_cannot_hold_every_slot_and_prometheus_keeps_its_connection()
         other = [slow_head("127.0.0.3") for _ in range(2)]
         wait_until(lambda: closed_count(attacker) == 3, 10)  # each made room from the biggest holder
         assert server.connections() == 6
+        assert closed_count(other) == 0
+        # Three against two: one more from the smaller still closes one of the bigger's, not Prometheus's.
+        other.append(slow_head("127.0.0.3"))
+        wait_until(lambda: closed_count(attacker) == 4, 10)
         assert closed_count(other) == 0
         # Prometheus's idle connection is still there, and a new one gets in too.
         prometheus.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -155,8 +155,11 @@ def head_end(buffer: bytes | bytearray, searched: int = 0) -> int:
 
 def parse_head(head: bytes) -> Request:
     """A GET-style request head (no body); BadRequest names the status to answer with."""
-    lines = head[_leading_empty_line(head) :].decode("latin-1").split("\n")
-    request_line = lines[0].rstrip("\r")
+    lines = [
+        line[:-1] if line.endswith("\r") else line  # the CR of CRLF: any other CR is a bare one
+        for line in head[_leading_empty_line(head) :].decode("latin-1").split("\n")
+    ]
+    request_line = lines[0]
     if len(request_line) > MAX_REQUEST_LINE:
         raise BadRequest(414, "request line too long")
     parts = request_line.split(" ")
@@ -173,8 +176,7 @@ def parse_head(head: bytes) -> Request:
         target = "/" + target if target.startswith("?") else target
     headers: dict[str, str] = {}
     count = 0
-    for raw in lines[1:]:
-        line = raw.rstrip("\r")
+    for line in lines[1:]:
         if not line:
             continue
         count += 1
@@ -420,7 +422,8 @@ class HttpServer:
     oldest connection of the client (client_of) holding the most, if that is another client holding more
     than the newcomer; a newcomer from the client holding the most may only close its own longest idle
     one; otherwise the longest idle one goes, or the newcomer is refused. So one host holding every slot
-    with slow heads or unfinished TLS handshakes cannot keep another out, nor close its idle connections.
+    with slow heads or unfinished TLS handshakes cannot keep another out, and hosts holding more than
+    Prometheus lose their own connections before its idle one.
     """
 
     def __init__(
@@ -602,7 +605,7 @@ class HttpServer:
         biggest, held = max(self._client_conns.items(), key=lambda item: item[1], default=("", 0))
         if biggest == client:
             return self._evict_idle(client)  # the top holder makes room from its own idle ones only
-        if held > self._client_conns[client] + 1:
+        if held > self._client_conns[client]:
             # Any phase (a head sent a byte at a time, a TLS handshake never finished) but not one being
             # answered: those end by their own timeouts.
             candidates = [
