@@ -156,14 +156,15 @@ class BasicAuth:
         key, password, stored = found
         if self._remembered(key):
             return True
-        if len(password.encode()) > _BCRYPT_MAX_PASSWORD:
-            # bcrypt 5 refuses such a password (below); bcrypt 4, which pyproject allows, would check its
+        secret = password.encode()
+        if len(secret) > _BCRYPT_MAX_PASSWORD:
+            # bcrypt 5 refuses such a password itself; bcrypt 4, which pyproject allows, would check its
             # first 72 bytes only, so that any suffix logged in. Refused here, whichever is installed.
             return False
         try:
             with self._bcrypt_lock:
-                ok = bcrypt.checkpw(password.encode(), stored or self.dummy_hash) and stored is not None
-        except ValueError:  # bcrypt refuses passwords over 72 bytes
+                ok = bcrypt.checkpw(secret, stored or self.dummy_hash) and stored is not None
+        except ValueError:  # any other password bcrypt refuses: a 401, not an error
             return False
         if ok:
             with self._lock:

@@ -823,13 +823,13 @@ class RdmaCollector(Collector):
         wait = self.scrape_timeout if timeout is None else max(0.0, timeout)
         now = time.monotonic()
         mine = now + wait
-        pool = self.reads.pool
         with self._round_lock:
             current = self._round
             if current is None or current.result is not None or now >= current.joinable_until:
                 current = self._round = self._start_round(mine)
             else:
                 current.deadline = max(current.deadline, mine)
+        pool = self.reads.pool
         while True:
             remaining = mine - time.monotonic()
             if remaining <= 0 or current.all_done.wait(min(remaining, pool.spill_after)):

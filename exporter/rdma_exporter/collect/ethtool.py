@@ -266,8 +266,7 @@ class EthtoolSource:
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
         if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
-            self._failures.retain(device.name, ())
-            self.seen.forget(device.name)
+            self.forget_device(device.name)  # nothing of it is read: as if it were gone
             return EthtoolReading(())
         locality = Locality(ctx.sys_root, device.name, reader)
         own: list[tuple[int, str]] = []
