@@ -414,6 +414,15 @@ def unit_override(field: str, unit: str, **extra: Any) -> Json:
     return {"matcher": {"id": "byName", "options": field}, "properties": properties}
 
 
+def query_thresholds(ref: str, steps: Json, *, dashed: bool = False) -> Json:
+    """Thresholds of one query (by refId) where a panel's queries follow different levels; `dashed` draws
+    them on a time series whose other queries have none."""
+    properties = [{"id": "thresholds", "value": steps}]
+    if dashed:
+        properties.append({"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}})
+    return {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": properties}
+
+
 def colour_cells(field: str) -> Json:
     return {
         "matcher": {"id": "byName", "options": field},
@@ -459,12 +468,7 @@ def ber_5m(labels: Sequence[str] = PORT) -> str:
 
 
 BER_STEPS = thresholds((above(1e-12), CRITICAL))
-BER_OVERRIDES = [
-    {
-        "matcher": {"id": "byFrameRefID", "options": "B"},
-        "properties": [{"id": "thresholds", "value": thresholds((above(1e-14), WARNING))}],
-    }
-]
+BER_OVERRIDES = [query_thresholds("B", thresholds((above(1e-14), WARNING)))]
 BER_TEXT = (
     "Colours follow RdmaPortBitErrorRateHigh, whose two levels read two windows: the 5-minute rate turns red "
     "above the 1e-12 link objective (critical), the 1-hour rate orange above 1e-14 (warning; a handful of "
@@ -1123,9 +1127,7 @@ def node_detail() -> Json:
             targets((sel("instance_device_port:rdma_port_transport_retries:rate5m"), f"{dp} {{{{counter}}}}"),
                     (f"sum without (counter) ({sel('instance_device_port:rdma_port_transport_retries:rate5m')})",
                      f"{dp} all causes")),
-            overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
-                        "properties": [{"id": "thresholds", "value": thresholds((above(1), WARNING))},
-                                       {"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}}]}],
+            overrides=[query_thresholds("B", thresholds((above(1), WARNING)), dashed=True)],
             alerts=["RdmaTransportRetries"],
         ), 8, 8),
         (timeseries(
@@ -1205,9 +1207,7 @@ def node_detail() -> Json:
             targets((sel("scrape_duration_seconds", NODE), "{{instance}} scrape"),
                     (sel("rdma_exporter_scrape_collector_duration_seconds", NODE), "{{instance}} {{collector}}"),
                     (f"avg_over_time({sel('scrape_duration_seconds', NODE)}[10m])", "{{instance}} 10-minute average")),
-            overrides=[{"matcher": {"id": "byFrameRefID", "options": "C"},
-                        "properties": [{"id": "thresholds", "value": thresholds((above(6), WARNING))},
-                                       {"id": "custom.thresholdsStyle", "value": {"mode": "dashed"}}]}],
+            overrides=[query_thresholds("C", thresholds((above(6), WARNING)), dashed=True)],
             alerts=["RdmaExporterScrapeSlow"],
         ), 6, 6),
         (timeseries(
@@ -1429,8 +1429,7 @@ def roce_congestion() -> Json:
             targets((rate("rdma_ethtool_pause_storm_warning_events_total"), f"{np} warning"),
                     (rate("rdma_ethtool_pause_storm_error_events_total"), f"{np} error")),
             steps=thresholds((EPSILON, WARNING)),
-            overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
-                        "properties": [{"id": "thresholds", "value": thresholds((EPSILON, CRITICAL))}]}],
+            overrides=[query_thresholds("B", thresholds((EPSILON, CRITICAL)))],
             alerts=["RdmaRocePauseStorm"],
         ), 12, 8),
         (timeseries(
