@@ -198,6 +198,14 @@ def write_files(root: Path, files: dict[str, str]) -> None:
         path.write_text(content)
 
 
+def remove_device(sys_root: Path, device: str) -> None:
+    """Unregister an RDMA device from a tree as the kernel does: its class link and its directory go."""
+    link = sys_root / "class" / "infiniband" / device
+    target = link.resolve()
+    link.unlink()
+    shutil.rmtree(target)
+
+
 def symlink(root: Path, rel: str, target: str) -> None:
     """A relative symlink root/rel -> root/target, as kernfs links are (they survive copying the tree)."""
     path = root / rel

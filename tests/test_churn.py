@@ -7,7 +7,6 @@ the names of netdevs ever read, and the epochs of devices ever named by a uevent
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,18 +21,13 @@ from rdma_exporter.parse.netdev import Locality
 from rdma_exporter.parse.reader import ReadErrors, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
+from conftest import remove_device
+
 
 def netdev_source(collector: RdmaCollector) -> NetdevSource:
     source = next(source for source in collector.sources if source.name == "netdev")
     assert isinstance(source, NetdevSource)
     return source
-
-
-def remove_device(root: Path, device: str) -> None:
-    link = root / "class" / "infiniband" / device
-    target = link.resolve()
-    link.unlink()
-    shutil.rmtree(target)
 
 
 def test_the_netdevs_of_a_removed_device_are_forgotten(tmp_path: Path) -> None:
