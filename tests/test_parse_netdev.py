@@ -496,6 +496,21 @@ def test_bond_slaves_and_mode_are_state_not_identity(tmp_path: Path) -> None:
     assert reader.errors.total() == 0
 
 
+def test_a_failed_read_of_a_bonds_slaves_keeps_the_slaves_of_its_static_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, a refused bonding/slaves read gave no slaves: their series vanished for that scrape and the
+    # netdev source forgot them, though the read said nothing about membership.
+    bond_tree(tmp_path)
+    reader = SysfsReader("bond0")
+    identity = read_netdev_identity(tmp_path, "bond0", reader)
+    assert identity is not None and identity.bond_slaves == ("ens1f0np0", "ens1f1np1")
+    RefusingReads(monkeypatch, errno.EIO, {"/bonding/slaves"})
+    bond = read_netdev_state(tmp_path, identity, reader)
+    assert bond is not None and bond.bond_slaves == ("ens1f0np0", "ens1f1np1")
+    assert reader.errors.total() == 1  # the failed read is still counted
+
+
 def test_a_bonds_identity_names_its_slaves_from_lower_links_without_rtnl(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -255,7 +255,10 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
     slaves: tuple[str, ...] = ()
     mode = None
     if identity.is_bond_master:
-        slaves = _bond_slaves(reader.text(f"{net_dir}/bonding/slaves", optional=True))
+        listed = reader.text(f"{net_dir}/bonding/slaves", optional=True)
+        # A failed read (counted) keeps the slaves of the static read: the slaves' series must not vanish,
+        # and be forgotten as netdevs, for a read that tells nothing about membership.
+        slaves = identity.bond_slaves if listed is None else _bond_slaves(listed)
         mode = _bond_mode(reader.text(f"{net_dir}/bonding/mode", optional=True))
     return Netdev(
         name=identity.name,
