@@ -291,14 +291,46 @@ def test_a_gid_entry_not_named_by_a_number_is_skipped(tmp_path: Path) -> None:
     assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["bond0", "eth10"]
 
 
-def test_roce_lag_without_gid_table_uses_the_slave_master_link(tmp_path: Path) -> None:
+PF1 = "devices/pci0000:00/0000:00:02.0/0000:3b:00.1"
+
+
+def lag_card(root: Path, second_rdma: str | None) -> None:
+    """Both functions of one card as slaves of bond0, with lower_* links and class/net links into the
+    functions as on a real kernel; `second_rdma` is the second function's own RDMA device, if any."""
+    bond_tree(root)
+    for function, netdev in ((PF0, "ens1f0np0"), (PF1, "ens1f1np1")):
+        shutil.rmtree(root / "class/net" / netdev)
+        write_files(root, {f"{function}/net/{netdev}/dev_port": "0\n", f"{function}/net/{netdev}/operstate": "up\n"})
+        symlink(root, f"{function}/net/{netdev}/device", function)
+        symlink(root, f"{function}/net/{netdev}/master", "class/net/bond0")
+        symlink(root, f"class/net/{netdev}", f"{function}/net/{netdev}")
+        symlink(root, f"class/net/bond0/lower_{netdev}", f"class/net/{netdev}")
+    if second_rdma is not None:
+        (root / PF1 / "infiniband" / second_rdma).mkdir(parents=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "second_rdma", "netdevs"),
+    [
+        ("mlx5_bond_0", None, ["bond0"]),
+        ("rocep59s0f0", None, ["bond0"]),
+        ("mlx5_0", None, ["ens1f0np0"]),
+        ("rocep59s0f0", "rocep59s0f1", ["ens1f0np0"]),
+    ],
+    ids=["lag", "lag-renamed", "no-lag", "no-lag-renamed"],
+)
+def test_roce_lag_without_gid_table_is_told_by_the_card_not_the_name(
+    tmp_path: Path, name: str, second_rdma: str | None, netdevs: list[str]
+) -> None:
     # The real mlx5_bond_0 capture (no gid_attrs, no device link) plus the PCI and bond parts it lacks.
-    shutil.copytree(GPUD_SYS / "class/infiniband/mlx5_bond_0", tmp_path / "class/infiniband/mlx5_bond_0")
-    bond_tree(tmp_path)
-    rdma_device(tmp_path, "mlx5_bond_0")
-    write_files(tmp_path, {f"{PF0}/net/ens1f0np0/dev_port": "0\n"})
-    reader = SysfsReader("mlx5_bond_0")
-    assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["bond0"]
+    # With no GIDs to ask, the kernel's name tells (mlx5_bond_N, not mlx5_N). rdma-core's udev rule renames
+    # both (rocep59s0f0): then a LAG device is one whose bond's other slave on its card has no RDMA device
+    # of its own, which mlx5 folded in. Told by the name alone before, so a renamed LAG was not one.
+    shutil.copytree(GPUD_SYS / "class/infiniband/mlx5_bond_0", tmp_path / "class/infiniband" / name)
+    lag_card(tmp_path, second_rdma)
+    rdma_device(tmp_path, name)
+    reader = SysfsReader(name)
+    assert rdma_port_netdevs(tmp_path, name, 1, reader, single_port=True) == netdevs
     assert reader.errors.total() == 0
 
 
@@ -327,8 +359,8 @@ def test_bonded_slave_of_a_non_lag_device_stays_itself(tmp_path: Path) -> None:
 
 def test_bonded_slave_of_a_non_lag_device_stays_itself_while_its_gids_are_gone(tmp_path: Path) -> None:
     # The same active-backup bond with mlx5_0's port down: its GID table is empty, so it cannot tell the
-    # bond is an upper. Only a LAG device (its name says so) is folded into the bond; mlx5_0 is a NIC of
-    # its own whose port is the slave's.
+    # bond is an upper. Only a LAG device (the bond's other slave on its card has no RDMA device) is
+    # folded into the bond; mlx5_0 is a NIC of its own whose port is the slave's.
     bond_tree(tmp_path)
     rdma_device(tmp_path, "mlx5_0")
     write_files(tmp_path, {f"{PF0}/net/ens1f0np0/dev_port": "0\n"})

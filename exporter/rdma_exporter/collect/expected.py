@@ -39,7 +39,7 @@ from typing import Any, Final
 
 from ..config import COLLECTOR_SETTINGS, ConfigError
 from ..parse.infiniband import MAX_PORT_NUMBER, DeviceInfo
-from ..parse.netdev import is_lag_device
+from ..parse.netdev import lag_by_name
 from ..parse.reader import PCI_ADDRESS, SysfsReader, pci_slot
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
@@ -344,11 +344,13 @@ def lag_functions(device: DeviceInfo) -> frozenset[str]:
 
     While mlx5 bonds both ports of a card into one RoCE LAG device (mlx5_bond_N, on the first function),
     the second function has no RDMA device: an expectation by address of that function is met by the
-    LAG device. Those are the functions of the bond slaves of its ports, on its own card. Only for a
-    device named as a bond: a plain mlx5_0 whose port's GIDs name a bond over both functions is no LAG,
-    and the other function's missing RDMA device must stay missing.
+    LAG device. Those are the functions of the bond slaves of its ports, on its own card (a function's own
+    RDMA device comes first: `expose`). A device with the kernel's name is a LAG device only if named as
+    one: a plain mlx5_0 whose port's GIDs name a bond over both functions is no LAG, and the other
+    function's missing RDMA device must stay missing. A renamed device (rdma-core's udev rule names
+    mlx5_bond_0 rocep59s0f0) cannot be told apart there, so that case counts as present.
     """
-    if device.pci_address is None or not is_lag_device(device.name):
+    if device.pci_address is None or lag_by_name(device.name) is False:
         return frozenset()
     slot = pci_slot(device.pci_address)
     slaves = {slave for netdev in device.netdevs if netdev.is_bond_master for slave in netdev.bond_slaves}
