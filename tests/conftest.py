@@ -37,7 +37,11 @@ GOLDEN = Path(__file__).parent / "golden"
 CAPTURED_TREES = sorted(p.name for p in SYSFS_FIXTURES.iterdir() if (p / "sys").is_dir())
 
 # Lines that legitimately differ between runs: timings and the Python version.
-VOLATILE_PREFIXES = ("rdma_exporter_scrape_collector_duration_seconds{", "rdma_exporter_build_info{")
+VOLATILE_PREFIXES = (
+    "rdma_exporter_scrape_collector_duration_seconds{",
+    "rdma_exporter_build_info{",
+    "rdma_exporter_node_boot_time_seconds ",  # the machine's own
+)
 
 
 def in_ci() -> bool:

@@ -42,6 +42,7 @@ from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, 
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
+from .parse.node import PROC_STAT, read_boot_time
 from .parse.reader import FileBudget
 from .webconfig import WebConfig, load_web_config
 
@@ -75,7 +76,21 @@ def build_collector(
         reads=reads,
         rescan_each_scrape=rescan_each_scrape,
         sample_tree=config.sample_tree,
+        boot_time=node_boot_time(),
     )
+
+
+def node_boot_time(path: str = PROC_STAT) -> int | None:
+    """The node's boot time, or None (logged) if /proc/stat does not give it: the exporter still runs, and
+    the rules then cannot tell a reboot from a failed scrape (docs/operations.md)."""
+    try:
+        boot_time = read_boot_time(path)
+    except OSError as exc:
+        log.warning("cannot read the node's boot time from %s: %s", path, exc.strerror or exc)
+        return None
+    if boot_time is None:
+        log.warning("cannot read the node's boot time from %s: no btime line", path)
+    return boot_time
 
 
 def build_registry(collector: RdmaCollector) -> CollectorRegistry:

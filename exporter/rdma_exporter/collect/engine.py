@@ -164,6 +164,14 @@ DEVICE_BLOCKED: Final = MetricSpec(
     "other series are served without them.",
     ("device", "reads"),
 )
+NODE_BOOT_TIME: Final = MetricSpec(
+    "rdma_exporter_node_boot_time_seconds",
+    "gauge",
+    "When the node booted (btime of /proc/stat, read at start-up), in seconds since the epoch. It changes "
+    "when the node reboots, not when the exporter restarts or a scrape fails: the alert rules skip counts "
+    "that a reboot disturbs (links retraining, netdevs registered anew) over the hour after one.",
+    (),
+)
 BUILD_INFO: Final = MetricSpec(
     "rdma_exporter_build_info",
     "info",
@@ -180,6 +188,7 @@ ENGINE_SPECS: Final = (
     SAMPLE_TREE,
     DEVICE_SKIPPED,
     DEVICE_BLOCKED,
+    NODE_BOOT_TIME,
     BUILD_INFO,
 )
 
@@ -779,9 +788,11 @@ class RdmaCollector(Collector):
         reads: DeviceReads | None = None,
         rescan_each_scrape: bool = True,
         sample_tree: bool = False,
+        boot_time: int | None = None,
     ) -> None:
         self.sys_root = sys_root
         self.sample_tree = sample_tree
+        self.boot_time = boot_time  # of the node, read once: it cannot change while this process runs
         self.sources = list(sources)  # in exposition order
         # Read order: the device's own reads, then those that wait for rtnl (module docstring).
         self._device_sources = [s for s in self.sources if not needs_rtnl(s)]
@@ -1060,6 +1071,8 @@ class RdmaCollector(Collector):
                 out.add(DEVICE_SKIPPED, [name], 1)
             for (name, reads), seconds in sorted(blocked.items()):
                 out.add(DEVICE_BLOCKED, [name, reads], round(seconds, 3))
+            if self.boot_time is not None:
+                out.add(NODE_BOOT_TIME, [], self.boot_time)
             out.add(BUILD_INFO, [__version__, platform.python_version()], 1)
             if complete:
                 rnd.result = out
