@@ -159,6 +159,7 @@ for i in 1 2 3 4 5; do scrape start && break; sleep 1; done
 pid=$(systemctl show -p MainPID --value $unit)
 cat /proc/$pid/status > $out/proc-status.txt 2>&1
 cat /proc/$pid/limits > $out/proc-limits.txt 2>&1
+grep '^btime ' /proc/stat > $out/btime.txt 2>&1
 systemctl reload $unit; echo $? > $out/reload-exit.txt
 for i in $(seq 50); do journalctl -u $unit --no-pager | grep -q 'reloaded ' && break; sleep 0.2; done
 show reload
@@ -320,6 +321,11 @@ def test_scrape_has_rdma_netdev_and_ethtool_series(vm: VmResult) -> None:
     assert value(found, "rdma_ethtool_curated_stats", **nic) is not None, sorted(k for k in found if "ethtool" in k[0])
     ethtool = {k for k in found if k[0].startswith("rdma_ethtool_")}
     assert not any(dict(k[1]).get("netdev") == NETDEV for k in ethtool), sorted(ethtool)
+    # The node's boot time, which the unit's ProcSubset=pid keeps out of the exporter's /proc/stat: the
+    # VM's own (read here by the test command, outside the sandbox).
+    btime = int(read(vm, "btime.txt").split()[1])
+    served = value(found, "rdma_exporter_node_boot_time_seconds")
+    assert served is not None and abs(served - btime) <= 1, (served, btime)
     # The uevent socket (AF_NETLINK) opened: the exporter follows udevd's events instead of rescanning.
     assert re.search(r"device discovery: udev \(", journal(vm)), journal(vm)
 

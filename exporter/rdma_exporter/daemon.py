@@ -42,7 +42,6 @@ from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, 
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
-from .parse.node import PROC_STAT, read_boot_time
 from .parse.reader import FileBudget
 from .webconfig import WebConfig, load_web_config
 
@@ -80,17 +79,12 @@ def build_collector(
     )
 
 
-def node_boot_time(path: str = PROC_STAT) -> int | None:
-    """The node's boot time, or None (logged) if /proc/stat does not give it: the exporter still runs, and
-    the rules then cannot tell a reboot from a failed scrape (docs/operations.md)."""
-    try:
-        boot_time = read_boot_time(path)
-    except OSError as exc:
-        log.warning("cannot read the node's boot time from %s: %s", path, exc.strerror or exc)
-        return None
-    if boot_time is None:
-        log.warning("cannot read the node's boot time from %s: no btime line", path)
-    return boot_time
+def node_boot_time() -> int:
+    """When the node booted, in seconds since the epoch: the wall clock less the time since boot, as the
+    kernel computes btime for /proc/stat. Not read from /proc/stat: the shipped unit's ProcSubset=pid
+    hides it. Reboots change it; an exporter restart does not (by a second at most, which the rules
+    allow for)."""
+    return int(time.time() - time.clock_gettime(time.CLOCK_BOOTTIME))
 
 
 def build_registry(collector: RdmaCollector) -> CollectorRegistry:

@@ -1,0 +1,27 @@
+"""The node's boot time, exported for the rules' reboot guard (instance:rdma_exporter_node_rebooted:*)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector, node_boot_time
+
+from conftest import SYSFS_FIXTURES, samples
+
+
+def proc_stat_btime() -> int:
+    stat = Path("/proc/stat").read_text()
+    return next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("btime "))
+
+
+def test_the_boot_time_is_the_kernels_btime() -> None:
+    # Computed from clocks, since the shipped unit's ProcSubset=pid hides /proc/stat; the kernel's btime
+    # is the same difference, so at most a second apart (the two reads straddling a second).
+    assert abs(node_boot_time() - proc_stat_btime()) <= 1
+
+
+def test_the_exporter_serves_the_boot_time() -> None:
+    collector = build_collector(Config(sysfs=SYSFS_FIXTURES / "prometheus-procfs" / "sys"))
+    served = samples(collector.gather().render_text().decode())
+    assert abs(served[("rdma_exporter_node_boot_time_seconds", ())] - proc_stat_btime()) <= 1
