@@ -104,6 +104,9 @@ def drop_in(python: str, pythonpath: str) -> str:
 [Service]
 ExecStart=
 ExecStart={python} -m rdma_exporter --config.file={OPT}/deploy/rdma-exporter.yml $RDMA_EXPORTER_ARGS
+ExecReload=
+ExecReload={python} -m rdma_exporter --check-config --config.file={OPT}/deploy/rdma-exporter.yml $RDMA_EXPORTER_ARGS
+ExecReload=/bin/kill -HUP $MAINPID
 Environment=PYTHONPATH={pythonpath}
 # The interpreter's RUNPATH names its libpython under its real prefix, which ProtectHome= hides: without
 # this the loader falls back to the distribution's libpython of the same soname, a different Python.
@@ -164,6 +167,13 @@ systemctl reload $unit; echo $? > $out/reload-exit.txt
 for i in $(seq 50); do journalctl -u $unit --no-pager | grep -q 'reloaded ' && break; sleep 0.2; done
 show reload
 scrape reload
+# A reload the exporter would reject (a flag it refuses) fails `systemctl reload`; the process serves on.
+printf '[Service]\nEnvironment=RDMA_EXPORTER_ARGS=--devices.exclude=mlx5_[0-\n' > {UNIT_DIR}/{UNIT}.d/bad-reload.conf
+systemctl daemon-reload
+systemctl reload $unit > $out/bad-reload.txt 2>&1; echo "exit $?" >> $out/bad-reload.txt
+show bad-reload
+rm {UNIT_DIR}/{UNIT}.d/bad-reload.conf
+systemctl daemon-reload
 journalctl --sync
 journalctl -u $unit -o short-monotonic --no-pager > $out/journal.txt 2>&1
 journalctl -b -o short-monotonic --no-pager > $out/journal-boot.txt 2>&1
@@ -340,6 +350,15 @@ def test_reload_keeps_the_same_process_serving(vm: VmResult) -> None:
     found = scrape(vm, "reload")
     assert value(found, "rdma_port_state", device="rxe0", port="1", state="ACTIVE") == 1
     assert failures(found) == {}
+
+
+def test_a_reload_the_exporter_would_reject_fails_systemctl_reload(vm: VmResult) -> None:
+    """ExecReload= checks the files first (operations review: a rejected SIGHUP reload was one log line,
+    and `systemctl reload` reported success, so config management never saw it)."""
+    before, after = show(vm, "start"), show(vm, "bad-reload")
+    assert read(vm, "bad-reload.txt").splitlines()[-1] != "exit 0", read(vm, "bad-reload.txt")
+    assert (after["ActiveState"], after["SubState"]) == ("active", "running"), (after, journal(vm))
+    assert after["MainPID"] == before["MainPID"] and after["NRestarts"] == "0"
 
 
 # What the exporter logs when the sandbox refuses it something (daemon.py, hotplug.py, collect/ethtool.py).
