@@ -63,6 +63,11 @@ def write(tmp_path: Path, text: str) -> Path:
         ("web:\n  listen_address: '9883'\n", "web.listen_address", "[host]:port with a port from 1 to 65535"),
         ("web:\n  listen_address: '[::1:9883'\n", "web.listen_address", "unbalanced brackets in IPv6 host '[::1'"),
         ("web:\n  listen_address: '::1]:9883'\n", "web.listen_address", "unbalanced brackets in IPv6 host '::1]'"),
+        ("web:\n  listen_address: 'a b:9883'\n", "web.listen_address", "host 'a b' is neither an IP address"),
+        ("web:\n  listen_address: '127.0.0.1 :9883'\n", "web.listen_address", "host '127.0.0.1 ' is neither"),
+        ("web:\n  listen_address: '[10.0.0.1]:9883'\n", "web.listen_address", "host '[10.0.0.1]' is neither"),
+        ("web:\n  listen_address: '::1:9883'\n", "web.listen_address", "host '::1' is neither"),
+        ("web:\n  listen_address: '10.0.0.256:9883'\n", "web.listen_address", "host '10.0.0.256' is neither"),
         ("web:\n  telemetry_path: /\n", "web.telemetry_path", "other than / and /healthz, got '/'"),
         # Routed as sent and without its query: it would pass start-up, then every scrape would get 404, as
         # Prometheus percent-encodes the space, the é and the % (operator review, then the diff review).

@@ -8,6 +8,7 @@ was told to leave alone.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -145,7 +146,27 @@ def check_listen(source: str, key: str, value: Any) -> str:
         raise ConfigError(source, key, f"expected [host]:port with a port from 1 to 65535, got {text!r}")
     if host.startswith("[") != host.endswith("]"):
         raise ConfigError(source, key, f"unbalanced brackets in IPv6 host {host!r}")
+    # A host that can never be bound passed --check-config and then failed every start (exit 1, a restart
+    # every 5 s): a space, a stray character. A name that does not resolve at boot still fails only there.
+    if host and not _listen_host(host):
+        raise ConfigError(source, key, f"host {host!r} is neither an IP address ([...] for IPv6) nor a host name")
     return text
+
+
+_HOST_NAME: Final = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _listen_host(host: str) -> bool:
+    if host.startswith("["):
+        try:
+            return isinstance(ipaddress.ip_address(host[1:-1]), ipaddress.IPv6Address)
+        except ValueError:
+            return False
+    try:
+        ipaddress.IPv4Address(host)
+        return True
+    except ValueError:
+        return len(host) <= 253 and _HOST_NAME.fullmatch(host) is not None and not host.replace(".", "").isdigit()
 
 
 def check_telemetry_path(source: str, key: str, value: Any) -> str:
