@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+import pytest
 
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, node_boot_time
@@ -25,3 +28,13 @@ def test_the_exporter_serves_the_boot_time() -> None:
     collector = build_collector(Config(sysfs=SYSFS_FIXTURES / "prometheus-procfs" / "sys"))
     served = samples(collector.gather().render_text().decode())
     assert abs(served[("rdma_exporter_node_boot_time_seconds", ())] - proc_stat_btime()) <= 1
+
+
+def test_a_reload_after_a_clock_step_keeps_the_boot_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Review: a reload (a new collector) computed it again, so a wall-clock step since start-up (chrony's
+    # first sync) moved it as a reboot would, and the rules took an hour for one.
+    config = Config(sysfs=SYSFS_FIXTURES / "prometheus-procfs" / "sys")
+    first = build_collector(config).boot_time
+    stepped = time.time() + 300
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    assert build_collector(config).boot_time == first

@@ -23,7 +23,7 @@ import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -79,11 +79,13 @@ def build_collector(
     )
 
 
+@cache
 def node_boot_time() -> int:
     """When the node booted, in seconds since the epoch: the wall clock less the time since boot, as the
     kernel computes btime for /proc/stat. Not read from /proc/stat: the shipped unit's ProcSubset=pid
     hides it. Reboots change it; an exporter restart does not (by a second at most, which the rules
-    allow for)."""
+    allow for), unless the wall clock was stepped in between. Taken once per process, so that a reload
+    after a step (chrony's first sync, say) does not pass for a reboot."""
     return int(time.time() - time.clock_gettime(time.CLOCK_BOOTTIME))
 
 
