@@ -15,7 +15,15 @@ import pytest
 
 from rdma_exporter import __version__, cli
 from rdma_exporter.cli import LogfmtFormatter, build_parser, resolve_config, use_sample_tree
-from rdma_exporter.config import DEFAULT_PORT, EXIT_CONFIG, EXIT_UNAVAILABLE, Config, ConfigError, load_config_file
+from rdma_exporter.config import (
+    DEFAULT_PORT,
+    EXIT_CONFIG,
+    EXIT_UNAVAILABLE,
+    Config,
+    ConfigError,
+    check_listen,
+    load_config_file,
+)
 
 from conftest import SYSFS_FIXTURES, record_reads, samples, scrape
 
@@ -895,3 +903,12 @@ def test_a_message_without_spaces_is_still_one_logfmt_value(message: str) -> Non
     line = LogfmtFormatter().format(record)
     assert line.isprintable(), line
     assert parse_logfmt(line)["msg"] == message
+
+
+@pytest.mark.parametrize(
+    "address",
+    [":9883", "0.0.0.0:9883", "[::]:9883", "[fe80::1%eth0]:9883", "localhost:9883", "node_01.cluster.local:9883"],
+)
+def test_listen_addresses_operators_use_are_accepted(address: str) -> None:
+    # Review: underscores, which /etc/hosts and resolvers take, were refused after the host check came in.
+    assert check_listen("test.yml", "web.listen_address", address) == address

@@ -153,7 +153,8 @@ def check_listen(source: str, key: str, value: Any) -> str:
     return text
 
 
-_HOST_NAME: Final = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+# Labels of letters, digits, '-' and '_' (not DNS's, but /etc/hosts and resolvers take it: my_host).
+_HOST_NAME: Final = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
 
 
 def _listen_host(host: str) -> bool:
