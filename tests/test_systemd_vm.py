@@ -167,7 +167,8 @@ systemctl reload $unit; echo $? > $out/reload-exit.txt
 for i in $(seq 50); do journalctl -u $unit --no-pager | grep -q 'reloaded ' && break; sleep 0.2; done
 show reload
 scrape reload
-# A reload the exporter would reject (a flag it refuses) fails `systemctl reload`; the process serves on.
+# A change --check-config refuses (a flag in the unit's arguments, which the next restart would refuse)
+# fails `systemctl reload`; the process is not signalled and serves on.
 printf '[Service]\nEnvironment=RDMA_EXPORTER_ARGS=--devices.exclude=mlx5_[0-\n' > {UNIT_DIR}/{UNIT}.d/bad-reload.conf
 systemctl daemon-reload
 systemctl reload $unit > $out/bad-reload.txt 2>&1; echo "exit $?" >> $out/bad-reload.txt
@@ -353,8 +354,9 @@ def test_reload_keeps_the_same_process_serving(vm: VmResult) -> None:
 
 
 def test_a_reload_the_exporter_would_reject_fails_systemctl_reload(vm: VmResult) -> None:
-    """ExecReload= checks the files first (operations review: a rejected SIGHUP reload was one log line,
-    and `systemctl reload` reported success, so config management never saw it)."""
+    """ExecReload= runs --check-config first (operations review: a rejected SIGHUP reload was one log
+    line, and `systemctl reload` reported success, so config management never saw it). Shown with an
+    argument the check refuses: the config file here is the repository's own, bound into the VM."""
     before, after = show(vm, "start"), show(vm, "bad-reload")
     assert read(vm, "bad-reload.txt").splitlines()[-1] != "exit 0", read(vm, "bad-reload.txt")
     assert (after["ActiveState"], after["SubState"]) == ("active", "running"), (after, journal(vm))
