@@ -167,7 +167,8 @@ DEVICE_BLOCKED: Final = MetricSpec(
 NODE_BOOT_TIME: Final = MetricSpec(
     "rdma_exporter_node_boot_time_seconds",
     "gauge",
-    "When the node booted (btime of /proc/stat, read at start-up), in seconds since the epoch. It changes "
+    "When the node booted (as btime of /proc/stat: the wall clock less the time since boot, taken at "
+    "start-up), in seconds since the epoch. It changes "
     "when the node reboots, not when the exporter restarts or a scrape fails: the alert rules skip counts "
     "that a reboot disturbs (links retraining, netdevs registered anew) over the hour after one.",
     (),

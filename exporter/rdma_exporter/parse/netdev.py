@@ -350,7 +350,7 @@ def rdma_port_netdevs(
     (`device/net/*`) that belong to this port. A RoCE LAG device (mlx5_bond_N) sits on the first slave's
     PCI function; that slave is replaced by its bond master when the GID table names the master and not
     the slave, or, with no GID table to ask (an old kernel, or every GID gone while the port is down),
-    when the bond's other slaves on the card have no RDMA device (`folded_functions`). The slaves are in
+    when the bond's other slave on the card has no RDMA device (`folds_a_function`). The slaves are in
     the master's `Netdev.bond_slaves`.
 
     Reads up to one file per GID table entry (often 256): cache the result, it changes only on hotplug
@@ -369,7 +369,7 @@ def rdma_port_netdevs(
         if master is not None and gids:
             lag = master in gids and name not in gids
         elif master is not None:
-            lag = by_name if by_name is not None else bool(folded_functions(sys_root, device_dir, master, reader))
+            lag = by_name if by_name is not None else folds_a_function(sys_root, device_dir, master, reader)
         chosen = master if lag and master is not None else name
         if chosen not in names:
             names.append(chosen)
@@ -386,15 +386,15 @@ _MLX5_KERNEL_NAME: Final = re.compile(r"mlx5_(bond_)?\d+")
 
 def lag_by_name(ib_device: str) -> bool | None:
     """Whether a device the kernel named is a RoCE LAG device; None for a renamed one, which the card must
-    tell (`folded_functions`): rdma-core's udev rule (rdma_rename NAME_FALLBACK) names it rocep59s0f0,
+    tell (`folds_a_function`): rdma-core's udev rule (rdma_rename NAME_FALLBACK) names it rocep59s0f0,
     say, and site rules name it anything."""
     kernel = _MLX5_KERNEL_NAME.fullmatch(ib_device)
     return None if kernel is None else kernel.group(1) is not None
 
 
-def folded_functions(sys_root: Path, device_dir: str | Path, master: str, reader: SysfsReader) -> frozenset[str]:
-    """PCI functions of the bond `master`'s slaves on the RDMA device's card, other than the device's own,
-    that have no RDMA device: those a RoCE LAG device stands for.
+def folds_a_function(sys_root: Path, device_dir: str | Path, master: str, reader: SysfsReader) -> bool:
+    """Whether a slave of the bond `master` sits on another PCI function of the RDMA device's card that
+    has no RDMA device of its own: one a RoCE LAG device stands for.
 
     mlx5 folds both ports of a card into one LAG device on the first function while they are slaves of
     one bond. Read from the `lower_*` links: `bonding/slaves` waits for the rtnl lock. (A bond over both
@@ -402,9 +402,8 @@ def folded_functions(sys_root: Path, device_dir: str | Path, master: str, reader
     """
     own = pci_function(device_dir)
     if own is None:
-        return frozenset()
+        return False
     net_dir = sys_root / NET_DIR / master
-    functions = set()
     for entry in list_dir(net_dir, reader):
         if not entry.startswith("lower_"):
             continue
@@ -415,8 +414,8 @@ def folded_functions(sys_root: Path, device_dir: str | Path, master: str, reader
             and pci_slot(function.name) == pci_slot(own.name)
             and not list_dir(function / "infiniband", reader)
         ):
-            functions.add(function.name)
-    return frozenset(functions)
+            return True
+    return False
 
 
 def _pci_slot(device_dir: str) -> str | None:
