@@ -474,7 +474,6 @@ class HttpServer:
         self.refused_certificates = CountedWarning(log)  # certificates naming none of client_allowed_sans
         self.refused_connections = CountedWarning(log)  # accepted and closed at once: no room
         self.max_connections = max_connections
-        self._client_conns: Counter[str] = Counter()  # open connections, by client
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
         self.write_timeout = write_timeout
@@ -597,7 +596,6 @@ class HttpServer:
             deadline = now + (self.head_timeout if handshaking else self.idle_timeout)
             conn = _Conn(sock, peer, client, now, handshaking, deadline)
             self._conns[id(conn)] = conn
-            self._client_conns[client] += 1
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _evict_idle(self, client: str | None = None) -> bool:
@@ -614,10 +612,12 @@ class HttpServer:
 
     def _make_room(self, client: str) -> bool:
         """Close a connection for a newcomer from `client` on a full server (HttpServer); False if none may go."""
-        biggest, held = max(self._client_conns.items(), key=lambda item: item[1], default=("", 0))
+        # Counted here, on a full server only, rather than kept up to date on every accept and close.
+        holders = Counter(c.client for c in self._conns.values())
+        biggest, held = max(holders.items(), key=lambda item: item[1], default=("", 0))
         if biggest == client:
             return self._evict_idle(client)  # the top holder makes room from its own idle ones only
-        if held > self._client_conns[client]:
+        if held > holders[client]:
             # Any phase (a head sent a byte at a time, a TLS handshake never finished) but not one being
             # answered: those end by their own timeouts.
             candidates = [
@@ -847,10 +847,7 @@ class HttpServer:
         self._costly_done(conn)
         if conn.pending_bytes:
             self._release_pending(conn)
-        if self._conns.pop(id(conn), None) is not None:
-            self._client_conns[conn.client] -= 1
-            if not self._client_conns[conn.client]:
-                del self._client_conns[conn.client]
+        self._conns.pop(id(conn), None)
         self._busy.discard(id(conn))
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(conn.sock)
