@@ -2314,6 +2314,50 @@ def test_a_reload_refuses_an_empty_file_that_start_up_takes_as_the_defaults(
     assert fresh.stop() == 0
 
 
+# The console script's code from its first line, with a SIGHUP sent to itself once everything is
+# imported and before the daemon serves: in the window a reload from config management can hit at start.
+HUP_WHILE_STARTING = """
+import os, signal, sys
+import rdma_exporter, rdma_exporter.cli as cli
+from importlib.metadata import entry_points
+
+script = entry_points(group="console_scripts")["rdma-exporter"].load()
+assert script is rdma_exporter.main, script
+start = cli.main
+
+def hup_then_start():
+    os.kill(os.getpid(), signal.SIGHUP)
+    return start()
+
+cli.main = hup_then_start
+sys.argv[0] = "rdma-exporter"
+raise SystemExit(script())
+"""
+
+
+def test_a_sighup_while_starting_is_applied_once_serving_instead_of_ending_the_process(
+    tree: Path, tmp_path: Path
+) -> None:
+    """Its default action ends the process, and Restart=on-failure takes that for a clean exit: the node
+    would have no exporter until someone noticed (known gap of stop 36)."""
+    config = tmp_path / "rdma-exporter.yml"
+    config.write_text('devices:\n  exclude: "mlx5_1"\n')
+    daemon = RunningDaemon(
+        tmp_path,
+        ["--path.sysfs", str(tree), "--config.file", str(config)],
+        command=(sys.executable, "-c", HUP_WHILE_STARTING),
+    )
+    try:
+        wait_until(lambda: "reloaded" in daemon.log(), timeout=20)
+        assert daemon.log().count("received SIGHUP, reloading") == 1
+        assert samples(get(daemon.port).body.decode())[("rdma_exporter_devices", ())] == 2
+        assert daemon.stop() == 0
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+
+
 def test_systemd_is_told_ready_reloading_and_stopping(
     start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -219,7 +219,7 @@ def test_dockerfile_matches_the_daemonset_and_the_package() -> None:
     assert final["USER"] == f"{spec['securityContext']['runAsUser']}:{spec['securityContext']['runAsGroup']}"
     assert int(final["EXPOSE"]) == int(flags["--web.listen-address"].rsplit(":", 1)[1])
     pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
-    (script,) = re.findall(r"(?m)^([\w-]+) = \"rdma_exporter\.cli:main\"$", pyproject)
+    (script,) = re.findall(r"(?m)^([\w-]+) = \"rdma_exporter:main\"$", pyproject)
     assert final["ENTRYPOINT"] == f'["{script}"]'
 
 

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 
-from . import __version__
+from . import __version__, take_early_sighup
 from .collect.base import FamilySet, Source
 from .collect.engine import HARD_MAX_WORKERS, DeviceFilter, DeviceReads, RdmaCollector, WorkerPool
 from .collect.ethtool import EthtoolSource
@@ -453,6 +453,8 @@ class Daemon:
         signal.signal(signal.SIGINT, on_term)
         signal.signal(signal.SIGHUP, on_hup)
         sd_notify("READY=1")
+        if take_early_sighup():  # sent while starting: the files may have changed since they were read
+            on_hup(signal.SIGHUP, None)
         try:
             self.server.serve_forever()
         finally:
