@@ -899,6 +899,37 @@ def test_one_client_cannot_hold_every_slot_and_prometheus_keeps_its_connection()
             sock.close()
 
 
+def test_a_client_tied_with_the_biggest_holder_does_not_close_prometheus_idle_connection() -> None:
+    """Two hosts holding as many slots each: the newcomer of the one that is not counted first used to
+    close the longest idle connection of all, Prometheus's keep-alive one (review of stop 36)."""
+    with InProcessServer(lambda r: Response(200, b"ok"), max_connections=5, idle_timeout=60, head_timeout=60) as server:
+        prometheus = socket.create_connection(("127.0.0.1", server.port))
+        prometheus.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        prometheus.settimeout(10)
+        assert prometheus.recv(4096).startswith(b"HTTP/1.1 200")  # now idle, kept alive
+
+        def slow_heads(host: str, count: int) -> list[socket.socket]:
+            socks = []
+            for _ in range(count):
+                sock = socket.create_connection(("127.0.0.1", server.port), source_address=(host, 0))
+                sock.sendall(b"G")
+                socks.append(sock)
+            # Each accepted and its byte read, so that none counts as idle and the order is fixed.
+            wait_until(lambda: sum(c.client == host and c.started for c in list(server._conns.values())) == count, 10)
+            return socks
+
+        first = slow_heads("127.0.0.2", 2)
+        second = slow_heads("127.0.0.3", 2)  # the server is full: 1 + 2 + 2
+        newcomer = socket.create_connection(("127.0.0.1", server.port), source_address=("127.0.0.3", 0))
+        assert closed_within(newcomer, 10)[0]  # no idle one of its own: refused
+        assert closed_within(prometheus, 0.5)[0] is False
+        assert not any(closed_within(sock, 0.05)[0] for sock in first + second)
+        prometheus.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert closed_within(prometheus, 10)[1].startswith(b"HTTP/1.1 200")
+        for sock in [newcomer, *first, *second]:
+            sock.close()
+
+
 # 16 MB, well over what loopback socket buffers take (tcp_wmem at most 4 MB), so that the server's
 # writes stall; each position distinct modulo 256, so a lost or repeated block shows.
 BIG_BODY: Final = bytes(range(256)) * (64 << 10)

@@ -615,17 +615,18 @@ class HttpServer:
         # Counted here, on a full server only, rather than kept up to date on every accept and close.
         holders = Counter(c.client for c in self._conns.values())
         biggest, held = max(holders.items(), key=lambda item: item[1], default=("", 0))
-        if biggest == client:
-            return self._evict_idle(client)  # the top holder makes room from its own idle ones only
-        if held > holders[client]:
-            # Any phase (a head sent a byte at a time, a TLS handshake never finished) but not one being
-            # answered: those end by their own timeouts.
-            candidates = [
-                c for c in self._conns.values() if c.client == biggest and id(c) not in self._busy and not c.pending
-            ]
-            if candidates:
-                self._close(min(candidates, key=lambda c: c.last_active))
-                return True
+        if holders[client] >= held:
+            # A top holder, tied ones too, makes room from its own idle connections only: otherwise a tie
+            # would fall through to the longest idle of all, most often Prometheus's keep-alive one.
+            return self._evict_idle(client)
+        # From the biggest holder, any phase (a head sent a byte at a time, a TLS handshake never finished)
+        # but not one being answered: those end by their own timeouts.
+        candidates = [
+            c for c in self._conns.values() if c.client == biggest and id(c) not in self._busy and not c.pending
+        ]
+        if candidates:
+            self._close(min(candidates, key=lambda c: c.last_active))
+            return True
         return self._evict_idle()
 
     def _on_ready(self, conn: _Conn, mask: int) -> None:
