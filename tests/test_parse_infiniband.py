@@ -436,6 +436,33 @@ def test_unreadable_64_bit_counter_costs_its_value_not_a_fallback(captured_copy)
     assert values[read_errors_key("mlx4_0", "malformed")] == 1
 
 
+def test_a_64_bit_file_that_answered_stays_chosen_when_a_static_re_read_meets_a_failed_query(
+    captured_copy, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    # Any failed PMA query reads EINVAL, the answer of an HCA without extended counters. When one came in
+    # the static re-read (a uevent, the periodic resync), the 32-bit twin was chosen until the next re-read:
+    # the throughput counter fell to the stuck 32-bit value (a false reset, then a false spike) and a
+    # saturation ticket opened for a file not otherwise read. Found by the counter review.
+    root = captured_copy("prometheus-node_exporter")
+    port = root / "class/infiniband/mlx4_0/ports/1"
+    (port / "counters/port_xmit_data").write_text("4294967295\n")
+    (port / "counters_ext/port_xmit_data_64").write_text("1099511627776\n")
+    collector = build_collector(replace(Config(), sysfs=root))
+    saturated = ("rdma_port_pma_saturated", (("counter", "port_xmit_data"), *MLX4_PORT1))
+    assert _scrape(collector)[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 2**40
+    refusing = RefusingReads(monkeypatch, refused={"mlx4_0/ports/1/counters_ext/port_xmit_data_64"})
+    collector.inventory.invalidate()
+    values = _scrape(collector)
+    assert ("rdma_port_transmit_data_bytes_total", MLX4_PORT1) not in values  # a fault for this scrape
+    assert values[read_errors_key("mlx4_0", "io")] == 1
+    assert saturated not in values
+    refusing.refused.clear()
+    (port / "counters_ext/port_xmit_data_64").write_text("1099511727776\n")
+    values = _scrape(collector)  # static info cached from the re-read above
+    assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 1099511727776
+    assert saturated not in values
+
+
 def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # An HCA without extended counters may list counters_ext/ and fail every read: the 32-bit counters/
     # value is then all there is, and it is exported (and watched for saturation) as before.
@@ -450,16 +477,18 @@ def test_64_bit_file_that_does_not_answer_leaves_the_32_bit_counter(captured_cop
     assert values[read_errors_key("mlx4_0", "malformed", collector="inventory")] == 1
 
 
-def test_64_bit_files_failing_with_einval_are_not_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_64_bit_files_failing_with_einval_are_not_errors(captured_copy, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     # An HCA without extended counters lists counters_ext/ and fails each read with EINVAL: the 32-bit
     # counters/ value is then the counter, and that is a fact about the HCA, not a read error that
     # RdmaExporterReadErrors fires for and that has the static info read again every minute.
-    # (infiniband mutation review: counting EINVAL there passed every test.)
+    # (infiniband mutation review: counting EINVAL there passed every test.) A copy of the capture: the
+    # process-wide reads remember the files of the capture itself answering in earlier tests.
+    root = captured_copy("prometheus-node_exporter")
     RefusingReads(monkeypatch, errno.EINVAL, {"counters_ext/port_rcv_data_64"})
-    values = samples(scrape(NODE_EXPORTER))
+    values = samples(scrape(root))
     assert not any(name == "rdma_exporter_file_read_errors_total" and ("device", "mlx4_0") in labels
                    for name, labels in values)
-    rcv_data = int((NODE_EXPORTER / "class/infiniband/mlx4_0/ports/1/counters/port_rcv_data").read_text())
+    rcv_data = int((root / "class/infiniband/mlx4_0/ports/1/counters/port_rcv_data").read_text())
     assert values[("rdma_port_receive_data_bytes_total", MLX4_PORT1)] == 4 * rcv_data
     assert values[("rdma_port_pma_saturated", (("counter", "port_rcv_data"), *MLX4_PORT1))] == 0
     assert values[("rdma_port_transmit_data_bytes_total", MLX4_PORT1)] == 4 * 3733440  # its twin answered

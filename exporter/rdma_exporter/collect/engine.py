@@ -896,7 +896,9 @@ class RdmaCollector(Collector):
             started = time.perf_counter()
             key = (entry.name, "device info")
             try:
-                info = read_device_info(self.sys_root, entry.name, SysfsReader(entry.name, job.info_errors))
+                # With the device's record of answered counters (parse.infiniband.read_port_info).
+                reader = SysfsReader(entry.name, job.info_errors, memory=memory)
+                info = read_device_info(self.sys_root, entry.name, reader)
             except Exception as exc:  # a broken device costs that device only
                 log.log(self._failures.record_failure(key, exc), "cannot read device %s: %s", entry.name, exc)
                 reason = reason_for_errno(exc.errno) if isinstance(exc, OSError) else REASON_IO

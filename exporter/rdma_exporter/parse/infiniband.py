@@ -371,13 +371,16 @@ def read_port_info(
     ext_listing = list_dir(port_dir / "counters_ext", reader)
     # A 64-bit counters_ext/ file replaces its counters/ twin only if it answers now: an HCA without
     # extended counters may list them and fail each read (EINVAL), and then the 32-bit value is all there
-    # is. Any other failure is counted, so the static info is read again soon (engine).
-    counter_ext_files = tuple(
-        name
-        for name in ext_listing
-        if name not in PMA_COUNTERS_EXT
-        or reader.uint(port_dir / "counters_ext" / name, optional=True, absent_errnos=NO_VALUE_ERRNOS) is not None
-    )
+    # is. Any other failure is counted, so the static info is read again soon (engine). One that has
+    # answered the device's scrapes stays chosen without a probe: a failed PMA query (EINVAL as well)
+    # during a re-read would swap in the 32-bit twin, whose smaller value reads as a counter reset.
+    def ext_answers(name: str) -> bool:
+        path = port_dir / "counters_ext" / name
+        if reader.memory is not None and reader.memory.has_answered(os.fspath(path)):
+            return True
+        return reader.uint(path, optional=True, absent_errnos=NO_VALUE_ERRNOS) is not None
+
+    counter_ext_files = tuple(name for name in ext_listing if name not in PMA_COUNTERS_EXT or ext_answers(name))
     if counter_ext_files:
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     return PortInfo(
