@@ -40,6 +40,19 @@ from .parse.reader import DEFAULT_MAX_OPEN_FILES
 log = logging.getLogger("rdma_exporter")
 
 
+class _Once(argparse.Action):
+    """A setting's flag, which may be given once. argparse lets the last one win, so a unit's
+    --config.file and another in its $RDMA_EXPORTER_ARGS, or two --devices.exclude meant to add up, ran
+    with one of them silently dropped; kingpin (node_exporter's flags) refuses a repeated flag too."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"flag {option} cannot be repeated")
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rdma-exporter",
@@ -47,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         # A shortened flag (--web.listen=) is a typo, as node_exporter treats it, not a guess to act on.
         allow_abbrev=False,
     )
-    add = parser.add_argument
+    def add(*names: str, **kwargs: Any) -> None:
+        parser.add_argument(*names, **({"action": _Once} | kwargs))
+
     # Defaults are None so that only flags given explicitly override the config file.
     add("--web.listen-address", dest="listen_address", help=f"[host]:port to listen on (default {DEFAULT_LISTEN})")
     add("--web.telemetry-path", dest="telemetry_path", help="path of the metrics (default /metrics)")

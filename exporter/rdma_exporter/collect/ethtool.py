@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Final
 
-from ..config import COLLECTOR_SETTINGS, ConfigError
+from ..config import COLLECTOR_SETTINGS, ConfigError, compile_regex
 from ..parse.ethtool import (
     CURATED_HELP,
     CuratedStat,
@@ -60,10 +60,7 @@ def check_extra_stats(source: str, key: str, value: Any) -> tuple[re.Pattern[str
         where = f"{key}[{index}]"
         if not isinstance(pattern, str) or not pattern:
             raise ConfigError(source, where, f"expected a non-empty regular expression string, got {pattern!r}")
-        try:
-            patterns.append(re.compile(pattern))
-        except re.error as exc:
-            raise ConfigError(source, where, f"invalid regular expression {pattern!r}: {exc}") from None
+        patterns.append(compile_regex(source, where, pattern))
     return tuple(patterns)
 
 
