@@ -2224,6 +2224,39 @@ def test_a_reload_applies_the_read_settings_and_keeps_what_is_bound_at_start_up(
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
 
+def test_a_device_filter_that_matches_no_device_is_warned_of_at_start_and_on_reload(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Written as node_exporter's substring (`mlx5`) or as a glob (`mlx5_*`), a filter passed every check
+    and excluded nothing, without a word (config review)."""
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", device_exclude=re.compile("mlx5"))
+    configs = iter([
+        replace(config, device_exclude=re.compile("mlx5_1")),
+        replace(config, device_exclude=None, device_include=re.compile("mlx5_*")),
+    ])
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
+
+    def warnings() -> list[str]:
+        found = [r.getMessage() for r in caplog.records if "matches none of the" in r.getMessage()]
+        caplog.clear()
+        return found
+
+    daemon = Daemon(config, reload=lambda: next(configs))
+    try:
+        assert warnings() == [
+            "devices.exclude 'mlx5' matches none of the 3 RDMA devices present (mlx5_0, mlx5_1, mlx5_2): it "
+            "must match a whole name, as mlx5_bond_.* does"
+        ]
+        assert daemon.reload()
+        assert warnings() == []
+        assert daemon.reload()
+        assert [w.split(" matches")[0] for w in warnings()] == ["devices.include 'mlx5_*'"]
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+
+
 def test_a_reload_keeps_prometheus_remembered(tree: Path, tmp_path: Path) -> None:
     # Otherwise each reload (certificate rotation every few hours) would put Prometheus's next scrape in
     # the lane of logins that wait for bcrypt, where a flood of wrong passwords gets it 503s.

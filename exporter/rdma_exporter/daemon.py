@@ -351,6 +351,26 @@ def raise_fd_limit(wanted: int) -> int:
     return room
 
 
+def warn_of_filters_matching_nothing(config: Config) -> None:
+    """A device filter that matches none of the devices present was most often written as node_exporter's
+    (a substring: `mlx5_bond`) or as a glob (`mlx5_*`), while these match the whole name: an exclude
+    then reads the device it was meant to keep away from, and an include serves nothing."""
+    try:
+        names = sorted(os.listdir(config.sysfs / CLASS_DIR))
+    except OSError:
+        return
+    for key, pattern in (("devices.include", config.device_include), ("devices.exclude", config.device_exclude)):
+        if names and pattern is not None and not any(pattern.fullmatch(name) for name in names):
+            log.warning(
+                "%s %r matches none of the %d RDMA devices present (%s): it must match a whole name, as "
+                "mlx5_bond_.* does",
+                key,
+                pattern.pattern,
+                len(names),
+                ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""),
+            )
+
+
 class Daemon:
     """The running exporter: server, current collector, hotplug monitor and signal handling."""
 
@@ -384,6 +404,7 @@ class Daemon:
             config.scrape_timeout,
         )
         log.info("device discovery: %s", mode)
+        warn_of_filters_matching_nothing(config)
         class_dir = config.sysfs / CLASS_DIR
         if not class_dir.is_dir():
             log.warning("no %s: no RDMA devices to export (RDMA modules not loaded?)", class_dir)
@@ -437,6 +458,7 @@ class Daemon:
             # The monitor died after it was asked above: its fallback went to the old collector.
             collector.inventory.rescan_each_scrape = True
         log.info("reloaded %s (%s)", config.config_file or "configuration", web.describe())
+        warn_of_filters_matching_nothing(config)
         return True
 
     def serve(self) -> int:
