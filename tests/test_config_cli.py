@@ -101,6 +101,8 @@ def write(tmp_path: Path, text: str) -> Path:
         ("path:\n  ethtool: ''\n", "path.ethtool", "expected a non-empty string, got ''"),
         # Not a string: refused, not joined to the file's directory (a TypeError traceback).
         ("path:\n  sysfs: 5\n", "path.sysfs", "expected a non-empty string, got 5"),
+        # No path holds a NUL: a ValueError traceback from os.open (config review).
+        ('web:\n  config_file: "/etc/web\\0.yml"\n', "web.config_file", "a NUL character is in '/etc/web\\x00.yml'"),
         # 0 == False in Python: a check by equality would take a number for a switch.
         ("collectors:\n  pcie: 0\n", "collectors.pcie", "expected true or false, got 0"),
     ],

@@ -655,6 +655,8 @@ A_HASH = "$2b$04$" + "a" * 53  # well-formed; its salt is never checked before t
          f"{AUTH_TYPES}, got 'requireandverifyclientcert'"),
         ("cert_file: 5", "cert_file", "expected a file path, got 5"),
         ("key_file: ''", "key_file", "expected a file path, got ''"),
+        # Never a path (a ValueError in the main config's case; here its raw NUL was printed): refused.
+        ('key_file: "b\\0.key"', "key_file", "expected a file path, got 'b\\x00.key'"),
     ],
 )
 def test_tls_settings_of_the_wrong_type_or_value_are_refused(

@@ -129,6 +129,8 @@ def check_regex(source: str, key: str, value: Any) -> re.Pattern[str] | None:
 def check_string(source: str, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(source, key, f"expected a non-empty string, got {value!r}")
+    if "\0" in value:  # a quoted YAML "\0": no system call takes it (os.open raised a ValueError traceback)
+        raise ConfigError(source, key, f"a NUL character is in {value!r}")
     return value
 
 

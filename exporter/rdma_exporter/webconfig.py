@@ -256,7 +256,7 @@ def _mapping(
 
 
 def _file(source: str, key: str, value: Any, base: Path) -> Path:
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value or "\0" in value:  # no path holds a NUL: it can never appear
         raise ConfigError(source, key, f"expected a file path, got {value!r}")
     path = Path(value) if Path(value).is_absolute() else base / value
     if not path.is_file():
