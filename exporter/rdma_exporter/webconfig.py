@@ -67,11 +67,15 @@ _REFUSED_TLS_KEYS: Final = {
 }
 _HTTP_KEYS: Final = frozenset({"http2", "headers"})
 _TOP_KEYS: Final = frozenset({"tls_server_config", "http_server_config", "basic_auth_users"})
-# Headers the server itself must control.
-_RESERVED_HEADERS: Final = frozenset(
-    {"content-length", "content-type", "content-encoding", "connection", "transfer-encoding", "www-authenticate",
-     "date", "server"}
-)
+# The headers exporter-toolkit lets a web config set (web/handler.go), with the values it allows where it
+# limits them. node_exporter refuses any other name or value, and one file serves both on a node.
+TOOLKIT_HEADERS: Final[dict[str, tuple[str, ...]]] = {
+    "Content-Security-Policy": (),
+    "Strict-Transport-Security": (),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": (),
+}
 # RFC 9110 5.5 field-value: visible ASCII, space and tab, and obs-text (0x80-0xFF, what Latin-1 encodes).
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*\Z")
 _BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}\Z")  # \Z: no final newline
@@ -400,12 +404,13 @@ def _headers(source: str, body: Mapping[str, Any]) -> dict[str, str]:
     result: dict[str, str] = {}
     for name, value in headers.items():
         key = f"http_server_config.headers.{name}"
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9-]+", name):
-            raise ConfigError(source, key, "not a valid header name")
-        if name.lower() in _RESERVED_HEADERS:
-            raise ConfigError(source, key, "set by the server itself")
+        if not isinstance(name, str) or name not in TOOLKIT_HEADERS:
+            allowed = ", ".join(TOOLKIT_HEADERS)
+            raise ConfigError(source, key, f"not one of the headers exporter-toolkit allows: {allowed}")
         if not isinstance(value, str) or "\r" in value or "\n" in value:
             raise ConfigError(source, key, "expected a single-line string")
+        if TOOLKIT_HEADERS[name] and value not in TOOLKIT_HEADERS[name]:
+            raise ConfigError(source, key, f"expected one of {', '.join(TOOLKIT_HEADERS[name])}, got {value!r}")
         if not _FIELD_VALUE.match(value):
             # Answers are written in Latin-1: any other character made every answer fail, with no reply.
             raise ConfigError(source, key, "only printable ASCII, tabs and Latin-1 letters can be sent")
