@@ -35,7 +35,7 @@ from test_daemon_http import (
 )
 
 from rdma_exporter import httpserver, webconfig
-from rdma_exporter.config import ConfigError
+from rdma_exporter.config import EXIT_CONFIG, EXIT_UNAVAILABLE, ConfigError, exit_status
 from rdma_exporter.daemon import Response
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import BasicAuth, WebConfig, load_web_config
@@ -713,6 +713,37 @@ def test_a_file_that_cannot_be_loaded_stops_start_up_under_its_key(
     )
     error = checked_refusal(tmp_path, text)
     assert f"{error.key}: {error.reason}".startswith(reason.format(dir=certs.dir)), error
+
+
+@pytest.mark.parametrize(
+    ("key", "content", "reason", "unavailable"),
+    [
+        # Being written by a renewal: worth a restart (exit 1), as a missing file is.
+        ("cert_file", "empty", "{file} is empty", True),
+        ("key_file", "empty", "{file} is empty", True),
+        ("cert_file", "der", "{file} holds no PEM certificate (DER?", False),
+        ("cert_file", "key", "{file} holds a private key, not a certificate (cert_file and key_file swapped?)", False),
+        ("key_file", "cert", "{file} holds a certificate, not a private key (cert_file and key_file swapped?)", False),
+    ],
+)
+def test_a_certificate_or_key_openssl_refuses_is_named_with_what_is_wrong(
+    certs: Pki, tmp_path: Path, key: str, content: str, reason: str, unavailable: bool
+) -> None:
+    """OpenSSL's own reason for each of these was "[SSL] PEM lib (_ssl.c:3905)", under the section, and an
+    empty certificate stopped the unit for good (exit 2) while a missing one was restarted (config review)."""
+    bad = tmp_path / "bad.pem"
+    bad.write_bytes({
+        "empty": b"\n",
+        "der": ssl.PEM_cert_to_DER_cert(certs.server_cert.read_text()),
+        "key": certs.server_key.read_bytes(),
+        "cert": certs.server_cert.read_bytes(),
+    }[content])
+    files = {"cert_file": certs.server_cert, "key_file": certs.server_key, key: bad}
+    text = "tls_server_config:\n" + "".join(f"  {k}: {v}\n" for k, v in files.items())
+    error = refusal(tmp_path, text)
+    assert error.key == f"tls_server_config.{key}"
+    assert error.reason.startswith(reason.format(file=bad)), error
+    assert exit_status(error) == (EXIT_UNAVAILABLE if unavailable else EXIT_CONFIG)
 
 
 def test_an_empty_client_allowed_sans_admits_any_verified_client(certs: Pki, tmp_path: Path) -> None:

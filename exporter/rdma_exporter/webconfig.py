@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import bcrypt
 
-from .config import ConfigError, check_bool, file_error, read_yaml_file, wrong_kind_error
+from .config import ConfigError, ConfigUnavailable, check_bool, file_error, read_yaml_file, wrong_kind_error
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,32 @@ def _version(source: str, key: str, value: Any) -> ssl.TLSVersion:
     return TLS_VERSIONS[value]
 
 
+def _pem_problem(cert: Path, key: Path) -> tuple[str, str, bool] | None:
+    """(setting, reason, empty) for a certificate and key that OpenSSL refused, where their content tells
+    why: its own reason is often only "[SSL] PEM lib", for an empty file, a DER file or the two swapped."""
+    texts = []
+    for path in (cert, key):
+        try:
+            texts.append(path.read_bytes()[: 1 << 20])
+        except OSError:
+            return None
+    cert_text, key_text = texts
+    if not cert_text.strip():
+        return "cert_file", f"{cert} is empty", True
+    if not key_text.strip():
+        return "key_file", f"{key} is empty", True
+    swapped = "(cert_file and key_file swapped?)"
+    if b"-----BEGIN CERTIFICATE-----" not in cert_text:
+        if b"PRIVATE KEY-----" in cert_text:
+            return "cert_file", f"{cert} holds a private key, not a certificate {swapped}", False
+        return "cert_file", f"{cert} holds no PEM certificate (DER? `openssl x509 -inform der` converts it)", False
+    if b"PRIVATE KEY-----" not in key_text:
+        if b"-----BEGIN CERTIFICATE-----" in key_text:
+            return "key_file", f"{key} holds a certificate, not a private key {swapped}", False
+        return "key_file", f"{key} holds no PEM private key (DER? `openssl pkey -inform der` converts it)", False
+    return None
+
+
 class _EncryptedKey(Exception):
     """The key file asked for a passphrase (_no_passphrase)."""
 
@@ -314,7 +340,12 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
             "(`openssl pkey -in KEY -out KEY.plain`) and restrict who may read it (LoadCredential= under systemd)",
         ) from None
     except ssl.SSLError as exc:  # the content: not PEM, a key that does not match the certificate
-        raise ConfigError(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
+        problem = _pem_problem(cert, key_file)
+        if problem is None:
+            raise ConfigError(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
+        key, reason, empty = problem
+        # An empty file is most often one being written (a renewal): worth a restart, as a missing one is.
+        raise (ConfigUnavailable if empty else ConfigError)(source, f"tls_server_config.{key}", reason) from None
     except OSError as exc:  # not readable (yet), as a key whose permissions are still being set
         raise file_error(exc)(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
     auth_type = body.get("client_auth_type", "NoClientCert")
