@@ -407,6 +407,19 @@ def _unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool 
 UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
+def _integer_without_octal(loader: UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    """YAML 1.1 reads `read_threads: 010` as the octal 8, where the flag reads 10 and YAML 1.2 says 10:
+    refused, with the number meant."""
+    text = node.value.replace("_", "")
+    if re.fullmatch(r"[-+]?0[0-7]+", text):
+        reason = f"{node.value} starts with 0, which YAML reads as an octal number ({int(text, 8)}): write it without"
+        raise yaml.constructor.ConstructorError(None, None, reason, node.start_mark)
+    return int(loader.construct_yaml_int(node))
+
+
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _integer_without_octal)
+
+
 def load_yaml(text: str) -> Any:
     """One YAML document, with duplicate keys refused (UniqueKeyLoader)."""
     return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
