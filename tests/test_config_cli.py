@@ -627,7 +627,11 @@ def test_every_setting_flag_beats_the_file(tmp_path: Path) -> None:
         ("--web.scrape-timeout", "301", "expected a number of seconds from 0.1 to 300, got 301.0"),
         # Not numbers, or not a level: the same one-line reason, not argparse's usage text.
         ("--web.scrape-timeout", "abc", "expected a number of seconds from 0.1 to 300, got 'abc'"),
-        ("--web.scrape-timeout", "nan", "expected a number of seconds from 0.1 to 300, got nan"),
+        ("--web.scrape-timeout", "nan", "expected a number of seconds from 0.1 to 300, got 'nan'"),
+        # What float() reads and the file refuses: one value, one meaning (config review).
+        ("--web.scrape-timeout", "1e1", "expected a number of seconds from 0.1 to 300, got '1e1'"),
+        ("--web.scrape-timeout", "1_0", "expected a number of seconds from 0.1 to 300, got '1_0'"),
+        ("--web.scrape-timeout", "\u0661\u0663", "expected a number of seconds from 0.1 to 300, got '\u0661\u0663'"),
         ("--log.level", "verbose", "expected one of debug, info, warn, error, got 'verbose'"),
         ("--devices.include", "mlx5_[0-", "invalid regular expression"),
         ("--devices.exclude", "mlx5_[0-", "invalid regular expression"),

@@ -6,6 +6,7 @@ import argparse
 import atexit
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -121,11 +122,14 @@ def _integer(text: str) -> int | str:
 
 def _number(text: str) -> float | str:
     """A flag's number as a float, anything else as given, for the setting's check to report (as
-    `_integer`: argparse's type=float printed its usage text before the reason)."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    `_integer`: argparse's type=float printed its usage text before the reason).
+
+    Plain decimals only, as the config file takes them: float() also reads 1e1, 1_0 and other scripts'
+    digits, which the file refuses, so the same value meant something in one place only."""
+    stripped = text.strip()
+    if re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", stripped, re.ASCII):
+        return float(stripped)
+    return text
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
