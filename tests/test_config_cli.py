@@ -92,6 +92,10 @@ def write(tmp_path: Path, text: str) -> Path:
         ("web:\n  telemetry_path: /m\u00e9trics\n", "web.telemetry_path", "may hold only letters, digits"),
         ("web:\n  telemetry_path: /a%20b\n", "web.telemetry_path", "may hold only letters, digits"),
         ("log:\n  level: warning\n", "log.level", "expected one of debug, info, warn, error, got 'warning'"),
+        # What the file shows, not only what YAML made of it (config review: "got False", "got 650").
+        ("log:\n  level: off\n", "log.level", "got False (quote it: YAML reads an unquoted yes, no, on or off"),
+        ("web:\n  listen_address: 10:50\n", "web.listen_address",
+         "got 650 (quote it: YAML reads an unquoted 10:50 as a base-60 number"),
         ("web:\n  scrape_timeout_seconds: true\n", "web.scrape_timeout_seconds", "from 0.1 to 300, got True"),
         ("web:\n  1: ':9883'\n", "web.1", "keys must be strings"),
         ("path:\n  sysfs_root: /sys\n", "path.sysfs_root", "unknown key (known: path.ethtool, path.sysfs)"),

@@ -126,9 +126,19 @@ def check_regex(source: str, key: str, value: Any) -> re.Pattern[str] | None:
     return compile_regex(source, key, value)
 
 
+def _unquoted_hint(value: Any) -> str:
+    """Why a value written as text arrived as something else: the file shows `level: off` and `10:50`,
+    the message would show False and 650."""
+    if isinstance(value, bool):
+        return " (quote it: YAML reads an unquoted yes, no, on or off as true or false)"
+    if isinstance(value, (int, float)):
+        return " (quote it: YAML reads an unquoted 10:50 as a base-60 number, 0x10 as hexadecimal)"
+    return ""
+
+
 def check_string(source: str, key: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(source, key, f"expected a non-empty string, got {value!r}")
+        raise ConfigError(source, key, f"expected a non-empty string, got {value!r}{_unquoted_hint(value)}")
     if "\0" in value:  # a quoted YAML "\0": no system call takes it (os.open raised a ValueError traceback)
         raise ConfigError(source, key, f"a NUL character is in {value!r}")
     return value
@@ -207,7 +217,7 @@ _PATH_CHARS: Final = re.compile(r"[A-Za-z0-9/\-._~!$&'()*+,;=:@]+")
 
 def check_log_level(source: str, key: str, value: Any) -> str:
     if value not in LOG_LEVELS:
-        raise ConfigError(source, key, f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+        raise ConfigError(source, key, f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}{_unquoted_hint(value)}")
     return str(value)
 
 
