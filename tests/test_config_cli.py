@@ -351,6 +351,19 @@ def test_excluded_devices_are_never_opened(monkeypatch: pytest.MonkeyPatch) -> N
     assert values[("rdma_exporter_devices_excluded", ())] == 3
 
 
+def test_device_filters_match_whole_names_not_parts() -> None:
+    # README: "must match in full". Matched anywhere, `mlx5_bond` would drop mlx5_bond_0 and `mlx5_1`
+    # mlx5_10 to mlx5_17 on a 16-rail node (mutation review: the exclude side was untested).
+    args = build_parser().parse_args(["--devices.exclude", "mlx5_bond|mlx5_"])
+    values = samples(scrape(LEPTON, resolve_config(args)))
+    devices = {dict(labels)["device"] for name, labels in values if name == "rdma_device_info"}
+    assert "mlx5_bond_0" in devices and "mlx5_1" in devices
+    assert values[("rdma_exporter_devices_excluded", ())] == 0
+    args = build_parser().parse_args(["--devices.include", "mlx5_bond|mlx5_1"])
+    values = samples(scrape(LEPTON, resolve_config(args)))
+    assert {dict(labels)["device"] for name, labels in values if name == "rdma_device_info"} == {"mlx5_1"}
+
+
 def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
     # --sample forces what a machine without /sys/class/infiniband does by default.
     import socket

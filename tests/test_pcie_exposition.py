@@ -48,6 +48,29 @@ def test_every_link_value_is_exported_under_its_own_name(tmp_path: Path) -> None
     }
 
 
+def test_link_files_that_appear_after_the_static_read_are_read_in_the_next_scrape(tmp_path: Path) -> None:
+    # A function whose link and AER files were not there when the device's static info was read (cached
+    # then until a uevent or the resync): each scrape looks for them again (mutation review: without that,
+    # the device had no link series for up to 15 minutes in udev mode).
+    from dataclasses import replace
+
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector
+    from rdma_exporter.parse.pcie import AER_FILES, LINK_FILES
+
+    sys_root, fn = one_hca(tmp_path)
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    names = [name for name in (*LINK_FILES, *AER_FILES.values()) if (fn / name).exists()]
+    for name in names:
+        (fn / name).rename(hidden / name)
+    collector = build_collector(replace(Config(), sysfs=sys_root))
+    assert pcie(samples(collector.gather().render_text().decode())) == {}
+    for name in names:
+        (hidden / name).rename(fn / name)
+    assert pcie(samples(collector.gather().render_text().decode()))["rdma_pcie_link_width_lanes"] == 16
+
+
 def test_a_link_that_is_down_has_no_current_series(tmp_path: Path) -> None:
     # LNKSTA of a link in training or down: the kernel prints "Unknown" and a width of 0. The maxima are
     # still known; the trained values are absent, not 0 (which would read as a link that lost every lane).
