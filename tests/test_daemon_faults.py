@@ -5,6 +5,7 @@ are right, the failures are counted, and a blocked device never holds more than 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import threading
@@ -202,6 +203,33 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
     assert value(healed, "rdma_exporter_scrape_collector_success", collector="infiniband") == 1
     assert value(healed, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
     assert value(healed, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
+
+
+def test_a_device_slow_on_every_scrape_is_logged_once_with_what_it_was_reading(
+    tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Firmware that answers a little after every deadline: each scrape is a new episode, and the log had
+    a "no answer" and a "returned" warning per scrape, naming neither the file nor the collector (log
+    review: 40 lines in 40 scrapes)."""
+    root = make_tree(tmp_path, 2)
+    path = device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data"
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8), FileBudget(0))  # each scrape opens the file anew
+    collector = collector_for(root, 0.5, reads)
+    caplog.set_level(logging.DEBUG, logger="rdma_exporter")
+    for _ in range(3):
+        fifo = fifos.make(path)
+        scraped, _ = timed_scrape(collector)
+        assert value(scraped, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1", reads="device")
+        fifos.release(fifo, b"1\n")
+        wait_until(lambda: reads.outstanding() == 0)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("device mlx5_1:")]
+    warnings = [message for level, message in lines if level == logging.WARNING]
+    assert len(warnings) == 2, lines
+    assert warnings[0].startswith("device mlx5_1: no answer before the scrape deadline (read running for ")
+    assert warnings[0].endswith(", in its infiniband files; not logged again for 10 minutes)")
+    assert warnings[1].startswith("device mlx5_1: blocked read returned after ")
+    # The later returns are still there for whoever turns debug on.
+    assert sum(message.startswith("device mlx5_1: blocked read returned") for _, message in lines) == 3
 
 
 def test_device_stuck_after_a_healthy_scrape_serves_none_of_its_old_values(tmp_path: Path, fifos: Fifos) -> None:

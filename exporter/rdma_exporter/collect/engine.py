@@ -153,6 +153,10 @@ DEVICE_SKIPPED: Final = MetricSpec(
 # Values of DEVICE_BLOCKED's `reads` label.
 READS_DEVICE: Final = "device"
 READS_NETDEV: Final = "netdev"
+# A device whose reads miss the deadline again within this long of the last logged episode is not logged
+# again (the timeout counters and rdma_exporter_device_read_blocked_seconds still show each one): a slow
+# firmware that answers a little after every deadline gave two warnings a scrape.
+BLOCKED_LOG_QUIET_SECONDS: Final = 600.0
 DEVICE_BLOCKED: Final = MetricSpec(
     "rdma_exporter_device_read_blocked_seconds",
     "gauge",
@@ -629,6 +633,7 @@ class DeviceReads:
         self._outstanding: dict[str, DeviceJob] = {}
         self._device_only: dict[str, DeviceJob] = {}  # beside an outstanding job stuck in its netdev reads
         self._files: dict[str, OpenFiles] = {}
+        self._returned_logged: dict[str, float] = {}  # device -> when its blocked read's return was logged
 
     def start(
         self,
@@ -711,7 +716,19 @@ class DeviceReads:
             elif self._device_only.get(job.key) is job:
                 del self._device_only[job.key]
         if job.abandoned:
-            log.warning("device %s: blocked read returned after %.1f s", job.device, time.monotonic() - job.since())
+            now = time.monotonic()
+            with self._lock:
+                quiet = now - self._returned_logged.get(job.device, -math.inf) < BLOCKED_LOG_QUIET_SECONDS
+                if not quiet:
+                    self._returned_logged[job.device] = now
+                    for device in [d for d, t in self._returned_logged.items() if now - t >= BLOCKED_LOG_QUIET_SECONDS]:
+                        del self._returned_logged[device]
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "device %s: blocked read returned after %.1f s",
+                job.device,
+                now - job.since(),
+            )
 
 
 _shared_reads: DeviceReads | None = None
@@ -725,6 +742,14 @@ def shared_reads() -> DeviceReads:
         if _shared_reads is None:
             _shared_reads = DeviceReads()
         return _shared_reads
+
+
+def _reading(job: DeviceJob) -> str:
+    """What an unfinished job is reading: its static info, or the files of which source."""
+    if not job.info_done:
+        return "its static info"
+    _, current = job.snapshot()
+    return f"its {current[0]} files" if current is not None else "its reads"
 
 
 # --- scrape rounds -----------------------------------------------------------------------------------
@@ -807,7 +832,8 @@ class RdmaCollector(Collector):
             self._state[source.name] = _CollectorState()
         self._state_lock = threading.Lock()
         self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
-        self._reported: set[tuple[str, str]] = set()  # (device, reads) whose blocked read was already logged
+        self._reported: set[tuple[str, str]] = set()  # (device, reads) blocked in the last logged round
+        self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
         self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
@@ -979,12 +1005,14 @@ class RdmaCollector(Collector):
             devices = 0
             # (device, READS_DEVICE or READS_NETDEV) -> seconds its unfinished read has been running
             blocked: dict[tuple[str, str], float] = {}
+            reading: dict[str, str] = {}  # device -> what its unfinished read was doing, for the log
             for entry in rnd.entries:
                 name = entry.name
                 skipped = rnd.skipped.get(name)
                 if skipped is not None:
                     devices += 1
                     blocked[name, READS_DEVICE] = now - skipped.since()
+                    reading[name] = _reading(skipped)
                     known = entry.info or skipped.info
                     for source in self.sources:
                         if self._read_io_free(source, name, known, results, success):
@@ -1035,6 +1063,7 @@ class RdmaCollector(Collector):
                     blocked[name, READS_NETDEV] = now - job.netdev_blocked_since
                 elif unfinished:
                     blocked[name, missing] = now - job.since()
+                    reading[name] = _reading(job)
             for name, address in self.inventory.excluded_pci.items():
                 # Listed but filtered out: I/O-free sources see it as present with its layout unknown,
                 # so that excluding a misbehaving device does not page it as missing. Its PCI address is
@@ -1047,7 +1076,7 @@ class RdmaCollector(Collector):
                         self._read_io_free(source, name, None, results, success)
             if not rnd.logged:
                 rnd.logged = True
-                self._log_blocked(blocked, rnd)
+                self._log_blocked(blocked, reading, rnd)
             for source in self.sources:
                 started = time.perf_counter()
                 try:
@@ -1110,18 +1139,29 @@ class RdmaCollector(Collector):
             success[source.name] = False
         return True
 
-    def _log_blocked(self, blocked: dict[tuple[str, str], float], rnd: _Round) -> None:
-        # Once per episode, not once per scrape: a stuck HCA must not flood the journal.
+    def _log_blocked(self, blocked: dict[tuple[str, str], float], reading: dict[str, str], rnd: _Round) -> None:
+        # Once per episode, not once per scrape: a stuck HCA must not flood the journal. Nor once per
+        # episode of a device that is slow on every scrape: not again within BLOCKED_LOG_QUIET_SECONDS.
+        now = time.monotonic()
         with self._state_lock:
             new = sorted(set(blocked) - self._reported)
             self._reported = set(blocked)
+            logged = self._blocked_logged
+            for key in [key for key, at in logged.items() if now - at >= BLOCKED_LOG_QUIET_SECONDS]:
+                del logged[key]
+            new = [key for key in new if key not in logged]
+            logged.update(dict.fromkeys(new, now))
         for name, reads in new:
             how = "skipped, its read from an earlier scrape is still blocked"
             if reads == READS_NETDEV:
                 how = "its netdev reads (which wait for the kernel's rtnl lock) are blocked; its other reads go on"
             elif name not in rnd.skipped:
                 how = "no answer before the scrape deadline"
-            log.warning("device %s: %s (read running for %.1f s)", name, how, blocked[name, reads])
+            where = f", in {reading[name]}" if reads != READS_NETDEV and name in reading else ""
+            log.warning(
+                "device %s: %s (read running for %.1f s%s; not logged again for %d minutes)",
+                name, how, blocked[name, reads], where, BLOCKED_LOG_QUIET_SECONDS // 60,
+            )
 
     def _log_listing(self, errors: ReadErrors, class_dir: str) -> None:
         # Once per episode, like a blocked read: a listing that fails serves no device at all, so the
