@@ -7,8 +7,11 @@ the names of netdevs ever read, and the epochs of devices ever named by a uevent
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.collect.ethtool import EthtoolSource
@@ -28,6 +31,28 @@ def netdev_source(collector: RdmaCollector) -> NetdevSource:
     source = next(source for source in collector.sources if source.name == "netdev")
     assert isinstance(source, NetdevSource)
     return source
+
+
+def test_devices_that_come_and_go_are_logged_once_each(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Without the uevent monitor (rescan mode) nothing in the log said a device came or went, even at
+    # debug: a start-up "no class/infiniband" warning stayed the last word after the devices appeared
+    # (log review).
+    root = build_tree(tmp_path / "t", spec_for_devices(3))
+    collector = build_collector(replace(Config(), sysfs=root))
+    caplog.set_level(logging.INFO, logger="rdma_exporter")
+
+    def lines() -> list[str]:
+        found = [r.getMessage() for r in caplog.records if r.getMessage().startswith("RDMA devices ")]
+        caplog.clear()
+        return found
+
+    collector.gather()
+    assert lines() == ["RDMA devices listed: mlx5_0, mlx5_1, mlx5_2 (3 in all)"]
+    collector.gather()
+    assert lines() == []
+    remove_device(root, "mlx5_2")
+    collector.gather()
+    assert lines() == ["RDMA devices no longer listed: mlx5_2 (2 in all)"]
 
 
 def test_the_netdevs_of_a_removed_device_are_forgotten(tmp_path: Path) -> None:

@@ -1188,8 +1188,15 @@ class RdmaCollector(Collector):
     def _forget_removed(self, listed: frozenset[str]) -> None:
         """Drop the error counts of devices that are no longer listed: their series go with the device,
         as every other series of it does. Kept, they grew without bound as SR-IOV VFs come and go."""
-        gone = self._listed - listed
+        gone, appeared = self._listed - listed, listed - self._listed
         self._listed = listed
+        # The uevent monitor logs its events; in rescan mode this is the only line that says when a
+        # device came or went (the first listing names every device the exporter serves).
+        for what, names in (("listed", appeared), ("no longer listed", gone)):
+            if names:
+                shown = sorted(names)
+                more = f" and {len(shown) - 16} more" if len(shown) > 16 else ""
+                log.info("RDMA devices %s: %s%s (%d in all)", what, ", ".join(shown[:16]), more, len(listed))
         if not gone:
             return
         for device in gone:
