@@ -57,6 +57,7 @@ from rdma_exporter.httpserver import (
     MAX_REQUEST_LINE,
     SEND_BLOCK_BYTES,
     BadRequest,
+    CountedWarning,
     HttpServer,
     LastIdleFirst,
     Request,
@@ -1507,6 +1508,25 @@ def test_the_daemons_server_has_the_limits_operations_md_lists() -> None:
         assert (server._jobs.costly_workers, server._jobs.costly_backlog) == (1, 32)
     assert (httpserver.MAX_PENDING_BYTES, httpserver.MAX_COSTLY_PER_CLIENT) == (32 << 20, 4)
     assert httpserver.REFUSED_LOG_INTERVAL == 60.0  # a warning "at most once a minute"
+
+
+def test_refusals_counted_after_a_warning_are_logged_when_the_minute_is_over(caplog: pytest.LogCaptureFixture) -> None:
+    """Not when the next refusal comes: a burst of wrong logins was reported minutes later by the next
+    unrelated refusal, under that one's client, or never (log review)."""
+    logger = logging.getLogger("rdma_exporter.test_counted")
+    refused = CountedWarning(logger)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        for peer in ("192.0.2.1:1", "192.0.2.2:1", "192.0.2.3:1"):
+            refused.add("%d refused (the last from %s)", peer)
+        refused.flush(refused.logged + httpserver.REFUSED_LOG_INTERVAL - 1)  # not yet
+        assert [r.getMessage() for r in caplog.records] == ["1 refused (the last from 192.0.2.1:1)"]
+        # The server's loop flushes: no further refusal is needed.
+        refused.logged -= httpserver.REFUSED_LOG_INTERVAL  # a minute on
+        with InProcessServer(lambda request: Response(200, b"ok")):
+            wait_until(lambda: len(caplog.records) == 2, 10)
+        assert caplog.records[1].getMessage() == "2 refused (the last from 192.0.2.3:1)"
+        refused.flush(time.monotonic() + 2 * httpserver.REFUSED_LOG_INTERVAL)  # nothing left to log
+        assert len(caplog.records) == 2
 
 
 def test_an_ipv6_listen_address_is_served_over_ipv6() -> None:

@@ -22,10 +22,11 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, ClassVar, Final, Generic, TypeVar
 
 from . import __version__
 
@@ -63,14 +64,20 @@ class CountedWarning:
     """Refusals of one kind, logged as one warning per REFUSED_LOG_INTERVAL with their count since the last.
 
     A client with a wrong password or certificate repeats it every scrape, and anyone can repeat it in a
-    loop: a line per refusal would flood the journal. The first one is logged at once.
+    loop: a line per refusal would flood the journal. The first one is logged at once; those counted after
+    it are logged when the interval is over (`flush_all`, from the server's loop), not when the next
+    refusal comes: that could be minutes later, from another client, or never.
     """
+
+    _every: ClassVar[weakref.WeakSet[CountedWarning]] = weakref.WeakSet()
 
     def __init__(self, logger: logging.Logger) -> None:
         self._log = logger
         self._lock = threading.Lock()  # some refusals are counted on HTTP workers, some on the loop thread
         self.count = 0  # since the last warning
         self.logged = -REFUSED_LOG_INTERVAL  # when that warning was (monotonic)
+        self._pending: tuple[str, tuple[object, ...]] | None = None  # the last refusal not logged yet
+        CountedWarning._every.add(self)
 
     def add(self, message: str, *args: object) -> None:
         """Count one refusal; `message`'s first %d is the count, `args` fill the rest."""
@@ -78,9 +85,24 @@ class CountedWarning:
             self.count += 1
             now = time.monotonic()
             if now - self.logged < REFUSED_LOG_INTERVAL:
+                self._pending = (message, args)
                 return
-            count, self.count, self.logged = self.count, 0, now
+            count, self.count, self.logged, self._pending = self.count, 0, now, None
         self._log.warning(message, count, *args)
+
+    def flush(self, now: float) -> None:
+        """Log the refusals counted since the last line, once its interval is over."""
+        with self._lock:
+            if self._pending is None or now - self.logged < REFUSED_LOG_INTERVAL:
+                return
+            (message, args), count = self._pending, self.count
+            self.count, self.logged, self._pending = 0, now, None
+        self._log.warning(message, count, *args)
+
+    @classmethod
+    def flush_all(cls, now: float) -> None:
+        for warning in list(cls._every):
+            warning.flush(now)
 
 
 @dataclass
@@ -517,6 +539,7 @@ class HttpServer:
                     self._selector.register(self._listener, selectors.EVENT_READ, "listener")
                 if now >= next_sweep:
                     self._sweep(now)
+                    CountedWarning.flush_all(now)
                     next_sweep = now + 0.25
         finally:
             self._close_all()
