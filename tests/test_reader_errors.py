@@ -164,3 +164,46 @@ def test_a_file_longer_than_any_attribute_is_malformed_not_cut(tmp_path: Path) -
         assert reader.text(str(tmp_path / "node_desc")) == "h" * 8190
     assert errors.counts == {("mlx5_0", "malformed"): 2}
     assert "8192 bytes or more" in errors.last[("mlx5_0", "malformed")]
+
+
+def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Garbage in a counter file, a directory in its place: the value was lost and counted, but the log
+    said nothing at info, and at debug one line a scrape (log review)."""
+    import logging
+    from dataclasses import replace
+
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    counter = root / "class/infiniband/mlx5_1/ports/1/counters/symbol_error"
+    collector = build_collector(replace(Config(), sysfs=root))
+    caplog.set_level(logging.INFO, logger="rdma_exporter")
+
+    def lines() -> list[tuple[int, str]]:
+        found = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("read errors ")]
+        caplog.clear()
+        return found
+
+    collector.gather()
+    assert lines() == []
+    counter.write_text("junk\n")
+    for _ in range(3):
+        collector.gather()
+    assert lines() == [(
+        logging.WARNING,
+        f"read errors [infiniband] mlx5_1 (malformed): {counter}: not an unsigned integer: 'junk'; "
+        "counted in rdma_exporter_file_read_errors_total, not logged again while they go on",
+    )]
+    counter.write_text("0\n")
+    collector.gather()
+    assert lines() == [(logging.INFO, "read errors [infiniband] mlx5_1 (malformed) stopped")]
+    # Again within ten minutes: a flapping file is not two lines a scrape.
+    counter.write_text("junk\n")
+    collector.gather()
+    counter.write_text("0\n")
+    collector.gather()
+    assert lines() == []

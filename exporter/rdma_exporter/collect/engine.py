@@ -834,6 +834,9 @@ class RdmaCollector(Collector):
         self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
         self._reported: set[tuple[str, str]] = set()  # (device, reads) blocked in the last logged round
         self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
+        # (collector, device) -> {(file's device, reason): whether the episode's start was logged}
+        self._erroring: dict[tuple[str, str], dict[tuple[str, str], bool]] = {}
+        self._errors_logged: dict[tuple[str, str, str, str], float] = {}  # episode key -> when last logged
         self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
@@ -1026,6 +1029,7 @@ class RdmaCollector(Collector):
                     if (INVENTORY, name) not in rnd.recorded:
                         rnd.recorded.add((INVENTORY, name))
                         self._record_errors(INVENTORY, job.info_errors)
+                        self._log_read_errors(INVENTORY, name, job.info_errors)
                     if job.info_failed:
                         # Listed all the same: found under class/infiniband, present with its ports
                         # unknown, and failed as a whole for every source that reads files.
@@ -1054,6 +1058,7 @@ class RdmaCollector(Collector):
                     if (source.name, name) not in rnd.recorded:
                         rnd.recorded.add((source.name, name))
                         self._record_errors(source.name, outcome.errors)
+                        self._log_read_errors(source.name, name, outcome.errors)
                     durations[source.name] += outcome.seconds
                     success[source.name] = success[source.name] and outcome.ok
                     if outcome.ok:
@@ -1209,6 +1214,50 @@ class RdmaCollector(Collector):
             for state in self._state.values():
                 for key in [key for key in state.errors if key[0] in gone]:
                     del state.errors[key]
+            for key in [key for key in self._erroring if key[1] in gone]:
+                del self._erroring[key]
+
+    def _log_read_errors(self, collector: str, device: str, errors: ReadErrors) -> None:
+        """A sysfs file that fails to read (garbage, EIO, a directory in its place) costs its value, counted in
+        rdma_exporter_file_read_errors_total: the log names it once per episode, with the file, and says
+        when the episode ends. Not timeouts (the blocked-read lines) nor refusals (the device's answer).
+        An episode that starts again within BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged."""
+        # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
+        # FailureEpisodes), which name no file.
+        root = f"{os.fspath(self.sys_root)}/"
+        current = {
+            key: detail for key, detail in errors.last.items()
+            if key[1] not in (REASON_TIMEOUT, REASON_UNSUPPORTED) and detail.startswith(root)
+        }
+        if not current and (collector, device) not in self._erroring:
+            return  # the common case, every read of every scrape
+        now = time.monotonic()
+        started: list[tuple[str, str, str]] = []
+        with self._state_lock:
+            episodes = self._erroring.pop((collector, device), {})
+            logged = self._errors_logged
+            for old in [old for old, at in logged.items() if now - at >= BLOCKED_LOG_QUIET_SECONDS]:
+                del logged[old]
+            ended = [key for key, was_logged in episodes.items() if key not in current and was_logged]
+            for (owner, reason), detail in sorted(current.items()):
+                if (owner, reason) not in episodes:
+                    episode = (collector, device, owner, reason)
+                    episodes[owner, reason] = episode not in logged
+                    if episode not in logged:
+                        logged[episode] = now
+                        started.append((owner, reason, detail))
+            for key in [key for key in episodes if key not in current]:
+                del episodes[key]
+            if episodes:
+                self._erroring[collector, device] = episodes
+        for owner, reason, detail in started:
+            log.warning(
+                "read errors [%s] %s (%s): %s; counted in rdma_exporter_file_read_errors_total, not logged again "
+                "while they go on",
+                collector, owner or device, reason, detail,
+            )
+        for owner, reason in ended:
+            log.info("read errors [%s] %s (%s) stopped", collector, owner or device, reason)
 
     def _record_errors(self, collector: str, errors: ReadErrors) -> None:
         if not errors.counts:
