@@ -228,8 +228,39 @@ def test_a_device_slow_on_every_scrape_is_logged_once_with_what_it_was_reading(
     assert warnings[0].startswith("device mlx5_1: no answer before the scrape deadline (read running for ")
     assert warnings[0].endswith(", in its infiniband files; not logged again for 10 minutes)")
     assert warnings[1].startswith("device mlx5_1: blocked read returned after ")
-    # The later returns are still there for whoever turns debug on.
+    # The later episodes are still there for whoever turns debug on.
     assert sum(message.startswith("device mlx5_1: blocked read returned") for _, message in lines) == 3
+
+
+def test_a_hang_after_a_slow_episode_is_logged_once_it_is_a_hang(
+    tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quiet period after a slow read's lines must not hide the stuck HCA that follows: it was never
+    logged, not even when the quiet period ended, as its episode had begun inside it (final review)."""
+    from rdma_exporter.collect import engine
+
+    monkeypatch.setattr(engine, "HUNG_READ_SECONDS", 1.0)
+    root = make_tree(tmp_path, 2)
+    path = device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data"
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8), FileBudget(0))
+    collector = collector_for(root, 0.3, reads)
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
+    fifo = fifos.make(path)
+    timed_scrape(collector)  # slow: answers after the deadline
+    fifos.release(fifo, b"1\n")
+    wait_until(lambda: reads.outstanding() == 0)
+    fifo = fifos.make(path)  # now it hangs
+    end = time.monotonic() + 1.6
+    while time.monotonic() < end:
+        timed_scrape(collector)
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device mlx5_1: ")]
+    assert len(warnings) == 3, warnings  # the slow episode's two lines, and the hang
+    assert "still blocked" in warnings[2] or "no answer" in warnings[2], warnings
+    fifos.release(fifo, b"1\n")
+    wait_until(lambda: reads.outstanding() == 0)
+    # Its return is a hang's too: logged, though within the quiet period of the slow read's.
+    last = caplog.records[-1]
+    assert (last.levelno, last.getMessage()[:43]) == (logging.WARNING, "device mlx5_1: blocked read returned after ")
 
 
 def test_device_stuck_after_a_healthy_scrape_serves_none_of_its_old_values(tmp_path: Path, fifos: Fifos) -> None:

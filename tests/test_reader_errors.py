@@ -207,3 +207,13 @@ def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
     counter.write_text("0\n")
     collector.gather()
     assert lines() == []
+    # A static file is read with the device's static info, not every scrape: a scrape on the cached info
+    # says nothing of it, and must not end its episode (final review: a false "stopped").
+    guid = root / "class/infiniband/mlx5_0/node_guid"
+    guid.unlink()
+    guid.mkdir()
+    collector.inventory.invalidate()
+    collector.gather()
+    assert [level for level, _ in lines()] == [logging.WARNING]
+    collector.gather()
+    assert lines() == []

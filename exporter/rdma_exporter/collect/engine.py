@@ -157,6 +157,8 @@ READS_NETDEV: Final = "netdev"
 # again (the timeout counters and rdma_exporter_device_read_blocked_seconds still show each one): a slow
 # firmware that answers a little after every deadline gave two warnings a scrape.
 BLOCKED_LOG_QUIET_SECONDS: Final = 600.0
+# A read blocked this long is a hang (RdmaDeviceUnresponsive's threshold), logged whatever the quiet period.
+HUNG_READ_SECONDS: Final = 60.0
 DEVICE_BLOCKED: Final = MetricSpec(
     "rdma_exporter_device_read_blocked_seconds",
     "gauge",
@@ -408,6 +410,7 @@ class DeviceJob:
         self.info_errors = ReadErrors()
         self.info_seconds = 0.0
         self.info_failed = False
+        self.info_read = False  # the static info was read in this job, not taken from the cache
         self.info_done = False  # the static-info phase is over (read, cached or failed)
         # Static info and every source that needs no rtnl are read: what is left are netdev reads.
         self.device_reads_done = False
@@ -718,7 +721,10 @@ class DeviceReads:
         if job.abandoned:
             now = time.monotonic()
             with self._lock:
-                quiet = now - self._returned_logged.get(job.device, -math.inf) < BLOCKED_LOG_QUIET_SECONDS
+                quiet = (
+                    now - self._returned_logged.get(job.device, -math.inf) < BLOCKED_LOG_QUIET_SECONDS
+                    and now - job.since() < HUNG_READ_SECONDS
+                )
                 if not quiet:
                     self._returned_logged[job.device] = now
                     for device in [d for d, t in self._returned_logged.items() if now - t >= BLOCKED_LOG_QUIET_SECONDS]:
@@ -746,6 +752,8 @@ def shared_reads() -> DeviceReads:
 
 def _reading(job: DeviceJob) -> str:
     """What an unfinished job is reading: its static info, or the files of which source."""
+    if job.started is None:
+        return "the queue, waiting for a reader thread"
     if not job.info_done:
         return "its static info"
     _, current = job.snapshot()
@@ -834,6 +842,7 @@ class RdmaCollector(Collector):
         self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
         self._reported: set[tuple[str, str]] = set()  # (device, reads) blocked in the last logged round
         self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
+        self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
         # (collector, device) -> {(file's device, reason): whether the episode's start was logged}
         self._erroring: dict[tuple[str, str], dict[tuple[str, str], bool]] = {}
         self._errors_logged: dict[tuple[str, str, str, str], float] = {}  # episode key -> when last logged
@@ -937,6 +946,7 @@ class RdmaCollector(Collector):
                 if self._failures.succeeded(key):
                     log.info("device %s is readable again", entry.name)
             job.info_seconds = time.perf_counter() - started
+            job.info_read = True
             if info is not None:
                 # An unsupported read (`N/A (no PMA)` in counters_ext/, EOPNOTSUPP) is the device's
                 # answer for good: reading the static info again soon would change nothing.
@@ -1029,7 +1039,8 @@ class RdmaCollector(Collector):
                     if (INVENTORY, name) not in rnd.recorded:
                         rnd.recorded.add((INVENTORY, name))
                         self._record_errors(INVENTORY, job.info_errors)
-                        self._log_read_errors(INVENTORY, name, job.info_errors)
+                        if job.info_read:  # a cached round says nothing about the static files
+                            self._log_read_errors(INVENTORY, name, job.info_errors)
                     if job.info_failed:
                         # Listed all the same: found under class/infiniband, present with its ports
                         # unknown, and failed as a whole for every source that reads files.
@@ -1149,13 +1160,22 @@ class RdmaCollector(Collector):
         # episode of a device that is slow on every scrape: not again within BLOCKED_LOG_QUIET_SECONDS.
         now = time.monotonic()
         with self._state_lock:
-            new = sorted(set(blocked) - self._reported)
-            self._reported = set(blocked)
             logged = self._blocked_logged
             for key in [key for key, at in logged.items() if now - at >= BLOCKED_LOG_QUIET_SECONDS]:
                 del logged[key]
-            new = [key for key in new if key not in logged]
+            episodes = sorted(set(blocked) - self._reported)
+            new = [key for key in episodes if key not in logged or blocked[key] >= HUNG_READ_SECONDS]
+            quiet = [key for key in episodes if key not in new]
+            # A quiet episode is not reported yet: once the quiet period is over, a device still blocked is
+            # logged then. A read that turns into a hang is logged when it does, once, whatever came before.
+            self._reported = set(blocked) - set(quiet)
+            hung = {key for key, seconds in blocked.items() if seconds >= HUNG_READ_SECONDS}
+            new += sorted(hung - self._hung_reported - set(new))
+            self._hung_reported = hung
             logged.update(dict.fromkeys(new, now))
+        for name, reads in quiet:
+            log.debug("device %s: %s read still missed the scrape deadline (read running for %.1f s)",
+                      name, reads, blocked[name, reads])
         for name, reads in new:
             how = "skipped, its read from an earlier scrape is still blocked"
             if reads == READS_NETDEV:
