@@ -6,7 +6,6 @@ import argparse
 import atexit
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -14,6 +13,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from . import __version__
 from .config import (
@@ -35,6 +36,7 @@ from .config import (
     check_telemetry_path,
     exit_status,
     load_config_file,
+    load_yaml,
 )
 from .parse.reader import DEFAULT_MAX_OPEN_FILES
 
@@ -105,31 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# More digits than any setting has; int() refuses over 4300 with a ValueError.
-_MAX_DIGITS: Final = 100
-
-
-def _integer(text: str) -> int | str:
-    """A flag's digits as an int, anything else as given. Not argparse's type=int: a bad value is
-    reported by the setting's check as a ConfigError, like every other setting.
-
-    ASCII digits only: str.isdigit() also takes superscripts, which int() refuses with a ValueError (a
-    traceback, not the flag and reason), and other scripts' digits, which the config file refuses. And
-    not too many: int() refuses over 4300 digits with a ValueError too; no setting has a tenth of that."""
-    text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS else text
-
-
-def _number(text: str) -> float | str:
-    """A flag's number as a float, anything else as given, for the setting's check to report (as
-    `_integer`: argparse's type=float printed its usage text before the reason).
-
-    Plain decimals only, as the config file takes them: float() also reads 1e1, 1_0 and other scripts'
-    digits, which the file refuses, so the same value meant something in one place only."""
-    stripped = text.strip()
-    if re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", stripped, re.ASCII):
-        return float(stripped)
-    return text
+def _as_in_file(text: str) -> int | float | str:
+    """A flag's number read as the config file reads it, one YAML scalar, so that a value means the same
+    in both (`1_0`, `0x10`; `010` and `1e1` refused in both); anything else as given, for the setting's
+    check to report. Not argparse's type=int or float: a bad value is reported by that check as a
+    ConfigError, like every other setting, not with argparse's usage text. int() and float() also take
+    other scripts' digits and superscripts, which the file does not."""
+    try:
+        value = load_yaml(text)
+    except yaml.YAMLError:  # an octal 010, 5000 digits: the file refuses them as well
+        return text
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -147,11 +135,11 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.web_config_file is not None:
         flag["web_config_file"] = check_path("command line", "--web.config.file", args.web_config_file)
     if args.scrape_timeout is not None:
-        flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", _number(args.scrape_timeout))
+        flag["scrape_timeout"] = check_seconds("command line", "--web.scrape-timeout", _as_in_file(args.scrape_timeout))
     if args.read_threads is not None:
-        flag["read_threads"] = check_read_threads("command line", "--web.read-threads", _integer(args.read_threads))
+        flag["read_threads"] = check_read_threads("command line", "--web.read-threads", _as_in_file(args.read_threads))
     if args.max_open_files is not None:
-        value = _integer(args.max_open_files)
+        value = _as_in_file(args.max_open_files)
         flag["max_open_files"] = check_open_files("command line", "--read.max-open-files", value)
     if args.sysfs is not None:
         flag["sysfs"] = check_directory("command line", "--path.sysfs", args.sysfs)

@@ -107,8 +107,10 @@ def compile_regex(source: str, key: str, pattern: str) -> re.Pattern[str]:
     to. `[[:digit:]]`, a digit in RE2 (node_exporter's and Prometheus's engine), is here a set of the
     characters `:digt` followed by `]`, and only a FutureWarning said so. A repeat count or a nesting
     too large for the compiler raises OverflowError or RecursionError, which were tracebacks."""
+    # FutureWarning only: the filter is the process's, and a reload compiles on its own thread while the
+    # HTTP and reader threads run.
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", FutureWarning)
         try:
             return re.compile(pattern)
         except (re.error, Warning, OverflowError, RecursionError) as exc:
@@ -130,9 +132,9 @@ def _unquoted_hint(value: Any) -> str:
     """Why a value written as text arrived as something else: the file shows `level: off` and `10:50`,
     the message would show False and 650."""
     if isinstance(value, bool):
-        return " (quote it: YAML reads an unquoted yes, no, on or off as true or false)"
+        return " (YAML reads an unquoted yes, no, on or off as true or false)"
     if isinstance(value, (int, float)):
-        return " (quote it: YAML reads an unquoted 10:50 as a base-60 number, 0x10 as hexadecimal)"
+        return " (YAML read the unquoted value as a number: 10:50 as base 60, 0x10 as hexadecimal)"
     return ""
 
 
