@@ -2256,6 +2256,8 @@ def test_a_device_filter_that_matches_no_device_is_warned_of_at_start_and_on_rel
     configs = iter([
         replace(config, device_exclude=re.compile("mlx5_1")),
         replace(config, device_exclude=None, device_include=re.compile("mlx5_*")),
+        # A fleet-wide exclude for devices this node does not have (final review: it warned on every node).
+        replace(config, device_exclude=re.compile("mlx5_bond_.*")),
     ])
     caplog.set_level(logging.WARNING, logger="rdma_exporter")
 
@@ -2274,6 +2276,8 @@ def test_a_device_filter_that_matches_no_device_is_warned_of_at_start_and_on_rel
         assert warnings() == []
         assert daemon.reload()
         assert [w.split(" matches")[0] for w in warnings()] == ["devices.include 'mlx5_*'"]
+        assert daemon.reload()
+        assert warnings() == []
     finally:
         daemon.server.shutdown(grace=0)
         if daemon.hotplug is not None:

@@ -352,15 +352,24 @@ def raise_fd_limit(wanted: int) -> int:
 
 
 def warn_of_filters_matching_nothing(config: Config) -> None:
-    """A device filter that matches none of the devices present was most often written as node_exporter's
-    (a substring: `mlx5_bond`) or as a glob (`mlx5_*`), while these match the whole name: an exclude
-    then reads the device it was meant to keep away from, and an include serves nothing."""
+    """An include that matches none of the devices present serves nothing. An exclude that matches none
+    in full but part of one was most often written as node_exporter's (a substring: `mlx5_bond`) or as a
+    glob (`mlx5_*`), while these match the whole name: it reads the device it was meant to keep away
+    from. One that matches nothing at all is a fleet-wide setting for devices this node does not have."""
     try:
         names = sorted(os.listdir(config.sysfs / CLASS_DIR))
     except OSError:
         return
-    for key, pattern in (("devices.include", config.device_include), ("devices.exclude", config.device_exclude)):
-        if names and pattern is not None and not any(pattern.fullmatch(name) for name in names):
+
+    def idle(pattern: re.Pattern[str], partly: bool) -> bool:
+        whole = any(pattern.fullmatch(name) for name in names)
+        return not whole and (not partly or any(pattern.search(name) for name in names))
+
+    for key, pattern, partly in (
+        ("devices.include", config.device_include, False),
+        ("devices.exclude", config.device_exclude, True),
+    ):
+        if names and pattern is not None and idle(pattern, partly):
             log.warning(
                 "%s %r matches none of the %d RDMA devices present (%s): it must match a whole name, as "
                 "mlx5_bond_.* does",
