@@ -2311,6 +2311,8 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     config = tmp_path / "rdma-exporter.yml"
     config.write_text('devices:\n  exclude: "mlx5_1"\n')
     daemon = start("--path.sysfs", str(tree), "--config.file", str(config))
+    # The start-up line names the files it runs on (log review: it named neither).
+    assert f", config file {config}, web config file none" in daemon.log()
 
     def devices() -> float:
         return samples(get(daemon.port).body.decode())[("rdma_exporter_devices", ())]

@@ -404,13 +404,16 @@ class Daemon:
             costly=self.exporter.costly,
         )
         log.info(
-            "rdma-exporter %s listening on %s (%s), metrics at %s, sysfs %s, scrape deadline %.1f s",
+            "rdma-exporter %s listening on %s (%s), metrics at %s, sysfs %s, scrape deadline %.1f s, config "
+            "file %s, web config file %s",
             __version__,
             config.listen_address,
             web.describe(),
             config.telemetry_path,
             Path(config.sysfs),
             config.scrape_timeout,
+            config.config_file or "none",
+            config.web_config_file or "none",
         )
         log.info("device discovery: %s", mode)
         warn_of_filters_matching_nothing(config)
