@@ -987,3 +987,16 @@ def test_a_message_without_spaces_is_still_one_logfmt_value(message: str) -> Non
 def test_listen_addresses_operators_use_are_accepted(address: str) -> None:
     # Review: underscores, which /etc/hosts and resolvers take, were refused after the host check came in.
     assert check_listen("test.yml", "web.listen_address", address) == address
+
+
+def test_a_web_config_file_that_fails_names_the_setting_that_named_it(tmp_path: Path) -> None:
+    # `~/web.yml` in the config file is not expanded (YAML is no shell): the message named only
+    # "<config dir>/~/web.yml", not the key to fix (config review).
+    config = tmp_path / "rdma-exporter.yml"
+    config.write_text("web:\n  config_file: ~/web.yml\n")
+    result = run_cli("--config.file", str(config), "--check-config")
+    assert result.returncode == 1  # missing: may appear later
+    assert result.stderr.rstrip().endswith(f"(named by {config}: web.config_file)"), result.stderr
+    assert f"{tmp_path}/~/web.yml" in result.stderr
+    result = run_cli("--web.config.file", str(tmp_path / "none.yml"), "--check-config")
+    assert result.stderr.rstrip().endswith("(named by --web.config.file)"), result.stderr

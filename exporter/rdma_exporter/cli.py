@@ -241,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         # Certificates and hashes are checked before anything listens: a typo must stop start-up.
         web = load_web_config(config.web_config_file)
     except ConfigError as exc:
-        print(f"rdma-exporter: invalid web configuration: {exc}", file=sys.stderr)
+        # Which setting named the file: a path relative to the config file's directory, or a `~` that
+        # YAML does not expand, is otherwise hard to trace back.
+        origin = "--web.config.file" if args.web_config_file is not None else f"{config.config_file}: web.config_file"
+        print(f"rdma-exporter: invalid web configuration: {exc} (named by {origin})", file=sys.stderr)
         return exit_status(exc)
     if args.check_config:
         source = config.config_file or "defaults and flags"
