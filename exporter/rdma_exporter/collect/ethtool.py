@@ -193,6 +193,9 @@ def scaled(stat: CuratedStat) -> float:
 MAX_SERIES_MEMO: Final = 65536
 
 
+_WARNED_NOT_SYSFS: set[str] = set()  # trees already warned of as no mounted sysfs
+
+
 class EthtoolSource:
     """`ethtool -S` statistics of the netdevs of Ethernet (RoCE) ports."""
 
@@ -216,7 +219,6 @@ class EthtoolSource:
         self._extra_specs: dict[str, MetricSpec] = {}
         # (key, labels) -> (spec or None, label values): the same few hundred every scrape.
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[MetricSpec | None, tuple[str, ...]]] = {}
-        self._warned = False
         # Unexpected exceptions per netdev: logged once per episode, as the engine logs a failing
         # collector, not once per scrape.
         self._failures = FailureEpisodes()
@@ -228,8 +230,10 @@ class EthtoolSource:
     def _enabled(self, ctx: ScrapeContext) -> bool:
         if self.ethtool_dir is not None or self.call is not None or live_sysfs(str(ctx.sys_root)):
             return True
-        if not self._warned:
-            self._warned = True
+        root = str(ctx.sys_root)
+        if root not in _WARNED_NOT_SYSFS:
+            # Once per process and tree: a reload builds a new source, and said it again each time.
+            _WARNED_NOT_SYSFS.add(root)
             log.warning(
                 "%s is not a mounted sysfs: the ethtool collector reads nothing (the ioctl would read this "
                 "host's netdevs); give it captures with --path.ethtool",
