@@ -83,12 +83,8 @@ class CountedWarning:
         """Count one refusal; `message`'s first %d is the count, `args` fill the rest."""
         with self._lock:
             self.count += 1
-            now = time.monotonic()
-            if now - self.logged < REFUSED_LOG_INTERVAL:
-                self._pending = (message, args)
-                return
-            count, self.count, self.logged, self._pending = self.count, 0, now, None
-        self._log.warning(message, count, *args)
+            self._pending = (message, args)
+        self.flush(time.monotonic())
 
     def flush(self, now: float) -> None:
         """Log the refusals counted since the last line, once its interval is over."""

@@ -727,8 +727,7 @@ class DeviceReads:
                 )
                 if not quiet:
                     self._returned_logged[job.device] = now
-                    for device in [d for d, t in self._returned_logged.items() if now - t >= BLOCKED_LOG_QUIET_SECONDS]:
-                        del self._returned_logged[device]
+                    _forget_quiet_periods_over(self._returned_logged, now)
             log.log(
                 logging.DEBUG if quiet else logging.WARNING,
                 "device %s: blocked read returned after %.1f s",
@@ -748,6 +747,12 @@ def shared_reads() -> DeviceReads:
         if _shared_reads is None:
             _shared_reads = DeviceReads()
         return _shared_reads
+
+
+def _forget_quiet_periods_over(logged: dict[Any, float], now: float) -> None:
+    """Drop the entries of `logged` (what -> when last logged) whose BLOCKED_LOG_QUIET_SECONDS are over."""
+    for key in [key for key, at in logged.items() if now - at >= BLOCKED_LOG_QUIET_SECONDS]:
+        del logged[key]
 
 
 def _reading(job: DeviceJob) -> str:
@@ -1161,8 +1166,7 @@ class RdmaCollector(Collector):
         now = time.monotonic()
         with self._state_lock:
             logged = self._blocked_logged
-            for key in [key for key, at in logged.items() if now - at >= BLOCKED_LOG_QUIET_SECONDS]:
-                del logged[key]
+            _forget_quiet_periods_over(logged, now)
             episodes = sorted(set(blocked) - self._reported)
             new = [key for key in episodes if key not in logged or blocked[key] >= HUNG_READ_SECONDS]
             quiet = [key for key in episodes if key not in new]
@@ -1256,8 +1260,7 @@ class RdmaCollector(Collector):
         with self._state_lock:
             episodes = self._erroring.pop((collector, device), {})
             logged = self._errors_logged
-            for old in [old for old, at in logged.items() if now - at >= BLOCKED_LOG_QUIET_SECONDS]:
-                del logged[old]
+            _forget_quiet_periods_over(logged, now)
             ended = [key for key, was_logged in episodes.items() if key not in current and was_logged]
             for (owner, reason), detail in sorted(current.items()):
                 if (owner, reason) not in episodes:
