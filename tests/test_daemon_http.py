@@ -1339,6 +1339,10 @@ def test_accepts_pause_while_out_of_file_descriptors_then_resume(caplog: pytest.
     with InProcessServer(lambda request: Response(200, b"ok")) as server, socket.socket() as client:
         limits = resource.getrlimit(resource.RLIMIT_NOFILE)
         fillers: list[int] = []
+        # The garbage collector closing an earlier test's socket mid-test frees a descriptor, and accept()
+        # then succeeds (one fresh-clone CI run): collect first, and not again until the fill is released.
+        gc.collect()
+        gc.disable()
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 32, limits[1]))
             with caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
@@ -1363,6 +1367,7 @@ def test_accepts_pause_while_out_of_file_descriptors_then_resume(caplog: pytest.
             for fd in fillers:
                 os.close(fd)
             resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            gc.enable()
 
 def test_the_head_timeout_runs_from_the_first_byte_not_the_idle_timeout() -> None:
     # A connection that began a request and stopped gets 408 at the (short) head timeout, not at the idle
@@ -2311,8 +2316,9 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     config = tmp_path / "rdma-exporter.yml"
     config.write_text('devices:\n  exclude: "mlx5_1"\n')
     daemon = start("--path.sysfs", str(tree), "--config.file", str(config))
-    # The start-up line names the files it runs on (log review: it named neither).
-    assert f", config file {config}, web config file none" in daemon.log()
+    # The start-up line names the files it runs on (log review: it named neither). It is written just after
+    # the socket listens, so wait for it rather than racing it (a fresh-clone CI run lost that race).
+    wait_until(lambda: f", config file {config}, web config file none" in daemon.log(), timeout=20)
 
     def devices() -> float:
         return samples(get(daemon.port).body.decode())[("rdma_exporter_devices", ())]
