@@ -25,6 +25,7 @@ from typing import Any, Final
 from ..config import COLLECTOR_SETTINGS, ConfigError, compile_regex
 from ..parse.ethtool import (
     CURATED_HELP,
+    CURATED_KINDS,
     CuratedStat,
     EthtoolCall,
     EthtoolError,
@@ -110,7 +111,6 @@ CURATED_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "device_out_of_buffer": (),
     "module_events": ("event",),
 }
-GAUGE_KEYS: Final = frozenset({"pci_outbound_stalled_ratio"})
 
 
 # Two curated keys are renamed by hand (promtool rejects "bits"); the rest go through lint_safe.
@@ -132,8 +132,8 @@ def _curated_help(key: str) -> str:
 
 CURATED_SPECS: Final[dict[str, MetricSpec]] = {
     key: MetricSpec(
-        metric_name(key, "gauge" if key in GAUGE_KEYS else "counter"),
-        "gauge" if key in GAUGE_KEYS else "counter",
+        metric_name(key, CURATED_KINDS[key]),
+        CURATED_KINDS[key],
         _curated_help(key),
         (*NETDEV, *labels),
     )

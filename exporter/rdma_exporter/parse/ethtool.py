@@ -495,6 +495,8 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(rf"link_xoff_{_DIR}\.nic", "global_pause_frames"),
     _rule(rf"{_RX}_crc_errors\.nic", "crc_error_packets"),
 )
+# What each curated key is, taken from the rules that make it, so the exposition has one source for it.
+CURATED_KINDS: Final[dict[str, Kind]] = {rule.key: rule.kind for rule in _RULES}
 
 CURATED_HELP: Final[dict[str, str]] = {
     "pfc_pause_frames": "PFC (802.1Qbb) pause frames per priority; rx: the peer throttles us, tx: we throttle it.",
@@ -544,10 +546,9 @@ CURATED_HELP: Final[dict[str, str]] = {
     ),
 }
 
-# Extra stats all share one HELP, keyed by the `stat_` prefix their keys get.
+# Extra stats' keys get the `stat_` prefix (collect/ethtool.py gives them one HELP).
 EXTRA_PREFIX: Final = "stat_"
 _ESCAPED_WORD: Final = re.compile(r"(?:priority|lane|queue|channel|all)(?:_|$)")
-EXTRA_HELP: Final = "ethtool statistic exported by an extra pattern; see the source name in the driver's docs."
 
 # Bounds keep label values a small fixed set; an index outside them stays part of the key instead.
 MAX_PRIORITY: Final = 7
@@ -564,11 +565,6 @@ _DIRECTION_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)_")
 _PRIORITY_PART: Final = re.compile(r"(?:^|_)(?:prio|pri|priority)_?(?P<priority>[0-9]+)(?=_|$)")
 _LANE_PART: Final = re.compile(r"(?:^|_)lane_?(?P<lane>[0-9]+)(?=_|$)")
 _LANE_ANYWHERE: Final = re.compile(r"(?:^|_)lane_?[0-9]+(?:_|$)")
-
-
-def help_for(key: str) -> str:
-    """HELP text for any key `curate` can return."""
-    return CURATED_HELP.get(key) or EXTRA_HELP
 
 
 def _index(value: str, bound: int) -> str | None:

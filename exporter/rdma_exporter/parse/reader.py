@@ -41,14 +41,6 @@ REASON_IO: Final = "io"  # EIO, EINVAL, EBUSY, EAGAIN and other kernel-side fail
 REASON_UNSUPPORTED: Final = "unsupported"  # EOPNOTSUPP, or the "N/A (no PMA)" placeholder
 REASON_MALFORMED: Final = "malformed"  # empty, garbage, or out of range for the attribute
 REASON_TIMEOUT: Final = "timeout"  # the read did not finish before the scrape deadline
-REASONS: Final = (
-    REASON_MISSING,
-    REASON_PERMISSION,
-    REASON_IO,
-    REASON_UNSUPPORTED,
-    REASON_MALFORMED,
-    REASON_TIMEOUT,
-)
 
 NO_PMA: Final = "N/A (no PMA)"
 
