@@ -356,10 +356,6 @@ class _Writer:
         with open(os.path.join(self._root, rel), "w", encoding="ascii") as f:
             f.write(text)
 
-    def attr(self, rel: str, value: object) -> None:
-        """One sysfs attribute: the value as the kernel prints it, with its trailing newline."""
-        self.raw(rel, f"{value}\n")
-
     def attrs(self, dir_rel: str, items: Iterable[tuple[str, object]]) -> None:
         self.mkdir(dir_rel)
         for name, value in items:

@@ -278,7 +278,7 @@ _STATE_PATTERN: Final = re.compile(r"^\s*(\d{1,9})\s*:\s*(\S.*?)?\s*$")
 
 
 def parse_state(text: str) -> tuple[int, str] | None:
-    """`4: ACTIVE` -> (4, "ACTIVE"); the name falls back to the spec's when the kernel prints none."""
+    """`4: ACTIVE` -> (4, "ACTIVE"); `4` -> (4, ""). Which name is shown is the caller's choice."""
     match = _STATE_PATTERN.match(text)
     if match is None:
         return None
@@ -480,6 +480,8 @@ def _netdev_identities(sys_root: Path, ports: list[PortInfo], reader: SysfsReade
 
 
 def _read_state(path: str, reader: SysfsReader, names: dict[int, str]) -> tuple[int, str] | None:
+    # The spec's name for a known number, whatever the kernel printed (one spelling per state across
+    # drivers and kernels); the kernel's only for a number the spec does not name.
     text = reader.text(path)
     if text is None:
         return None
