@@ -172,8 +172,8 @@ def test_parse_expands_and_converts_units() -> None:
         ("ports: [{devices: mlx5_0, rate_gbps: '400G'}]", "collector.expected.ports[0].rate_gbps", "positive"),
         ("ports: [{devices: mlx5_0, width: 3}]", "collector.expected.ports[0].width", "one of 1, 2, 4, 8, 12"),
         ("ports: [{devices: mlx5_0, link_layer: IB}]", "collector.expected.ports[0].link_layer", "InfiniBand"),
-        ("ports: [{devices: mlx5_0, pcie_gen: 7}]", "collector.expected.ports[0].pcie_gen", "one of 1, 2"),
-        ("ports: [{devices: mlx5_0, pcie_width: 12}]", "collector.expected.ports[0].pcie_width", "16"),
+        ("ports: [{devices: mlx5_0, pcie_gen: 8}]", "collector.expected.ports[0].pcie_gen", "one of 1, 2"),
+        ("ports: [{devices: mlx5_0, pcie_width: 64}]", "collector.expected.ports[0].pcie_width", "12, 16"),
         (
             "ports: [{devices: 'mlx5_[0-3]'}, {devices: mlx5_2}]",
             "collector.expected.ports[1].devices",
@@ -452,6 +452,13 @@ def test_expansion_limit_is_inclusive() -> None:
     assert len(expand_devices("f", "k", "d[1-4096]")) == 4096
     with pytest.raises(ConfigError, match="more than 4096"):
         expand_devices("f", "k", "d[0-4096]")
+
+
+def test_every_pcie_link_the_collector_reports_can_be_expected() -> None:
+    # Gen7 and x12 were refused here while the PCIe parser reported them (code review).
+    port = parse("collector: {expected: {ports: [{devices: mlx5_0, pcie_gen: 7, pcie_width: 12}]}}")
+    got = port.collector_settings["expected"]["ports"][0]
+    assert (got.pcie_transfers_per_second, got.pcie_width) == (128e9, 12)
 
 
 def test_port_4294967294_and_width_1_are_accepted() -> None:

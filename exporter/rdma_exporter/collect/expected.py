@@ -40,6 +40,7 @@ from typing import Any, Final
 from ..config import COLLECTOR_SETTINGS, ConfigError
 from ..parse.infiniband import MAX_PORT_NUMBER, DeviceInfo
 from ..parse.netdev import lag_by_name
+from ..parse.pcie import GENERATIONS, VALID_WIDTHS
 from ..parse.reader import PCI_ADDRESS, SysfsReader, pci_slot
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
@@ -47,9 +48,11 @@ NAME: Final = "expected"
 
 LINK_LAYERS: Final = ("InfiniBand", "Ethernet")
 LINK_WIDTHS: Final = (1, 2, 4, 8, 12)  # IB 1X/2X/4X/8X/12X
-PCIE_WIDTHS: Final = (1, 2, 4, 8, 16, 32)
+# What the PCIe parser accepts, so an expectation can name every link it can report (x12 and Gen7 were
+# refused here while the collector reported them).
+PCIE_WIDTHS: Final = tuple(sorted(VALID_WIDTHS))
 # PCIe generation -> transfers per second per lane, the unit of the PCIe collector's link speed.
-PCIE_GEN_TRANSFERS: Final[dict[int, float]] = {1: 2.5e9, 2: 5e9, 3: 8e9, 4: 16e9, 5: 32e9, 6: 64e9}
+PCIE_GEN_TRANSFERS: Final[dict[int, float]] = {gen: gts * 1e9 for gts, gen in sorted(GENERATIONS.items())}
 _PCIE_GEN_OF: Final = {transfers: gen for gen, transfers in PCIE_GEN_TRANSFERS.items()}
 
 _ENTRY_KEYS: Final = (
