@@ -1,4 +1,8 @@
-"""The scrape engine: a custom prometheus_client Collector that builds fresh families on every scrape.
+"""The scrape engine: `RdmaCollector` gathers fresh metric families on every scrape.
+
+It is a prometheus_client Collector (`collect()`, for a registry); the daemon calls `gather()` and writes
+the text with `FamilySet.render_chunks`, the same bytes prometheus_client's writer gives for those
+families (tests/test_exposition.py) at a fraction of its cost (bench/PROFILE.md).
 
 A stuck mlx5 firmware makes sysfs reads block in the kernel, uninterruptibly. The engine therefore never
 reads a device on the thread that serves a scrape:
@@ -24,8 +28,10 @@ reads a device on the thread that serves a scrape:
   of the scrape that started it (`_Round.joinable_until`): a round held up by a hung read never
   completes, and scrapes that kept joining it would keep getting its old values.
 
-Nothing is remembered between scrapes except the static inventory and the cumulative error counts, so
-a device or port that disappears simply stops being exported (no stale series).
+Every family is built anew from the scrape's reads, so a device or port that disappears simply stops
+being exported (no stale series). What is kept between scrapes is there to read less or log less, never
+to fill in a value: the static inventory, the cumulative error counts, the kept file descriptors and
+which counter files answered, rendered label texts, and the log throttles.
 """
 
 from __future__ import annotations
