@@ -37,6 +37,7 @@ from .config import (
     exit_status,
     load_config_file,
     load_yaml,
+    logging_level,
 )
 from .parse.reader import DEFAULT_MAX_OPEN_FILES
 
@@ -194,7 +195,7 @@ def setup_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(LogfmtFormatter())
     logging.basicConfig(
-        level={"warn": logging.WARNING}.get(level, getattr(logging, level.upper(), logging.INFO)),
+        level=logging_level(level),
         handlers=[handler],
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import logging
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -18,16 +19,16 @@ from typing import Any, Final
 
 import yaml
 
+from .collect.engine import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
 from .parse.reader import DEFAULT_MAX_OPEN_FILES, read_regular_file
 
 DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
 COLLECTORS: Final = ("infiniband", "netdev", "ethtool", "pcie", "expected")
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
-# Reader threads: engine.DEFAULT_PARALLELISM (not imported: the engine pulls in every parser), at most
-# engine.HARD_MAX_WORKERS.
-DEFAULT_READ_THREADS: Final = 4
-MAX_READ_THREADS: Final = 64
+# Reader threads: the engine's default, and at most its hard limit.
+DEFAULT_READ_THREADS: Final = DEFAULT_PARALLELISM
+MAX_READ_THREADS: Final = HARD_MAX_WORKERS
 # Per-scrape sysfs files kept open between scrapes: the default, DEFAULT_MAX_OPEN_FILES, is 64 MiB of
 # kernel memory at a page each (parse.reader); this is the most a config may ask for.
 MAX_OPEN_FILES: Final = 1_000_000
@@ -215,6 +216,11 @@ def check_telemetry_path(source: str, key: str, value: Any) -> str:
 
 
 _PATH_CHARS: Final = re.compile(r"[A-Za-z0-9/\-._~!$&'()*+,;=:@]+")
+
+
+def logging_level(name: str) -> int:
+    """The `logging` level of a LOG_LEVELS name (Prometheus's exporters spell WARNING `warn`)."""
+    return {"warn": logging.WARNING}.get(name, getattr(logging, name.upper(), logging.INFO))
 
 
 def check_log_level(source: str, key: str, value: Any) -> str:

@@ -38,7 +38,7 @@ from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
 from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
-from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, exit_status
+from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, exit_status, logging_level
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
@@ -460,7 +460,7 @@ class Daemon:
         except Exception:
             log.exception("reload failed, keeping the running configuration")
             return False
-        logging.getLogger().setLevel(log_level(config.log_level))
+        logging.getLogger().setLevel(logging_level(config.log_level))
         # The pool is shared across reloads; surplus threads exit as they finish their jobs.
         self.reads.pool.parallelism = config.read_threads
         # A lowered cap takes effect at each device's next read (OpenFiles.begin closes files over it).
@@ -499,10 +499,6 @@ class Daemon:
         self.server.shutdown(grace=self.exporter.serving.config.scrape_timeout + 2.0)
         log.info("stopped")
         return 0
-
-
-def log_level(name: str) -> int:
-    return {"warn": logging.WARNING}.get(name, getattr(logging, name.upper(), logging.INFO))
 
 
 def run(config: Config, reload: Callable[[], Config] | None = None) -> int:
