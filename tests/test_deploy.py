@@ -32,7 +32,19 @@ from conftest import make_ca, make_leaf, require_binary
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "rdma-exporter.service"
-MAX_EXPOSURE = 2.0
+# What `systemd-analyze security` still flags in the shipped unit, each for a reason: any other item
+# flagged means a hardening setting was lost (a score threshold let four go unnoticed: deploy review).
+ACCEPTED_EXPOSURE = {
+    "RootDirectory=/RootImage=": "an image of its own for one Python daemon is not worth shipping",
+    "RestrictAddressFamilies=~AF_NETLINK": "uevents and the rtnetlink address watch",
+    "RestrictAddressFamilies=~AF_UNIX": "sd_notify",
+    "RestrictAddressFamilies=~AF_(INET|INET6)": "it listens, and the ethtool ioctl needs an AF_INET socket",
+    "PrivateNetwork=": "the ethtool ioctl finds netdevs by name in its own network namespace",
+    "PrivateUsers=": "libudev drops uevents whose sender (uid 0) maps to nobody",
+    "DeviceAllow=": "char-rtc:r is what ProtectClock=yes itself allows",
+    "IPAddressDeny=": "who may scrape is site-specific (docs/operations.md shows a drop-in)",
+}
+EXPOSURE = 1.3
 
 
 def unit_settings(text: str) -> dict[str, list[str]]:
@@ -67,7 +79,7 @@ def test_unit_passes_systemd_analyze_verify(installed_unit: Path) -> None:
     assert result.returncode == 0 and not complaints, result.stdout + result.stderr
 
 
-def test_unit_security_exposure_is_at_most_2(installed_unit: Path) -> None:
+def test_unit_security_exposure_is_only_what_it_needs(installed_unit: Path) -> None:
     analyze = require_binary("systemd-analyze")
     result = subprocess.run(
         [analyze, "security", "--offline=yes", "--no-pager", str(installed_unit)],
@@ -77,7 +89,9 @@ def test_unit_security_exposure_is_at_most_2(installed_unit: Path) -> None:
     )
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
     assert match, result.stdout + result.stderr
-    assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+    flagged = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("\u2717 ")}
+    assert flagged == set(ACCEPTED_EXPOSURE), result.stdout
+    assert float(match.group(1)) == EXPOSURE, result.stdout  # README and docs/operations.md quote it
 
 
 def test_unit_hardening_settings() -> None:
