@@ -34,13 +34,36 @@ missing=()
 for package in "${DEBIAN_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
+# The distribution's prometheus, alertmanager and node_exporter services must not start, now or at boot:
+# they would listen on every interface without authentication, and the tests start their own on free
+# loopback ports. Package scripts start a service through deb-systemd-invoke, which asks policy-rc.d
+# (RUNLEVEL is not consulted on a systemd host), and enable it whatever the policy says.
+SERVICES=(prometheus prometheus-alertmanager prometheus-node-exporter)
+POLICY_RC_D="${RDMA_EXPORTER_POLICY_RC_D:-/usr/sbin/policy-rc.d}"  # tests point it elsewhere
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
-    # Package scripts must not start the distribution's own prometheus/alertmanager/node_exporter
-    # services: the tests start their own on free loopback ports.
-    as_root env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq --no-install-recommends \
+    own_policy=""
+    if [ ! -e "$POLICY_RC_D" ]; then  # a machine's own policy (container images ship one) stays as it is
+        own_policy=1
+        trap 'as_root rm -f "$POLICY_RC_D"' EXIT
+        printf '#!/bin/sh\n# rdma-exporter install-test-deps.sh: no service starts while it installs\nexit 101\n' |
+            as_root tee "$POLICY_RC_D" >/dev/null
+        as_root chmod 0755 "$POLICY_RC_D"
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
+    if [ -n "$own_policy" ]; then
+        as_root rm -f "$POLICY_RC_D"
+        trap - EXIT
+    fi
+    if command -v systemctl >/dev/null; then
+        for service in "${SERVICES[@]}"; do
+            if [[ " ${missing[*]} " == *" $service "* ]]; then
+                as_root systemctl disable --quiet "$service.service" 2>/dev/null || true
+            fi
+        done
+    fi
 fi
 
 # The VM tests boot the distribution's own kernel, which has rdma_rxe, 9p and virtio as modules. It is

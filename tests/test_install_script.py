@@ -106,3 +106,49 @@ def test_no_kernel_package_after_an_update_is_a_clear_failure(stubbed: tuple[Pat
     assert result.returncode == 1
     assert "apt knows no linux-image-amd64 dependency" in result.stderr
     assert not (Path(env["STATE"]) / "python3.log").exists()
+
+
+def missing_prometheus_and_ethtool(project: Path, env: dict[str, str]) -> Path:
+    """dpkg-query says two packages are missing; apt-get install records what the policy answers then."""
+    bin_dir = project.parent / "bin"
+    (bin_dir / "dpkg-query").write_text(
+        '#!/usr/bin/env bash\ncase "$3" in prometheus|ethtool) exit 1 ;; esac\nprintf "install ok installed"\n'
+    )
+    (bin_dir / "apt-get").write_text(
+        STUBS["apt-get"].replace(
+            "case \" $* \" in",
+            'case " $* " in\n  *" install "*) "$RDMA_EXPORTER_POLICY_RC_D" prometheus start && answer=0 || answer=$?\n'
+            '    echo "policy $answer" >> "$STATE/install.log" ;;',
+        )
+    )
+    (bin_dir / "apt-get").write_text("#!/usr/bin/env bash\nset -eu\n" + (bin_dir / "apt-get").read_text())
+    (bin_dir / "systemctl").write_text('#!/usr/bin/env bash\necho "systemctl $*" >> "$STATE/systemctl.log"\n')
+    for name in ("dpkg-query", "systemctl"):
+        (bin_dir / name).chmod(0o755)
+    policy = project.parent / "policy-rc.d"
+    env["RDMA_EXPORTER_POLICY_RC_D"] = str(policy)
+    return policy
+
+
+def test_installed_services_neither_start_nor_start_at_boot(stubbed: tuple[Path, dict[str, str]]) -> None:
+    # Package scripts start and enable prometheus' services; RUNLEVEL=1 did not stop that on a systemd host,
+    # leaving unauthenticated listeners on every interface (deploy review).
+    project, env = stubbed
+    policy = missing_prometheus_and_ethtool(project, env)
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    state = Path(env["STATE"])
+    assert (state / "install.log").read_text() == "policy 101\n"  # the policy refused starts while installing
+    assert not policy.exists()  # and is gone afterwards
+    assert (state / "systemctl.log").read_text() == "systemctl disable --quiet prometheus.service\n"
+
+
+def test_a_machines_own_policy_is_left_as_it_is(stubbed: tuple[Path, dict[str, str]]) -> None:
+    project, env = stubbed
+    policy = missing_prometheus_and_ethtool(project, env)
+    policy.write_text("#!/bin/sh\nexit 0\n")
+    policy.chmod(0o755)
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    assert (Path(env["STATE"]) / "install.log").read_text() == "policy 0\n"
+    assert policy.read_text() == "#!/bin/sh\nexit 0\n"
