@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import socket
@@ -126,6 +127,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def distinct_free_ports(count: int) -> list[int]:
+    """`count` different loopback ports free right now: free_port() twice can give one port twice, as the
+    socket is closed before the next is asked for (about 1 in 5,000 triples; flaky-test review)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def openssl(*args: str | Path, cwd: Path) -> None:
     """Run the openssl CLI in `cwd` (the tests make their certificates with it)."""
     subprocess.run([require_binary("openssl"), *map(str, args)], cwd=cwd, check=True, capture_output=True,
@@ -215,6 +227,15 @@ def symlink(root: Path, rel: str, target: str) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(os.path.relpath(root / target, path.parent), path)
+
+
+@pytest.fixture(autouse=True)
+def root_log_level() -> Iterator[None]:
+    """A reload sets the root logger's level; without this, later tests' caplog saw INFO records of other
+    threads that a test left behind (flaky-test review)."""
+    level = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(level)
 
 
 @pytest.fixture

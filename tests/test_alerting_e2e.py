@@ -34,7 +34,7 @@ import yaml
 
 from rdma_exporter.sample_tree import HEALTHY_SPEC, build_tree
 
-from conftest import free_port, skip_or_fail
+from conftest import distinct_free_ports, free_port, skip_or_fail
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "e2e"
@@ -234,7 +234,7 @@ def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> No
     rules_dir.mkdir()
     rule_files = shorten_for(ROOT / "rules", rules_dir)
 
-    exporter_port, prom_port, am_port = free_port(), free_port(), free_port()
+    exporter_port, prom_port, am_port = distinct_free_ports(3)
     am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"
     prom_config = tmp_path / "prometheus.yml"
     prom_config.write_text(

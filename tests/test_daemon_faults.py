@@ -765,10 +765,11 @@ def test_a_shorter_deadline_does_not_wait_for_the_longer_one(tmp_path: Path) -> 
     # held until the short scrape is over. (After a fixed 50 ms, a leader not yet scheduled left the short
     # scrape to start the round, and a 1 s read could end before a slowed short scrape did.)
     wait_until(lambda: (rnd := round_in_flight(collector)) is not None and rnd.jobs["mlx5_0"].done.is_set(), 10)
-    started = time.monotonic()
     try:
-        short = samples(prometheus_text(collector.gather(0.2)).decode())
-        assert time.monotonic() - started < 0.5
+        with timed() as took:
+            short = samples(prometheus_text(collector.gather(0.2)).decode())
+        # Its own deadline less the time the machine kept it from running (flaky-test review).
+        assert took[0].scheduled < 0.5, took[0]
     finally:
         source.release.set()
     thread.join(5)

@@ -1993,11 +1993,13 @@ def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
     try:
         for sock in attackers:
             sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {wrong}\r\n\r\n".encode())
-        time.sleep(0.3)  # every request is in the server's hands
-        scrape = get(daemon.port, headers=basic("prometheus", "s3cret"))
         with selectors.DefaultSelector() as ready:  # not select(): high_fds, as in a full suite run
             for sock in attackers:
                 ready.register(sock, selectors.EVENT_READ)
+            # Every request is in the server's hands once the quick refusals are out (a fixed sleep was
+            # too short on a loaded machine).
+            wait_until(lambda: len(ready.select(0)) >= flood - 33, 20)
+            scrape = get(daemon.port, headers=basic("prometheus", "s3cret"))
             answered = len(ready.select(0))
         assert scrape.status == 200
         # At ~0.08 s per check, most of the flood is still waiting (before: nearly all of it was answered).
@@ -2007,7 +2009,9 @@ def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
         for sock in attackers:
             sock.close()
     # One check runs and 32 wait; the rest are refused at once rather than tie up a connection for seconds.
-    assert set(statuses) == {401, 503} and 1 <= statuses.count(503) <= flood - 33, statuses
+    # (32 wait and 8 are refused when the first check came before the worker that answered the remembered
+    # login was idle again: it then waits too. Seen 4 times in 10 on a loaded machine.)
+    assert set(statuses) == {401, 503} and 1 <= statuses.count(503) <= flood - 32, statuses
     assert get(daemon.port, "/healthz", headers=basic("prometheus", "s3cret")).status == 200
     # The operator hears of it: the first refusal at once, the next ones counted for a line a minute later.
     refusals = [line for line in daemon.log().splitlines() if "refused with 503" in line]

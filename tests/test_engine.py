@@ -171,7 +171,7 @@ def test_scrapes_sharing_a_round_count_each_error_once(tmp_path: Path, standin: 
     longer: list[Samples] = []
     thread = threading.Thread(target=lambda: longer.append(scrape(rdma, 3.0)))
     thread.start()
-    time.sleep(0.2)
+    wait_until(lambda: rdma._round is not None, 10)  # the longer scrape started the round (not a fixed sleep)
     shorter = scrape(rdma, 1.5)
     thread.join()
     for metrics in (shorter, longer[0]):

@@ -939,7 +939,7 @@ def test_a_flood_of_address_changes_on_one_netdev_is_logged_at_info_once_a_minut
     netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
     other = collector.inventory.cached()["mlx5_2"].ports[0].netdevs[0]
     clock = [1000.0]
-    monkeypatch.setattr(hotplug.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(hotplug, "log_clock", lambda: clock[0])
     with caplog.at_level(logging.DEBUG, logger="rdma_exporter.hotplug"):
         for _ in range(50):
             fw_of(collector, "mlx5_1")  # a scrape between changes: each one has a cache to refresh

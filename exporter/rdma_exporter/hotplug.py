@@ -59,6 +59,9 @@ ADDRESS_SETTLE_SECONDS: Final = 2.0
 # Address changes on one netdev are logged at info at most this often (the rest at debug): a router
 # advertisement flood on a RoCE segment sends a change per advertisement, and each would be a line.
 ADDRESS_LOG_INTERVAL_SECONDS: Final = 60.0
+# The clock of the address-change log throttle (tests set it rather than the process-wide time.monotonic,
+# which other threads read too).
+log_clock: Callable[[], float] = time.monotonic
 _NLMSGHDR: Final = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _IFADDRMSG: Final = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
 
@@ -257,7 +260,7 @@ class HotplugMonitor:
             return
         if what is None:
             return
-        now = time.monotonic()
+        now = log_clock()
         last = self._address_logged.get(name)
         if last is None or now - last >= ADDRESS_LOG_INTERVAL_SECONDS:
             if len(self._address_logged) >= 256:  # netdevs come and go (VLANs): forget the quiet ones
