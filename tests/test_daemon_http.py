@@ -2486,6 +2486,68 @@ def test_systemd_is_told_ready_reloading_and_stopping(
         assert daemon.proc.wait(20) == 0
 
 
+def test_systemd_watchdog_hears_from_the_server_loop(
+    start: Callable[..., RunningDaemon], tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # WatchdogSec= in the unit: without WATCHDOG=1 at least once an interval systemd kills the service; with
+    # it, a server loop that stopped turning is restarted (deploy review: the unit had no watchdog).
+    name = f"@rdma-exporter-test-{os.getpid()}-{time.monotonic_ns()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind("\0" + name[1:])
+        notify.settimeout(20)
+        monkeypatch.setenv("NOTIFY_SOCKET", name)
+        monkeypatch.setenv("WATCHDOG_USEC", "1000000")  # a notification each half second
+        daemon = start("--path.sysfs", str(tree))
+        got = [notify.recv(4096) for _ in range(4)]
+        assert got[0] == b"READY=1" and got[1:] == [b"WATCHDOG=1"] * 3, got
+        daemon.proc.send_signal(signal.SIGSTOP)  # a loop that stops turning: silence
+        try:
+            while True:  # what was sent before the stop
+                notify.settimeout(0.5)
+                notify.recv(4096)
+        except TimeoutError:
+            pass
+        try:
+            notify.settimeout(1.5)
+            with pytest.raises(TimeoutError):
+                notify.recv(4096)
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        notify.settimeout(20)
+        assert notify.recv(4096) == b"WATCHDOG=1"
+
+
+def test_the_watchdog_is_for_its_own_process_and_warns_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rdma_exporter.daemon import Watchdog
+
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid() + 1))  # systemd asked another process (our parent)
+    assert Watchdog.from_environment().interval is None
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    assert Watchdog.from_environment().interval == 15.0
+    monkeypatch.setenv("WATCHDOG_USEC", "30s")
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        assert Watchdog.from_environment().interval is None
+    assert "WATCHDOG_USEC='30s' is not a number of microseconds" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))  # nothing listens there yet
+    watchdog = Watchdog(1.0)
+    with caplog.at_level(logging.INFO, logger="rdma_exporter.daemon"):
+        for now in range(5):
+            watchdog.tick(float(now))
+        assert [r.levelname for r in caplog.records] == ["WARNING"]  # once, not once per interval
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+            notify.bind(str(tmp_path / "notify"))
+            watchdog.tick(5.0)
+            watchdog.tick(5.5)  # not yet due
+            assert notify.recv(4096) == b"WATCHDOG=1"
+    assert [r.getMessage() for r in caplog.records][1:] == [
+        "systemd watchdog notifications are getting through again"
+    ]
+
+
 def test_a_notification_systemd_cannot_get_is_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -249,11 +249,12 @@ def parse_listen(address: str) -> tuple[str, int]:
     return host.strip("[]") or "", int(port)
 
 
-def sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) about readiness, reloads and stopping; a no-op elsewhere."""
+def sd_notify(state: str, *, warn: bool = True) -> bool:
+    """Tell systemd (Type=notify) about readiness, reloads and stopping; a no-op elsewhere. False if the
+    notification could not be sent."""
     path = os.environ.get("NOTIFY_SOCKET")
     if not path:
-        return
+        return True
     address = "\0" + path[1:] if path.startswith("@") else path
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
@@ -261,7 +262,40 @@ def sd_notify(state: str) -> None:
     except OSError as exc:
         # Otherwise the journal only says "start operation timed out" (AF_UNIX missing from the unit's
         # RestrictAddressFamilies=, or a socket path this process cannot reach).
-        log.warning("cannot notify systemd of %s at %s: %s", state.split("\n", 1)[0], path, exc)
+        if warn:
+            log.warning("cannot notify systemd of %s at %s: %s", state.split("\n", 1)[0], path, exc)
+        return False
+    return True
+
+
+class Watchdog:
+    """systemd's watchdog (WatchdogSec=): WATCHDOG=1 at half its interval, sent from the HTTP server's loop,
+    so a loop that stopped turning (a deadlock) gets the process killed and restarted. Device reads stuck
+    in the kernel run on other threads and do not stop it, and a restart could not end them."""
+
+    def __init__(self, interval: float | None) -> None:
+        self.interval = interval
+        self._next = 0.0
+        self._failing = False
+
+    @classmethod
+    def from_environment(cls) -> Watchdog:
+        usec, pid = os.environ.get("WATCHDOG_USEC", ""), os.environ.get("WATCHDOG_PID", "")
+        if not usec or (pid and pid != str(os.getpid())):  # not asked, or asked of another process
+            return cls(None)
+        if not usec.isascii() or not usec.isdigit() or int(usec) == 0:
+            log.warning("WATCHDOG_USEC=%r is not a number of microseconds: no watchdog notifications", usec)
+            return cls(None)
+        return cls(int(usec) / 2e6)
+
+    def tick(self, now: float) -> None:
+        if self.interval is None or now < self._next:
+            return
+        self._next = now + self.interval
+        sent = sd_notify("WATCHDOG=1", warn=not self._failing)  # one warning, not one per interval
+        if sent and self._failing:
+            log.info("systemd watchdog notifications are getting through again")
+        self._failing = not sent
 
 
 # A scrape of many devices allocates and frees megabytes; glibc keeps freed pages mapped in its arenas,
@@ -402,6 +436,7 @@ class Daemon:
             peer_allowed=lambda cert: self.exporter.serving.web.peer_allowed(cert),
             headers=lambda: self.exporter.serving.web.headers,
             costly=self.exporter.costly,
+            tick=Watchdog.from_environment().tick,
         )
         log.info(
             "rdma-exporter %s listening on %s (%s), metrics at %s, sysfs %s, scrape deadline %.1f s, config "

@@ -466,6 +466,7 @@ class HttpServer:
         peer_allowed: Callable[[Mapping[str, Any] | None], bool] = lambda cert: True,
         headers: Callable[[], Mapping[str, str]] = dict,
         costly: Callable[[Request], bool] = lambda request: False,
+        tick: Callable[[float], None] = lambda now: None,
         workers: int = HTTP_WORKERS,
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout: float = IDLE_TIMEOUT,
@@ -487,6 +488,7 @@ class HttpServer:
         self._peer_allowed = peer_allowed
         self._headers = headers
         self._costly = costly  # runs on the loop thread: must be cheap
+        self._tick = tick  # each quarter second on the loop thread: must be cheap
         self._costly_clients: Counter[str] = Counter()  # places in the costly lane taken, by client
         self.refused_logins = CountedWarning(log)  # 503s of the login lane
         self.refused_certificates = CountedWarning(log)  # certificates naming none of client_allowed_sans
@@ -536,6 +538,7 @@ class HttpServer:
                 if now >= next_sweep:
                     self._sweep(now)
                     CountedWarning.flush_all(now)
+                    self._tick(now)
                     next_sweep = now + 0.25
         finally:
             self._close_all()
