@@ -561,6 +561,11 @@ def test_tls_overlay_daemonset_keeps_the_base_and_mounts_its_web_config() -> Non
     assert security["capabilities"]["drop"] == ["ALL"] and not security.get("privileged")
     assert spec["securityContext"]["runAsUser"] == 65534 and spec["securityContext"]["runAsNonRoot"] is True
     assert all(mount.get("readOnly") is True for mount in container["volumeMounts"])
+    # The key and the password hashes: readable by the exporter's group only, not world-readable (deploy
+    # review: the Secrets had the default 0644).
+    secrets = [volume["secret"] for volume in spec["volumes"] if "secret" in volume]
+    assert len(secrets) == 2 and all(secret["defaultMode"] == 0o440 for secret in secrets), secrets
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"] == 65534
     # No mount inside another one: the runtime would have to create its directory in a read-only volume.
     paths = [PurePosixPath(mount["mountPath"]) for mount in container["volumeMounts"]]
     assert not [(a, b) for a in paths for b in paths if a != b and a.is_relative_to(b)]
