@@ -8,8 +8,9 @@ service, scrapes it, reads its state and its process's credentials, reloads it, 
 the journal; the tests here read what it saved. Then, in the same boot, it turns TLS on as the unit's
 comments and docs/operations.md say: a second drop-in (TLS_DROP_IN) with LoadCredential= for a root-only
 key and the shipped web-config.yml, daemon-reload, restart, and an HTTPS scrape verified against the test
-CA. Last, a third drop-in gives it an invalid flag: the unit must fail once and stay failed
-(RestartPreventExitStatus=), not loop.
+CA. Then a third drop-in gives it an invalid flag: the unit must fail once and stay failed
+(RestartPreventExitStatus=), not loop. Last, a fourth sets WatchdogSec=3s: the process must still run 8 s
+later (about 10 s more).
 
 What can only show at run time does show here: a syscall the filter denies, a path the mount sandbox
 hides, READY=1 not reaching systemd (Type=notify would time out), the ethtool ioctl or the netlink socket
@@ -31,7 +32,8 @@ two) fail, and only they, with the key's LoadCredential= naming a file that is n
 credentials", status=243/CREDENTIALS, a restart loop), and with no LoadCredential= and a web config naming
 the 0600 source key itself ("cannot load ... tls.key: [Errno 13] Permission denied"; seen as status=2,
 which is status=1 and a restart loop since EACCES became EXIT_UNAVAILABLE). The last test fails without
-RestartPreventExitStatus=2 (ActiveState "activating", NRestarts 6 after the watch).
+RestartPreventExitStatus=2 (ActiveState "activating", NRestarts 6 after the watch). The watchdog test
+fails when the server loop sends no WATCHDOG=1 (ActiveState "activating", NRestarts 1).
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ systemctl show -p Virtualization --value >> $out/pid1-exe.txt
 systemctl is-system-running > $out/system-running.txt 2>&1
 cmp {SHIPPED_UNIT} {UNIT_DIR}/{UNIT} > $out/unit-cmp.txt 2>&1; echo "cmp exit $?" >> $out/unit-cmp.txt
 systemctl cat $unit > $out/unit-cat.txt 2>&1
-properties=ActiveState,SubState,MainPID,NRestarts,StatusText,Result,ExecMainStatus
+properties=ActiveState,SubState,MainPID,NRestarts,StatusText,Result,ExecMainStatus,WatchdogUSec,WatchdogTimestampMonotonic,ExecMainStartTimestampMonotonic
 show() {{ systemctl show $unit -p $properties > $out/show-$1.txt; }}
 scrape() {{ curl -sf --max-time 20 -o $out/scrape-$1.prom http://127.0.0.1:{PORT}/metrics; }}
 show start
@@ -214,6 +216,15 @@ sleep {INVALID_WATCH_SECONDS}  # two RestartSec= and more: a restart, if one wer
 show invalid
 journalctl --sync
 journalctl -u $unit --after-cursor="$cursor" -o short-monotonic --no-pager > $out/journal-invalid.txt 2>&1
+# The watchdog, with a short WatchdogSec= so the test need not wait a minute: systemd kills a process that
+# does not notify within it (SIGABRT, then a restart); the server loop notifies at half of it.
+rm {UNIT_DIR}/{UNIT}.d/zz-invalid.conf
+printf '[Service]\nWatchdogSec=3s\n' > {UNIT_DIR}/{UNIT}.d/zz-watchdog.conf
+systemctl daemon-reload
+systemctl reset-failed $unit
+systemctl restart $unit
+sleep 8
+show watchdog
 """
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -279,6 +290,16 @@ def test_service_is_active_under_systemd_as_pid_1(vm: VmResult) -> None:
     assert (state["ActiveState"], state["SubState"]) == ("active", "running"), (state, journal(vm))
     assert state["NRestarts"] == "0", journal(vm)
     assert int(state["MainPID"]) > 1
+    assert state["WatchdogUSec"] == "1min", state
+
+
+def test_the_watchdog_hears_from_the_exporter(vm: VmResult) -> None:
+    # 8 s into a 3 s WatchdogSec=: the same process still runs, and its last WATCHDOG=1 came well after the
+    # first interval (without them systemd killed it at 3 s and restarted it).
+    state = show(vm, "watchdog")
+    assert (state["ActiveState"], state["WatchdogUSec"], state["NRestarts"]) == ("active", "3s", "0"), state
+    since_start = int(state["WatchdogTimestampMonotonic"]) - int(state["ExecMainStartTimestampMonotonic"])
+    assert since_start > 3_000_000, (state, journal(vm))
 
 
 def status_field(vm: VmResult, name: str) -> list[str]:
