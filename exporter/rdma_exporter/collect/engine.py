@@ -1091,16 +1091,7 @@ class RdmaCollector(Collector):
                 elif unfinished:
                     blocked[name, missing] = now - job.since()
                     reading[name] = _reading(job)
-            for name, address in self.inventory.excluded_pci.items():
-                # Listed but filtered out: I/O-free sources see it as present with its layout unknown,
-                # so that excluding a misbehaving device does not page it as missing. Its PCI address is
-                # known from its class link: without it, expectations by address could not be judged.
-                for source in self.sources:
-                    read_excluded = getattr(source, "read_excluded", None)
-                    if read_excluded is not None:
-                        results[source.name][name] = read_excluded(address)
-                    else:
-                        self._read_io_free(source, name, None, results, success)
+            self._read_excluded(results, success)
             if not rnd.logged:
                 rnd.logged = True
                 self._log_blocked(blocked, reading, rnd)
@@ -1112,30 +1103,54 @@ class RdmaCollector(Collector):
                     success[source.name] = False
                     log.exception("collector %s failed to build its metrics", source.name)
                 durations[source.name] += time.perf_counter() - started
-            for name in self._state:
-                if name in durations:
-                    out.add(SCRAPE_DURATION, [name], durations[name])
-                    out.add(SCRAPE_SUCCESS, [name], 1 if success[name] else 0)
-            with self._state_lock:
-                for name, state in self._state.items():
-                    for (device, reason), count in sorted(state.errors.items()):
-                        out.add(READ_ERRORS, [name, device, reason], count)
-            out.add(DEVICES, [], devices)
-            excluded = self.inventory.excluded
-            out.add(DEVICES_EXCLUDED, [], len(excluded))
-            for name in excluded:
-                out.add(DEVICE_EXCLUDED, [name], 1)
-            out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
-            for name in sorted(rnd.skipped):
-                out.add(DEVICE_SKIPPED, [name], 1)
-            for (name, reads), seconds in sorted(blocked.items()):
-                out.add(DEVICE_BLOCKED, [name, reads], round(seconds, 3))
-            if self.boot_time is not None:
-                out.add(NODE_BOOT_TIME, [], self.boot_time)
-            out.add(BUILD_INFO, [__version__, platform.python_version()], 1)
+            self._expose_own(out, rnd, durations, success, devices, blocked)
             if complete:
                 rnd.result = out
             return out
+
+    def _read_excluded(self, results: dict[str, dict[str, Any]], success: dict[str, bool]) -> None:
+        """Listed but filtered out: I/O-free sources see each excluded device as present with its layout
+        unknown, so that excluding a misbehaving device does not page it as missing. Its PCI address is
+        known from its class link: without it, expectations by address could not be judged."""
+        for name, address in self.inventory.excluded_pci.items():
+            for source in self.sources:
+                read_excluded = getattr(source, "read_excluded", None)
+                if read_excluded is not None:
+                    results[source.name][name] = read_excluded(address)
+                else:
+                    self._read_io_free(source, name, None, results, success)
+
+    def _expose_own(
+        self,
+        out: FamilySet,
+        rnd: _Round,
+        durations: dict[str, float],
+        success: dict[str, bool],
+        devices: int,
+        blocked: dict[tuple[str, str], float],
+    ) -> None:
+        """The exporter's own series: per-collector duration, success and read errors, and the devices."""
+        for name in self._state:
+            if name in durations:
+                out.add(SCRAPE_DURATION, [name], durations[name])
+                out.add(SCRAPE_SUCCESS, [name], 1 if success[name] else 0)
+        with self._state_lock:
+            for name, state in self._state.items():
+                for (device, reason), count in sorted(state.errors.items()):
+                    out.add(READ_ERRORS, [name, device, reason], count)
+        out.add(DEVICES, [], devices)
+        excluded = self.inventory.excluded
+        out.add(DEVICES_EXCLUDED, [], len(excluded))
+        for name in excluded:
+            out.add(DEVICE_EXCLUDED, [name], 1)
+        out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
+        for name in sorted(rnd.skipped):
+            out.add(DEVICE_SKIPPED, [name], 1)
+        for (name, reads), seconds in sorted(blocked.items()):
+            out.add(DEVICE_BLOCKED, [name, reads], round(seconds, 3))
+        if self.boot_time is not None:
+            out.add(NODE_BOOT_TIME, [], self.boot_time)
+        out.add(BUILD_INFO, [__version__, platform.python_version()], 1)
 
     def _read_io_free(
         self,
