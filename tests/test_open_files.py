@@ -186,7 +186,7 @@ def test_uints_fast_path_and_fallback_agree(tmp_path: Path) -> None:
         kept_errors = ReadErrors()
         reader = SysfsReader("d", kept_errors, files)
         assert reader.uints(str(tmp_path), sorted(contents)) == expected
-        assert reader.opened == len(contents)
+        assert reader.files_read == len(contents)
     assert kept_errors.counts == plain_errors.counts == {("d", "malformed"): 4, ("d", "unsupported"): 1}
 
 

@@ -141,7 +141,7 @@ def test_a_removed_kernfs_node_in_the_counter_loop_is_read_again_by_path(
     errors = ReadErrors()
     reader = SysfsReader("d", errors, files)
     assert reader.uints(str(tmp_path), ["a", "b"]) == {"a": 1, "b": 2}
-    assert errors.total() == 0 and reader.opened == 2
+    assert errors.total() == 0 and reader.files_read == 2
     assert budget.used == 2 and len(files) == 2 and open_fds() == fds_before
 
 
@@ -152,7 +152,7 @@ def test_a_failing_counter_counts_as_a_file_read(tmp_path: Path, monkeypatch: py
     fail_pread(monkeypatch, errno.EIO)
     reader = SysfsReader("d", ReadErrors(), files)
     assert reader.uints(str(tmp_path), ["a"]) == {}
-    assert reader.opened == 1
+    assert reader.files_read == 1
 
 
 def test_a_file_that_cannot_be_kept_gives_its_budget_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -406,7 +406,7 @@ class SysfsReader:
     attributed without passing the device name to every call.
     """
 
-    __slots__ = ("device", "errors", "files", "memory", "opened", "static_stale")
+    __slots__ = ("device", "errors", "files", "files_read", "memory", "static_stale")
 
     def __init__(
         self,
@@ -417,8 +417,8 @@ class SysfsReader:
     ) -> None:
         self.device = device
         self.errors = errors if errors is not None else ReadErrors()
-        # Count of files read, for the benchmark's "files read per scrape" figures and tests.
-        self.opened = 0
+        # Files read (kept-open ones included), for the benchmark's "files read per scrape" figures and tests.
+        self.files_read = 0
         # Per-scrape reads of a device go through its kept-open files; static reads pass none.
         self.files = files
         # Which counter files have answered or refused (SysfsReader.uints): the kept files' record, also
@@ -446,7 +446,7 @@ class SysfsReader:
     def _raw(
         self, path: str | os.PathLike[str], optional: bool, absent_errnos: Collection[int], counter: bool = False
     ) -> bytes | None:
-        self.opened += 1
+        self.files_read += 1
         try:
             if self.files is not None:
                 return self.files.read(path if type(path) is str else os.fspath(path))
@@ -559,7 +559,7 @@ class SysfsReader:
             value = self.uint(f"{directory}/{name}", counter=True)
             if value is not None:
                 values[name] = value
-        self.opened += fast
+        self.files_read += fast
         return values
 
 
