@@ -284,8 +284,14 @@ class HwCounterSpecs:
         spec = self._cache.get(file)
         if spec is None:
             fragment = metric_fragment(file)
-            described = HW_COUNTER_HELP.get(file, f"Driver counter {self._scope}/{file}.")
             kind: Literal["counter", "gauge"] = "gauge" if hw_counter_is_gauge(file) else "counter"
+            # A level (active QPs, a watermark) is not a count: its HELP must not call it a counter.
+            described = HW_COUNTER_HELP.get(
+                file,
+                f"Driver counter {self._scope}/{file}."
+                if kind == "counter"
+                else f"Driver value {self._scope}/{file}, a level that rises and falls.",
+            )
             if kind == "counter":  # a driver's `tx_total` is rdma_port_hw_tx_total, not ..._total_total
                 fragment = fragment.removesuffix("_total")
             name = f"{self._prefix}{lint_safe(fragment, kind)}{'_total' if kind == 'counter' else ''}"
