@@ -38,6 +38,7 @@ from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
 from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
+from .collect.process import ProcessMetrics
 from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, exit_status, logging_level
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
@@ -167,6 +168,7 @@ class Exporter:
 
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
+        self.process = ProcessMetrics(node_boot_time())
         # Scrapes that shared one collection get the same FamilySet: encode (and gzip) it once. Only a weak
         # reference: the bodies must not keep a finished scrape's rows alive into the next scrape.
         self._encoded: tuple[weakref.ref[FamilySet] | None, dict[bool, bytes | tuple[bytes, ...]]] = (None, {})
@@ -226,14 +228,22 @@ class Exporter:
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         with self._encoded_lock:
             cached_for, bodies = self._encoded
-            body = bodies.get(compress) if cached_for is not None and cached_for() is families else None
+            same = cached_for is not None and cached_for() is families
+            body = bodies.get(compress) if same else None
+            plain = bodies.get(False) if same else None
         if body is None:
-            chunks = families.render_chunks()
+            # The plain text is rendered once per round, process_* series included, so that both encodings
+            # of one round say the same.
+            if isinstance(plain, tuple):
+                chunks = plain
+            else:
+                chunks = (*families.render_chunks(), *self.process.families().render_chunks())
             body = gzip_chunks(chunks) if compress else chunks
             with self._encoded_lock:
                 cached_for = self._encoded[0]
                 if cached_for is None or cached_for() is not families:
                     self._encoded = (weakref.ref(families, self._forget), {})
+                self._encoded[1].setdefault(False, chunks)
                 self._encoded[1][compress] = body
         headers = [("Vary", "Accept-Encoding")]
         if compress:

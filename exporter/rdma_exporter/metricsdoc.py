@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from . import collect
 from .collect.base import DynamicMetricSpec, MetricSpec
 from .collect.engine import ENGINE_SPECS
+from .collect.process import PROCESS_SPECS
 
 HEADER = """# Metrics
 
@@ -47,7 +48,7 @@ def _row(name: str, kind: str, labels: tuple[str, ...], help_text: str) -> str:
 def render() -> str:
     lines = [HEADER]
     sections: list[tuple[str, tuple[MetricSpec, ...], tuple[DynamicMetricSpec, ...]]]
-    sections = [("exporter (self-monitoring)", ENGINE_SPECS, ())]
+    sections = [("exporter (self-monitoring)", ENGINE_SPECS, ()), ("exporter process", PROCESS_SPECS, ())]
     sections += [(f"collector `{name}`", specs, dynamic) for name, specs, dynamic in _sources()]
     for title, specs, dynamic in sections:
         lines += [f"## {title}", "", "| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]

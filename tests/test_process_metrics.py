@@ -1,0 +1,67 @@
+"""process_* series: /proc/self/stat parsed as prometheus_client's own process collector reads it."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+from prometheus_client import ProcessCollector
+
+from rdma_exporter.collect.process import OPEN_FDS_MAX_AGE_SECONDS, ProcessMetrics
+from rdma_exporter.daemon import node_boot_time
+from rdma_exporter.parse.process import parse_proc_stat
+
+from conftest import samples
+
+
+def test_a_command_name_with_spaces_and_parentheses_does_not_shift_the_fields() -> None:
+    # comm is field 2, in parentheses, and may itself hold ") (" and spaces (prctl PR_SET_NAME).
+    line = "4242 (a) (b c) S 1 4242 4242 0 -1 4194560 10 0 0 0 250 50 0 0 20 0 3 0 1000 181510144 8076 x\n"
+    stat = parse_proc_stat(line, boot_time=1_700_000_000, ticks_per_second=100, page_size=4096)
+    assert stat is not None
+    assert (stat.cpu_seconds, stat.virtual_bytes, stat.resident_bytes) == (3.0, 181510144, 8076 * 4096)
+    assert stat.start_time_seconds == 1_700_000_010
+
+
+def test_what_is_not_a_stat_line_is_no_value() -> None:
+    for text in ("", "4242 (a) S 1 2", "4242 (a) S " + "x " * 30, "no parenthesis " + "1 " * 30):
+        assert parse_proc_stat(text, 0, 100, 4096) is None, text
+
+
+def test_the_values_match_prometheus_clients_process_collector() -> None:
+    ours = samples(ProcessMetrics(node_boot_time()).families().render_text().decode())
+    theirs = {
+        sample.name: sample.value for family in ProcessCollector(registry=None).collect() for sample in family.samples
+    }
+    for name, tolerance in (
+        ("process_start_time_seconds", 1.0),  # they read btime from /proc/stat; we from the clocks
+        ("process_cpu_seconds_total", 0.5),
+        ("process_resident_memory_bytes", 8 << 20),
+        ("process_virtual_memory_bytes", 64 << 20),
+        ("process_open_fds", 8),
+        ("process_max_fds", 0),
+    ):
+        assert abs(ours[(name, ())] - theirs[name]) <= tolerance, (name, ours[(name, ())], theirs[name])
+
+
+def test_open_files_are_counted_at_most_once_a_minute(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "self" / "fd").mkdir(parents=True)
+    (proc / "self" / "stat").write_text(Path("/proc/self/stat").read_text())
+    for fd in range(3):
+        (proc / "self" / "fd" / str(fd)).touch()
+    metrics = ProcessMetrics(0.0, proc)
+    assert samples(metrics.families(now=100.0).render_text().decode())[("process_open_fds", ())] == 3
+    (proc / "self" / "fd" / "3").touch()
+    assert samples(metrics.families(now=130.0).render_text().decode())[("process_open_fds", ())] == 3
+    later = samples(metrics.families(now=100.0 + OPEN_FDS_MAX_AGE_SECONDS).render_text().decode())
+    assert later[("process_open_fds", ())] == 4
+    assert later[("process_max_fds", ())] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def test_an_unreadable_proc_leaves_the_values_out(tmp_path: Path) -> None:
+    # A sandbox that hides /proc/self (or a non-Linux /proc): no made-up zeros, only the limit.
+    found = samples(ProcessMetrics(0.0, tmp_path / "none").families().render_text().decode())
+    assert set(found) == {("process_max_fds", ())}
+    assert os.path.exists("/proc/self/stat")  # the other tests read the real one
