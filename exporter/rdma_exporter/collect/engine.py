@@ -36,6 +36,7 @@ which counter files answered, rendered label texts, and the log throttles.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -356,7 +357,12 @@ class Inventory:
         for name in listed:
             try:
                 found = os.stat(self.class_dir + name)
-            except OSError:
+            except OSError as exc:
+                # Gone, or a link into nothing: not a device now. Anything else (EACCES) hides a device
+                # that is there, which must not pass in silence (fuzz review).
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    reason = reason_for_errno(exc.errno)
+                    SysfsReader(name, errors).fail(reason, self.class_dir + name, exc.strerror or str(exc))
                 continue
             if stat.S_ISDIR(found.st_mode):
                 if self.device_filter.allows(name):

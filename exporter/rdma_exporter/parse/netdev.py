@@ -20,6 +20,7 @@ from .reader import (
     NO_VALUE_ERRNOS,
     REASON_MALFORMED,
     SysfsReader,
+    is_dir,
     link_name,
     list_dir,
     parse_entry_number,
@@ -216,9 +217,9 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
     if not valid_ifname(name):
         return None
     net_dir = sys_root / NET_DIR / name
-    if not net_dir.is_dir():
+    if not is_dir(net_dir, reader):
         return None
-    is_bond_master = (net_dir / "bonding").is_dir()
+    is_bond_master = is_dir(net_dir / "bonding", reader)
     slaves: tuple[str, ...] = ()
     if is_bond_master:
         # The lower_* links name the slaves without bonding/slaves, whose read waits for the rtnl lock
@@ -335,7 +336,7 @@ def _function_ndevs(net_dir: Path, port: int, reader: SysfsReader, *, single_por
 
 def _bond_master(sys_root: Path, name: str) -> str | None:
     master = link_name(sys_root / NET_DIR / name / "master")
-    if master and (sys_root / NET_DIR / master / "bonding").is_dir():
+    if master and os.path.isdir(sys_root / NET_DIR / master / "bonding"):  # any failure: not a bond
         return master
     return None
 

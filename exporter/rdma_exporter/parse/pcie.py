@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
-from .reader import REASON_MALFORMED, SysfsReader, link_name, parse_uint
+from .reader import REASON_MALFORMED, SysfsReader, exists, is_dir, link_name, parse_uint
 
 # Transfer rate per lane -> PCIe generation.
 GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
@@ -184,15 +184,15 @@ class PcieIdentity:
 
 def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | None:
     """Static link attributes of the PCI function at `pci_dir`; None if it is gone or is not PCIe at all."""
-    if not pci_dir.is_dir():
+    if not is_dir(pci_dir, reader):
         return None
     address = os.path.basename(os.path.realpath(pci_dir))
     physfn = pci_dir / "physfn"
     via_physfn = os.path.islink(physfn)
     link_dir = physfn if via_physfn else pci_dir
     link_address = (link_name(physfn) if via_physfn else None) or address
-    has_link = any((link_dir / name).exists() for name in LINK_FILES)
-    has_aer = any((pci_dir / name).exists() for name in AER_FILES.values())
+    has_link = any(exists(link_dir / name, reader) for name in LINK_FILES)
+    has_aer = any(exists(pci_dir / name, reader) for name in AER_FILES.values())
     if not has_link and not has_aer:
         return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
     max_width_path = link_dir / "max_link_width"
@@ -207,7 +207,7 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
         via_physfn=via_physfn,
         max_speed_gts=_speed(link_dir / "max_link_speed", reader),
         max_width=_known_width(max_width, max_width_path, reader),
-        aer_files=tuple((sev, file) for sev, file in AER_FILES.items() if (pci_dir / file).exists()),
+        aer_files=tuple((sev, file) for sev, file in AER_FILES.items() if exists(pci_dir / file, reader)),
         all_ones=max_width == _ALL_ONES_WIDTH,
         partner_max_speed_gts=_speed(partner / "max_link_speed", reader),
         partner_max_width=_width(partner / "max_link_width", reader),

@@ -166,7 +166,7 @@ def pci_function(device_dir: str | Path) -> Path | None:
         resolved = Path(os.path.realpath(f"{os.fspath(device_dir)}/device"))
     except OSError:
         return None
-    if not resolved.is_dir() or not PCI_ADDRESS.match(resolved.name):
+    if not os.path.isdir(resolved) or not PCI_ADDRESS.match(resolved.name):  # isdir: any failure is "no"
         return None
     return resolved
 
@@ -634,6 +634,29 @@ def parse_entry_number(name: str) -> int | None:
     name. Stricter than parse_uint, which takes leading zeros and blanks: `01` beside `1` would be a second
     entry of the same number, every series of it exported twice."""
     return int(name) if name.isascii() and name.isdigit() and (name == "0" or name[0] != "0") else None
+
+
+def is_dir(path: str | Path, reader: SysfsReader) -> bool:
+    """Whether `path` is a directory. Absence is an answer; any other failure (EACCES from an LSM profile
+    or a container mount) is counted and answers no. pathlib's is_dir() raises those, which cost the whole
+    device for one directory (fuzz review)."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+        return False
+
+
+def exists(path: str | Path, reader: SysfsReader) -> bool:
+    """Whether `path` exists, counting failures other than absence as is_dir() does."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
+        return False
+    return True
 
 
 def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
