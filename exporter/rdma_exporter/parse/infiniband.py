@@ -352,9 +352,19 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
         # Up to 4.18 an IB port's entries have no attributes (EINVAL): the GID is not counted by type then.
         type_path = port_dir / "gid_attrs" / "types" / index
         gid_type = reader.text(type_path, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
-        if gid_type:
+        if gid_type in GID_TYPES:
             types[gid_type] += 1
+        elif gid_type:
+            reader.fail(REASON_MALFORMED, type_path, f"not a GID type: {gid_type[:40]!r}")
     return tuple(sorted(types.items()))
+
+
+def _link_layer(path: Path, reader: SysfsReader) -> str | None:
+    text = reader.text(path, optional=True)
+    if text is None or text in LINK_LAYERS:
+        return text
+    reader.fail(REASON_MALFORMED, path, f"not a link layer: {text[:40]!r}")
+    return None
 
 
 def read_port_info(
@@ -385,7 +395,7 @@ def read_port_info(
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     return PortInfo(
         number=port,
-        link_layer=reader.text(port_dir / "link_layer", optional=True),
+        link_layer=_link_layer(port_dir / "link_layer", reader),
         counter_files=tuple(counter_files),
         counter_ext_files=counter_ext_files,
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
@@ -406,11 +416,30 @@ def read_port_info(
 MAX_PORT_NUMBER: Final = 2**32 - 2
 
 
+# Descriptive attributes become label values: text no kernel prints (control characters, pages of it) is
+# a malformed file, not a label (fuzz review). The kernel's own limits are 64 bytes (node_desc, fw_ver).
+_LABEL_TEXT: Final = re.compile(r"[^\x00-\x1f\x7f]{0,128}")  # irdma leaves board_id empty
+_GUID: Final = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){3}", re.IGNORECASE)
+GID_TYPES: Final = frozenset({"IB/RoCE v1", "RoCE v2"})  # the kernel's gid_type_str
+LINK_LAYERS: Final = frozenset({"InfiniBand", "Ethernet", "Unknown", "Unspecified"})  # link_layer_show
+
+
+def label_text(path: Path, reader: SysfsReader, form: re.Pattern[str] = _LABEL_TEXT) -> str | None:
+    """An optional attribute that is exported as a label value, if it has the form the kernel gives it."""
+    text = reader.text(path, optional=True)
+    if text is None or form.fullmatch(text):
+        return text
+    reader.fail(REASON_MALFORMED, path, f"not a label value: {text[:40]!r}")
+    return None
+
+
 def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
     """Everything static about one device. Only files of this device are read."""
     device_dir = sys_root / CLASS_DIR / name
     node_type = reader.text(device_dir / "node_type", optional=True)
     parsed_type = parse_state(node_type) if node_type else None
+    if node_type and parsed_type is None:
+        reader.fail(REASON_MALFORMED, device_dir / "node_type", f"not a '<id>: <name>' type: {node_type[:40]!r}")
     pci_dir = pci_function(device_dir)
     numa = sriov = None
     pf_address = driver = None
@@ -441,13 +470,13 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     return DeviceInfo(
         name=name,
         node_type=(NODE_TYPES.get(parsed_type[0], parsed_type[1]) if parsed_type else None),
-        node_guid=reader.text(device_dir / "node_guid", optional=True),
-        sys_image_guid=reader.text(device_dir / "sys_image_guid", optional=True),
-        fw_ver=reader.text(device_dir / "fw_ver", optional=True),
-        hca_type=reader.text(device_dir / "hca_type", optional=True),
-        board_id=reader.text(device_dir / "board_id", optional=True),
-        hw_rev=reader.text(device_dir / "hw_rev", optional=True),
-        node_desc=reader.text(device_dir / "node_desc", optional=True),
+        node_guid=label_text(device_dir / "node_guid", reader, _GUID),
+        sys_image_guid=label_text(device_dir / "sys_image_guid", reader, _GUID),
+        fw_ver=label_text(device_dir / "fw_ver", reader),
+        hca_type=label_text(device_dir / "hca_type", reader),
+        board_id=label_text(device_dir / "board_id", reader),
+        hw_rev=label_text(device_dir / "hw_rev", reader),
+        node_desc=label_text(device_dir / "node_desc", reader),
         pci_address=pci_dir.name if pci_dir else None,
         pci_dir=pci_dir,
         numa_node=numa,
