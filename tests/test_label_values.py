@@ -49,3 +49,24 @@ def test_a_gid_type_no_kernel_prints_is_counted_not_a_label(tmp_path: Path) -> N
     gid_types = {labels["gid_type"] for labels in labels_of(found, "rdma_port_gids", "mlx5_0")}
     assert gid_types <= {"IB/RoCE v1", "RoCE v2"}
     assert malformed(found, "mlx5_0") == 1
+
+
+def test_a_bond_whose_slaves_or_mode_are_garbage_keeps_its_slaves_and_names_no_mode(tmp_path: Path) -> None:
+    from test_collect_roce import _bond, _function
+
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    bonding = tmp_path / "devices" / "virtual" / "net" / "bond0" / "bonding"
+    before = samples(scrape(tmp_path))
+    slaves = labels_of(before, "rdma_netdev_bond_slave_info", "mlx5_bond_0")
+    assert {s["slave"] for s in slaves} == {"ens1f0np0", "ens1f1np1"} and malformed(before, "mlx5_bond_0") == 0
+    (bonding / "slaves").write_text(" ".join(f"g{i}" for i in range(100)) + " a:b\n")
+    (bonding / "mode").write_text("\x1b[31mpwned 4\n")
+    found = samples(scrape(tmp_path))
+    after = labels_of(found, "rdma_netdev_bond_slave_info", "mlx5_bond_0")
+    assert {s["slave"] for s in after} == {"ens1f0np0", "ens1f1np1"}  # the static read's slaves stay
+    assert all(s["mode"] == "" for s in after)
+    errors = sum(v for (name, labels), v in found.items()
+                 if name == "rdma_exporter_file_read_errors_total" and ("reason", "malformed") in labels)
+    assert errors == 2

@@ -170,13 +170,19 @@ def _ecn(net_dir: str, layout: tuple[tuple[str, int, str], ...], reader: SysfsRe
 
 # The kernel's bound on a netdev name, its NUL included.
 IFNAMSIZ: Final = 16
+# More slaves than any RDMA bond has (mlx5 LAG takes 2 to 4): a longer list is not one to export.
+MAX_BOND_SLAVES: Final = 64
 
 
 def valid_ifname(name: str) -> bool:
-    """A name the kernel could give a netdev. Longer ones are garbage, and as a path component they fail
-    with ENAMETOOLONG where absence is checked for (Path.is_dir raises it), which cost the whole device."""
+    """A name the kernel could give a netdev (its dev_valid_name: under IFNAMSIZ bytes, not . or .., no
+    '/', ':' or white space). Other text is garbage: as a path component it fails with ENAMETOOLONG where
+    absence is checked for, and as a label value it is unbounded."""
     raw = os.fsencode(name)
-    return 0 < len(raw) < IFNAMSIZ and b"\0" not in raw and b"/" not in raw and name not in (".", "..")
+    return 0 < len(raw) < IFNAMSIZ and not _NOT_IN_IFNAME.search(raw) and name not in (".", "..")
+
+
+_NOT_IN_IFNAME: Final = re.compile(rb"[\0/:\s]")  # \s in bytes: the ASCII white space the kernel's isspace() sees
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,14 +208,31 @@ class NetdevIdentity:
     pci_address: str | None = None  # the PCI function behind it; None for software netdevs (bonds, VLANs)
 
 
-def _bond_slaves(text: str | None) -> tuple[str, ...]:
-    """`bonding/slaves` is the slaves' names, space-separated (empty for a bond without slaves)."""
-    return tuple((text or "").split())
+# The bonding driver's mode names (bond_mode_tbl), the only values of the bond's `mode` label.
+BOND_MODES: Final = frozenset(
+    {"balance-rr", "active-backup", "balance-xor", "broadcast", "802.3ad", "balance-tlb", "balance-alb"}
+)
 
 
-def _bond_mode(text: str | None) -> str | None:
+def _bond_slaves(text: str, path: str | Path, reader: SysfsReader) -> tuple[str, ...] | None:
+    """`bonding/slaves` is the slaves' names, space-separated (empty for a bond without slaves); None for
+    text that is not such a list (counted)."""
+    names = tuple(text.split())
+    if not all(map(valid_ifname, names)) or len(names) > MAX_BOND_SLAVES:
+        reader.fail(REASON_MALFORMED, path, f"not a list of netdev names: {text[:40]!r}")
+        return None
+    return names
+
+
+def _bond_mode(text: str | None, path: str | Path, reader: SysfsReader) -> str | None:
     """`bonding/mode` is the mode's name, then its number ("802.3ad 4")."""
-    return text.split()[0] if text and text.split() else None
+    if not text:
+        return None
+    name = text.split()[0]
+    if name not in BOND_MODES:
+        reader.fail(REASON_MALFORMED, path, f"not a bonding mode: {text[:40]!r}")
+        return None
+    return name
 
 
 def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> NetdevIdentity | None:
@@ -228,7 +251,9 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
         # 3.13) still has the file read.
         slaves = tuple(e[len("lower_") :] for e in list_dir(net_dir, reader) if e.startswith("lower_"))
         if not slaves:
-            slaves = _bond_slaves(reader.text(net_dir / "bonding" / "slaves", optional=True))
+            slaves_path = net_dir / "bonding" / "slaves"
+            listed = reader.text(slaves_path, optional=True)
+            slaves = (_bond_slaves(listed, slaves_path, reader) if listed else None) or ()
     return NetdevIdentity(
         name=name,
         ifindex=reader.uint(net_dir / "ifindex", optional=True),
@@ -257,10 +282,11 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
     mode = None
     if identity.is_bond_master:
         listed = reader.text(f"{net_dir}/bonding/slaves", optional=True)
-        # A failed read (counted) keeps the slaves of the static read: the slaves' series must not vanish,
-        # and be forgotten as netdevs, for a read that tells nothing about membership.
-        slaves = identity.bond_slaves if listed is None else _bond_slaves(listed)
-        mode = _bond_mode(reader.text(f"{net_dir}/bonding/mode", optional=True))
+        # A failed read or garbage (counted) keeps the slaves of the static read: the slaves' series must
+        # not vanish, and be forgotten as netdevs, for a read that tells nothing about membership.
+        parsed = None if listed is None else _bond_slaves(listed, f"{net_dir}/bonding/slaves", reader)
+        slaves = identity.bond_slaves if parsed is None else parsed
+        mode = _bond_mode(reader.text(f"{net_dir}/bonding/mode", optional=True), f"{net_dir}/bonding/mode", reader)
     return Netdev(
         name=identity.name,
         ifindex=identity.ifindex,
@@ -308,7 +334,7 @@ def _gid_ndevs(port_dir: Path, reader: SysfsReader) -> list[str]:
 
 def _function_ndevs(net_dir: Path, port: int, reader: SysfsReader, *, single_port: bool) -> list[str]:
     """Netdevs of the RDMA device's PCI function that belong to `port` (dev_port, else dev_id, is port-1)."""
-    candidates = list_dir(net_dir, reader)
+    candidates = [name for name in list_dir(net_dir, reader) if valid_ifname(name)]
     # A one-port device owns its function's lone netdev whatever dev_port says. On a two-port function
     # (a ConnectX-3 VPI, IB on port 1 and Ethernet on port 2) the lone netdev may be the other port's.
     if len(candidates) <= 1 and single_port:
