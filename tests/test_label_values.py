@@ -70,3 +70,22 @@ def test_a_bond_whose_slaves_or_mode_are_garbage_keeps_its_slaves_and_names_no_m
     errors = sum(v for (name, labels), v in found.items()
                  if name == "rdma_exporter_file_read_errors_total" and ("reason", "malformed") in labels)
     assert errors == 2
+
+
+def test_an_aer_file_the_kernel_did_not_write_is_counted_and_its_types_stay_bounded(tmp_path: Path) -> None:
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    pci = root / "class" / "infiniband"
+    (pci / "mlx5_0" / "device" / "aer_dev_correctable").write_text("")  # no TOTAL_ERR_ line
+    (pci / "mlx5_1" / "device" / "aer_dev_correctable").write_text(
+        "".join(f"E{n} 1\n" for n in range(100)) + "X" * 3000 + " 1\nTOTAL_ERR_COR 101\n"
+    )
+    found = samples(scrape(root))
+
+    def pcie_malformed(device: str) -> float:
+        labels = (("collector", "pcie"), ("device", device), ("reason", "malformed"))
+        return found.get(("rdma_exporter_file_read_errors_total", labels), 0)
+
+    assert pcie_malformed("mlx5_0") == 1
+    types = [s for s in labels_of(found, "rdma_pcie_aer_errors_total", "mlx5_1") if s["severity"] == "correctable"]
+    assert len(types) == 64 and all(len(s["type"]) <= 32 for s in types)
+    assert pcie_malformed("mlx5_1") == 100 - 64 + 1

@@ -38,7 +38,10 @@ LINK_FILES: Final = ("current_link_speed", "max_link_speed", "current_link_width
 _SPEED: Final = re.compile(r"^\s*([0-9]{1,4}(?:\.[0-9]{1,3})?)\s*GT/s(?:\s+PCIe)?\s*$")
 _NO_SPEED: Final = re.compile(r"^\s*(?:Unknown(?:\s+speed)?|.*\bMHz\b.*)\s*$", re.IGNORECASE)
 # AER stat names are C identifiers; a set bit without a name prints as e.g. "dev_cor_errs_bit[14]".
-_AER_NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(?:\[[0-9]{1,2}\])?$")
+# The kernel's AER names are short ("CorrIntErr", "TLPBlockedErr") and a severity has at most 32 of
+# them: longer names, or more of them, are not a file the kernel wrote, and each would be a label value.
+_AER_NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}(?:\[[0-9]{1,2}\])?$")
+MAX_AER_TYPES: Final = 64
 _AER_TOTAL_PREFIX: Final = "TOTAL_ERR_"
 
 
@@ -132,8 +135,10 @@ def parse_aer(text: str) -> AerFile:
         if name.startswith(_AER_TOTAL_PREFIX):
             if total is None:
                 total = value
-        else:
+        elif name in counts or len(counts) < MAX_AER_TYPES:
             counts.setdefault(name, value)
+        else:
+            malformed.append(line)
     return AerFile(counts, total, tuple(malformed))
 
 
@@ -229,6 +234,8 @@ def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) 
         parsed = parse_aer(text)
         for line in parsed.malformed:
             reader.fail(REASON_MALFORMED, path, f"not 'Name count': {line[:40]!r}")
+        if parsed.total is None and not parsed.malformed:  # the kernel always ends with its TOTAL_ERR_ line
+            reader.fail(REASON_MALFORMED, path, f"no TOTAL_ERR_ line: {text[:40]!r}")
         for name, value in parsed.counts.items():
             aer[(severity, name)] = value
         if parsed.total is not None:
