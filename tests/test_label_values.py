@@ -89,3 +89,21 @@ def test_an_aer_file_the_kernel_did_not_write_is_counted_and_its_types_stay_boun
     types = [s for s in labels_of(found, "rdma_pcie_aer_errors_total", "mlx5_1") if s["severity"] == "correctable"]
     assert len(types) == 64 and all(len(s["type"]) <= 32 for s in types)
     assert pcie_malformed("mlx5_1") == 100 - 64 + 1
+
+
+def test_links_the_kernel_does_not_make_name_no_driver_and_no_physical_function(tmp_path: Path) -> None:
+    root = build_tree(tmp_path / "t", spec_for_devices(16))
+    ib = root / "class" / "infiniband"
+    vf = next(d.name for d in sorted(ib.iterdir()) if (d / "device" / "physfn").is_symlink())
+    before = samples(scrape(root))
+    (pf_before,) = labels_of(before, "rdma_device_info", vf)
+    (driver_before,) = labels_of(before, "rdma_device_info", "mlx5_0")
+    assert pf_before["pf_pci_address"] and driver_before["driver"] == "mlx5_core"
+    (ib / "mlx5_0" / "device" / "driver").unlink()
+    (ib / "mlx5_0" / "device" / "driver").symlink_to("/dev/zero")
+    (ib / vf / "device" / "physfn").unlink()
+    (ib / vf / "device" / "physfn").symlink_to("/nonexistent/zzz")
+    found = samples(scrape(root))
+    (info,) = labels_of(found, "rdma_device_info", "mlx5_0")
+    (pf,) = labels_of(found, "rdma_device_info", vf)
+    assert (info["driver"], pf["pf_pci_address"]) == ("", "")

@@ -27,6 +27,7 @@ from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
     NO_VALUE_ERRNOS,
+    PCI_ADDRESS,
     REASON_MALFORMED,
     SysfsReader,
     link_name,
@@ -420,6 +421,7 @@ MAX_PORT_NUMBER: Final = 2**32 - 2
 # a malformed file, not a label (fuzz review). The kernel's own limits are 64 bytes (node_desc, fw_ver).
 _LABEL_TEXT: Final = re.compile(r"[^\x00-\x1f\x7f]{0,128}")  # irdma leaves board_id empty
 _GUID: Final = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){3}", re.IGNORECASE)
+_DRIVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # mlx5_core, hfi1, bnxt_en
 GID_TYPES: Final = frozenset({"IB/RoCE v1", "RoCE v2"})  # the kernel's gid_type_str
 LINK_LAYERS: Final = frozenset({"InfiniBand", "Ethernet", "Unknown", "Unspecified"})  # link_layer_show
 
@@ -446,11 +448,11 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     is_vf = False
     if pci_dir is not None:
         numa = _numa_node(pci_dir / "numa_node", reader)
-        driver = link_name(pci_dir / "driver")
+        driver = link_name(pci_dir / "driver", _DRIVER_NAME, under="drivers")
         physfn = pci_dir / "physfn"
         if os.path.islink(physfn):
             is_vf = True
-            pf_address = link_name(physfn)
+            pf_address = link_name(physfn, PCI_ADDRESS)
         else:
             sriov = reader.uint(pci_dir / "sriov_numvfs", optional=True)
     # hfi1 names its devices hfi1_N; the name tells trees without a device link.

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
-from .reader import REASON_MALFORMED, SysfsReader, exists, is_dir, link_name, parse_uint
+from .reader import PCI_ADDRESS, REASON_MALFORMED, SysfsReader, exists, is_dir, link_name, parse_uint
 
 # Transfer rate per lane -> PCIe generation.
 GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
@@ -195,7 +195,7 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     physfn = pci_dir / "physfn"
     via_physfn = os.path.islink(physfn)
     link_dir = physfn if via_physfn else pci_dir
-    link_address = (link_name(physfn) if via_physfn else None) or address
+    link_address = (link_name(physfn, PCI_ADDRESS) if via_physfn else None) or address
     has_link = any(exists(link_dir / name, reader) for name in LINK_FILES)
     has_aer = any(exists(pci_dir / name, reader) for name in AER_FILES.values())
     if not has_link and not has_aer:

@@ -674,9 +674,15 @@ def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) ->
         return []
 
 
-def link_name(path: Path) -> str | None:
-    """Basename of a symlink's target (e.g. the driver of `device/driver`), None if not a link."""
+def link_name(path: Path, form: re.Pattern[str] | None = None, *, under: str = "") -> str | None:
+    """Basename of a symlink's target (e.g. the driver of `device/driver`), None if not a link, or if it
+    is not a link the kernel makes: its target not in a directory named `under`, or its name not of
+    `form` (a name taken from anywhere would be a label value; fuzz review)."""
     try:
-        return os.path.basename(os.readlink(path).rstrip("/"))
+        target = os.readlink(path).rstrip("/")
     except OSError:
         return None
+    name = os.path.basename(target)
+    if (under and f"/{under}/" not in target) or (form is not None and not form.fullmatch(name)):
+        return None
+    return name
