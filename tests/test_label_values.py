@@ -107,3 +107,13 @@ def test_links_the_kernel_does_not_make_name_no_driver_and_no_physical_function(
     (info,) = labels_of(found, "rdma_device_info", "mlx5_0")
     (pf,) = labels_of(found, "rdma_device_info", vf)
     assert (info["driver"], pf["pf_pci_address"]) == ("", "")
+
+
+def test_a_node_description_is_exported_as_written(tmp_path: Path) -> None:
+    # node_desc is whatever was written to it, up to 64 bytes, tabs and inner newlines included (final review:
+    # refusing it counted an error every minute, and RdmaExporterReadErrors fired for good).
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    (root / "class" / "infiniband" / "mlx5_0" / "node_desc").write_text("node01\tHCA-1\nrack 4\n")
+    found = samples(scrape(root))
+    (info,) = labels_of(found, "rdma_device_info", "mlx5_0")
+    assert info["node_desc"] == "node01\tHCA-1\nrack 4" and malformed(found, "mlx5_0") == 0

@@ -359,8 +359,8 @@ class Inventory:
                 found = os.stat(self.class_dir + name)
             except OSError as exc:
                 # Gone, or a link into nothing: not a device now. Anything else (EACCES) hides a device
-                # that is there, which must not pass in silence (fuzz review).
-                if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                # that is there, which must not pass in silence (fuzz review), unless it is filtered out.
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP) and self.device_filter.allows(name):
                     reason = reason_for_errno(exc.errno)
                     SysfsReader(name, errors).fail(reason, self.class_dir + name, exc.strerror or str(exc))
                 continue

@@ -421,6 +421,9 @@ MAX_PORT_NUMBER: Final = 2**32 - 2
 # a malformed file, not a label (fuzz review). The kernel's own limits are 64 bytes (node_desc, fw_ver).
 _LABEL_TEXT: Final = re.compile(r"[^\x00-\x1f\x7f]{0,128}")  # irdma leaves board_id empty
 _GUID: Final = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){3}", re.IGNORECASE)
+# node_desc is what an administrator (or the SM's node-name service) wrote, up to 64 bytes, tabs and
+# newlines included: the kernel prints it back as written, so any text of that length is real.
+_NODE_DESC: Final = re.compile(r".{0,64}", re.DOTALL)
 _DRIVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # mlx5_core, hfi1, bnxt_en
 GID_TYPES: Final = frozenset({"IB/RoCE v1", "RoCE v2"})  # the kernel's gid_type_str
 LINK_LAYERS: Final = frozenset({"InfiniBand", "Ethernet", "Unknown", "Unspecified"})  # link_layer_show
@@ -478,7 +481,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         hca_type=label_text(device_dir / "hca_type", reader),
         board_id=label_text(device_dir / "board_id", reader),
         hw_rev=label_text(device_dir / "hw_rev", reader),
-        node_desc=label_text(device_dir / "node_desc", reader),
+        node_desc=label_text(device_dir / "node_desc", reader, _NODE_DESC),
         pci_address=pci_dir.name if pci_dir else None,
         pci_dir=pci_dir,
         numa_node=numa,
