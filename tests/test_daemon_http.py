@@ -2521,6 +2521,20 @@ def test_systemd_watchdog_hears_from_the_server_loop(
         assert notify.recv(4096) == b"WATCHDOG=1"
 
 
+def test_a_periodic_hook_that_raises_costs_its_call_not_the_server(caplog: pytest.LogCaptureFixture) -> None:
+    ticks: list[float] = []
+
+    def tick(now: float) -> None:
+        ticks.append(now)
+        raise RuntimeError("hook bug")
+
+    hooked = InProcessServer(lambda request: Response(200, b"ok"), tick=tick)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="rdma_exporter.httpserver"), hooked as server:
+        wait_until(lambda: len(ticks) >= 2, 10)  # the loop turned on after the first failure
+        assert status_of(raw(server.port, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")) == 200
+    assert "the server loop's periodic hook failed" in caplog.text
+
+
 def test_the_watchdog_is_for_its_own_process_and_warns_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -222,6 +222,14 @@ class Exporter:
             return text_response(200, "ok")  # liveness only: it does not scrape
         return text_response(404, "not found")
 
+    def _bodies_of(self, families: FamilySet) -> dict[bool, bytes | tuple[bytes, ...]]:
+        """The encoded bodies of `families`, a new empty record if they are not the ones cached (under
+        _encoded_lock)."""
+        cached_for = self._encoded[0]
+        if cached_for is None or cached_for() is not families:
+            self._encoded = (weakref.ref(families, self._forget), {})
+        return self._encoded[1]
+
     def metrics(self, serving: Serving, request: Request) -> Response:
         timeout = scrape_timeout(serving.config, request.headers.get("x-prometheus-scrape-timeout-seconds"))
         families = serving.collector.gather(timeout)
@@ -232,19 +240,17 @@ class Exporter:
             body = bodies.get(compress) if same else None
             plain = bodies.get(False) if same else None
         if body is None:
-            # The plain text is rendered once per round, process_* series included, so that both encodings
-            # of one round say the same.
-            if isinstance(plain, tuple):
-                chunks = plain
-            else:
-                chunks = (*families.render_chunks(), *self.process.families().render_chunks())
-            body = gzip_chunks(chunks) if compress else chunks
-            with self._encoded_lock:
-                cached_for = self._encoded[0]
-                if cached_for is None or cached_for() is not families:
-                    self._encoded = (weakref.ref(families, self._forget), {})
-                self._encoded[1].setdefault(False, chunks)
-                self._encoded[1][compress] = body
+            # The plain text is rendered once per round, process_* series included, and every encoding of
+            # the round is made from the text stored first, so that they all say the same.
+            if not isinstance(plain, tuple):
+                rendered = (*families.render_chunks(), *self.process.families().render_chunks())
+                with self._encoded_lock:
+                    plain = self._bodies_of(families).setdefault(False, rendered)
+            assert isinstance(plain, tuple)
+            body = gzip_chunks(plain) if compress else plain
+            if compress:
+                with self._encoded_lock:
+                    self._bodies_of(families)[True] = body
         headers = [("Vary", "Accept-Encoding")]
         if compress:
             headers.append(("Content-Encoding", "gzip"))

@@ -538,7 +538,10 @@ class HttpServer:
                 if now >= next_sweep:
                     self._sweep(now)
                     CountedWarning.flush_all(now)
-                    self._tick(now)
+                    try:
+                        self._tick(now)
+                    except Exception:  # a hook's fault must not end the server
+                        log.exception("the server loop's periodic hook failed")
                     next_sweep = now + 0.25
         finally:
             self._close_all()
