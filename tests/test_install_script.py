@@ -118,7 +118,8 @@ def missing_prometheus_and_ethtool(project: Path, env: dict[str, str]) -> Path:
         STUBS["apt-get"].replace(
             "case \" $* \" in",
             'case " $* " in\n  *" install "*) "$RDMA_EXPORTER_POLICY_RC_D" prometheus start && answer=0 || answer=$?\n'
-            '    echo "policy $answer" >> "$STATE/install.log" ;;',
+            '    "$RDMA_EXPORTER_POLICY_RC_D" udev.service start && other=0 || other=$?\n'
+            '    echo "policy $answer $other" >> "$STATE/install.log" ;;',
         )
     )
     (bin_dir / "apt-get").write_text("#!/usr/bin/env bash\nset -eu\n" + (bin_dir / "apt-get").read_text())
@@ -138,9 +139,21 @@ def test_installed_services_neither_start_nor_start_at_boot(stubbed: tuple[Path,
     result = run(project, env)
     assert result.returncode == 0, result.stderr
     state = Path(env["STATE"])
-    assert (state / "install.log").read_text() == "policy 101\n"  # the policy refused starts while installing
-    assert not policy.exists()  # and is gone afterwards
+    # While installing, the policy refused prometheus' services and let the others start; then it is gone.
+    assert (state / "install.log").read_text() == "policy 101 0\n"
+    assert not policy.exists()
     assert (state / "systemctl.log").read_text() == "systemctl disable --quiet prometheus.service\n"
+
+
+def test_a_policy_an_earlier_run_left_behind_is_replaced_and_removed(stubbed: tuple[Path, dict[str, str]]) -> None:
+    project, env = stubbed
+    policy = missing_prometheus_and_ethtool(project, env)
+    policy.write_text("#!/bin/sh\n# rdma-exporter install-test-deps.sh: temporary\nexit 101\n")  # killed mid-install
+    policy.chmod(0o755)
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    assert (Path(env["STATE"]) / "install.log").read_text() == "policy 101 0\n"
+    assert not policy.exists()
 
 
 def test_a_machines_own_policy_is_left_as_it_is(stubbed: tuple[Path, dict[str, str]]) -> None:
@@ -150,5 +163,5 @@ def test_a_machines_own_policy_is_left_as_it_is(stubbed: tuple[Path, dict[str, s
     policy.chmod(0o755)
     result = run(project, env)
     assert result.returncode == 0, result.stderr
-    assert (Path(env["STATE"]) / "install.log").read_text() == "policy 0\n"
+    assert (Path(env["STATE"]) / "install.log").read_text() == "policy 0 0\n"
     assert policy.read_text() == "#!/bin/sh\nexit 0\n"
