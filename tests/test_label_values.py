@@ -117,3 +117,15 @@ def test_a_node_description_is_exported_as_written(tmp_path: Path) -> None:
     found = samples(scrape(root))
     (info,) = labels_of(found, "rdma_device_info", "mlx5_0")
     assert info["node_desc"] == "node01\tHCA-1\nrack 4" and malformed(found, "mlx5_0") == 0
+
+
+def test_a_parent_link_into_nothing_is_counted(tmp_path: Path) -> None:
+    # The device's PCIe, NUMA and netdev series go with it; that was silent (fuzz review).
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    link = root / "class" / "infiniband" / "mlx5_1" / "device"
+    link.unlink()
+    link.symlink_to("../../../gone")
+    found = samples(scrape(root))
+    labels = (("collector", "inventory"), ("device", "mlx5_1"), ("reason", "missing"))
+    assert found.get(("rdma_exporter_file_read_errors_total", labels)) == 1
+    assert labels_of(found, "rdma_port_info", "mlx5_1")  # its ports are still served

@@ -29,6 +29,7 @@ from .reader import (
     NO_VALUE_ERRNOS,
     PCI_ADDRESS,
     REASON_MALFORMED,
+    REASON_MISSING,
     SysfsReader,
     link_name,
     list_dir,
@@ -446,6 +447,10 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     if node_type and parsed_type is None:
         reader.fail(REASON_MALFORMED, device_dir / "node_type", f"not a '<id>: <name>' type: {node_type[:40]!r}")
     pci_dir = pci_function(device_dir)
+    if pci_dir is None and os.path.islink(device_dir / "device") and not os.path.exists(device_dir / "device"):
+        # A parent link into nothing: the PCIe, NUMA and netdev series go, which must not pass in silence
+        # (fuzz review). A link to a parent that is no PCI function (an auxiliary device) is no error.
+        reader.fail(REASON_MISSING, device_dir / "device", "the parent device link leads nowhere")
     numa = sriov = None
     pf_address = driver = None
     is_vf = False
