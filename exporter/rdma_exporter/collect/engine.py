@@ -36,7 +36,6 @@ which counter files answered, rendered label texts, and the log throttles.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
@@ -59,6 +58,7 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, pci_address_of, read_device_info
 from ..parse.reader import (
+    ABSENT_ERRNOS,
     DEFAULT_MAX_OPEN_FILES,
     REASON_IO,
     REASON_TIMEOUT,
@@ -360,7 +360,7 @@ class Inventory:
             except OSError as exc:
                 # Gone, or a link into nothing: not a device now. Anything else (EACCES) hides a device
                 # that is there, which must not pass in silence (fuzz review), unless it is filtered out.
-                if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP) and self.device_filter.allows(name):
+                if exc.errno not in ABSENT_ERRNOS and self.device_filter.allows(name):
                     reason = reason_for_errno(exc.errno)
                     SysfsReader(name, errors).fail(reason, self.class_dir + name, exc.strerror or str(exc))
                 continue

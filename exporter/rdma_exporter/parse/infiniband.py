@@ -361,14 +361,6 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
     return tuple(sorted(types.items()))
 
 
-def _link_layer(path: Path, reader: SysfsReader) -> str | None:
-    text = reader.text(path, optional=True)
-    if text is None or text in LINK_LAYERS:
-        return text
-    reader.fail(REASON_MALFORMED, path, f"not a link layer: {text[:40]!r}")
-    return None
-
-
 def read_port_info(
     sys_root: Path,
     device: str,
@@ -397,7 +389,7 @@ def read_port_info(
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     return PortInfo(
         number=port,
-        link_layer=_link_layer(port_dir / "link_layer", reader),
+        link_layer=label_text(port_dir / "link_layer", reader, _LINK_LAYER),
         counter_files=tuple(counter_files),
         counter_ext_files=counter_ext_files,
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
@@ -427,7 +419,7 @@ _GUID: Final = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){3}", re.IGNORECASE)
 _NODE_DESC: Final = re.compile(r".{0,64}", re.DOTALL)
 _DRIVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # mlx5_core, hfi1, bnxt_en
 GID_TYPES: Final = frozenset({"IB/RoCE v1", "RoCE v2"})  # the kernel's gid_type_str
-LINK_LAYERS: Final = frozenset({"InfiniBand", "Ethernet", "Unknown", "Unspecified"})  # link_layer_show
+_LINK_LAYER: Final = re.compile(r"InfiniBand|Ethernet|Unknown|Unspecified")  # link_layer_show
 
 
 def label_text(path: Path, reader: SysfsReader, form: re.Pattern[str] = _LABEL_TEXT) -> str | None:

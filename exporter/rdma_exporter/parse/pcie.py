@@ -197,8 +197,9 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     link_dir = physfn if via_physfn else pci_dir
     link_address = (link_name(physfn, PCI_ADDRESS) if via_physfn else None) or address
     has_link = any(exists(link_dir / name, reader) for name in LINK_FILES)
-    has_aer = any(exists(pci_dir / name, reader) for name in AER_FILES.values())
-    if not has_link and not has_aer:
+    # Each looked up once: a failed lookup is counted, and twice would count it twice.
+    aer_files = tuple((sev, file) for sev, file in AER_FILES.items() if exists(pci_dir / file, reader))
+    if not has_link and not aer_files:
         return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
     max_width_path = link_dir / "max_link_width"
     max_width = reader.uint(max_width_path, optional=True)
@@ -212,7 +213,7 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
         via_physfn=via_physfn,
         max_speed_gts=_speed(link_dir / "max_link_speed", reader),
         max_width=_known_width(max_width, max_width_path, reader),
-        aer_files=tuple((sev, file) for sev, file in AER_FILES.items() if exists(pci_dir / file, reader)),
+        aer_files=aer_files,
         all_ones=max_width == _ALL_ONES_WIDTH,
         partner_max_speed_gts=_speed(partner / "max_link_speed", reader),
         partner_max_width=_width(partner / "max_link_width", reader),

@@ -636,27 +636,29 @@ def parse_entry_number(name: str) -> int | None:
     return int(name) if name.isascii() and name.isdigit() and (name == "0" or name[0] != "0") else None
 
 
-def is_dir(path: str | Path, reader: SysfsReader) -> bool:
-    """Whether `path` is a directory. Absence is an answer; any other failure (EACCES from an LSM profile
-    or a container mount) is counted and answers no. pathlib's is_dir() raises those, which cost the whole
-    device for one directory (fuzz review)."""
+# What a failed stat() answers about a path that is simply not there (or a link into nothing).
+ABSENT_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+
+def _stat(path: str | Path, reader: SysfsReader) -> os.stat_result | None:
+    """stat() of `path`, None if it fails. Absence is an answer; any other failure (EACCES from an LSM
+    profile or a container mount) is counted. pathlib's is_dir() and exists() raise those, which cost the
+    whole device for one directory (fuzz review)."""
     try:
-        return stat.S_ISDIR(os.stat(path).st_mode)
+        return os.stat(path)
     except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        if exc.errno not in ABSENT_ERRNOS:
             reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
-        return False
+        return None
+
+
+def is_dir(path: str | Path, reader: SysfsReader) -> bool:
+    found = _stat(path, reader)
+    return found is not None and stat.S_ISDIR(found.st_mode)
 
 
 def exists(path: str | Path, reader: SysfsReader) -> bool:
-    """Whether `path` exists, counting failures other than absence as is_dir() does."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            reader.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
-        return False
-    return True
+    return _stat(path, reader) is not None
 
 
 def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
