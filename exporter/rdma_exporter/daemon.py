@@ -235,10 +235,8 @@ class Exporter:
         families = serving.collector.gather(timeout)
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         with self._encoded_lock:
-            cached_for, bodies = self._encoded
-            same = cached_for is not None and cached_for() is families
-            body = bodies.get(compress) if same else None
-            plain = bodies.get(False) if same else None
+            bodies = self._bodies_of(families)
+            body, plain = bodies.get(compress), bodies.get(False)
         if body is None:
             # The plain text is rendered once per round, process_* series included, and every encoding of
             # the round is made from the text stored first, so that they all say the same.
