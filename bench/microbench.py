@@ -261,7 +261,10 @@ def pool_variants(config: Config, iterations: int) -> dict[str, float]:
     On a fixture tree reads cost CPU only, so parallel readers mostly contend for the GIL; on real mlx5
     hardware each counter read also waits on the firmware, which is what the pool is there to overlap.
     """
-    from rdma_exporter.collect import engine
+    try:  # the reader pool moved out of the engine module; older commits have it there, or none
+        from rdma_exporter.collect import readers as engine
+    except ImportError:
+        from rdma_exporter.collect import engine  # type: ignore[no-redef]
 
     if not hasattr(engine, "WorkerPool") or not hasattr(engine, "DeviceReads"):
         return {}

@@ -300,10 +300,9 @@ def test_a_flag_reads_a_number_as_the_config_file_does(flag: str, value: str, se
 
 
 def test_read_threads_default_flag_and_file(tmp_path: Path) -> None:
-    from rdma_exporter.collect.engine import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
+    from rdma_exporter.collect.readers import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
     from rdma_exporter.config import DEFAULT_READ_THREADS, MAX_READ_THREADS
 
-    # config.py does not import the engine; the two must still agree.
     assert (DEFAULT_READ_THREADS, MAX_READ_THREADS) == (DEFAULT_PARALLELISM, HARD_MAX_WORKERS) == (4, 64)
     assert resolve_config(build_parser().parse_args([])).read_threads == 4
     path = write(tmp_path, "web:\n  read_threads: 8\n")
@@ -316,7 +315,7 @@ def test_read_threads_default_flag_and_file(tmp_path: Path) -> None:
 
 
 def test_max_open_files_default_flag_file_and_errors(tmp_path: Path) -> None:
-    from rdma_exporter.collect.engine import DEFAULT_MAX_OPEN_FILES as ENGINE_DEFAULT
+    from rdma_exporter.collect.readers import DEFAULT_MAX_OPEN_FILES as ENGINE_DEFAULT
     from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
 
     # 64 MiB of kernel memory, a page per kept file: 16384 files with 4 KiB pages, 1024 with 64 KiB.

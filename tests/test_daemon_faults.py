@@ -18,7 +18,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, Source
-from rdma_exporter.collect.engine import DeviceJob, DeviceReads, RdmaCollector, WorkerPool, _Round
+from rdma_exporter.collect.engine import RdmaCollector, _Round
+from rdma_exporter.collect.readers import DeviceJob, DeviceReads, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
 from rdma_exporter.parse.infiniband import DeviceInfo
@@ -237,9 +238,9 @@ def test_a_hang_after_a_slow_episode_is_logged_once_it_is_a_hang(
 ) -> None:
     """The quiet period after a slow read's lines must not hide the stuck HCA that follows: it was never
     logged, not even when the quiet period ended, as its episode had begun inside it (final review)."""
-    from rdma_exporter.collect import engine
+    from rdma_exporter.collect import readers
 
-    monkeypatch.setattr(engine, "HUNG_READ_SECONDS", 1.0)
+    monkeypatch.setattr(readers, "HUNG_READ_SECONDS", 1.0)
     root = make_tree(tmp_path, 2)
     path = device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data"
     reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8), FileBudget(0))
@@ -1412,7 +1413,7 @@ def test_scrapes_sharing_a_round_count_a_device_timing_out_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Three replicas timing out on one stuck device are one missed read, not three.
-    from rdma_exporter.collect import engine
+    from rdma_exporter.collect import engine, readers
 
     root = make_tree(tmp_path, 2)
     source = HeldSource(frozenset({"mlx5_1"}))
@@ -1423,7 +1424,9 @@ def test_scrapes_sharing_a_round_count_a_device_timing_out_once(
     # round. (Started at once against the real clock, a scraper that reached gather() more than its 0.6 s
     # after the first, on a loaded machine, found the round over, started another and counted again.)
     clock = PausedClock()
+    # The reader threads' module too: a job's start and the round's "now" must come from one clock.
     monkeypatch.setattr(engine, "time", clock)
+    monkeypatch.setattr(readers, "time", clock)
     results: list[FamilySet] = []
     scrapers = [
         threading.Thread(target=lambda: results.append(collector.gather(0.6)), name=f"scraper-{n}")

@@ -37,7 +37,8 @@ import pytest
 
 from rdma_exporter import __version__, httpserver, webconfig
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
-from rdma_exporter.collect.engine import HARD_MAX_WORKERS, DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.collect.engine import RdmaCollector
+from rdma_exporter.collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerPool
 from rdma_exporter.config import EXIT_CONFIG, EXIT_UNAVAILABLE, Config
 from rdma_exporter.daemon import (
     FD_RESERVE,

@@ -17,9 +17,10 @@ import pytest
 from test_daemon_faults import PausedClock
 
 from rdma_exporter import __version__
-from rdma_exporter.collect import engine
+from rdma_exporter.collect import engine, inventory, readers
 from rdma_exporter.collect.base import FamilySet, MetricSpec, ScrapeContext
-from rdma_exporter.collect.engine import STUCK_AFTER_SECONDS, DeviceReads, RdmaCollector, WorkerPool
+from rdma_exporter.collect.engine import RdmaCollector
+from rdma_exporter.collect.readers import STUCK_AFTER_SECONDS, DeviceReads, WorkerPool
 from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import REASON_IO, REASON_PERMISSION, SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
@@ -196,7 +197,7 @@ def test_durations_include_static_and_source_reads(
     # Time a collector spent in this scrape, summed over devices: the inventory's is the listing plus each
     # device's static read, done in the device's job.
     real = engine.read_device_info
-    real_list = engine.list_devices
+    real_list = inventory.list_devices
 
     def slow_read_device_info(*args: Any, **kwargs: Any) -> DeviceInfo:
         time.sleep(0.1)
@@ -207,7 +208,7 @@ def test_durations_include_static_and_source_reads(
         return real_list(*args, **kwargs)
 
     monkeypatch.setattr(engine, "read_device_info", slow_read_device_info)
-    monkeypatch.setattr(engine, "list_devices", slow_list_devices)
+    monkeypatch.setattr(inventory, "list_devices", slow_list_devices)
     standin.seconds = 0.1
     durations = durations_of(scrape(collector(tmp_path, standin)))
     assert durations.keys() == {"inventory", "standin"}
@@ -393,7 +394,7 @@ def test_a_device_blocked_again_after_a_healthy_scrape_is_logged_again(
     # Once per episode: a round in which the device answered ends the episode, and its next stall is news,
     # logged again once BLOCKED_LOG_QUIET_SECONDS have passed since the last line (none here; within them,
     # test_daemon_faults.py's slow device).
-    monkeypatch.setattr(engine, "BLOCKED_LOG_QUIET_SECONDS", 0.0)
+    monkeypatch.setattr(readers, "BLOCKED_LOG_QUIET_SECONDS", 0.0)
     caplog.set_level(logging.WARNING, logger=engine.log.name)
     rdma = collector(tmp_path, standin, devices=1)
     for _ in range(2):
@@ -517,7 +518,7 @@ def test_a_listing_failing_for_another_reason_is_logged_again(
     caplog.set_level(logging.INFO, logger=engine.log.name)
     rdma = collector(tmp_path, standin)
     class_dir = rdma.sys_root / "class" / "infiniband"
-    real = engine.list_devices
+    real = inventory.list_devices
     failures = [(REASON_PERMISSION, "Permission denied")] * 2 + [(REASON_IO, "Input/output error")] * 2
 
     def listing(sys_root: Path, reader: SysfsReader) -> list[str]:
@@ -527,7 +528,7 @@ def test_a_listing_failing_for_another_reason_is_logged_again(
         reader.fail(reason, class_dir, detail)
         return []
 
-    monkeypatch.setattr(engine, "list_devices", listing)
+    monkeypatch.setattr(inventory, "list_devices", listing)
     for _ in range(5):
         scrape(rdma)
     logged = [m for m in (r.getMessage() for r in caplog.records) if "list" in m and not m.startswith("RDMA devices ")]
@@ -620,6 +621,7 @@ def test_a_blocked_read_is_timed_from_its_start_not_from_its_submission(
     standin.gates["mlx5_1"] = threading.Event()
     clock = PausedClock()
     monkeypatch.setattr(engine, "time", clock)
+    monkeypatch.setattr(readers, "time", clock)  # the jobs' start times: one clock with the round's
     rdma = collector(tmp_path, standin, parallelism=1, hard_max=1)
     result: list[Samples] = []
     thread = threading.Thread(target=lambda: result.append(scrape(rdma, 100.0)))
@@ -643,6 +645,7 @@ def test_a_scrape_ending_exactly_at_its_deadline_drops_the_jobs_that_never_start
     standin.gates["mlx5_0"] = threading.Event()
     clock = PausedClock()
     monkeypatch.setattr(engine, "time", clock)
+    monkeypatch.setattr(readers, "time", clock)  # the jobs' start times: one clock with the round's
     rdma = collector(tmp_path, standin, parallelism=1, hard_max=1)
     scraper = threading.Thread(target=lambda: scrape(rdma, 10.0))
     scraper.start()

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from rdma_exporter.collect.engine import DeviceJob, DeviceReads, WorkerPool
+from rdma_exporter.collect.readers import DeviceJob, DeviceReads, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import FD_RESERVE, build_collector, build_registry, raise_fd_limit
 from rdma_exporter.parse.reader import (
@@ -478,7 +478,7 @@ def test_large_answers_return_freed_memory(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_default_budget_leaves_room_under_a_low_fd_limit() -> None:
-    from rdma_exporter.collect.engine import default_file_budget
+    from rdma_exporter.collect.readers import default_file_budget
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import yaml
 
-from .collect.engine import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
+from .collect.readers import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
 from .parse.reader import DEFAULT_MAX_OPEN_FILES, read_regular_file
 
 DEFAULT_PORT: Final = 9883

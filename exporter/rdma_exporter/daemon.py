@@ -32,13 +32,15 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__, take_early_sighup
 from .collect.base import FamilySet, Source
-from .collect.engine import HARD_MAX_WORKERS, DeviceFilter, DeviceReads, RdmaCollector, WorkerPool
+from .collect.engine import RdmaCollector
 from .collect.ethtool import EthtoolSource
 from .collect.expected import ExpectedSource
 from .collect.infiniband import InfinibandSource
+from .collect.inventory import DeviceFilter
 from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
 from .collect.process import ProcessMetrics
+from .collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerPool
 from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, exit_status, logging_level
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response

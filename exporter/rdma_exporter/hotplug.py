@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .collect.engine import Inventory
+from .collect.inventory import Inventory
 from .parse.netdev import MAX_STACK
 from .parse.reader import PCI_ADDRESS, is_sysfs_mount
 
