@@ -11,7 +11,6 @@ import errno
 import ipaddress
 import logging
 import re
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,7 +18,14 @@ from typing import Any, Final
 
 import yaml
 
+from .collect import ethtool as ethtool_collector
+from .collect import expected as expected_collector
 from .collect.readers import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
+
+# Re-exported (the `as` form): the config module is where its users look for its error.
+from .configerror import ConfigError as ConfigError
+from .configerror import ConfigUnavailable as ConfigUnavailable
+from .configerror import compile_regex
 from .parse.reader import DEFAULT_MAX_OPEN_FILES, read_regular_file
 
 DEFAULT_PORT: Final = 9883
@@ -40,20 +46,6 @@ EXIT_CONFIG: Final = 2
 # A file or directory the configuration names that is not there or cannot be read (ConfigUnavailable):
 # it may appear later, as a certificate issued by another unit after boot, so systemd restarts on this one.
 EXIT_UNAVAILABLE: Final = 1
-
-
-class ConfigError(Exception):
-    """An invalid setting: `str()` names the source (file or flag), the key and the reason."""
-
-    def __init__(self, source: str, key: str, reason: str) -> None:
-        super().__init__(f"{source}: {key}: {reason}")
-        self.source = source
-        self.key = key
-        self.reason = reason
-
-
-class ConfigUnavailable(ConfigError):
-    """A file or directory the configuration names is missing or unreadable, rather than invalid."""
 
 
 def exit_status(exc: ConfigError) -> int:
@@ -99,26 +91,6 @@ class Config:
     config_file_empty: bool = False
     # `sysfs` is the bundled sample tree of made-up devices (cli.use_sample_tree), said in the metrics.
     sample_tree: bool = False
-
-
-def compile_regex(source: str, key: str, pattern: str) -> re.Pattern[str]:
-    """`pattern` compiled, or a ConfigError that names the setting.
-
-    A warning of the compiler refuses the pattern too: it means the pattern does not say what it seems
-    to. `[[:digit:]]`, a digit in RE2 (node_exporter's and Prometheus's engine), is here a set of the
-    characters `:digt` followed by `]`, and only a FutureWarning said so. A repeat count or a nesting
-    too large for the compiler raises OverflowError or RecursionError, which were tracebacks."""
-    # FutureWarning only: the filter is the process's, and a reload compiles on its own thread while the
-    # HTTP and reader threads run.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        try:
-            return re.compile(pattern)
-        except (re.error, Warning, OverflowError, RecursionError) as exc:
-            reason = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
-            if "[:" in pattern:
-                reason += "; POSIX classes such as [[:digit:]] are not supported: write [0-9]"
-            raise ConfigError(source, key, f"invalid regular expression {pattern!r}: {reason}") from None
 
 
 def check_regex(source: str, key: str, value: Any) -> re.Pattern[str] | None:
@@ -281,8 +253,10 @@ _SECTIONS: Final = frozenset(key.split(".")[0] for key in _FIELDS) | {"collector
 _PATH_CHECKS: Final = (check_path, check_directory, check_required_directory)
 _PATH_KEYS: Final = frozenset(key for key, (_, check) in _FIELDS.items() if check in _PATH_CHECKS)
 
-# Per-collector setting validators, registered by the collectors that own them: name -> key -> validator.
-COLLECTOR_SETTINGS: dict[str, dict[str, Callable[[str, str, Any], Any]]] = {}
+# Per-collector setting validators, owned by the collectors they configure: name -> key -> validator.
+COLLECTOR_SETTINGS: Final[dict[str, dict[str, Callable[[str, str, Any], Any]]]] = {
+    module.NAME: module.SETTINGS for module in (ethtool_collector, expected_collector)
+}
 
 
 def check_mapping(source: str, key: str, value: Any) -> Mapping[str, Any]:
@@ -489,9 +463,3 @@ def load_config_file(path: Path, base: Config | None = None) -> Config:
 
 
 EMPTY_ON_RELOAD: Final = "empty: a reload would drop every setting in it (write {} to mean the defaults)"
-
-
-# Collectors register their `collector.<name>` validators on import; import them here so that a config
-# file can be checked (--check-config) without building the daemon.
-from .collect import ethtool as _ethtool  # noqa: E402, F401
-from .collect import expected as _expected  # noqa: E402, F401

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Final
 
-from ..config import COLLECTOR_SETTINGS, ConfigError, compile_regex
+from ..configerror import ConfigError, compile_regex
 from ..parse.ethtool import (
     CURATED_HELP,
     CURATED_KINDS,
@@ -65,7 +65,8 @@ def check_extra_stats(source: str, key: str, value: Any) -> tuple[re.Pattern[str
     return tuple(patterns)
 
 
-COLLECTOR_SETTINGS[NAME] = {"extra_stats": check_extra_stats}
+# Validators of the `collector.ethtool` settings in the config file (config.COLLECTOR_SETTINGS).
+SETTINGS: Final = {"extra_stats": check_extra_stats}
 
 # Label names of every curated key, after the netdev labels, in the order parse/ethtool.py gives them.
 # Declared here so that METRICS.md lists each metric; test_collect_roce checks it against the parser.

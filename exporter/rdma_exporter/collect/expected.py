@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..config import COLLECTOR_SETTINGS, ConfigError
+from ..configerror import ConfigError
 from ..parse.infiniband import MAX_PORT_NUMBER, DeviceInfo
 from ..parse.netdev import lag_by_name
 from ..parse.pcie import GENERATIONS, VALID_WIDTHS
@@ -270,7 +270,8 @@ def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
     return tuple(expected for _, expected in ports.values())
 
 
-COLLECTOR_SETTINGS[NAME] = {"ports": check_ports}
+# Validators of the `collector.expected` settings in the config file (config.COLLECTOR_SETTINGS).
+SETTINGS: Final = {"ports": check_ports}
 
 PORT: Final = ("device", "port")
 PORT_INFO: Final = MetricSpec(
