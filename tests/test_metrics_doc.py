@@ -35,3 +35,25 @@ def test_cli_writes_exactly_metrics_md(capsys: pytest.CaptureFixture[str]) -> No
     # README regenerates the file with `python -m rdma_exporter.metricsdoc > METRICS.md`.
     assert main() == 0
     assert capsys.readouterr().out == METRICS_MD.read_text()
+
+
+def test_the_documented_scrape_drop_keeps_every_series_a_rule_or_dashboard_reads() -> None:
+    """docs/operations.md ("Sizing the Prometheus server") gives a metric_relabel_configs regex that drops
+    the netdevs' statistics/ counters. It must drop those on the sample node, nothing any rule or
+    dashboard reads (a rule added later on one of them makes the advice wrong), and not the carrier
+    counters the link alerts use."""
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "docs" / "operations.md").read_text().split("\n### Sizing the Prometheus server\n", 1)[1]
+    found = re.search(r"regex: (\S+)\n\s+action: drop", section)
+    assert found, "the drop snippet is gone from docs/operations.md"
+    drop = re.compile(found.group(1))
+    golden = (Path(__file__).resolve().parent / "golden" / "sample-8hca.prom").read_text()
+    names = {line.split("{", 1)[0].split(" ", 1)[0] for line in golden.splitlines() if not line.startswith("#")}
+    dropped = {name for name in names if drop.fullmatch(name)}
+    statistics = {name for name in names if re.fullmatch(r"rdma_netdev_(?!carrier)[a-z_]+_total", name)}
+    assert dropped == statistics and "rdma_netdev_rx_bytes_total" in dropped
+    read = "".join(p.read_text() for p in [*root.glob("rules/*.yml"), *root.glob("grafana/dashboards/*.json")])
+    used = {name for name in re.findall(r"\b(rdma_[a-z0-9_]+)", read) if drop.fullmatch(name)}
+    assert not used, f"rules or dashboards read series the documented drop removes: {sorted(used)}"
+    count = sum(1 for line in golden.splitlines() if not line.startswith("#") and drop.fullmatch(line.split("{")[0]))
+    assert f"statistics/` counters ({count} on the sample node" in " ".join(section.split())
