@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -45,11 +46,23 @@ def build_wheel(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with the wheel built from the checkout; its dependencies come from this interpreter's
-    site-packages (no index is asked), the exporter itself only from the wheel."""
+    site-packages (no index is asked), the exporter itself only from the wheel.
+
+    Not `--system-site-packages`: run from a venv (as README advises on Debian 12 and Ubuntu 24.04), that
+    gives the base interpreter's site-packages, without the dependencies the outer venv installed. A
+    .pth file lists this interpreter's own instead; its directories come after the new venv's, and the
+    .pth files in them (the checkout's editable install) are not processed, so the exporter is the wheel's.
+    """
     work = tmp_path_factory.mktemp("packaging")
     wheel = build_wheel(work)
     venv = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    purelib = subprocess.run(
+        [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    (Path(purelib) / "outer-site-packages.pth").write_text("".join(f"{path}\n" for path in ours))
     install = subprocess.run(
         [venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
         capture_output=True, text=True, timeout=300,
