@@ -1112,11 +1112,12 @@ def node_detail() -> Json:
         (timeseries(
             "PCIe AER errors",
             "PCIe errors each device's AER capability reported, by severity. Rising correctable errors often "
-            "precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic.",
+            "precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic and open a "
+            "ticket (RdmaPcieUncorrectableErrors).",
             "cps",
             targets((f"sum by (instance, device, severity) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
                      "{{instance}} {{device}} {{severity}}")),
-            alerts=["RdmaPcieLinkDegraded"],
+            alerts=["RdmaPcieUncorrectableErrors", "RdmaPcieLinkDegraded"],
         ), 12, 8),
         (timeseries(
             "Transport retries",

@@ -647,6 +647,8 @@ JOIN_SERIES = {"rdma_port_info", "rdma_device_info", "rdma_device_sriov_virtual_
 RELATED_RUNBOOKS = {
     ("node-detail", "Physical port state", "RdmaPortLinkErrorRecovery"): "the LinkErrorRecovery state it counts",
     ("node-detail", "PCIe AER errors", "RdmaPcieLinkDegraded"): "AER errors precede a link that retrains slower",
+    ("node-detail", "PCIe AER errors", "RdmaPcieUncorrectableErrors"): "it counts the AER messages (reports) of "
+    "the non-fatal and fatal errors this panel shows by type, and its description names the types",
     ("fabric-overview", "Ports by state", "RdmaPortDown"): "the states its description names (its expression "
     "reads their numbers, *_state_id)",
 }
