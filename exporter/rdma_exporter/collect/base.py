@@ -7,15 +7,15 @@ and the generated METRICS.md, which therefore cannot drift from the code.
 from __future__ import annotations
 
 import logging
+import math
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from ..parse.infiniband import DeviceInfo
 from ..parse.reader import SysfsReader
@@ -126,19 +126,37 @@ def _escape_value(value: str) -> str:
     return value
 
 
-# prometheus_client leaves floatToGoString unannotated; this is its signature (one global, as before).
-_float_to_go_string: Final[Callable[[float], str]] = floatToGoString
+def _go_float(number: float) -> str:
+    """`number` as Go's shortest formatting writes it, as Prometheus clients do.
+
+    Not prometheus_client.utils.floatToGoString: that is no documented API, and before 0.26 it wrote
+    5e10 as `5e+010`, so the exposition depended on the client installed (found by a version review).
+    """
+    if number != number:
+        return "NaN"
+    if number in (math.inf, -math.inf):
+        return "+Inf" if number > 0 else "-Inf"
+    text = repr(number)
+    point = text.find(".")
+    # repr writes positive numbers from 1e6 to 1e16 in full ("50000000000.0"); Go, from 1e6 up, as
+    # "5e+10": the digits without the point and trailing zeros, a point after the first, and an exponent
+    # of two digits or more. Negative ones stay as repr writes them, as prometheus_client's writer has it.
+    if number <= 0 or point < 7:
+        return text
+    digits = (text[:point] + text[point + 1 :]).rstrip("0")
+    mantissa = f"{digits[0]}.{digits[1:]}" if len(digits) > 1 else digits
+    return f"{mantissa}e+{point - 1:02d}"
 
 
 def format_value(value: float) -> str:
-    """A sample value exactly as prometheus_client's `floatToGoString` writes it.
+    """A sample value exactly as prometheus_client's writer (0.26 and later) writes it.
 
     Most of our values are small integer counts: for those `repr(float(v))` is `v.0` (Python switches to
     an exponent at 1e16, Go-style formatting at 1e6 for positive values), so skip the float round trip.
     """
     if type(value) is int and -1_000_000_000_000_000 < value < 1_000_000:
         return f"{value}.0"
-    return _float_to_go_string(value)
+    return _go_float(float(value))
 
 
 @lru_cache(maxsize=4096)
