@@ -64,7 +64,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
     (Path(purelib) / "outer-site-packages.pth").write_text("".join(f"{path}\n" for path in ours))
     install = subprocess.run(
-        [venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
+        # --force-reinstall: through the .pth, pip sees an rdma-exporter installed outside the venv (README's
+        # `pip install .`) and, at the same version, would skip the wheel.
+        [venv / "bin" / "python", "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-index", str(wheel)],
         capture_output=True, text=True, timeout=300,
     )
     assert install.returncode == 0, install.stdout + install.stderr
