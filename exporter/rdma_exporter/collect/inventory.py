@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from ..parse.infiniband import CLASS_DIR, DeviceInfo, list_devices, pci_address_of
-from ..parse.reader import ABSENT_ERRNOS, ReadErrors, SysfsReader, reason_for_errno
+from ..parse.reader import ReadErrors, SysfsReader, stat_of
 
 # udev mode: relist and re-read static info this often anyway, in case netlink dropped events (ENOBUFS).
 UDEV_RESYNC_SECONDS: Final = 900.0
@@ -178,20 +178,17 @@ class Inventory:
         allowed: list[tuple[str, int]] = []
         excluded: list[str] = []
         for name in listed:
-            try:
-                found = os.stat(self.class_dir + name)
-            except OSError as exc:
-                # Gone, or a link into nothing: not a device now. Anything else (EACCES) hides a device
-                # that is there, which must not pass in silence (fuzz review), unless it is filtered out.
-                if exc.errno not in ABSENT_ERRNOS and self.device_filter.allows(name):
-                    reason = reason_for_errno(exc.errno)
-                    SysfsReader(name, errors).fail(reason, self.class_dir + name, exc.strerror or str(exc))
+            wanted = self.device_filter.allows(name)
+            # Gone, or a link into nothing: not a device now. Anything else (EACCES) hides a device that is
+            # there, which must not pass in silence (fuzz review), unless it is filtered out: a reader of
+            # its own keeps those errors.
+            found = stat_of(self.class_dir + name, SysfsReader(name, errors) if wanted else SysfsReader(name))
+            if found is None or not stat.S_ISDIR(found.st_mode):
                 continue
-            if stat.S_ISDIR(found.st_mode):
-                if self.device_filter.allows(name):
-                    allowed.append((name, found.st_ino))
-                else:
-                    excluded.append(name)
+            if wanted:
+                allowed.append((name, found.st_ino))
+            else:
+                excluded.append(name)
         self.excluded_pci = {name: pci_address_of(self.sys_root, name) for name in excluded}
         listing = []
         for name, inode in allowed:

@@ -640,7 +640,7 @@ def parse_entry_number(name: str) -> int | None:
 ABSENT_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
 
-def _stat(path: str | Path, reader: SysfsReader) -> os.stat_result | None:
+def stat_of(path: str | Path, reader: SysfsReader) -> os.stat_result | None:
     """stat() of `path`, None if it fails. Absence is an answer; any other failure (EACCES from an LSM
     profile or a container mount) is counted. pathlib's is_dir() and exists() raise those, which cost the
     whole device for one directory (fuzz review)."""
@@ -653,12 +653,12 @@ def _stat(path: str | Path, reader: SysfsReader) -> os.stat_result | None:
 
 
 def is_dir(path: str | Path, reader: SysfsReader) -> bool:
-    found = _stat(path, reader)
+    found = stat_of(path, reader)
     return found is not None and stat.S_ISDIR(found.st_mode)
 
 
 def exists(path: str | Path, reader: SysfsReader) -> bool:
-    return _stat(path, reader) is not None
+    return stat_of(path, reader) is not None
 
 
 def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) -> list[str]:
