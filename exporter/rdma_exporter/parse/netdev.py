@@ -281,12 +281,13 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
     slaves: tuple[str, ...] = ()
     mode = None
     if identity.is_bond_master:
-        listed = reader.text(f"{net_dir}/bonding/slaves", optional=True)
+        slaves_path, mode_path = f"{net_dir}/bonding/slaves", f"{net_dir}/bonding/mode"
+        listed = reader.text(slaves_path, optional=True)
         # A failed read or garbage (counted) keeps the slaves of the static read: the slaves' series must
         # not vanish, and be forgotten as netdevs, for a read that tells nothing about membership.
-        parsed = None if listed is None else _bond_slaves(listed, f"{net_dir}/bonding/slaves", reader)
+        parsed = None if listed is None else _bond_slaves(listed, slaves_path, reader)
         slaves = identity.bond_slaves if parsed is None else parsed
-        mode = _bond_mode(reader.text(f"{net_dir}/bonding/mode", optional=True), f"{net_dir}/bonding/mode", reader)
+        mode = _bond_mode(reader.text(mode_path, optional=True), mode_path, reader)
     return Netdev(
         name=identity.name,
         ifindex=identity.ifindex,
