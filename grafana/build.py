@@ -1100,7 +1100,8 @@ def node_detail() -> Json:
             "interval, not a count per bar: one drop is a bump lasting one rate interval, whose height times "
             "the interval is 1. Carrier changes count on RoCE netdevs only, as the alerts count them (an IPoIB "
             "interface's carrier also follows `ip link set down`). RdmaPortLinkDowned and RdmaPortLinkFlapping "
-            "count drops over the trailing hour (flapping: two or more), as the fabric overview's link drops do.",
+            "count drops over the trailing hour (one drop: a ticket; two or more: flapping, a page), as the fabric "
+            "overview's link drops do.",
             "cps",
             targets((rate("rdma_port_link_downed_total"), f"{dp} link downed"),
                     (rate("rdma_port_link_error_recovery_total"), f"{dp} error recovery"),

@@ -77,6 +77,9 @@ STATE_ALERTS = {
     "RdmaExporterCollectorFailing",
     "RdmaRoceEcnDisabled",
     "RdmaRocePfcDisabled",
+    # Exactly one drop: the description says "once" (the extrapolated count reads 1 to 1.5, which
+    # would print as 2).
+    "RdmaPortLinkDowned",
 }
 
 
