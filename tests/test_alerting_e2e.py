@@ -349,7 +349,7 @@ def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> No
             "severity": "critical",
             "device": "mlx5_3",
         }
-        assert "trained at 200Gb/s (2X), expected 400Gb/s (4X)" in slow["annotations"]["description"]
+        assert "trained at 200Gb/s (2X NDR), expected 400Gb/s (4X)" in slow["annotations"]["description"]
         dropped = find(webhook.alerts("/ticket"), alertname="RdmaPortLinkDowned")
         assert [a["labels"] for a in dropped] == [
             {**common, "alertname": "RdmaPortLinkDowned", "severity": "warning", "device": "mlx5_1"}
