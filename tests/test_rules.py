@@ -34,7 +34,8 @@ ALERTMANAGER = ROOT / "deploy" / "alertmanager"
 RUNBOOK_BASE = "https://github.com/rdma-exporter/rdma-exporter/blob/main/docs/runbooks/"
 SEVERITIES = ("critical", "warning", "info")
 # Series Prometheus itself makes for every target.
-SYNTHETIC = {"up", "scrape_duration_seconds"}
+# Written by Prometheus itself: the target's scrape series, and ALERTS for the alerts it evaluates.
+SYNTHETIC = {"up", "scrape_duration_seconds", "ALERTS"}
 # Metrics the exporter serves only for hardware the sample tree does not have (bonds, EFA and bnxt_re
 # hw_counters): they must be in one of the golden expositions of tests/golden/, which the exporter's
 # own tests keep equal to its output, or have their own row in METRICS.md, so that a rename is caught.
