@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -386,6 +387,24 @@ def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> No
         procs.stop()
 
 
+@contextmanager
+def alertmanager_alone(tmp_path: Path, webhook: Webhook, **config: Any) -> Iterator[tuple[Processes, str]]:
+    """A single Alertmanager on a loopback port running the example config (alertmanager_config's
+    `config` arguments), ready to take alerts; its processes and URL. Stopped on exit."""
+    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = Processes(logs)
+    try:
+        start_alertmanager(procs, alertmanager, alertmanager_config(webhook, tmp_path, **config), tmp_path, port)
+        wait_for("Alertmanager to be ready", lambda: get_json(f"{url}/api/v2/status"))
+        yield procs, url
+    finally:
+        procs.stop()
+
+
 def post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
     """Post firing alerts (started a minute ago, ending in an hour) to Alertmanager as Prometheus does."""
     now = time.time()
@@ -406,16 +425,7 @@ def test_a_second_fault_on_a_paged_node_pages_at_the_pager_interval(tmp_path: Pa
     """A node's pager group that has paged for one fault, still firing, pages for a second fault at its
     next flush: with the shipped timings (scaled) that is the pager route's 1 minute, not the root
     route's 5 (measured live: a second fault paged 2m29-4m54 late when the pager had no interval of its own)."""
-    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    procs = Processes(logs)
-    try:
-        config = alertmanager_config(webhook, tmp_path, wait=None, scale=ROUTE_SCALE)
-        start_alertmanager(procs, alertmanager, config, tmp_path, port)
-        wait_for("Alertmanager to be ready", lambda: get_json(f"{url}/api/v2/status"))
+    with alertmanager_alone(tmp_path, webhook, wait=None, scale=ROUTE_SCALE) as (_, url):
         node = {"cluster": CLUSTER, "job": "rdma-exporter", "instance": "gpu-017:9883", "severity": "critical"}
         first = {**node, "alertname": "RdmaPortRateBelowExpected", "device": "mlx5_3", "port": "1"}
         second = {**node, "alertname": "RdmaPortDown", "device": "mlx5_5", "port": "1"}
@@ -433,8 +443,6 @@ def test_a_second_fault_on_a_paged_node_pages_at_the_pager_interval(tmp_path: Pa
             f"root {root_interval:.0f} s)"
         )
         assert webhook.alerts("/ticket") == []
-    finally:
-        procs.stop()
 
 
 # --- inhibitions, case by case ---------------------------------------------------------------------
@@ -587,7 +595,6 @@ def test_inhibit_cases_cover_every_rule_and_name_real_alerts() -> None:
 def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webhook: Webhook) -> None:
     """Every case's source fires with every shipped alert, one pair per instance, on a real Alertmanager
     running the shipped inhibit rules; exactly the alerts the case lists for that placement are inhibited."""
-    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
     alerts = shipped_alerts()
     posted: list[dict[str, str]] = []
     expected: dict[str, bool] = {}  # target's instance (one target per instance) -> inhibited?
@@ -615,17 +622,9 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
                         for scope in SCOPES
                     )
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    procs = Processes(logs)
-    try:
-        # The API computes each alert's inhibition when asked; notifying is not what this test checks, and
-        # flushing some 2,600 groups every second starved the API on a busy 2-core machine.
-        config = alertmanager_config(webhook, tmp_path, wait="1h")
-        start_alertmanager(procs, alertmanager, config, tmp_path, port)
-        wait_for("Alertmanager to be ready", lambda: get_json(f"{url}/api/v2/status"))
+    # The API computes each alert's inhibition when asked; notifying is not what this test checks, and
+    # flushing some 2,600 groups every second starved the API on a busy 2-core machine.
+    with alertmanager_alone(tmp_path, webhook, wait="1h") as (procs, url):
         for start in range(0, len(posted), 500):
             post_alerts(url, posted[start : start + 500])
 
@@ -650,5 +649,3 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
                 if seen.get(instance) != want
             )
             pytest.fail(f"{len(wrong)} of {len(expected)} targets are wrong:\n" + "\n".join(wrong[:40]))
-    finally:
-        procs.stop()
