@@ -187,10 +187,11 @@ def alertmanager_config(webhook: Webhook, dest: Path, wait: str | None = "1s", s
     intervals (a child route's own ones too) are set to `wait`, or, with wait=None, divided by `scale`."""
     config = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
     for route in [config["route"], *config["route"].get("routes", [])]:
+        if wait is not None:
+            route.update(group_wait=wait, group_interval=wait)
+            continue
         for key in ("group_wait", "group_interval", "repeat_interval"):
-            if wait is not None and key != "repeat_interval":
-                route[key] = wait
-            elif wait is None and key in route:
+            if key in route:
                 route[key] = f"{max(1, parse_duration(route[key]) // scale)}s"
     for receiver in config["receivers"]:
         for hook in receiver.get("webhook_configs", []):

@@ -33,8 +33,7 @@ RUNBOOKS = ROOT / "docs" / "runbooks"
 ALERTMANAGER = ROOT / "deploy" / "alertmanager"
 RUNBOOK_BASE = "https://github.com/rdma-exporter/rdma-exporter/blob/main/docs/runbooks/"
 SEVERITIES = ("critical", "warning", "info")
-# Series Prometheus itself makes for every target.
-# Written by Prometheus itself: the target's scrape series, and ALERTS for the alerts it evaluates.
+# Series Prometheus itself writes: each target's scrape series, and ALERTS for the alerts it evaluates.
 SYNTHETIC = {"up", "scrape_duration_seconds", "ALERTS"}
 # Metrics the exporter serves only for hardware the sample tree does not have (bonds, EFA and bnxt_re
 # hw_counters): they must be in one of the golden expositions of tests/golden/, which the exporter's
@@ -78,8 +77,8 @@ STATE_ALERTS = {
     "RdmaExporterCollectorFailing",
     "RdmaRoceEcnDisabled",
     "RdmaRocePfcDisabled",
-    # Exactly one drop: the description says "once" (the extrapolated count reads 1 to 1.5, which
-    # would print as 2).
+    # Exactly one drop: the description says "once" (the extrapolated count reads 1 to about 1.6,
+    # which would print as 2).
     "RdmaPortLinkDowned",
 }
 
