@@ -252,8 +252,8 @@ def test_prometheus_scrape_config_passes_promtool(tmp_path: Path) -> None:
     config.write_text(text)
     result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 2 rule files found" in result.stdout, result.stdout
-    for rules in ("rdma-recording.rules.yml", "rdma-alerts.rules.yml"):
+    assert "SUCCESS: 3 rule files found" in result.stdout, result.stdout
+    for rules in ("rdma-recording.rules.yml", "rdma-history.rules.yml", "rdma-alerts.rules.yml"):
         assert f"Checking {tmp_path}/rules/{rules}\n  SUCCESS:" in result.stdout, result.stdout
 
 
@@ -267,7 +267,7 @@ def test_prometheusrule_is_generated_from_the_rules(tmp_path: Path) -> None:
     assert resource["kind"] == "PrometheusRule"
     groups = [
         group
-        for name in ("rdma-recording.rules.yml", "rdma-alerts.rules.yml")
+        for name in ("rdma-recording.rules.yml", "rdma-history.rules.yml", "rdma-alerts.rules.yml")
         for group in yaml.safe_load((DEPLOY.parent / "rules" / name).read_text())["groups"]
     ]
     assert resource["spec"]["groups"] == groups
