@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "bench.py"
 ATTACK = ROOT / "bench" / "attack.py"
 MICROBENCH = ROOT / "bench" / "microbench.py"
+RULES_COST = ROOT / "bench" / "rules_cost.py"
+RULES_COST_RUNS = (ROOT / "bench" / "rules-cost-before.json", ROOT / "bench" / "rules-cost-after.json")
 
 EXPORTER_KEYS = {
     "latency_ms",
@@ -125,8 +127,8 @@ def test_unknown_tree_is_rejected(tmp_path: Path) -> None:
     assert not (tmp_path / "x.json").exists()
 
 
-def _bench_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_under_test", BENCH)
+def _bench_module(path: Path = BENCH) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
@@ -220,3 +222,46 @@ def test_report_says_its_targets_do_not_count_when_node_exporter_ran_with_more_c
     # The option repeats, as --ours-flag does.
     args = bench.build_parser().parse_args(["--node-exporter-flag=--collector.netclass", "--node-exporter-flag=--x"])
     assert args.node_exporter_flag == ["--collector.netclass", "--x"]
+
+
+# --- bench/rules_cost.py: its full run takes minutes (bench/RULES-COST.md); its planning does not ---
+
+
+def test_rules_cost_backfills_each_record_after_the_records_it_reads() -> None:
+    """The history records read records of the port group: backfilled in the same pass, they would read
+    a day that is not there yet, and the day-long rules would look cheaper than they are."""
+    rules_cost = _bench_module(RULES_COST)
+    groups = rules_cost.load_rules(ROOT / "rules")
+    intervals = {group.name: group.interval for group in groups}
+    assert intervals["rdma-exporter.history.rules"] == 300
+    assert intervals["rdma-exporter.port.rules"] is None
+    level, self_reading = rules_cost.record_levels(groups)
+    by_name = {rule.name: level[rule.key] for group in groups for rule in group.rules if rule.kind == "record"}
+    assert by_name["instance_device_port:rdma_port_state_id:max5m"] == 0
+    assert by_name["instance_device_port:rdma_port_state_id:pci_address"] == 0
+    assert by_name["instance_device_port:rdma_port_state_id:pci_address_max5m"] == 1
+    assert by_name["instance_device_port:rdma_port_rate_bytes_per_second:active_max1d"] == 2
+    assert "instance:rdma_exporter_target:known" in self_reading
+
+
+def test_rules_cost_reads_metric_names_not_functions_labels_or_strings() -> None:
+    names = _bench_module(RULES_COST).metric_names(
+        'max by (instance, port) (label_replace(max_over_time(a:b:c{d="e"}[10m]), "window", "10m", "", "")) '
+        "* on (instance) group_left (pci_address) rdma_device_info unless up == 0"
+    )
+    assert names == {"a:b:c", "rdma_device_info", "up"}
+
+
+def test_rules_cost_compares_the_recorded_runs() -> None:
+    """`--compare OLD NEW` on the two runs RULES-COST.md reports, without running anything."""
+    result = subprocess.run(
+        [sys.executable, str(RULES_COST), "--compare", *map(str, RULES_COST_RUNS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    total = next(line for line in result.stdout.splitlines() if line.startswith("| **total**"))
+    old, new = (json.loads(path.read_text())["totals"]["samples_per_minute"] for path in RULES_COST_RUNS)
+    assert new < old / 2
+    assert f"| {100 * (new - old) / old:+.1f} % |" in total, total
