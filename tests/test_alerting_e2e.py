@@ -603,7 +603,7 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
     running the shipped inhibit rules; exactly the alerts the case lists for that placement are inhibited."""
     alerts = shipped_alerts()
     posted: list[dict[str, str]] = []
-    expected: dict[str, bool] = {}  # target's instance (one target per instance) -> inhibited?
+    expected: dict[str, bool] = {}  # pair -> is its target inhibited?
     for number, case in enumerate(INHIBIT_CASES):
         source = case["source"]
         source_key = (source["alertname"], source["severity"])
@@ -613,17 +613,22 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
                 continue
             for shape_number, shape in enumerate(shapes):
                 for placement, (where, device, port) in PLACEMENTS.items():
-                    # A target without a port (or device) label has one placement for all of those.
-                    if ("port" not in shape and placement == "other_port") or (
-                        "device" not in shape and placement in ("other_port", "other_device")
+                    # A target without a port (or device) label has one placement for all of those; one
+                    # without an instance (an alert per job) is on no node, so on none of the source's.
+                    if (
+                        ("port" not in shape and placement == "other_port")
+                        or ("device" not in shape and placement in ("other_port", "other_device"))
+                        or ("instance" not in shape and placement != "other_instance")
                     ):
                         continue
                     pair = f"case{number}-{name}-{severity}-{shape_number}-{placement}"
                     source_instance = f"{pair}:9883"
                     target_instance = source_instance if where == "src" else f"{pair}-other:9883"
-                    posted.append(alert_labels(*source_key, source_shape, source_instance, "mlx5_3", "1"))
-                    posted.append(alert_labels(name, severity, shape, target_instance, device, port))
-                    expected[target_instance] = any(
+                    # `pair` tells the pairs apart, also for an alert without an instance (one per job).
+                    source_labels = alert_labels(*source_key, source_shape, source_instance, "mlx5_3", "1")
+                    posted.append(source_labels | {"pair": pair})
+                    posted.append(alert_labels(name, severity, shape, target_instance, device, port) | {"pair": pair})
+                    expected[pair] = any(
                         listed(case, scope, name, severity) and placement in SCOPE_PLACEMENTS[scope]
                         for scope in SCOPES
                     )
@@ -634,15 +639,15 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
         for start in range(0, len(posted), 500):
             post_alerts(url, posted[start : start + 500])
 
-        targets = {labels["instance"]: labels for labels in posted[1::2]}
+        targets = {labels["pair"]: labels for labels in posted[1::2]}
 
         def inhibited() -> dict[str, bool]:
-            """Whether each target alert is inhibited now, by its instance."""
+            """Whether each target alert is inhibited now, by its pair."""
             procs.check_alive()
             return {
-                alert["labels"]["instance"]: bool(alert["status"]["inhibitedBy"])
+                alert["labels"]["pair"]: bool(alert["status"]["inhibitedBy"])
                 for alert in get_json(f"{url}/api/v2/alerts")
-                if alert["labels"] == targets.get(alert["labels"]["instance"])
+                if alert["labels"] == targets.get(alert["labels"]["pair"])
             }
 
         try:
@@ -650,8 +655,8 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
         except pytest.fail.Exception:
             seen = inhibited()
             wrong = sorted(
-                f"{instance}: expected {'inhibited' if want else 'not inhibited'}, got {seen.get(instance)}"
-                for instance, want in expected.items()
-                if seen.get(instance) != want
+                f"{pair}: expected {'inhibited' if want else 'not inhibited'}, got {seen.get(pair)}"
+                for pair, want in expected.items()
+                if seen.get(pair) != want
             )
             pytest.fail(f"{len(wrong)} of {len(expected)} targets are wrong:\n" + "\n".join(wrong[:40]))
