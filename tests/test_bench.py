@@ -237,9 +237,9 @@ def test_rules_cost_backfills_each_record_after_the_records_it_reads() -> None:
     assert intervals["rdma-exporter.port.rules"] is None
     level, self_reading = rules_cost.record_levels(groups)
     by_name = {rule.name: level[rule.key] for group in groups for rule in group.rules if rule.kind == "record"}
-    assert by_name["instance_device_port:rdma_port_state_id:max5m"] == 0
+    assert by_name["instance_device_port:rdma_port_state_id:max10m"] == 0
     assert by_name["instance_device_port:rdma_port_state_id:pci_address"] == 0
-    assert by_name["instance_device_port:rdma_port_state_id:pci_address_max5m"] == 1
+    assert by_name["instance_device_port:rdma_port_state_id:pci_address_max10m"] == 1
     assert by_name["instance_device_port:rdma_port_rate_bytes_per_second:active_max1d"] == 2
     assert "instance:rdma_exporter_target:known" in self_reading
 

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-RULE_FILES = ("rdma-recording.rules.yml", "rdma-history.rules.yml", "rdma-alerts.rules.yml")  # records first, as Prometheus loads them
+# Records first, as Prometheus loads them.
+RULE_FILES = ("rdma-recording.rules.yml", "rdma-history.rules.yml", "rdma-alerts.rules.yml")
 RULES = HERE.parent.parent / "rules"
 OUTPUT = HERE / "prometheusrule.yaml"
 HEADER = """\
