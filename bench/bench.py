@@ -145,8 +145,9 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    """Stop a child and its own children: killing `strace -- cmd` alone would leave cmd running."""
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10) -> None:
+    """Stop a child and its own children: killing `strace -- cmd` alone would leave cmd running. Killed
+    if it has not exited `timeout` seconds after the signal."""
     if proc.poll() is None:
         children = child_pids(proc.pid)
         for pid in children:
@@ -155,7 +156,7 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             for pid in children:
                 with contextlib.suppress(ProcessLookupError):
@@ -166,9 +167,9 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
         CHILDREN.remove(proc)
 
 
-def stop_all() -> None:
+def stop_all(timeout: float = 10) -> None:
     for proc in list(CHILDREN):
-        stop(proc)
+        stop(proc, timeout=timeout)
 
 
 def free_port() -> int:
@@ -877,18 +878,19 @@ def machine(node_exporter: str) -> dict[str, Any]:
     }
 
 
+def git(cwd: Path, *argv: str) -> str | None:
+    """A git command's output in cwd, or None where git or the repository is missing."""
+    try:
+        done = subprocess.run(["git", *argv], cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def source_revision() -> dict[str, Any]:
     """The commit measured, and whether exporter/ had uncommitted changes (results are then not reproducible)."""
-
-    def git(*argv: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--", "exporter")
-    return {"commit": git("rev-parse", "HEAD"), "exporter_dirty": None if status is None else bool(status)}
+    status = git(ROOT, "status", "--porcelain", "--", "exporter")
+    return {"commit": git(ROOT, "rev-parse", "HEAD"), "exporter_dirty": None if status is None else bool(status)}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,7 +46,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,7 +60,8 @@ from typing import Any, Final
 
 import yaml
 
-ROOT: Final = Path(__file__).resolve().parent.parent
+from bench import CHILDREN, ROOT, free_port, git, stop, stop_all
+
 SCHEMA_VERSION: Final = 1
 SCRAPE_INTERVAL: Final = 30  # s, deploy/prometheus/scrape-config.yml
 DAY: Final = 86400
@@ -95,8 +95,8 @@ PROMQL_KEYWORDS: Final = frozenset(
     }
 )
 PROMETHEUS_MADE: Final = ("up", "scrape_duration_seconds")
-
-CHILDREN: list[subprocess.Popen[bytes]] = []
+# Seconds a child has to exit after SIGTERM before it is killed: Prometheus closes its TSDB first.
+STOP_TIMEOUT: Final = 30
 
 
 def log(message: str) -> None:
@@ -116,31 +116,13 @@ def spawn(cmd: Sequence[str], logfile: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    if proc in CHILDREN:
-        CHILDREN.remove(proc)
-
-
-def stop_all() -> None:
-    for proc in list(CHILDREN):
-        stop(proc)
-
-
 def run(cmd: Sequence[str], logfile: Path, timeout: float) -> None:
     """Run a tool to completion (stopped with the script on Ctrl-C); its output goes to logfile."""
     proc = spawn(cmd, logfile)
     try:
         code = proc.wait(timeout=timeout)
     finally:
-        stop(proc)
+        stop(proc, timeout=STOP_TIMEOUT)
     if code != 0:
         raise RuntimeError(f"{Path(cmd[0]).name} exited {code}:\n{tail(logfile)}")
 
@@ -150,12 +132,6 @@ def tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_request(port: int, path: str, form: dict[str, str] | None = None, timeout: float = 600) -> bytes:
@@ -468,7 +444,7 @@ class Prometheus:
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop(self.proc)
+            stop(self.proc, timeout=STOP_TIMEOUT)
             self.proc = None
 
     def query(self, expr: str, at: float, stats: bool = False) -> dict[str, Any]:
@@ -923,17 +899,10 @@ def backfill_checks(prom: Prometheus, groups: list[Group], end: int, eval_interv
 
 
 def source_revision(path: Path) -> dict[str, Any]:
-    def git(*argv: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *argv], cwd=path, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    status = git("status", "--porcelain", "--", ".")
+    status = git(path, "status", "--porcelain", "--", ".")
     return {
         "rules_dir": str(path),
-        "commit": git("rev-parse", "HEAD"),
+        "commit": git(path, "rev-parse", "HEAD"),
         "rules_dirty": None if status is None else bool(status),
     }
 
@@ -1211,7 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted")
         return 130
     finally:
-        stop_all()
+        stop_all(timeout=STOP_TIMEOUT)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     print(markdown(report))

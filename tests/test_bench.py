@@ -128,6 +128,9 @@ def test_unknown_tree_is_rejected(tmp_path: Path) -> None:
 
 
 def _bench_module(path: Path = BENCH) -> ModuleType:
+    # As when run as a script, bench/ is on the path: attack.py and rules_cost.py import from bench.py.
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(f"{path.stem}_under_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
