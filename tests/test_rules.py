@@ -136,27 +136,42 @@ def test_the_history_lag_test_runs_without_the_history_rules() -> None:
 
 
 def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> None:
-    """Each read of a day of a history record, with its selector, comes with a read of its source's last
-    10 minutes with the same selector (which the history group may not have caught up with); nothing
-    else reads a day or more."""
-    sources = {}
+    """The history group writes each source's 10-minute maxima and, after them, the day's maximum of
+    those. Elsewhere a day is only ever read as the day's maxima of the last 10 minutes, with a selector,
+    beside its source's last 10 minutes with the same selector (which the history group may not have caught up
+    with); nothing else reads a day or more, nor the 10-minute maxima themselves."""
     (group,) = yaml.safe_load(HISTORY_RULES.read_text())["groups"]
     assert group["interval"] == "5m"
+    ten_minutes: dict[str, str] = {}  # record -> its source
+    day: dict[str, str] = {}  # record -> the source of the 10-minute maxima it reads
     for rule in group["rules"]:
         # Windows that overlap: a sample written late for one evaluation is in the next one.
-        match = re.fullmatch(r"max_over_time\((\S+)\[10m\]\)", rule["expr"])
-        assert match, rule
-        sources[rule["record"]] = match.group(1)
-    assert len(sources) == 9
+        if match := re.fullmatch(r"max_over_time\((\S+)\[10m\]\)", rule["expr"]):
+            ten_minutes[rule["record"]] = match.group(1)
+        else:
+            # 23h40m of 10-minute maxima, read over the last 10 minutes: a day of the source.
+            match = re.fullmatch(r"max_over_time\((\S+)\[23h40m\]\)", rule["expr"])
+            assert match and match.group(1) in ten_minutes, rule
+            assert rule["record"] == f"{match.group(1)}_max1d"
+            day[rule["record"]] = ten_minutes[match.group(1)]
+    assert len(ten_minutes) == 9 and len(day) == 9
     problems = []
     for rule in rules():
         expr, name = rule["expr"], rule.get("record") or rule.get("alert")
-        if re.search(r"\[(\d+[dwy]|\d{2,}h|\d{4,}m|\d{5,}s)\]|\[\d+[dhms]\d", expr.replace("[23h50m]", "")):
+        if rule.get("record") in ten_minutes or rule.get("record") in day:
+            continue
+        if re.search(r"\[(\d+[dwy]|\d{2,}h|\d{4,}m|\d{5,}s)\]|\[\d+[dhms]\d", expr):
             problems.append(f"{name} reads a day of its source")
-        days = Counter(
-            (sources[record], selector) for record, selector in re.findall(r"([\w:]+)(\{[^}]*\})?\[23h50m\]", expr)
-        )
-        tails = Counter(re.findall(r"([\w:]+)(\{[^}]*\})?\[10m\]", expr))
+        if read := [record for record in re.findall(r"[\w:]+", expr) if record in ten_minutes]:
+            problems.append(f"{name} reads the 10-minute maxima {read}, not the day's")
+        reads = re.findall(r"(\w+)\(([\w:]+)(\{[^}]*\})?\[(\w+)\]\)", expr)
+        if name == "RdmaHistoryRulesMissing":  # whether there is any, not what it says
+            continue
+        days = Counter((day[record], selector) for _, record, selector, _ in reads if record in day)
+        day_reads = {(function, window) for function, record, _, window in reads if record in day}
+        if day_reads - {("max_over_time", "10m")}:
+            problems.append(f"{name} reads a day's maximum other than over the last 10 minutes")
+        tails = Counter((record, selector) for _, record, selector, window in reads if window == "10m")
         if days - tails:
             problems.append(f"{name} reads a day of history without the last minutes of {sorted(days - tails)}")
     assert problems == []
