@@ -174,6 +174,17 @@ def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> N
         tails = Counter((record, selector) for _, record, selector, window in reads if window == "10m")
         if days - tails:
             problems.append(f"{name} reads a day of history without the last minutes of {sorted(days - tails)}")
+        # A day's maximum read any other way (an instant value) would hold a day of 5 to 10 minutes less.
+        if sum(expr.count(record) for record in day) != sum(days.values()):
+            problems.append(f"{name} reads a day's maximum other than over the last 10 minutes")
+        # Where the maximum's value is taken (`max by` over the day and the tail), the tail needs a label
+        # of its own: `or` would drop it for a series that also has a day's maximum.
+        if re.search(r"max by \([^)]*\) \(\s*max_over_time\([\w:]+_max1d", expr):
+            for source, selector in days:
+                tail = f"max_over_time({source}{selector}[10m])"
+                labelled = f'label_replace({tail}, "rdma_history_window", "10m", "", "")'
+                if expr.count(tail) != expr.count(labelled):
+                    problems.append(f"{name} takes the maximum of {source}{selector} without labelling its tail")
     assert problems == []
 
 
