@@ -9,6 +9,7 @@ checkout, installed into a new venv, and its `rdma-exporter` runs from a directo
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from test_daemon_http import RunningDaemon, get
 
 from rdma_exporter import __version__
 
-from conftest import samples
+from conftest import promtool_check_metrics, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,3 +117,107 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
         assert family in names, family
     assert any(name.startswith("rdma_ethtool_") for name in names)
     assert returncode == 0, daemon.log()
+
+
+def declared_floors() -> tuple[str, dict[str, str]]:
+    """pyproject's `requires-python` floor and each runtime dependency's: the oldest versions the package
+    says it runs on, and so the ones a node that already has older packages may end up running."""
+    text = (ROOT / "pyproject.toml").read_text()
+    python = re.search(r'^requires-python = ">=(\d+\.\d+)"$', text, re.MULTILINE)
+    block = re.search(r"^dependencies = \[\n(.*?)^\]", text, re.MULTILINE | re.DOTALL)
+    assert python and block, "pyproject.toml: requires-python or dependencies not where this test reads them"
+    floors = {}
+    for line in block.group(1).splitlines():
+        requirement = re.fullmatch(r'\s*"([A-Za-z0-9_.-]+)>=([0-9.]+)",(\s*#.*)?', line)
+        assert requirement, f"pyproject.toml: {line.strip()!r} is not of the form name>=version"
+        floors[requirement.group(1)] = requirement.group(2)
+    return python.group(1), floors
+
+
+def find_python(version: str) -> Path | None:
+    """An interpreter of `version` (e.g. "3.10"): pyenv's, else one on PATH; a pyenv shim on PATH for a
+    version not selected fails when run, so each candidate is asked its version."""
+    candidates = sorted((Path.home() / ".pyenv" / "versions").glob(f"{version}.*/bin/python{version}"), reverse=True)
+    on_path = shutil.which(f"python{version}")
+    for candidate in [*candidates, *([Path(on_path)] if on_path else [])]:
+        asked = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True, text=True, timeout=60,
+        )
+        if asked.returncode == 0 and asked.stdout.strip() == version:
+            return candidate
+    return None
+
+
+def fabric_series(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """What the exporter says of the fabric: every series but its own and the process's, which differ by
+    interpreter and run."""
+    return {key: value for key, value in samples(exposition).items()
+            if key[0].startswith("rdma_") and not key[0].startswith("rdma_exporter_")}
+
+
+def serve_sample(command: Path, workdir: Path) -> str:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    daemon = RunningDaemon(workdir, ["--sample"], command=[command], env=env, cwd=workdir)
+    try:
+        answer = get(daemon.port, timeout=30)
+    finally:
+        returncode = daemon.stop()
+    assert answer.status == 200 and returncode == 0, daemon.log()
+    return answer.body.decode()
+
+
+def release(version: str) -> tuple[int, ...]:
+    """"4" and "4.0.0" alike: a floor of bcrypt>=4 installs as 4.0.0."""
+    numbers = tuple(int(part) for part in version.split("."))
+    return numbers + (0,) * (3 - len(numbers))
+
+
+NEWER_PYTHONS = ("3.14", "3.13", "3.12")
+
+
+@pytest.mark.parametrize("which", ["oldest", "newest"])
+def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
+    which: str, installed: Path, tmp_path: Path
+) -> None:
+    # README says "Python 3.10 or later" and pyproject gives each dependency a floor; neither is what the
+    # rest of the suite runs. Ubuntu 22.04 nodes run 3.10, Debian 13 runs 3.13, and a venv made with
+    # --system-site-packages on an older distribution keeps its older prometheus-client or PyYAML. So
+    # the wheel goes into a venv of the oldest Python with every dependency at its floor, and of the
+    # newest Python found with the newest dependencies (from the package index), and each must serve the
+    # sample tree exactly as this interpreter's install does.
+    python_floor, floors = declared_floors()
+    if which == "oldest":
+        version, requirements = python_floor, [f"{name}=={floor}" for name, floor in floors.items()]
+    else:
+        version = next((found for found in NEWER_PYTHONS if find_python(found)), "")
+        requirements = list(floors)
+    interpreter = find_python(version) if version else None
+    if interpreter is None or version == f"{sys.version_info.major}.{sys.version_info.minor}":
+        pytest.skip(f"no Python {version or ' or '.join(NEWER_PYTHONS)} besides the one running the suite "
+                    "(pyenv's or on PATH)")
+    (wheel,) = installed.parent.glob("rdma_exporter-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=120)
+    install = subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "--no-cache-dir", str(wheel), *requirements],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    if which == "oldest":
+        got = subprocess.run(
+            [venv / "bin" / "python", "-c",
+             "import importlib.metadata as m, sys; print(' '.join(m.version(n) for n in sys.argv[1:]))", *floors],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.split()
+        assert [release(v) for v in got] == [release(v) for v in floors.values()], (got, floors)
+
+    theirs = serve_sample(venv / "bin" / "rdma-exporter", tmp_path)
+    ours = serve_sample(installed / "bin" / "rdma-exporter", tmp_path)
+    promtool_check_metrics(theirs)
+    theirs_series, ours_series = fabric_series(theirs), fabric_series(ours)
+    assert len(ours_series) > 1000  # the sample tree's fabric, not an empty answer twice
+    assert theirs_series == ours_series, sorted(set(theirs_series.items()) ^ set(ours_series.items()))[:20]
+    failed = {key: value for key, value in samples(theirs).items()
+              if key[0] == "rdma_exporter_scrape_collector_success" and value != 1}
+    assert not failed, failed
