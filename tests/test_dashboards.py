@@ -319,6 +319,20 @@ def groupings(tokens: list[tuple[str, str]]) -> list[str]:
     return found
 
 
+def outer_by_labels(expr: str) -> set[str] | None:
+    """The labels an expression keeps when the whole of it is one `agg by (labels) (...)`, optionally
+    compared with a number; None for any other shape."""
+    tokens = tokenize(expr)
+    if len(tokens) < 4 or tokens[0][1] not in AGGREGATIONS or tokens[1][1] != "by":
+        return None
+    labels_end = closing(tokens, 2, "(", ")")
+    body_end = closing(tokens, labels_end + 1, "(", ")")
+    rest = tokens[body_end + 1 :]
+    if rest and not (len(rest) == 2 and rest[0][0] == "op" and rest[1][0] == "number"):
+        return None
+    return {label for kind, label in tokens[3:labels_end] if kind == "ident"}
+
+
 def comparisons(expr: str) -> list[tuple[str, float, list[Selector], list[str]]]:
     """(op, number, left-hand selectors, left-hand groupings) of every comparison of `expr` with a number.
     The left-hand side reaches back to the previous comparison or set operator at its depth, which bind
@@ -615,6 +629,11 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
                 if sel.function == "increase":
                     assert not sel.range.startswith("$"), f"{where}: increase over {sel.range}; plot a rate"
             assert "$__rate_interval" not in re.sub(r"\[\$__rate_interval\]", "", expr), where
+            # A legend's label that the query aggregates away is drawn empty: every series looks alike.
+            kept = outer_by_labels(expr)
+            if kept is not None:
+                drawn = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", tgt["legendFormat"]))
+                assert drawn <= kept, f"{where}: the legend draws {sorted(drawn - kept)}, which `by` drops"
             # An optional label (targets without `cluster`) leaves its place in a legend empty: only at the end.
             for label in OPTIONAL_LABELS:
                 token, legend = "{{" + label + "}}", tgt["legendFormat"]
