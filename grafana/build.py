@@ -1112,12 +1112,12 @@ def node_detail() -> Json:
         ), 12, 8),
         (timeseries(
             "PCIe AER errors",
-            "PCIe errors each device's AER capability reported, by severity. Rising correctable errors often "
-            "precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic and open a "
-            "ticket (RdmaPcieUncorrectableErrors).",
+            "PCIe errors each device's AER capability reported, by error class. Rising correctable errors "
+            "often precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic and "
+            "open a ticket (RdmaPcieUncorrectableErrors).",
             "cps",
-            targets((f"sum by (instance, device, severity) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
-                     "{{instance}} {{device}} {{severity}}")),
+            targets((f"sum by (instance, device, error_class) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
+                     "{{instance}} {{device}} {{error_class}}")),
             alerts=["RdmaPcieUncorrectableErrors", "RdmaPcieLinkDegraded"],
         ), 12, 8),
         (timeseries(

@@ -355,14 +355,14 @@ def test_pcie_link_below_max(metrics: Sample) -> None:
     for n in (0, 4, 8, 9):
         assert value(metrics, "rdma_pcie_link_speed_transfers_per_second", device=f"mlx5_{n}") == 32e9
     # The degraded link's correctable errors, per type and as the kernel's report total.
-    correctable = {("device", "mlx5_5"), ("severity", "correctable")}
+    correctable = {("device", "mlx5_5"), ("error_class", "correctable")}
     aer = [(dict(ls), v) for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_errors_total"]
     aer = [(labels, v) for labels, v in aer if correctable <= labels.items()]
     types = {labels["type"]: v for labels, v in aer}
     assert types["RxErr"] > 0 and types["BadDLLP"] > 0
-    reports = value(metrics, "rdma_pcie_aer_reports_total", device="mlx5_5", severity="correctable")
+    reports = value(metrics, "rdma_pcie_aer_reports_total", device="mlx5_5", error_class="correctable")
     assert reports == sum(types.values())  # the sample writes one report per error
-    assert value(metrics, "rdma_pcie_aer_reports_total", device="mlx5_0", severity="fatal") == 0
+    assert value(metrics, "rdma_pcie_aer_reports_total", device="mlx5_0", error_class="fatal") == 0
 
 
 def test_vfs_report_no_pcie_link_of_their_own(tmp_path: Path) -> None:

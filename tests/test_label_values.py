@@ -86,7 +86,7 @@ def test_an_aer_file_the_kernel_did_not_write_is_counted_and_its_types_stay_boun
         return found.get(("rdma_exporter_file_read_errors_total", labels), 0)
 
     assert pcie_malformed("mlx5_0") == 1
-    types = [s for s in labels_of(found, "rdma_pcie_aer_errors_total", "mlx5_1") if s["severity"] == "correctable"]
+    types = [s for s in labels_of(found, "rdma_pcie_aer_errors_total", "mlx5_1") if s["error_class"] == "correctable"]
     assert len(types) == 64 and all(len(s["type"]) <= 32 for s in types)
     assert pcie_malformed("mlx5_1") == 100 - 64 + 1
 

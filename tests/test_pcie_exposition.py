@@ -95,9 +95,9 @@ def test_an_aer_file_without_its_total_line_gives_no_report_count(tmp_path: Path
     (fn / "aer_dev_correctable").write_text("RxErr 7\nBadTLP 2\n")
     metrics = samples(scrape(sys_root))
     errors = {dict(ls)["type"]: v for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_errors_total"
-              and ("severity", "correctable") in ls}  # fmt: skip
+              and ("error_class", "correctable") in ls}  # fmt: skip
     assert errors == {"RxErr": 7, "BadTLP": 2}
-    reports = {dict(ls)["severity"]: v for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_reports_total"}
+    reports = {dict(ls)["error_class"]: v for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_reports_total"}
     assert reports == {"nonfatal": 0, "fatal": 0}
 
 
@@ -113,10 +113,10 @@ def test_a_vf_exports_its_own_aer_counters_but_not_its_pfs_link(tmp_path: Path) 
     vf_label = ("device", "mlx5_1")
     vf_series = {(n, ls): v for (n, ls), v in metrics.items() if n.startswith("rdma_pcie_") and vf_label in ls}
     assert vf_series == {
-        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("severity", "correctable"), ("type", "RxErr"))): 0,
-        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("severity", "correctable"), ("type", "BadTLP"))): 0,
-        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("severity", "correctable"), ("type", "BadDLLP"))): 3,
-        ("rdma_pcie_aer_reports_total", (("device", "mlx5_1"), ("severity", "correctable"))): 3,
+        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("error_class", "correctable"), ("type", "RxErr"))): 0,
+        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("error_class", "correctable"), ("type", "BadTLP"))): 0,
+        ("rdma_pcie_aer_errors_total", (("device", "mlx5_1"), ("error_class", "correctable"), ("type", "BadDLLP"))): 3,
+        ("rdma_pcie_aer_reports_total", (("device", "mlx5_1"), ("error_class", "correctable"))): 3,
     }
     assert metrics[("rdma_pcie_link_width_lanes", DEVICE)] == 16
 

@@ -65,17 +65,17 @@ PARTNER_MAX_WIDTH: Final = MetricSpec(
 AER_ERRORS: Final = MetricSpec(
     "rdma_pcie_aer_errors_total",
     "counter",
-    "PCIe errors the device's AER capability reported, by severity (correctable, nonfatal, fatal) and type "
-    "as the kernel names it (RxErr, BadTLP, BadDLLP, CmpltTO, ...). Rising correctable errors often precede "
-    "a link that retrains slower or narrower.",
-    (*DEVICE, "severity", "type"),
+    "PCIe errors the device's AER capability reported, by error class (correctable, nonfatal, fatal) and "
+    "type as the kernel names it (RxErr, BadTLP, BadDLLP, CmpltTO, ...). Rising correctable errors often "
+    "precede a link that retrains slower or narrower.",
+    (*DEVICE, "error_class", "type"),
 )
 AER_REPORTS: Final = MetricSpec(
     "rdma_pcie_aer_reports_total",
     "counter",
-    "AER error messages received for the device, by severity (the kernel's TOTAL_ERR_* line). One message "
-    "can carry several error types, so this can be below the sum of rdma_pcie_aer_errors_total.",
-    (*DEVICE, "severity"),
+    "AER error messages received for the device, by error class (the kernel's TOTAL_ERR_* line). One "
+    "message can carry several error types, so this can be below the sum of rdma_pcie_aer_errors_total.",
+    (*DEVICE, "error_class"),
 )
 
 
@@ -117,7 +117,9 @@ class PcieSource:
                 ):
                     if width is not None:
                         out.add(spec, labels, width)
-            for (severity, error_type), count in link.aer.items():
-                out.add(AER_ERRORS, [*labels, severity, error_type], count)
-            for severity, total in link.aer_totals.items():
-                out.add(AER_REPORTS, [*labels, severity], total)
+            # The kernel calls the class a severity; that label name is left to the alerts' own routing
+            # label, which a user's rule on these counters would otherwise clash with.
+            for (error_class, error_type), count in link.aer.items():
+                out.add(AER_ERRORS, [*labels, error_class, error_type], count)
+            for error_class, total in link.aer_totals.items():
+                out.add(AER_REPORTS, [*labels, error_class], total)
