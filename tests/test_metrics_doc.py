@@ -57,3 +57,21 @@ def test_the_documented_scrape_drop_keeps_every_series_a_rule_or_dashboard_reads
     assert not used, f"rules or dashboards read series the documented drop removes: {sorted(used)}"
     count = sum(1 for line in golden.splitlines() if not line.startswith("#") and drop.fullmatch(line.split("{")[0]))
     assert f"statistics/` counters ({count} on the sample node" in " ".join(section.split())
+
+
+# Labels the rules, Prometheus or Alertmanager own: a series of ours carrying one would be renamed at
+# scrape (`exported_instance`) or would route an alert that keeps it (`severity="fatal"` matches no route).
+OWNED_ELSEWHERE = {"job", "instance", "cluster", "severity", "alertname", "alertstate", "le", "quantile"}
+
+
+def test_no_exported_label_is_one_the_scrape_or_alerting_owns() -> None:
+    golden = Path(__file__).resolve().parent / "golden"
+    files = sorted(golden.glob("*.prom"))
+    assert len(files) >= 5
+    found: dict[str, set[str]] = {}
+    for path in files:
+        for (name, labels), _ in samples(path.read_text()).items():
+            for label, _value in labels:
+                if label in OWNED_ELSEWHERE:
+                    found.setdefault(label, set()).add(name)
+    assert not found, f"rename these labels: {found}"
