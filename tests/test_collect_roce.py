@@ -384,7 +384,7 @@ def test_every_series_joins_a_port_or_device(metrics: Sample) -> None:
             joined += 1
         elif name.startswith("rdma_pcie_"):
             assert dict(labels)["device"] in devices
-    assert joined > 500
+    assert joined > 300  # RoCE netdevs' and ethtool's; IPoIB statistics/ are off by default
     ethernet = {dict(ls)["device"] for (n, ls) in metrics if n == "rdma_port_info" and ("link_layer", "Ethernet") in ls}
     assert ethernet == set(ROCE)
 
@@ -687,9 +687,9 @@ def count_netdev_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     reads: Counter[str] = Counter()
     real = netdev_collector.read_netdev_state
 
-    def counting(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> object:
+    def counting(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader, *, statistics: bool) -> object:
         reads[identity.name] += 1
-        return real(sys_root, identity, reader)
+        return real(sys_root, identity, reader, statistics=statistics)
 
     monkeypatch.setattr(netdev_collector, "read_netdev_state", counting)
     return reads

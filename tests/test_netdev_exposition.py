@@ -12,13 +12,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rdma_exporter.collect.base import FamilySet
 from rdma_exporter.collect.netdev import STATISTICS_HELP, NetdevReading, NetdevSource
+from rdma_exporter.config import Config, ConfigError, load_config_file
 from rdma_exporter.parse.netdev import read_netdev
 from rdma_exporter.parse.reader import SysfsReader
+from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import SYSFS_FIXTURES, prometheus_text, promtool_check_metrics, samples, scrape
+from conftest import SYSFS_FIXTURES, prometheus_text, promtool_check_metrics, record_reads, samples, scrape
 
 VETH = "devices/virtual/net/veth0"
 PORT = {"device": "rxe0", "port": "1", "netdev": "veth0"}
@@ -130,3 +133,66 @@ def test_statistics_files_get_names_promtool_accepts(rxe: Path) -> None:
     assert (got["rdma_netdev_rx_bit_total"], got["rdma_netdev_tx_gaugex_msec_total"]) == (5, 6)
     assert got["rdma_netdev_rx_histogramx_total"] == 7
     assert got["rdma_netdev_rx_bytes_total"] == 726  # the kernel's own names are unchanged
+
+
+def ipoib_and_roce(metrics: Sample) -> tuple[set[str], set[str]]:
+    """Netdev names of InfiniBand ports (IPoIB) and of Ethernet ports (RoCE), from the port info."""
+    layer = {(d["device"], d["port"]): d["link_layer"]
+             for d in (dict(ls) for n, ls in metrics if n == "rdma_port_info")}  # fmt: skip
+    by_layer: dict[str, set[str]] = {"InfiniBand": set(), "Ethernet": set()}
+    for name, labels in metrics:
+        if name == "rdma_netdev_up":
+            d = dict(labels)
+            by_layer[layer[(d["device"], d["port"])]].add(d["netdev"])
+    return by_layer["InfiniBand"], by_layer["Ethernet"]
+
+
+def statistics_of(metrics: Sample, netdev: str) -> dict[str, float]:
+    return {n: v for n, ls in metrics if (v := metrics[(n, ls)]) is not None and ("netdev", netdev) in ls
+            and n in {f"rdma_netdev_{file}_total" for file in STATISTICS_HELP}}  # fmt: skip
+
+
+RX_BYTES = "statistics/rx_bytes"
+
+
+def test_ipoib_statistics_are_read_only_when_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sys_root = build_tree(tmp_path / "t", SAMPLE_SPEC)
+    ethtool_dir = tmp_path / "t" / "ethtool"
+    opened = record_reads(monkeypatch)
+    default = samples(scrape(sys_root, ethtool_dir=ethtool_dir))
+    ipoib, roce = ipoib_and_roce(default)
+    assert len(ipoib) == 8 and len(roce) == 2, (ipoib, roce)
+    # Off by default: an IPoIB interface keeps its link series, and not one statistics/ file is opened.
+    for name in ipoib:
+        assert default[("rdma_netdev_up", tuple(sorted(labels_of(default, name).items())))] == 1
+        assert not statistics_of(default, name), name
+    read_statistics = {parts[parts.index("statistics") - 1] for parts in (path.split("/") for path in opened)
+                       if "statistics" in parts}  # fmt: skip
+    assert read_statistics == roce, read_statistics
+    # RoCE netdevs carry the RDMA traffic: always read.
+    for name in roce:
+        got = statistics_of(default, name)
+        assert got["rdma_netdev_rx_bytes_total"] == int((sys_root / "class/net" / name / RX_BYTES).read_text())
+
+    config = Config(collector_settings={"netdev": {"ipoib_statistics": True}})
+    asked = samples(scrape(sys_root, config, ethtool_dir=ethtool_dir))
+    for name in ipoib:
+        got = statistics_of(asked, name)
+        assert got["rdma_netdev_rx_bytes_total"] == int((sys_root / "class/net" / name / RX_BYTES).read_text())
+        assert len(got) >= 20
+    assert set(asked) - set(default) == {key for key in asked if key[0] in
+                                         {f"rdma_netdev_{f}_total" for f in STATISTICS_HELP}
+                                         and dict(key[1])["netdev"] in ipoib}  # fmt: skip
+
+
+def labels_of(metrics: Sample, netdev: str) -> dict[str, str]:
+    return next(dict(ls) for n, ls in metrics if n == "rdma_netdev_up" and ("netdev", netdev) in ls)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, "true"])
+def test_ipoib_statistics_must_be_true_or_false(tmp_path: Path, value: object) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text(yaml.safe_dump({"collector": {"netdev": {"ipoib_statistics": value}}}))
+    with pytest.raises(ConfigError) as raised:
+        load_config_file(path)
+    assert "collector.netdev.ipoib_statistics" in str(raised.value) and "true or false" in str(raised.value)

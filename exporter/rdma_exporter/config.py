@@ -20,6 +20,7 @@ import yaml
 
 from .collect import ethtool as ethtool_collector
 from .collect import expected as expected_collector
+from .collect import netdev as netdev_collector
 from .collect.readers import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
 
 # Re-exported (the `as` form): the config module is where its users look for its error.
@@ -255,7 +256,7 @@ _PATH_KEYS: Final = frozenset(key for key, (_, check) in _FIELDS.items() if chec
 
 # Per-collector setting validators, owned by the collectors they configure: name -> key -> validator.
 COLLECTOR_SETTINGS: Final[dict[str, dict[str, Callable[[str, str, Any], Any]]]] = {
-    module.NAME: module.SETTINGS for module in (ethtool_collector, expected_collector)
+    module.NAME: module.SETTINGS for module in (ethtool_collector, expected_collector, netdev_collector)
 }
 
 

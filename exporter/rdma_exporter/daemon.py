@@ -55,7 +55,7 @@ def build_sources(config: Config) -> list[Source]:
     """The enabled sources, in exposition order."""
     available: dict[str, Source] = {
         "infiniband": InfinibandSource(),
-        "netdev": NetdevSource(),
+        "netdev": NetdevSource.from_settings(config.collector_settings.get("netdev", {})),
         "ethtool": EthtoolSource.from_settings(config.collector_settings.get("ethtool", {}), config.ethtool_dir),
         "pcie": PcieSource(),
     }

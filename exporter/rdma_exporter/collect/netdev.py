@@ -12,10 +12,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
+from ..configerror import ConfigError
 from ..parse.infiniband import DeviceInfo, metric_fragment
-from ..parse.netdev import MAX_PRIORITY, Locality, Netdev, read_netdev_identity, read_netdev_state
+from ..parse.netdev import (
+    ARPHRD_INFINIBAND,
+    MAX_PRIORITY,
+    Locality,
+    Netdev,
+    read_netdev_identity,
+    read_netdev_state,
+)
 from ..parse.reader import REASON_MISSING, SysfsReader
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, lint_safe
 
@@ -219,6 +227,21 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
             out.add(BOND_SLAVE, [*labels, slave, netdev.bond_mode or ""], 1)
 
 
+def check_ipoib_statistics(source: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(source, key, f"expected true or false, got {value!r}")
+    return value
+
+
+# Validators of the `collector.netdev` settings in the config file (config.COLLECTOR_SETTINGS).
+# ipoib_statistics: an IPoIB interface's statistics/ counts IP over InfiniBand, not the fabric's RDMA
+# traffic (the port counters have that), no rule or dashboard reads them, and node_exporter's netdev
+# collector exports the same counters. Off, they cost neither a read per file nor a series each (about
+# 24 of both per IPoIB interface, a quarter of the sample node's per-scrape reads). RoCE netdevs' are
+# always read: on RoCE the netdev carries the RDMA traffic.
+SETTINGS: Final = {"ipoib_statistics": check_ipoib_statistics}
+
+
 class NetdevSource:
     """Netdevs of every RDMA port (RoCE netdevs, IPoIB interfaces, bonds and their slaves)."""
 
@@ -228,8 +251,13 @@ class NetdevSource:
     specs: tuple[MetricSpec, ...] = (*_LINK_SPECS, ECN, BOND_SLAVE)
     dynamic_specs: tuple[DynamicMetricSpec, ...] = (STATISTICS_DYNAMIC,)
 
-    def __init__(self) -> None:
+    def __init__(self, ipoib_statistics: bool = False) -> None:
         self.seen = SeenNetdevs()
+        self.ipoib_statistics = ipoib_statistics
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> NetdevSource:
+        return cls(settings.get("ipoib_statistics", False))
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> NetdevReading:
         locality = Locality(ctx.sys_root, device.name, reader)
@@ -248,7 +276,10 @@ class NetdevSource:
             # Static attributes come from the device's cached info; a netdev that appeared since it was
             # read (no uevent seen) has its identity read now.
             identity = device.netdev(name) or read_netdev_identity(ctx.sys_root, name, reader)
-            netdev = read_netdev_state(ctx.sys_root, identity, reader) if identity is not None else None
+            if identity is None:
+                return None
+            statistics = self.ipoib_statistics or identity.type != ARPHRD_INFINIBAND
+            netdev = read_netdev_state(ctx.sys_root, identity, reader, statistics=statistics)
             if netdev is not None:
                 self.seen.add(device.name, name)
                 netdevs.append((port, netdev))

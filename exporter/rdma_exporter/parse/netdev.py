@@ -268,8 +268,11 @@ def read_netdev_identity(sys_root: Path, name: str, reader: SysfsReader) -> Netd
     )
 
 
-def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsReader) -> Netdev | None:
-    """Per-scrape state of a netdev whose identity is known; None if it is gone.
+def read_netdev_state(
+    sys_root: Path, identity: NetdevIdentity, reader: SysfsReader, *, statistics: bool = True
+) -> Netdev | None:
+    """Per-scrape state of a netdev whose identity is known; None if it is gone. `statistics=False` reads
+    none of its statistics/ files.
 
     MTU, the ECN enables and a bond's slaves and mode are runtime configuration that changes without a
     uevent (enslaving or releasing a slave only relinks sysfs), so they are here.
@@ -301,7 +304,7 @@ def read_netdev_state(sys_root: Path, identity: NetdevIdentity, reader: SysfsRea
         speed_bps=_speed(f"{net_dir}/speed", reader),
         duplex=duplex if duplex and duplex != "unknown" else None,
         mtu=reader.uint(f"{net_dir}/mtu", optional=True),
-        statistics=reader.uints(f"{net_dir}/statistics", identity.statistics_files),
+        statistics=reader.uints(f"{net_dir}/statistics", identity.statistics_files) if statistics else {},
         is_bond_master=identity.is_bond_master,
         bond_mode=mode,
         bond_slaves=slaves,
