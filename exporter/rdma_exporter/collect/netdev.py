@@ -161,7 +161,8 @@ STATISTICS_HELP: Final[dict[str, str]] = {
 STATISTICS_DYNAMIC: Final = DynamicMetricSpec(
     "rdma_netdev_<counter>_total",
     "counter",
-    "Every file of the netdev's statistics/ directory (rx_bytes, rx_errors, rx_dropped, tx_carrier_errors...).",
+    "Every file of the netdev's statistics/ directory (rx_bytes, rx_errors, rx_dropped, tx_carrier_errors...). "
+    "RoCE netdevs and bonds always; IPoIB interfaces only with collector.netdev.ipoib_statistics.",
     LABELS,
 )
 _LINK_SPECS: Final = (UP, CARRIER, CARRIER_CHANGES, CARRIER_UP, CARRIER_DOWN, SPEED, MTU)
