@@ -7,10 +7,10 @@ the config are, since this machine has no /opt/rdma-exporter install. The test u
 service, scrapes it, reads its state and its process's credentials, reloads it, scrapes again and saves
 the journal; the tests here read what it saved. Then, in the same boot, it turns TLS on as the unit's
 comments and docs/operations.md say: a second drop-in (TLS_DROP_IN) with LoadCredential= for a root-only
-key and the shipped web-config.yml, daemon-reload, restart, and an HTTPS scrape verified against the test
-CA. Then a third drop-in gives it an invalid flag: the unit must fail once and stay failed
-(RestartPreventExitStatus=), not loop. Last, a fourth sets WatchdogSec=3s: the process must still run 8 s
-later (about 10 s more).
+key and a root-only web config (the shipped web-config.yml plus a basic-auth user), daemon-reload,
+restart, and an HTTPS scrape with that login, verified against the test CA. Then a third drop-in gives
+it an invalid flag: the unit must fail once and stay failed (RestartPreventExitStatus=), not loop. Last,
+a fourth sets WatchdogSec=3s: the process must still run 8 s later (about 10 s more).
 
 What can only show at run time does show here: a syscall the filter denies, a path the mount sandbox
 hides, READY=1 not reaching systemd (Type=notify would time out), the ethtool ioctl or the netlink socket
@@ -31,7 +31,9 @@ socket ...)") or --no-collector.ethtool the third; ExecReload=/bin/true the four
 two) fail, and only they, with the key's LoadCredential= naming a file that is not there ("Failed to set up
 credentials", status=243/CREDENTIALS, a restart loop), and with no LoadCredential= and a web config naming
 the 0600 source key itself ("cannot load ... tls.key: [Errno 13] Permission denied"; seen as status=2,
-which is status=1 and a restart loop since EACCES became EXIT_UNAVAILABLE). The last test fails without
+which is status=1 and a restart loop since EACCES became EXIT_UNAVAILABLE), and with the web config
+named at its 0600 source instead of the credential ("web-config.yml: (file): cannot read: Permission
+denied"): the dynamic user cannot read a root-only file. The last test fails without
 RestartPreventExitStatus=2 (ActiveState "activating", NRestarts 6 after the watch). The watchdog test
 fails when the server loop sends no WATCHDOG=1 (ActiveState "activating", NRestarts 1).
 """
@@ -44,6 +46,7 @@ import sysconfig
 import time
 from pathlib import Path
 
+import bcrypt
 import pytest
 from vm.harness import NETDEV, VM_OUT, VmResult
 from vm.systemd import NIC_NETDEV, NIC_RDMA, SYSTEMD, UNIT_DIR, boot_systemd
@@ -118,15 +121,20 @@ Environment=LD_LIBRARY_PATH={OPT}/python/lib
 
 # The TLS phase: a CA and a server certificate for TLS_NAME made on the host with openssl (make_tls) into
 # the VM's $VM_OUT, the key 0600 and owned by root as an operator would keep it under /etc/rdma-exporter.
-# The shipped web-config.yml is used unchanged: its /run/credentials/rdma-exporter.service/ paths are the
-# ones systemd gives this unit's credentials.
+# The web config is the shipped web-config.yml (its /run/credentials/rdma-exporter.service/ paths are the
+# ones systemd gives this unit's credentials) with a basic-auth user added, so, as docs/operations.md
+# advises under DynamicUser=, it is root-only too and handed over as a credential like the key.
 TLS_DIR = f"{VM_OUT}/tls"
 TLS_NAME = "rdma-exporter.test"
+CREDENTIALS = "/run/credentials/rdma-exporter.service"
+BASIC_USER, BASIC_PASSWORD = "prometheus", "a-long-random-vm-test-password"
+LOGIN = f"{BASIC_USER}:{BASIC_PASSWORD}"
 TLS_DROP_IN = f"""\
 [Service]
 LoadCredential=tls.crt:{TLS_DIR}/tls.crt
 LoadCredential=tls.key:{TLS_DIR}/tls.key
-Environment=RDMA_EXPORTER_ARGS=--web.config.file={OPT}/deploy/web-config.yml
+LoadCredential=web-config.yml:{TLS_DIR}/web-config.yml
+Environment=RDMA_EXPORTER_ARGS=--web.config.file={CREDENTIALS}/web-config.yml
 """
 
 # The invalid-configuration phase: a flag value the exporter refuses (status 2, EXIT_CONFIG), given as an
@@ -139,12 +147,18 @@ INVALID_WATCH_SECONDS = 12
 
 
 def make_tls(directory: Path) -> None:
-    """ca.crt, and tls.crt/tls.key (mode 0600) for TLS_NAME signed by it, as an operator's PKI would."""
+    """ca.crt, and tls.crt/tls.key (mode 0600) for TLS_NAME signed by it, as an operator's PKI would; and
+    web-config.yml (mode 0600): the shipped one with BASIC_USER's bcrypt hash (cost 4: the VM may run
+    without KVM, where cost 12 takes seconds a check)."""
     directory.mkdir(parents=True)
     make_ca("ca", directory)
     make_leaf("tls", "ca", f"DNS:{TLS_NAME}", "serverAuth", directory)
     (directory / "tls.key").chmod(0o600)
     (directory / "ca.key").unlink()
+    hashed = bcrypt.hashpw(BASIC_PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    shipped = (REPO / "deploy" / "systemd" / "web-config.yml").read_text()
+    (directory / "web-config.yml").write_text(f"{shipped}basic_auth_users:\n  {BASIC_USER}: '{hashed}'\n")
+    (directory / "web-config.yml").chmod(0o600)
 
 
 COMMAND = f"""\
@@ -194,14 +208,17 @@ show tls
 ls -ln /run/credentials/rdma-exporter.service/ > $out/credentials.txt 2>&1
 https() {{ curl -sS --max-time 20 --resolve {TLS_NAME}:{PORT}:127.0.0.1 "$@" https://{TLS_NAME}:{PORT}/metrics; }}
 for i in 1 2 3 4 5; do
-  https --cacert {TLS_DIR}/ca.crt -o $out/scrape-tls.prom > $out/https.txt 2>&1; rc=$?
+  https --cacert {TLS_DIR}/ca.crt -f -u {LOGIN} -o $out/scrape-tls.prom > $out/https.txt 2>&1; rc=$?
   [ $rc = 0 ] && break; sleep 1
 done
 echo "exit $rc" >> $out/https.txt
+https --cacert {TLS_DIR}/ca.crt -o /dev/null -w 'http_code %{{http_code}}\n' > $out/https-no-login.txt 2>&1
+echo "exit $?" >> $out/https-no-login.txt
 https -o /dev/null > $out/https-unverified.txt 2>&1; echo "exit $?" >> $out/https-unverified.txt
 curl -sS --max-time 10 -o /dev/null -w 'http_code %{{http_code}}\n' http://127.0.0.1:{PORT}/metrics \
   > $out/plain-after-tls.txt 2>&1; echo "exit $?" >> $out/plain-after-tls.txt
 stat -c '%a %u' {TLS_DIR}/tls.key > $out/key-mode.txt
+stat -c '%a %u' {TLS_DIR}/web-config.yml > $out/web-config-mode.txt
 journalctl --sync
 journalctl -u $unit --after-cursor="$cursor" -o short-monotonic --no-pager > $out/journal-tls.txt 2>&1
 systemctl status $unit --no-pager > $out/status-tls.txt 2>&1 || :  # 3 when not running: not the exit
@@ -407,15 +424,16 @@ def test_journal_has_no_sandbox_denials(vm: VmResult) -> None:
 
 def test_tls_restart_serves_https_with_the_key_as_a_credential(vm: VmResult) -> None:
     """After the plain-HTTP checks above: the drop-in TLS_DROP_IN (LoadCredential= as the unit's comments
-    say, the shipped web-config.yml), a restart, and the exporter serves only HTTPS, with the certificate
-    it got through /run/credentials, while the key it came from stays root-only."""
+    say, for the key and for the web config with its bcrypt hash), a restart, and the exporter serves only
+    HTTPS, with the certificate and login it got through /run/credentials, while the files they came
+    from stay root-only."""
     state = show(vm, "tls")
     journal_tls = read(vm, "journal-tls.txt")
     assert read(vm, "restart-exit.txt").strip() == "0", journal_tls
     assert (state["ActiveState"], state["SubState"]) == ("active", "running"), (state, journal_tls)
     assert state["NRestarts"] == "0", journal_tls
     assert state["MainPID"] != show(vm, "start")["MainPID"], "no restart happened"
-    assert re.search(r"listening on :9883 \(HTTPS\)", journal_tls), journal_tls
+    assert re.search(r"listening on :9883 \(HTTPS, basic auth \(1 users\)\)", journal_tls), journal_tls
     # Verified against the test CA for the name in the certificate (curl fails on any mismatch, exit 60).
     assert read(vm, "https.txt").strip().endswith("exit 0"), read(vm, "https.txt") + journal_tls
     found = scrape(vm, "tls")
@@ -426,10 +444,15 @@ def test_tls_restart_serves_https_with_the_key_as_a_credential(vm: VmResult) -> 
     # Plain HTTP on the same port gets no metrics now, but the reason (400), as from Go's servers.
     plain = read(vm, "plain-after-tls.txt")
     assert "http_code 400" in plain and "http_code 200" not in plain, plain
-    # The source key is still root's alone: the dynamic user read only systemd's copy.
+    # The source key and web config (the bcrypt hash) are still root's alone: the dynamic user read only
+    # systemd's copies.
     assert read(vm, "key-mode.txt").split() == ["600", "0"]
-    assert re.search(r" tls\.crt$", read(vm, "credentials.txt"), re.MULTILINE), read(vm, "credentials.txt")
-    assert re.search(r" tls\.key$", read(vm, "credentials.txt"), re.MULTILINE), read(vm, "credentials.txt")
+    assert read(vm, "web-config-mode.txt").split() == ["600", "0"]
+    credentials = read(vm, "credentials.txt")
+    for name in ("tls.crt", "tls.key", "web-config.yml"):
+        assert re.search(rf" {re.escape(name)}$", credentials, re.MULTILINE), credentials
+    # The user came from that copy: without the login the answer is 401.
+    assert "http_code 401" in read(vm, "https-no-login.txt"), read(vm, "https-no-login.txt")
 
 
 # systemd's own complaints about the unit (a credential it could not load, a failed start) and the
@@ -437,10 +460,16 @@ def test_tls_restart_serves_https_with_the_key_as_a_credential(vm: VmResult) -> 
 FAILED = re.compile(r"fail|status=\d|code=|Scheduled restart|warn|error", re.IGNORECASE)
 
 
+# The one refusal the TLS phase asks for (https-no-login.txt), logged as a warning.
+NO_LOGIN_REFUSED = re.compile(r"level=warn .*msg=\"1 request\(s\) without credentials refused with 401 ")
+
+
 def test_journal_after_the_tls_restart_is_clean(vm: VmResult) -> None:
     journal_tls = read(vm, "journal-tls.txt")
     lines = [line for line in journal_tls.splitlines() if DENIED.search(line) or FAILED.search(line)]
-    assert lines == [], journal_tls
+    refused = [line for line in lines if NO_LOGIN_REFUSED.search(line)]
+    assert len(refused) == 1, journal_tls
+    assert [line for line in lines if line not in refused] == [], journal_tls
     assert "Started rdma-exporter.service" in journal_tls, journal_tls
 
 
