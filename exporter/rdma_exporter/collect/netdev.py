@@ -162,7 +162,7 @@ STATISTICS_DYNAMIC: Final = DynamicMetricSpec(
     "rdma_netdev_<counter>_total",
     "counter",
     "Every file of the netdev's statistics/ directory (rx_bytes, rx_errors, rx_dropped, tx_carrier_errors...). "
-    "RoCE netdevs and bonds always; IPoIB interfaces only with collector.netdev.ipoib_statistics.",
+    "RoCE netdevs and RoCE LAG bonds always; IPoIB interfaces only with collector.netdev.ipoib_statistics.",
     LABELS,
 )
 _LINK_SPECS: Final = (UP, CARRIER, CARRIER_CHANGES, CARRIER_UP, CARRIER_DOWN, SPEED, MTU)
@@ -229,6 +229,7 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
 
 
 def check_ipoib_statistics(source: str, key: str, value: Any) -> bool:
+    """`collector.netdev.ipoib_statistics`: true or false, nothing YAML might read as either."""
     if not isinstance(value, bool):
         raise ConfigError(source, key, f"expected true or false, got {value!r}")
     return value
@@ -238,8 +239,9 @@ def check_ipoib_statistics(source: str, key: str, value: Any) -> bool:
 # ipoib_statistics: an IPoIB interface's statistics/ counts IP over InfiniBand, not the fabric's RDMA
 # traffic (the port counters have that), no rule or dashboard reads them, and node_exporter's netdev
 # collector exports the same counters. Off, they cost neither a read per file nor a series each (about
-# 24 of both per IPoIB interface, a quarter of the sample node's per-scrape reads). RoCE netdevs' are
-# always read: on RoCE the netdev carries the RDMA traffic.
+# 24 of both per IPoIB interface, a quarter of the sample node's per-scrape reads). RoCE netdevs' and
+# RoCE LAG bonds' are always read (on RoCE the netdev carries the RDMA traffic), and so are those of a
+# netdev whose type is unknown.
 SETTINGS: Final = {"ipoib_statistics": check_ipoib_statistics}
 
 
