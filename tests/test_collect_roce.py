@@ -657,7 +657,8 @@ def _function(root: Path, bdf: str, netdev: str, rdma: str | None, gids: list[st
 def _bond(root: Path, name: str, slaves: list[str], uppers: bool = True) -> None:
     bond = f"devices/virtual/net/{name}"
     write_files(root, {f"{bond}/bonding/slaves": " ".join(slaves) + "\n", f"{bond}/bonding/mode": "802.3ad 4\n",
-                  f"{bond}/operstate": "up\n", f"{bond}/speed": "400000\n", f"{bond}/mtu": "9000\n"})  # fmt: skip
+                  f"{bond}/operstate": "up\n", f"{bond}/speed": "400000\n", f"{bond}/mtu": "9000\n",
+                  f"{bond}/type": "1\n", f"{bond}/statistics/rx_bytes": "11\n"})  # fmt: skip
     symlink(root, f"class/net/{name}", bond)
     for slave in slaves:
         symlink(root, f"{bond}/lower_{slave}", f"class/net/{slave}")
@@ -712,6 +713,11 @@ def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, mo
         prio3 = {**lag, "netdev": slave, "direction": "rx", "priority": "3"}
         assert value(metrics, "rdma_ethtool_pfc_pause_frames_total", **prio3) == 7
     assert value(metrics, "rdma_netdev_speed_bytes_per_second", **lag, netdev="bond0") == 400e9 / 8
+    # statistics/ of the bond (an Ethernet netdev) and of its slaves (no `type` file: unknown is not
+    # IPoIB) are read without collector.netdev.ipoib_statistics.
+    assert value(metrics, "rdma_netdev_rx_bytes_total", **lag, netdev="bond0") == 11
+    for slave in ("ens1f0np0", "ens1f1np1"):
+        assert value(metrics, "rdma_netdev_rx_bytes_total", **lag, netdev=slave) == 5
     check_unique_and_promtool(text)
 
 
