@@ -502,6 +502,13 @@ _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 _PAIR = re.compile(r'([a-zA-Z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
+# Label sets older exporters served, which a rule still reads so that rules and exporters can be upgraded
+# in either order (docs/operations.md, upgrading the exporter); their unit tests feed them on purpose.
+OLDER_EXPORTERS_LABELS: dict[str, set[str]] = {
+    "rdma_pcie_aer_reports_total": {"device", "severity"},  # before the AER class became error_class
+}
+
+
 def test_unit_test_series_carry_the_exported_labels(emitted_labels: dict[str, dict[str, set[str]]]) -> None:
     """Input series of the promtool tests look like what the exporter serves: the same label names (a
     missing `direction` once hid that alerts and aggregates carry it) and a `direction` the exporter uses
@@ -516,6 +523,8 @@ def test_unit_test_series_carry_the_exported_labels(emitted_labels: dict[str, di
                 if name not in emitted_labels:
                     continue
                 real = emitted_labels[name]
+                if set(labels) - TARGET_LABELS == OLDER_EXPORTERS_LABELS.get(name):
+                    continue
                 if set(labels) - TARGET_LABELS != set(real):
                     problems.append(
                         f"{path.name}: {series['series']} has labels {sorted(set(labels) - TARGET_LABELS)}, "
