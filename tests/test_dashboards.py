@@ -320,15 +320,28 @@ def groupings(tokens: list[tuple[str, str]]) -> list[str]:
 
 
 def outer_by_labels(expr: str) -> set[str] | None:
-    """The labels an expression keeps when the whole of it is one `agg by (labels) (...)`, optionally
-    compared with a number; None for any other shape."""
-    tokens = tokenize(expr)
-    if len(tokens) < 4 or tokens[0][1] not in AGGREGATIONS or tokens[1][1] != "by":
+    """The labels an expression keeps when the whole of it is one `agg by (labels) (...)`, optionally inside
+    topk/bottomk/sort/sort_desc and optionally combined with a number; None for any other shape."""
+    return _kept_by(tokenize(expr))
+
+
+def _kept_by(tokens: list[tuple[str, str]]) -> set[str] | None:
+    if len(tokens) > 2 and tokens[-2][0] == "op" and tokens[-1][0] == "number":
+        tokens = tokens[:-2]  # `... > 0`, `... * 8`: a number keeps the labels
+    if len(tokens) < 4 or (tokens[1][1] != "(" and tokens[1][1] != "by"):
+        return None
+    head = tokens[0][1]
+    if head in ("sort", "sort_desc", "topk", "bottomk") and closing(tokens, 1, "(", ")") == len(tokens) - 1:
+        inner = tokens[2:-1]
+        if head in ("topk", "bottomk"):  # topk(k, expr)
+            if len(inner) < 3 or inner[0][0] != "number" or inner[1][1] != ",":
+                return None
+            inner = inner[2:]
+        return _kept_by(inner)
+    if head not in AGGREGATIONS or tokens[1][1] != "by":
         return None
     labels_end = closing(tokens, 2, "(", ")")
-    body_end = closing(tokens, labels_end + 1, "(", ")")
-    rest = tokens[body_end + 1 :]
-    if rest and not (len(rest) == 2 and rest[0][0] == "op" and rest[1][0] == "number"):
+    if closing(tokens, labels_end + 1, "(", ")") != len(tokens) - 1:
         return None
     return {label for kind, label in tokens[3:labels_end] if kind == "ident"}
 
