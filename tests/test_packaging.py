@@ -8,21 +8,24 @@ checkout, installed into a new venv, and its `rdma-exporter` runs from a directo
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
+import bcrypt
 import pytest
 from test_daemon_http import RunningDaemon, get
 
 from rdma_exporter import __version__
 
-from conftest import promtool_check_metrics, samples
+from conftest import promtool_check_metrics, samples, skip_or_fail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,15 +159,44 @@ def fabric_series(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...
             if key[0].startswith("rdma_") and not key[0].startswith("rdma_exporter_")}
 
 
+LOGIN = ("prometheus", "floors-test-password")
+
+
+def write_config(workdir: Path) -> Path:
+    """A config file (PyYAML parses it) naming a web config with a basic-auth user (bcrypt checks the
+    login), as a deployment would have them."""
+    hashed = bcrypt.hashpw(LOGIN[1].encode(), bcrypt.gensalt(4)).decode()
+    (workdir / "web-config.yml").write_text(f"basic_auth_users:\n  {LOGIN[0]}: '{hashed}'\n")
+    config = workdir / "rdma-exporter.yml"
+    config.write_text("web:\n  config_file: web-config.yml\nlog:\n  level: info\n")
+    return config
+
+
 def serve_sample(command: Path, workdir: Path) -> str:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    daemon = RunningDaemon(workdir, ["--sample"], command=[command], env=env, cwd=workdir)
+    config = write_config(workdir)
+    daemon = RunningDaemon(workdir, ["--sample", "--config.file", str(config)], command=[command], env=env, cwd=workdir)
+    login = "Basic " + base64.b64encode(":".join(LOGIN).encode()).decode()
     try:
-        answer = get(daemon.port, timeout=30)
+        refused = get(daemon.port, timeout=30)
+        answer = get(daemon.port, headers={"Authorization": login}, timeout=30)
     finally:
         returncode = daemon.stop()
-    assert answer.status == 200 and returncode == 0, daemon.log()
+    assert refused.status == 401 and answer.status == 200 and returncode == 0, daemon.log()
     return answer.body.decode()
+
+
+def uevents_monitored(command: Path, workdir: Path) -> str:
+    """The daemon's device-discovery line on the host's own /sys, where it starts pyudev's monitor."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    daemon = RunningDaemon(workdir, ["--path.sysfs", "/sys"], command=[command], env=env, cwd=workdir)
+    try:
+        deadline = time.monotonic() + 30
+        while "device discovery:" not in daemon.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        daemon.stop()
+    return next((line for line in daemon.log().splitlines() if "device discovery:" in line), daemon.log())
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -185,7 +217,8 @@ def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
     # --system-site-packages on an older distribution keeps its older prometheus-client or PyYAML. So
     # the wheel goes into a venv of the oldest Python with every dependency at its floor, and of the
     # newest Python found with the newest dependencies (from the package index), and each must serve the
-    # sample tree exactly as this interpreter's install does.
+    # sample tree exactly as this interpreter's install does, with a config file (PyYAML) and a basic-auth
+    # login (bcrypt), and start the uevent monitor (pyudev) on this host's /sys.
     python_floor, floors = declared_floors()
     if which == "oldest":
         version, requirements = python_floor, [f"{name}=={floor}" for name, floor in floors.items()]
@@ -199,6 +232,10 @@ def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
     (wheel,) = installed.parent.glob("rdma_exporter-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=120)
+    index = subprocess.run([venv / "bin" / "python", "-m", "pip", "index", "versions", "bcrypt"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    if index.returncode != 0:
+        skip_or_fail(f"the package index is not reachable: {index.stderr.strip()[-300:]}")
     install = subprocess.run(
         [venv / "bin" / "python", "-m", "pip", "install", "--no-cache-dir", str(wheel), *requirements],
         capture_output=True, text=True, timeout=600,
@@ -214,6 +251,13 @@ def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
 
     theirs = serve_sample(venv / "bin" / "rdma-exporter", tmp_path)
     ours = serve_sample(installed / "bin" / "rdma-exporter", tmp_path)
+    # pyudev's monitor: only a real sysfs starts it, so this host's, with no RDMA devices. Where this
+    # interpreter's install cannot start it either (no uevent socket), there is nothing to compare.
+    ours_discovery = uevents_monitored(installed / "bin" / "rdma-exporter", tmp_path)
+    if "device discovery: udev" not in ours_discovery:
+        skip_or_fail(f"no udev monitor here, for this interpreter's install either: {ours_discovery}")
+    discovery = uevents_monitored(venv / "bin" / "rdma-exporter", tmp_path)
+    assert "device discovery: udev" in discovery, discovery
     promtool_check_metrics(theirs)
     theirs_series, ours_series = fabric_series(theirs), fabric_series(ours)
     assert len(ours_series) > 1000  # the sample tree's fabric, not an empty answer twice
