@@ -26,6 +26,7 @@ from .collect.readers import DEFAULT_PARALLELISM, HARD_MAX_WORKERS
 # Re-exported (the `as` form): the config module is where its users look for its error.
 from .configerror import ConfigError as ConfigError
 from .configerror import ConfigUnavailable as ConfigUnavailable
+from .configerror import check_bool as check_bool
 from .configerror import compile_regex
 from .parse.reader import DEFAULT_MAX_OPEN_FILES, read_regular_file
 
@@ -225,12 +226,6 @@ def check_read_threads(source: str, key: str, value: Any) -> int:
 
 def check_open_files(source: str, key: str, value: Any) -> int:
     return _check_int(source, key, value, 0, MAX_OPEN_FILES)
-
-
-def check_bool(source: str, key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(source, key, f"expected true or false, got {value!r}")
-    return value
 
 
 # YAML key -> (Config field, validator). The YAML mirrors the flag names: `--web.listen-address`

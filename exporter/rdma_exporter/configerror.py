@@ -1,4 +1,4 @@
-"""The error every configuration check raises, and the regex check both the config and the collectors use.
+"""The error every configuration check raises, and the checks both the config and the collectors use.
 
 Its own module so that collectors can validate their `collector.<name>` settings without importing the
 config module, which imports them.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from typing import Any
 
 
 class ConfigError(Exception):
@@ -22,6 +23,12 @@ class ConfigError(Exception):
 
 class ConfigUnavailable(ConfigError):
     """A file or directory the configuration names is missing or unreadable, rather than invalid."""
+
+
+def check_bool(source: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(source, key, f"expected true or false, got {value!r}")
+    return value
 
 
 def compile_regex(source: str, key: str, pattern: str) -> re.Pattern[str]:

@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..configerror import ConfigError
+from ..configerror import check_bool
 from ..parse.infiniband import DeviceInfo, metric_fragment
 from ..parse.netdev import (
     ARPHRD_INFINIBAND,
@@ -228,13 +228,6 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
             out.add(BOND_SLAVE, [*labels, slave, netdev.bond_mode or ""], 1)
 
 
-def check_ipoib_statistics(source: str, key: str, value: Any) -> bool:
-    """`collector.netdev.ipoib_statistics`: true or false, nothing YAML might read as either."""
-    if not isinstance(value, bool):
-        raise ConfigError(source, key, f"expected true or false, got {value!r}")
-    return value
-
-
 # Validators of the `collector.netdev` settings in the config file (config.COLLECTOR_SETTINGS).
 # ipoib_statistics: an IPoIB interface's statistics/ counts IP over InfiniBand, not the fabric's RDMA
 # traffic (the port counters have that), no rule or dashboard reads them, and node_exporter's netdev
@@ -242,7 +235,7 @@ def check_ipoib_statistics(source: str, key: str, value: Any) -> bool:
 # 24 of both per IPoIB interface, a quarter of the sample node's per-scrape reads). RoCE netdevs' and
 # RoCE LAG bonds' are always read (on RoCE the netdev carries the RDMA traffic), and so are those of a
 # netdev whose type is unknown.
-SETTINGS: Final = {"ipoib_statistics": check_ipoib_statistics}
+SETTINGS: Final = {"ipoib_statistics": check_bool}
 
 
 class NetdevSource:
