@@ -147,9 +147,11 @@ def ipoib_and_roce(metrics: Sample) -> tuple[set[str], set[str]]:
     return by_layer["InfiniBand"], by_layer["Ethernet"]
 
 
+STATISTICS_NAMES = frozenset(f"rdma_netdev_{file}_total" for file in STATISTICS_HELP)
+
+
 def statistics_of(metrics: Sample, netdev: str) -> dict[str, float]:
-    return {n: v for n, ls in metrics if (v := metrics[(n, ls)]) is not None and ("netdev", netdev) in ls
-            and n in {f"rdma_netdev_{file}_total" for file in STATISTICS_HELP}}  # fmt: skip
+    return {name: v for (name, ls), v in metrics.items() if name in STATISTICS_NAMES and ("netdev", netdev) in ls}
 
 
 RX_BYTES = "statistics/rx_bytes"
@@ -164,7 +166,7 @@ def test_ipoib_statistics_are_read_only_when_asked_for(tmp_path: Path, monkeypat
     assert len(ipoib) == 8 and len(roce) == 2, (ipoib, roce)
     # Off by default: an IPoIB interface keeps its link series, and not one statistics/ file is opened.
     for name in ipoib:
-        assert default[("rdma_netdev_up", tuple(sorted(labels_of(default, name).items())))] == 1
+        assert [v for (n, ls), v in default.items() if n == "rdma_netdev_up" and ("netdev", name) in ls] == [1]
         assert not statistics_of(default, name), name
     read_statistics = {parts[parts.index("statistics") - 1] for parts in (path.split("/") for path in opened)
                        if "statistics" in parts}  # fmt: skip
@@ -180,13 +182,9 @@ def test_ipoib_statistics_are_read_only_when_asked_for(tmp_path: Path, monkeypat
         got = statistics_of(asked, name)
         assert got["rdma_netdev_rx_bytes_total"] == int((sys_root / "class/net" / name / RX_BYTES).read_text())
         assert len(got) >= 20
-    assert set(asked) - set(default) == {key for key in asked if key[0] in
-                                         {f"rdma_netdev_{f}_total" for f in STATISTICS_HELP}
-                                         and dict(key[1])["netdev"] in ipoib}  # fmt: skip
-
-
-def labels_of(metrics: Sample, netdev: str) -> dict[str, str]:
-    return next(dict(ls) for n, ls in metrics if n == "rdma_netdev_up" and ("netdev", netdev) in ls)
+    assert set(asked) - set(default) == {
+        key for key in asked if key[0] in STATISTICS_NAMES and dict(key[1])["netdev"] in ipoib
+    }
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None, "true"])
