@@ -325,6 +325,30 @@ def outer_by_labels(expr: str) -> set[str] | None:
     return _kept_by(tokenize(expr))
 
 
+@functools.cache
+def family_labels() -> tuple[tuple[re.Pattern[str], frozenset[str]], ...]:
+    """Each exported family's name (pattern, for `<counter>` families) and labels, as METRICS.md lists them."""
+    from rdma_exporter.metricsdoc import render
+
+    rows = re.findall(r"^\| `([a-z0-9_<>]+)` \| \w+ \| ([^|]*) \|", render(), re.MULTILINE)
+
+    def pattern(name: str) -> re.Pattern[str]:
+        return re.compile(re.escape(name).replace(re.escape("<counter>"), "[a-z0-9_]+"))
+
+    return tuple((pattern(name), frozenset(re.findall(r"`(\w+)`", labels))) for name, labels in rows)
+
+
+def plain_selector_labels(expr: str) -> set[str] | None:
+    """The labels of what a query returns when it is one exported family's selector, bare or under functions
+    that keep labels (rate, increase...): the family's labels and the target's. None for any other query."""
+    found = selectors(expr)
+    idents = {text for kind, text in tokenize(expr) if kind == "ident"}
+    if len(found) != 1 or idents & (AGGREGATIONS | KEYWORDS | {"label_replace", "label_join"}):
+        return None
+    labels = next((labels for pattern, labels in family_labels() if pattern.fullmatch(found[0].name)), None)
+    return None if labels is None else set(labels) | {"cluster", "job", "instance"}
+
+
 def _kept_by(tokens: list[tuple[str, str]]) -> set[str] | None:
     if len(tokens) > 2 and tokens[-2][0] == "op" and tokens[-1][0] == "number":
         tokens = tokens[:-2]  # `... > 0`, `... * 8`: a number keeps the labels
@@ -642,11 +666,15 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
                 if sel.function == "increase":
                     assert not sel.range.startswith("$"), f"{where}: increase over {sel.range}; plot a rate"
             assert "$__rate_interval" not in re.sub(r"\[\$__rate_interval\]", "", expr), where
-            # A legend's label that the query aggregates away is drawn empty: every series looks alike.
+            # A legend's label that the query aggregates away, or that its series never had, is drawn
+            # empty: every line looks alike.
             kept = outer_by_labels(expr)
+            if kept is None:
+                kept = plain_selector_labels(expr)
             if kept is not None:
                 drawn = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", tgt["legendFormat"]))
-                assert drawn <= kept, f"{where}: the legend draws {sorted(drawn - kept)}, which `by` drops"
+                missing = sorted(drawn - kept)
+                assert not missing, f"{where}: the legend draws {missing}, which the query's series do not carry"
             # An optional label (targets without `cluster`) leaves its place in a legend empty: only at the end.
             for label in OPTIONAL_LABELS:
                 token, legend = "{{" + label + "}}", tgt["legendFormat"]
