@@ -6,6 +6,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -176,6 +177,11 @@ def stable(exposition: str) -> str:
     return "".join(
         line + "\n" for line in exposition.splitlines() if not line.startswith(VOLATILE_PREFIXES)
     )
+
+
+def family_pattern(name: str) -> re.Pattern[str]:
+    """A declared family's name as a pattern: `<counter>` (one metric per driver file) matches any."""
+    return re.compile(re.escape(name).replace(re.escape("<counter>"), "[a-z0-9_]+"))
 
 
 def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

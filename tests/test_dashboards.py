@@ -36,9 +36,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from rdma_exporter.metricsdoc import declared_labels
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import free_port, require_binary, samples
+from conftest import family_pattern, free_port, require_binary, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -327,15 +328,8 @@ def outer_by_labels(expr: str) -> set[str] | None:
 
 @functools.cache
 def family_labels() -> tuple[tuple[re.Pattern[str], frozenset[str]], ...]:
-    """Each exported family's name (pattern, for `<counter>` families) and labels, as METRICS.md lists them."""
-    from rdma_exporter.metricsdoc import render
-
-    rows = re.findall(r"^\| `([a-z0-9_<>]+)` \| \w+ \| ([^|]*) \|", render(), re.MULTILINE)
-
-    def pattern(name: str) -> re.Pattern[str]:
-        return re.compile(re.escape(name).replace(re.escape("<counter>"), "[a-z0-9_]+"))
-
-    return tuple((pattern(name), frozenset(re.findall(r"`(\w+)`", labels))) for name, labels in rows)
+    """Each exported family's name (a pattern, for `<counter>` families) and declared labels."""
+    return tuple((family_pattern(name), frozenset(labels)) for name, labels in declared_labels().items())
 
 
 def plain_selector_labels(expr: str) -> set[str] | None:

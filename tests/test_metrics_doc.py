@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rdma_exporter.metricsdoc import main, render
+from rdma_exporter.metricsdoc import declared_labels, main, render
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import samples, scrape
+from conftest import family_pattern, samples, scrape
 
 METRICS_MD = Path(__file__).resolve().parent.parent / "METRICS.md"
 
@@ -23,11 +23,8 @@ def test_every_exported_family_is_documented(tmp_path: Path) -> None:
     sys_root = build_tree(tmp_path / "t", SAMPLE_SPEC)
     exported = {name for name, _ in samples(scrape(sys_root, ethtool_dir=tmp_path / "t" / "ethtool"))}
     documented = render()
-    patterns = [
-        re.compile(re.escape(p).replace(re.escape("<counter>"), "[a-z0-9_]+") + "$")
-        for p in re.findall(r"\| `([a-z0-9_<>]+)` \|", documented)
-    ]
-    undocumented = sorted(name for name in exported if not any(p.match(name) for p in patterns))
+    patterns = [family_pattern(p) for p in re.findall(r"\| `([a-z0-9_<>]+)` \|", documented)]
+    undocumented = sorted(name for name in exported if not any(p.fullmatch(name) for p in patterns))
     assert not undocumented, f"not in METRICS.md: {undocumented}"
 
 
@@ -68,11 +65,9 @@ OWNED_ELSEWHERE = {"job", "instance", "cluster", "rack", "severity", "alertname"
 
 
 def test_no_exported_label_is_one_the_scrape_or_alerting_owns() -> None:
-    # Every declared family (METRICS.md's label column, which test_metrics_md_is_current keeps in step with
-    # the code), and every series of every golden file for the labels a dynamic family adds per key.
-    declared: dict[str, set[str]] = {}
-    for name, labels in re.findall(r"^\| `([a-z0-9_<>]+)` \| \w+ \| ([^|]*) \|", render(), re.MULTILINE):
-        declared[name] = set(re.findall(r"`(\w+)`", labels))
+    # Every declared family, and every series of every golden file for the labels a dynamic family adds
+    # per key.
+    declared = {name: set(labels) for name, labels in declared_labels().items()}
     assert len(declared) > 100 and declared["rdma_pcie_aer_errors_total"] == {"device", "error_class", "type"}
     for path in sorted((Path(__file__).resolve().parent / "golden").glob("*.prom")):
         for (name, labels), _ in samples(path.read_text()).items():

@@ -45,12 +45,26 @@ def _row(name: str, kind: str, labels: tuple[str, ...], help_text: str) -> str:
     return f"| `{name}` | {kind} | {shown} | {help_text.replace('|', '/')} |"
 
 
+def sections() -> list[tuple[str, tuple[MetricSpec, ...], tuple[DynamicMetricSpec, ...]]]:
+    """Every declared family, by the part of the exporter that serves it: (title, specs, dynamic specs)."""
+    found: list[tuple[str, tuple[MetricSpec, ...], tuple[DynamicMetricSpec, ...]]]
+    found = [("exporter (self-monitoring)", ENGINE_SPECS, ()), ("exporter process", PROCESS_SPECS, ())]
+    found += [(f"collector `{name}`", specs, dynamic) for name, specs, dynamic in _sources()]
+    return found
+
+
+def declared_labels() -> dict[str, tuple[str, ...]]:
+    """Each family's name (its pattern, with `<counter>`, for a dynamic one) and its declared labels."""
+    labels = {}
+    for _, specs, dynamic in sections():
+        labels.update({spec.name: spec.labels for spec in specs})
+        labels.update({spec.pattern: spec.labels for spec in dynamic})
+    return labels
+
+
 def render() -> str:
     lines = [HEADER]
-    sections: list[tuple[str, tuple[MetricSpec, ...], tuple[DynamicMetricSpec, ...]]]
-    sections = [("exporter (self-monitoring)", ENGINE_SPECS, ()), ("exporter process", PROCESS_SPECS, ())]
-    sections += [(f"collector `{name}`", specs, dynamic) for name, specs, dynamic in _sources()]
-    for title, specs, dynamic in sections:
+    for title, specs, dynamic in sections():
         lines += [f"## {title}", "", "| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
         lines += [_row(s.name, s.kind, s.labels, s.help) for s in specs]
         lines += [_row(d.pattern, d.kind, d.labels, d.help) for d in dynamic]
