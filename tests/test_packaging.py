@@ -101,7 +101,7 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
     )
     assert version.returncode == 0 and __version__ in version.stdout + version.stderr, version
 
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env = outside_checkout()
     daemon = RunningDaemon(tmp_path, ["--sample"], command=[installed / "bin" / "rdma-exporter"], env=env, cwd=tmp_path)
     try:
         answer = get(daemon.port, timeout=30)
@@ -111,15 +111,23 @@ def test_the_installed_command_serves_the_sample_tree(installed: Path, tmp_path:
     series = samples(answer.body.decode())
     assert series[("rdma_exporter_sample_tree", ())] == 1
     assert series[("rdma_exporter_devices", ())] == 10
-    failed = {key: value for key, value in series.items() if key[0] == "rdma_exporter_scrape_collector_success"
-              and value != 1}
-    assert not failed, failed
+    assert not failed_collectors(series), failed_collectors(series)
     # Every source of the sample tree answered from the installed code: ports, netdevs, ethtool, PCIe.
     names = {name for name, _ in series}
     for family in ("rdma_port_state_id", "rdma_netdev_up", "rdma_pcie_link_width_lanes"):
         assert family in names, family
     assert any(name.startswith("rdma_ethtool_") for name in names)
     assert returncode == 0, daemon.log()
+
+
+def outside_checkout() -> dict[str, str]:
+    """This environment without PYTHONPATH, which could put the checkout's package before the venv's."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
+def failed_collectors(series: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[object, float]:
+    return {key: value for key, value in series.items()
+            if key[0] == "rdma_exporter_scrape_collector_success" and value != 1}  # fmt: skip
 
 
 def declared_floors() -> tuple[str, dict[str, str]]:
@@ -173,7 +181,7 @@ def write_config(workdir: Path) -> Path:
 
 
 def serve_sample(command: Path, workdir: Path) -> str:
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env = outside_checkout()
     config = write_config(workdir)
     daemon = RunningDaemon(workdir, ["--sample", "--config.file", str(config)], command=[command], env=env, cwd=workdir)
     login = "Basic " + base64.b64encode(":".join(LOGIN).encode()).decode()
@@ -188,7 +196,7 @@ def serve_sample(command: Path, workdir: Path) -> str:
 
 def uevents_monitored(command: Path, workdir: Path) -> str:
     """The daemon's device-discovery line on the host's own /sys, where it starts pyudev's monitor."""
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env = outside_checkout()
     daemon = RunningDaemon(workdir, ["--path.sysfs", "/sys"], command=[command], env=env, cwd=workdir)
     try:
         deadline = time.monotonic() + 30
@@ -222,10 +230,12 @@ def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
     python_floor, floors = declared_floors()
     if which == "oldest":
         version, requirements = python_floor, [f"{name}=={floor}" for name, floor in floors.items()]
+        interpreter = find_python(version)
     else:
-        version = next((found for found in NEWER_PYTHONS if find_python(found)), "")
+        version, interpreter = next(
+            ((found, path) for found in NEWER_PYTHONS if (path := find_python(found))), ("", None)
+        )
         requirements = list(floors)
-    interpreter = find_python(version) if version else None
     if interpreter is None or version == f"{sys.version_info.major}.{sys.version_info.minor}":
         pytest.skip(f"no Python {version or ' or '.join(NEWER_PYTHONS)} besides the one running the suite "
                     "(pyenv's or on PATH)")
@@ -262,6 +272,4 @@ def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
     theirs_series, ours_series = fabric_series(theirs), fabric_series(ours)
     assert len(ours_series) > 1000  # the sample tree's fabric, not an empty answer twice
     assert theirs_series == ours_series, sorted(set(theirs_series.items()) ^ set(ours_series.items()))[:20]
-    failed = {key: value for key, value in samples(theirs).items()
-              if key[0] == "rdma_exporter_scrape_collector_success" and value != 1}
-    assert not failed, failed
+    assert not failed_collectors(samples(theirs)), failed_collectors(samples(theirs))
