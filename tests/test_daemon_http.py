@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -693,6 +694,47 @@ def test_a_rounds_encoded_bodies_are_reused_then_dropped_with_the_round() -> Non
     assert collector.families is not None and collector.families.renders == 1
     collector.families = None  # the round is over: its bodies must not outlive it until the next scrape
     assert exporter._encoded == (None, {})
+
+def test_a_scrapes_rows_live_until_its_answer_is_sent_and_no_longer(tree: Path) -> None:
+    # Neither the collector nor the body cache keeps a finished scrape's families into the next scrape: they
+    # would be alive beside the next round's. The answer holds them until it is sent, so that freeing them
+    # is not work the client waits for.
+    exporter = Exporter(Serving(replace(Config(), sysfs=tree), RdmaCollector(tree, []), WebConfig()))
+    response = exporter.handle(Request("GET", "/metrics", "HTTP/1.1", {}))
+    assert exporter._encoded[0] is not None and exporter._encoded[0]() is response.keep
+    response.keep = None  # what the server's worker does once the answer is out
+    assert exporter._encoded == (None, {})
+
+
+def test_what_an_answer_keeps_is_freed_before_the_clean_up_after_it() -> None:
+    # The clean-up (malloc_trim, in the daemon) can only return memory that is free by then.
+    class Rows:
+        pass
+
+    kept: list[weakref.ref[Rows]] = []
+    freed_at_clean_up: list[bool] = []
+
+    def handler(request: Request) -> Response:
+        rows = Rows()
+        kept.append(weakref.ref(rows))
+        return Response(200, b"ok", keep=rows)
+
+    def after_response(response: Response) -> None:
+        freed_at_clean_up.append(kept[-1]() is None)
+
+    server = HttpServer(("127.0.0.1", 0), handler, after_response=after_response, workers=1)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for _ in range(2):  # the second request also runs the first answer's clean-up if it had not run
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            conn.request("GET", "/")
+            assert conn.getresponse().read() == b"ok"
+            conn.close()
+        wait_until(lambda: len(freed_at_clean_up) == 2, 10)
+        assert freed_at_clean_up == [True, True]
+    finally:
+        server.shutdown(grace=2)
+
 
 def test_scrape_timeout_header_shortens_the_deadline() -> None:
     config = Config(scrape_timeout=8.0)

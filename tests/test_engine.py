@@ -104,8 +104,9 @@ def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(tmp_path:
     # mlx5_1's job ends (dropped, or run by the thread let in): only the stuck read is left outstanding.
     wait_until(lambda: rdma.reads.outstanding() == 1)
     second = scrape(rdma, 30.0)
-    # Over once mlx5_1 is read: the skipped device, which has no job in this round, is not waited for.
-    assert rdma._round is not None and rdma._round.all_done.is_set()
+    # Over once mlx5_1 is read: the skipped device, which has no job in this round, is not waited for. A
+    # round is dropped once it has finished (an unfinished one stays, joinable until its deadline).
+    assert rdma._round is None
     assert second[("x_value", (("device", "mlx5_1"),))] == 1
     assert second[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_0"),))] == 1
     assert ("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),)) not in second
@@ -560,17 +561,26 @@ def test_a_short_scrape_joining_a_round_drops_no_job_the_long_one_waits_for(
     assert longer[0][("x_value", (("device", "mlx5_1"),))] == 1
 
 
-def test_a_finished_round_is_freed_without_the_cyclic_gc(tmp_path: Path, standin: StandIn) -> None:
+def test_a_finished_round_is_freed_with_its_scrape_without_the_cyclic_gc(tmp_path: Path, standin: StandIn) -> None:
     # The round holds its jobs; a job that kept the round's callback once called would make every scrape's
-    # readings a reference cycle, freed only whenever the cyclic GC next runs.
+    # readings a reference cycle, freed only whenever the cyclic GC next runs. Nor does the collector keep
+    # a finished round until the next scrape: its readings would be alive beside the next round's.
     rdma = collector(tmp_path, standin)
+    rounds: list[weakref.ref[Any]] = []
+    start_round = rdma._start_round
+
+    def recorded(deadline: float) -> Any:
+        started = start_round(deadline)
+        rounds.append(weakref.ref(started))
+        return started
+
+    rdma._start_round = recorded  # type: ignore[method-assign]
     gc.collect()
     gc.disable()
     try:
-        scrape(rdma)
-        first = weakref.ref(rdma._round)
-        scrape(rdma)  # a new round replaces it
-        assert first() is None
+        families = rdma.gather()
+        assert len(rounds) == 1 and rounds[0]() is None  # gone once its scrape had the families
+        assert ("x_value", (("device", "mlx5_0"),)) in samples(families.render_text().decode())
     finally:
         gc.enable()
 

@@ -254,7 +254,7 @@ class Exporter:
         headers = [("Vary", "Accept-Encoding")]
         if compress:
             headers.append(("Content-Encoding", "gzip"))
-        return Response(200, body, CONTENT_TYPE, headers)
+        return Response(200, body, CONTENT_TYPE, headers, keep=families)
 
 
 # --- process: start-up, reload, shutdown ---------------------------------------------------------------

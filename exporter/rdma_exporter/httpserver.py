@@ -130,6 +130,9 @@ class Response:
     content_type: str = "text/plain; charset=utf-8"
     headers: list[tuple[str, str]] = field(default_factory=list)
     close: bool = False
+    # What the body was made from (a scrape's families): freed on the worker once the answer is out, not
+    # while the client waits for it.
+    keep: object = None
 
     @property
     def parts(self) -> tuple[bytes, ...]:
@@ -900,6 +903,8 @@ class HttpServer:
 
         def after_sent() -> None:
             nonlocal sent
+            if sent is not None:
+                sent.keep = None  # first, so that the clean-up below finds that memory free
             if sent is not None and self._after_response is not None:
                 try:
                     self._after_response(sent)

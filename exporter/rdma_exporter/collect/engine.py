@@ -307,7 +307,15 @@ class RdmaCollector(Collector):
             if remaining <= 0 or current.all_done.wait(min(remaining, pool.spill_after)):
                 break
             pool.rebalance()  # a job is slow: let another thread take the queue
-        return self._assemble(current)
+        families = self._assemble(current)
+        if current.result is not None:
+            # A finished round is never joined again, so it need not outlive its scrapes: kept until the
+            # next scrape replaced it, its readings and families were alive beside the next round's,
+            # which doubled a scrape's peak of Python objects.
+            with self._round_lock:
+                if self._round is current:
+                    self._round = None
+        return families
 
     # The round is started under _round_lock: listing is one getdents, everything else is a job.
     def _start_round(self, deadline: float) -> _Round:
