@@ -309,9 +309,9 @@ class RdmaCollector(Collector):
             pool.rebalance()  # a job is slow: let another thread take the queue
         families = self._assemble(current)
         if current.result is not None:
-            # A finished round is never joined again, so it need not outlive its scrapes: kept until the
-            # next scrape replaced it, its readings and families were alive beside the next round's,
-            # which doubled a scrape's peak of Python objects.
+            # A finished round is never joined again, so it need not outlive its scrapes. Kept until the
+            # next scrape replaced it, its readings and families stayed alive between scrapes, out of
+            # reach of the clean-up after the answer, and were freed inside the next scrape.
             with self._round_lock:
                 if self._round is current:
                     self._round = None
