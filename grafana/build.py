@@ -920,6 +920,15 @@ def node_detail() -> Json:
         ("rdma_port_local_link_integrity_errors_total", "local link integrity errors"),
         ("rdma_port_excessive_buffer_overrun_errors_total", "buffer overruns"),
     ]
+    # mlx5's error completions (its extended error Q counters), requester side first.
+    completion_errors = [
+        "req_cqe_error",
+        "resp_cqe_error",
+        "req_remote_access_errors",
+        "resp_remote_access_errors",
+        "req_remote_invalid_request",
+        "resp_local_length_error",
+    ]
     items: list[tuple[Json, int, int]] = [
         (stat(
             "Ports ACTIVE",
@@ -1153,6 +1162,19 @@ def node_detail() -> Json:
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaPortOutOfBuffer"],
         ), 8, 8),
+        (timeseries(
+            "Work completion errors",
+            "Work requests that completed in error, per port (mlx5 hw_counters): req_cqe_error and "
+            "resp_cqe_error count error completions on the sending (requester) and receiving (responder) side, "
+            "such as a queue pair that gave up after the transport retries above; remote access and invalid "
+            "request errors are a peer refusing an RDMA read, write or atomic (a memory key or registration the "
+            "application got wrong); a local length error is a message longer than the receive buffer posted "
+            "for it. A burst that lines up with a job's failure names the node and port to start from; a job "
+            "tearing down its queue pairs can complete posted receives in error too. Flushed completions, "
+            "which follow any queue pair error, are left out.",
+            "cps",
+            targets(*((rate(f"rdma_port_hw_{name}_total"), f"{dp} {name}") for name in completion_errors)),
+        ), 24, 8),
         (row("Device"), 24, 1),
         (table(
             "Devices",
