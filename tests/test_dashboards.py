@@ -1134,8 +1134,22 @@ def test_link_rate_table_leaves_a_port_that_is_not_active_empty(stack: Stack) ->
         assert devices and DOWN_PORT not in devices, (expr, devices)
 
 
+def legend_gaps(legend: str, result: list[dict[str, Any]]) -> str | None:
+    """The first series of a query's answer that lacks a label its legend draws (the line's name would have
+    a blank there), described; None if every series carries them all. Optional target labels may be absent."""
+    drawn = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend)) - set(OPTIONAL_LABELS)
+    for series in result:
+        missing = sorted(drawn - series["metric"].keys())
+        if missing:
+            return f"the legend {legend!r} draws {missing}, which this series lacks: {series['metric']}"
+    return None
+
+
 def test_every_panel_query_returns_data(stack: Stack) -> None:
-    """Poll until every query that must have data has it (the rules need a few evaluations), then report."""
+    """Poll until every query that must have data has it (the rules need a few evaluations), then report.
+
+    Every series a query returns must also carry each label its legend draws: the static legend check
+    cannot follow joins, label_replace or recording rules, the answers can."""
     queries = []
     for path in DASHBOARD_FILES:
         variables = load(path)["templating"]["list"]
@@ -1145,26 +1159,36 @@ def test_every_panel_query_returns_data(stack: Stack) -> None:
             for tgt in item["targets"]:
                 where = f"{path.stem} / {item['title']} / {tgt['refId']}"
                 may_be_empty = bool(MAY_BE_EMPTY.search(item["description"]))
-                queries.append((where, substitute(tgt["expr"], variables, chosen), may_be_empty))
+                legend = tgt.get("legendFormat", "")
+                queries.append((where, substitute(tgt["expr"], variables, chosen), may_be_empty, legend))
 
     problems: dict[str, str] = {}
+    legends: dict[str, str] = {}
     deadline = time.monotonic() + DEADLINE
     pending = list(queries)
     while pending and time.monotonic() < deadline:
         still = []
-        for where, expr, may_be_empty in pending:
+        for where, expr, may_be_empty, legend in pending:
             answer = stack.query(expr)
             if answer.get("status") != "success":
                 problems[where] = f"does not parse: {answer.get('error')}\n  {expr}"
-            elif not answer["data"]["result"] and not may_be_empty:
+                continue
+            result = answer["data"]["result"]
+            gap = legend_gaps(legend, result)
+            if gap is None:
+                legends.pop(where, None)
+            else:
+                legends[where] = f"{gap}\n  {expr}"
+            if not result and not may_be_empty:
                 problems[where] = f"returned no data\n  {expr}"
-                still.append((where, expr, may_be_empty))
+                still.append((where, expr, may_be_empty, legend))
             else:
                 problems.pop(where, None)
         pending = [p for p in still if "does not parse" not in problems.get(p[0], "")]
         if pending:
             time.sleep(1)
     assert not problems, "\n".join(f"{where}: {why}" for where, why in sorted(problems.items()))
+    assert not legends, "\n".join(f"{where}: {why}" for where, why in sorted(legends.items()))
 
 
 IDENTITY_TABLES = (("Devices", "rdma_device_info", ("device",)), ("Ports", "rdma_port_info", ("device", "port")))
