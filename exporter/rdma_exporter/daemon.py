@@ -182,7 +182,7 @@ class Exporter:
         self.refused_anonymous = CountedWarning(log)
 
     def _forget(self, gone: weakref.ref[FamilySet]) -> None:
-        # The collection was dropped (a new scrape started its own): drop its encoded bodies with it.
+        # The collection was freed (the last answer made from it is sent): drop its encoded bodies with it.
         with self._encoded_lock:
             if self._encoded[0] is gone:
                 self._encoded = (None, {})
@@ -254,7 +254,7 @@ class Exporter:
         headers = [("Vary", "Accept-Encoding")]
         if compress:
             headers.append(("Content-Encoding", "gzip"))
-        return Response(200, body, CONTENT_TYPE, headers, keep=families)
+        return Response(200, body, CONTENT_TYPE, headers, made_from=families)
 
 
 # --- process: start-up, reload, shutdown ---------------------------------------------------------------

@@ -132,7 +132,7 @@ class Response:
     close: bool = False
     # What the body was made from (a scrape's families): freed on the worker once the answer is out, not
     # while the client waits for it.
-    keep: object = None
+    made_from: object = field(default=None, repr=False, compare=False)
 
     @property
     def parts(self) -> tuple[bytes, ...]:
@@ -904,7 +904,7 @@ class HttpServer:
         def after_sent() -> None:
             nonlocal sent
             if sent is not None:
-                sent.keep = None  # first, so that the clean-up below finds that memory free
+                sent.made_from = None  # first, so that the clean-up below finds that memory free
             if sent is not None and self._after_response is not None:
                 try:
                     self._after_response(sent)
