@@ -1166,12 +1166,13 @@ def node_detail() -> Json:
             "Work completion errors",
             "Work requests that completed in error, per port (mlx5 hw_counters): req_cqe_error and "
             "resp_cqe_error count error completions on the sending (requester) and receiving (responder) side, "
-            "such as a queue pair that gave up after the transport retries above; remote access and invalid "
-            "request errors are a peer refusing an RDMA read, write or atomic (a memory key or registration the "
-            "application got wrong); a local length error is a message longer than the receive buffer posted "
-            "for it. A burst that lines up with a job's failure names the node and port to start from; a job "
-            "tearing down its queue pairs can complete posted receives in error too. Flushed completions, "
-            "which follow any queue pair error, are left out.",
+            "such as a queue pair that gave up after the transport retries above. req_remote_access_errors: a "
+            "peer refused this node's RDMA read, write or atomic (its memory key or range); "
+            "resp_remote_access_errors: this node refused a peer's. req_remote_invalid_request: a peer "
+            "answered a request as invalid, often a send longer than the receive buffer the peer had posted, "
+            "which the peer counts as resp_local_length_error. A burst that lines up with a job's failure "
+            "names the node and port to start from; a job tearing down its queue pairs can complete posted "
+            "receives in error too. Flushed completions, which follow any queue pair error, are left out.",
             "cps",
             targets(*((rate(f"rdma_port_hw_{name}_total"), f"{dp} {name}") for name in completion_errors)),
         ), 24, 8),
