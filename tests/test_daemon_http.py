@@ -695,6 +695,7 @@ def test_a_rounds_encoded_bodies_are_reused_then_dropped_with_the_round() -> Non
     collector.families = None  # the round is over: its bodies must not outlive it until the next scrape
     assert exporter._encoded == (None, {})
 
+
 def test_a_scrapes_rows_live_until_its_answer_is_sent_and_no_longer(tree: Path) -> None:
     # Neither the collector nor the body cache keeps a finished scrape's families until the next scrape,
     # where the clean-up after the answer could not return their memory. The answer holds them until it is
