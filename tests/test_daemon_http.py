@@ -1095,6 +1095,35 @@ def test_past_the_pending_bytes_bound_a_worker_finishes_its_own_answer(monkeypat
                 sock.close()
 
 
+def test_a_worker_writing_its_own_answer_holds_nothing_the_answer_was_made_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Past the pending-bytes bound the worker writes until the write timeout: a scrape's families must not
+    # stay alive that long with it (one set per stalled worker under a flood of slow readers).
+    monkeypatch.setattr(httpserver, "MAX_PENDING_BYTES", 0)  # every stalled answer is past the bound
+
+    class Rows:
+        pass
+
+    made: list[tuple[float, weakref.ref[Rows]]] = []
+
+    def handler(request: Request) -> Response:
+        rows = Rows()
+        made.append((time.monotonic(), weakref.ref(rows)))
+        return Response(200, BIG_BODY, made_from=rows)
+
+    with InProcessServer(handler, workers=1, write_timeout=4.0) as server:
+        stalled = stalled_clients(server.port, 1)
+        try:
+            wait_until(lambda: made, 10)
+            wait_until(lambda: made[0][1]() is None, 10)
+            # Freed before the worker gave up on the client, not by the clean-up after it.
+            assert time.monotonic() - made[0][0] < 3.0
+            assert server.connections() == 1
+        finally:
+            stalled[0].close()
+
+
 def test_the_loop_gives_up_on_a_slow_reader_at_the_write_timeout() -> None:
     # Not at the head (or idle) timeout, which ran while the request arrived: the answer gets its own.
     with InProcessServer(big_or_ok, head_timeout=0.2, idle_timeout=0.2, write_timeout=2.0) as server:

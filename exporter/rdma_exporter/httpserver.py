@@ -947,7 +947,9 @@ class HttpServer:
                 return keep, response
             # Too much is waiting for slow readers already: this worker finishes its own answer, also when
             # the connection closes after it. One deadline for the whole answer: a client reading one byte
-            # a second cannot hold a worker.
+            # a second cannot hold a worker. What the body was made from is not needed for that and could
+            # be held for the whole write timeout: freed first.
+            response.made_from = None
             finished = outgoing.finish(sock, deadline)
             return keep and finished, response
         except (OSError, ssl.SSLError):
