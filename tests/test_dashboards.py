@@ -320,6 +320,11 @@ def groupings(tokens: list[tuple[str, str]]) -> list[str]:
     return found
 
 
+def legend_labels(legend: str) -> set[str]:
+    """The labels a legend format draws (`{{label}}`)."""
+    return set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
+
+
 def outer_by_labels(expr: str) -> set[str] | None:
     """The labels an expression keeps when the whole of it is one `agg by (labels) (...)`, optionally inside
     topk/bottomk/sort/sort_desc and optionally combined with a number; None for any other shape."""
@@ -666,7 +671,7 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
             if kept is None:
                 kept = plain_selector_labels(expr)
             if kept is not None:
-                drawn = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", tgt["legendFormat"]))
+                drawn = legend_labels(tgt["legendFormat"])
                 missing = sorted(drawn - kept)
                 assert not missing, f"{where}: the legend draws {missing}, which the query's series do not carry"
             # An optional label (targets without `cluster`) leaves its place in a legend empty: only at the end.
@@ -1137,7 +1142,7 @@ def test_link_rate_table_leaves_a_port_that_is_not_active_empty(stack: Stack) ->
 def legend_gaps(legend: str, result: list[dict[str, Any]]) -> str | None:
     """The first series of a query's answer that lacks a label its legend draws (the line's name would have
     a blank there), described; None if every series carries them all. Optional target labels may be absent."""
-    drawn = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend)) - set(OPTIONAL_LABELS)
+    drawn = legend_labels(legend) - set(OPTIONAL_LABELS)
     for series in result:
         missing = sorted(drawn - series["metric"].keys())
         if missing:
