@@ -903,9 +903,10 @@ class HttpServer:
 
         def after_sent() -> None:
             nonlocal sent
-            if sent is not None:
-                sent.made_from = None  # first, so that the clean-up below finds that memory free
-            if sent is not None and self._after_response is not None:
+            if sent is None:
+                return
+            sent.made_from = None  # first, so that the clean-up below finds that memory free
+            if self._after_response is not None:
                 try:
                     self._after_response(sent)
                 except Exception:
