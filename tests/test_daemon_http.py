@@ -709,11 +709,12 @@ def test_a_scrapes_rows_live_until_its_answer_is_sent_and_no_longer(tree: Path) 
     wait_until(lambda: exporter._encoded == (None, {}))
 
 
+class Rows:
+    """Stands for what an answer was made from (a scrape's families), to watch when it is freed."""
+
+
 def test_what_an_answer_keeps_is_freed_before_the_clean_up_after_it() -> None:
     # The clean-up (malloc_trim, in the daemon) can only return memory that is free by then.
-    class Rows:
-        pass
-
     kept: list[weakref.ref[Rows]] = []
     freed_at_clean_up: list[bool] = []
 
@@ -1101,9 +1102,6 @@ def test_a_worker_writing_its_own_answer_holds_nothing_the_answer_was_made_from(
     # Past the pending-bytes bound the worker writes until the write timeout: a scrape's families must not
     # stay alive that long with it (one set per stalled worker under a flood of slow readers).
     monkeypatch.setattr(httpserver, "MAX_PENDING_BYTES", 0)  # every stalled answer is past the bound
-
-    class Rows:
-        pass
 
     made: list[tuple[float, weakref.ref[Rows]]] = []
 
