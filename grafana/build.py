@@ -126,6 +126,19 @@ ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet
 PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~"pending|firing"')
 
 
+# The RoCE dashboard opens on every node: its per-series panels show the nodes with the highest values.
+WORST_NODES = 5
+NODE_KEY = "cluster, job, instance"
+
+
+def worst_nodes(expr: str, *, lowest: bool = False) -> str:
+    """Every series of `expr` from the WORST_NODES nodes whose highest series (lowest, with `lowest`) is
+    highest (lowest) at each step. One node selected, or a few, shows them whole; All on a fleet of
+    thousands stays a few hundred series instead of one per node, netdev, priority and direction."""
+    pick, agg = ("bottomk", "min") if lowest else ("topk", "max")
+    return f"(\n{expr}\n)\n  and on ({NODE_KEY})\n{pick}({WORST_NODES}, {agg} by ({NODE_KEY}) (\n{expr}\n))"
+
+
 def firing_alerts(*extra: str) -> str:
     """Firing alerts of the rdma-exporter rules on the selected nodes."""
     return sel("ALERTS", NODE, 'alertname=~"Rdma.*"', 'alertstate="firing"', *extra)
@@ -1561,6 +1574,17 @@ def roce_congestion() -> Json:
             minimum=0,
         ), 12, 8),
     ]  # fmt: skip
+    for panel_json, _, _ in items:
+        if panel_json["type"] in ("timeseries", "state-timeline"):
+            # ECN state: the nodes with a priority disabled (0) first.
+            lowest = panel_json["type"] == "state-timeline"
+            for tgt in panel_json["targets"]:
+                tgt["expr"] = worst_nodes(tgt["expr"], lowest=lowest)
+            worst = "with ECN disabled first" if lowest else "with the highest value"
+            panel_json["description"] += (
+                f" With more than {WORST_NODES} nodes selected, the {WORST_NODES} {worst} at each moment, each "
+                "with all its series: select nodes to see others."
+            )
     return dashboard(
         "roce-congestion",
         "RDMA / RoCE congestion",

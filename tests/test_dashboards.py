@@ -1600,3 +1600,55 @@ def test_panels_read_every_driver_name_that_the_records_read() -> None:
                 missing.append(f"{dashboard} / {item['title']} / {tgt['refId']}: reads {sorted(read & names)}, "
                                f"not {sorted(names - read)}")  # fmt: skip
     assert not missing, "\n".join(missing)
+
+
+PAUSE_RATIO = "instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m"
+
+
+def test_roce_panels_show_the_worst_nodes_each_whole(tmp_path: Path) -> None:
+    """The RoCE dashboard opens on All nodes. On a fleet its per-series panels would draw one line per node,
+    netdev, priority and direction (tens of thousands): they show the few nodes with the highest values
+    (the lowest, for ECN state: disabled first), each with all its series, and one node chosen shows whole.
+    Seven nodes, each paused on priority 3 rx (node k: k %) and not at all tx; ECN disabled on n1 and n6."""
+    board = load(GRAFANA / "dashboards" / "roce-congestion.json")
+    variables = board["templating"]["list"]
+    worst = build_module().WORST_NODES
+    nodes = [f"n{k}:9883" for k in range(1, 8)]
+    assert len(nodes) > worst
+    series: dict[str, str] = {}
+    for k, node in enumerate(nodes, start=1):
+        port = f'job="rdma-exporter", instance="{node}", device="mlx5_0", port="1", netdev="eth0", priority="3"'
+        series[f'{PAUSE_RATIO}{{{port}, direction="rx"}}'] = f"{k / 100}x10"
+        series[f'{PAUSE_RATIO}{{{port}, direction="tx"}}'] = "0x10"
+        for role in ("np", "rp"):
+            series[f'rdma_netdev_ecn_enabled{{{port}, role="{role}"}}'] = "0x10" if k in (1, 6) else "1x10"
+
+    def expr(title: str, chosen: dict[str, str] | None = None) -> str:
+        item = next(item for item in panels(board) if item["title"] == title)
+        assert len(item["targets"]) == 1, title
+        return substitute(item["targets"][0]["expr"], variables, chosen)
+
+    paused, ecn = expr("Time paused"), expr("ECN enabled")
+    checks = [
+        (f"count({paused})", 2 * worst),  # every series of each node shown
+        (f"count(count by (instance) ({paused}))", worst),
+        (f"min(max by (instance) ({paused}))", (len(nodes) - worst + 1) / 100),  # the worst, not any five
+        (f"count({expr('Time paused', {'instance': 'n1:9883'})})", 2),  # one node: whole, though the least
+        (f"count(count by (instance) ({ecn}))", worst),
+        (f"count(count by (instance) ({ecn} == 0))", 2),  # both nodes with ECN disabled among them
+    ]
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": values} for name, values in series.items()],
+            "promql_expr_test": [{"expr": query, "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": value}]}
+                                 for query, value in checks],
+        }],
+    }  # fmt: skip
+    path = tmp_path / "worst-nodes.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run([require_binary("promtool"), "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
