@@ -57,6 +57,7 @@ CLUSTER = ("job", "cluster")
 RAIL = (*CLUSTER, "device", "port")
 ON_PORT = "on (cluster, job, instance, device, port)"
 ON_DEVICE = "on (cluster, job, instance, device)"
+NODE_KEY = "cluster, job, instance"  # the labels that name a node, as ON_PORT and ON_DEVICE have them
 
 UIDS = {
     "fabric-overview": "rdma-fabric-overview",
@@ -128,7 +129,6 @@ PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~
 
 # The RoCE dashboard opens on every node: its per-series panels show the nodes with the highest values.
 WORST_NODES = 5
-NODE_KEY = "cluster, job, instance"
 
 
 def worst_nodes(expr: str, *, lowest: bool = False) -> str:

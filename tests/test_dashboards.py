@@ -1630,25 +1630,12 @@ def test_roce_panels_show_the_worst_nodes_each_whole(tmp_path: Path) -> None:
 
     paused, ecn = expr("Time paused"), expr("ECN enabled")
     checks = [
-        (f"count({paused})", 2 * worst),  # every series of each node shown
-        (f"count(count by (instance) ({paused}))", worst),
-        (f"min(max by (instance) ({paused}))", (len(nodes) - worst + 1) / 100),  # the worst, not any five
-        (f"count({expr('Time paused', {'instance': 'n1:9883'})})", 2),  # one node: whole, though the least
-        (f"count(count by (instance) ({ecn}))", worst),
-        (f"count(count by (instance) ({ecn} == 0))", 2),  # both nodes with ECN disabled among them
+        (f"count({paused})", "5m", 2 * worst),  # every series of each node shown
+        (f"count(count by (instance) ({paused}))", "5m", worst),
+        (f"min(max by (instance) ({paused}))", "5m", (len(nodes) - worst + 1) / 100),  # the worst, not any five
+        (f"count({expr('Time paused', {'instance': 'n1:9883'})})", "5m", 2),  # one node: whole, though the least
+        (f"count(count by (instance) ({ecn}))", "5m", worst),
+        (f"count(count by (instance) ({ecn} == 0))", "5m", 2),  # both nodes with ECN disabled among them
     ]
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": name, "values": values} for name, values in series.items()],
-            "promql_expr_test": [{"expr": query, "eval_time": "5m", "exp_samples": [{"labels": "{}", "value": value}]}
-                                 for query, value in checks],
-        }],
-    }  # fmt: skip
-    path = tmp_path / "worst-nodes.test.yml"
-    path.write_text(yaml.safe_dump(test, sort_keys=False))
-    result = subprocess.run([require_binary("promtool"), "test", "rules", str(path)], capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    problems = promtool_checks(tmp_path, series, checks)
+    assert not problems, "\n".join(problems)
