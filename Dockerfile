@@ -1,11 +1,14 @@
 # The exporter's image for deploy/kubernetes/: `docker build -t <registry>/rdma-exporter:0.1.0 .`, push
 # it, and set that name as the DaemonSet's image. It reads the host's /sys (mounted at /host/sys) and
 # needs no tools from the image: the ethtool statistics come from the ioctl, uevents from libudev.
-FROM python:3.11-slim AS build
+# The Debian release is named: a bare `slim` moves to the next one (and its libudev) when it is released.
+FROM python:3.11-slim-bookworm AS build
 COPY . /src
-RUN pip wheel --no-cache-dir --wheel-dir /wheels /src
+# The dependencies at the versions the test suite ran (deploy/constraints.txt): a rebuild months later
+# ships the same ones. tests/test_packaging.py runs these two pip steps as written.
+RUN pip wheel --no-cache-dir --constraint /src/deploy/constraints.txt --wheel-dir /wheels /src
 
-FROM python:3.11-slim
+FROM python:3.11-slim-bookworm
 # pyudev loads libudev at run time for the uevent monitor; without it the exporter rescans every scrape.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libudev1 \

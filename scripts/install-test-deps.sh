@@ -100,4 +100,5 @@ if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
     rm -rf "$download" "$VM_CACHE/kernel" && mv "$VM_CACHE/kernel.new" "$VM_CACHE/kernel"
 fi
 
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# At the versions the image ships (deploy/constraints.txt), so that the suite tests what is deployed.
+python3 -m pip install --quiet --disable-pip-version-check --constraint deploy/constraints.txt -e ".[test]"

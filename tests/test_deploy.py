@@ -16,12 +16,15 @@ import socket
 import ssl
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import bcrypt
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from test_daemon_http import RunningDaemon
 
 from rdma_exporter.config import ConfigError, load_config_file, parse_config
@@ -236,6 +239,56 @@ def test_dockerfile_matches_the_daemonset_and_the_package() -> None:
     pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
     (script,) = re.findall(r"(?m)^([\w-]+) = \"rdma_exporter:main\"$", pyproject)
     assert final["ENTRYPOINT"] == f'["{script}"]'
+
+
+def pinned_versions() -> dict[str, str]:
+    """deploy/constraints.txt as {normalised name: version}; every line there is name==version."""
+    pins = {}
+    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            pin = re.fullmatch(r"([A-Za-z0-9_.-]+)==([0-9][0-9A-Za-z.]*)", line)
+            assert pin, f"deploy/constraints.txt: {line!r} is not name==version"
+            pins[canonicalize_name(pin.group(1))] = pin.group(2)
+    return pins
+
+
+def test_constraints_pin_what_the_suite_runs_within_pyproject_ranges() -> None:
+    """The image and the suite install deploy/constraints.txt's versions: each of pyproject's requirements
+    (runtime and test extras) and each of theirs must be pinned there, within pyproject's range, and be
+    what this suite runs with; a pin nothing requires any more is stale."""
+    pins = pinned_versions()
+    ours = metadata.distribution("rdma-exporter")
+    direct = [Requirement(text) for text in ours.requires or []]
+    for requirement in direct:
+        if requirement.marker is None or requirement.marker.evaluate({"extra": "test"}):
+            name = canonicalize_name(requirement.name)
+            assert name in pins, f"{requirement} is not pinned in deploy/constraints.txt"
+            assert requirement.specifier.contains(pins[name], prereleases=True), (requirement, pins[name])
+
+    # Walk what is installed from rdma-exporter[test] down, as this interpreter's markers select.
+    required_somewhere: set[str] = set()
+    seen: dict[str, str] = {}
+    todo = [requirement for requirement in direct
+            if requirement.marker is None or requirement.marker.evaluate({"extra": "test"})]  # fmt: skip
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen:
+            continue
+        seen[name] = metadata.version(requirement.name)
+        for text in metadata.distribution(requirement.name).requires or []:
+            child = Requirement(text)
+            required_somewhere.add(canonicalize_name(child.name))
+            if child.marker is None or child.marker.evaluate({"extra": ""}):
+                todo.append(child)
+    unpinned = sorted(set(seen) - set(pins))
+    assert not unpinned, f"installed for the suite but not pinned in deploy/constraints.txt: {unpinned}"
+    differ = {name: (version, pins[name]) for name, version in seen.items() if version != pins[name]}
+    assert not differ, f"installed vs pinned (run scripts/install-test-deps.sh): {differ}"
+    direct_names = {canonicalize_name(requirement.name) for requirement in direct}
+    stale = sorted(set(pins) - required_somewhere - direct_names)
+    assert not stale, f"pinned in deploy/constraints.txt but required by nothing: {stale}"
 
 
 def test_prometheus_scrape_config_passes_promtool(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def test_cleaned_package_lists_are_updated_then_the_kernel_is_fetched(stubbed: t
     assert log[1].endswith(f"download -qq -o APT::Sandbox::User=root {KERNEL}-unsigned")
     cache = Path(env["RDMA_EXPORTER_VM_CACHE"])
     assert (cache / "kernel" / "boot" / "vmlinuz-6.1.0-99-amd64").read_text() == "not a kernel\n"
-    pip = "python3 -m pip install --quiet --disable-pip-version-check -e .[test]\n"
+    pip = "python3 -m pip install --quiet --disable-pip-version-check --constraint deploy/constraints.txt -e .[test]\n"
     assert (state / "python3.log").read_text() == pip
 
     # A second run finds the kernel in the cache and asks apt nothing.

@@ -9,6 +9,8 @@ checkout, installed into a new venv, and its `rdma-exporter` runs from a directo
 from __future__ import annotations
 
 import base64
+import glob
+import json
 import os
 import re
 import shutil
@@ -21,7 +23,9 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+from packaging.utils import canonicalize_name
 from test_daemon_http import RunningDaemon, get
+from test_deploy import pinned_versions
 
 from rdma_exporter import __version__
 
@@ -272,4 +276,42 @@ def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
     theirs_series, ours_series = fabric_series(theirs), fabric_series(ours)
     assert len(ours_series) > 1000  # the sample tree's fabric, not an empty answer twice
     assert theirs_series == ours_series, sorted(set(theirs_series.items()) ^ set(ours_series.items()))[:20]
+    assert not failed_collectors(samples(theirs)), failed_collectors(samples(theirs))
+
+
+def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, tmp_path: Path) -> None:
+    # No Docker daemon here, so the Dockerfile's two pip steps run as written, in a venv of this Python,
+    # with the build context (the checkout less .dockerignore) for /src and a directory for /wheels. What
+    # is checked: the pinned set resolves from the index and installs without it, the image gets exactly
+    # deploy/constraints.txt's versions and nothing else, and that install serves what the wheel does.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    steps = re.findall(r"(?m)^RUN (pip .*)$", dockerfile)
+    assert [step.split()[1] for step in steps] == ["wheel", "install"], steps
+    context, wheels = tmp_path / "src", tmp_path / "wheels"
+    ignored = [pattern.removeprefix("**/") for pattern in (ROOT / ".dockerignore").read_text().split()]
+    shutil.copytree(ROOT, context, symlinks=True, ignore=shutil.ignore_patterns(*ignored))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+    index = subprocess.run([*pip, "index", "versions", "bcrypt"], capture_output=True, text=True, timeout=300)
+    if index.returncode != 0:
+        skip_or_fail(f"the package index is not reachable: {index.stderr.strip()[-300:]}")
+    for step in steps:
+        command = step.split(" && ")[0].replace("/src", str(context)).replace("/wheels", str(wheels))
+        argv = [expanded for word in command.split()[1:] for expanded in sorted(glob.glob(word)) or [word]]
+        done = subprocess.run([*pip, *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert done.returncode == 0, f"{step}\n{done.stdout}{done.stderr}"
+
+    listed = subprocess.run([*pip, "list", "--format", "json"], capture_output=True, text=True, timeout=60, check=True)
+    got = {canonicalize_name(item["name"]): item["version"] for item in json.loads(listed.stdout)}
+    _, floors = declared_floors()
+    pins = pinned_versions()
+    expected = {canonicalize_name(name): pins[canonicalize_name(name)] for name in floors}
+    expected["rdma-exporter"] = __version__
+    bundled = {name for name in ("pip", "setuptools", "wheel") if name not in expected}  # ensurepip's own
+    assert {name: version for name, version in got.items() if name not in bundled} == expected
+
+    theirs = serve_sample(venv / "bin" / "rdma-exporter", tmp_path)
+    ours = serve_sample(installed / "bin" / "rdma-exporter", tmp_path)
+    assert fabric_series(theirs) == fabric_series(ours)
     assert not failed_collectors(samples(theirs)), failed_collectors(samples(theirs))
