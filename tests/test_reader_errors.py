@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from rdma_exporter.parse.reader import FileBudget, OpenFiles, ReadErrors, SysfsReader, link_name, list_dir
+from rdma_exporter.parse.reader import (
+    ERROR_EXAMPLES,
+    FileBudget,
+    OpenFiles,
+    ReadErrors,
+    SysfsReader,
+    link_name,
+    list_dir,
+)
 
 from conftest import RefusingReads
 
@@ -166,6 +174,17 @@ def test_a_file_longer_than_any_attribute_is_malformed_not_cut(tmp_path: Path) -
     assert "8192 bytes or more" in errors.last[("mlx5_0", "malformed")]
 
 
+def test_read_errors_keep_a_few_distinct_files_per_device_and_reason() -> None:
+    errors = ReadErrors()
+    for _ in range(2):  # the same file twice is one example
+        for index in range(ERROR_EXAMPLES + 4):
+            errors.add("mlx5_0", "malformed", f"/sys/f{index}: junk")
+    errors.add("mlx5_1", "io", "/sys/g: EIO")
+    assert errors.examples[("mlx5_0", "malformed")] == [f"/sys/f{index}: junk" for index in range(ERROR_EXAMPLES)]
+    assert errors.counts[("mlx5_0", "malformed")] == 2 * (ERROR_EXAMPLES + 4)
+    assert errors.examples[("mlx5_1", "io")] == ["/sys/g: EIO"]
+
+
 def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -201,6 +220,29 @@ def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
     counter.write_text("0\n")
     collector.gather()
     assert lines() == [(logging.INFO, "read errors [infiniband] mlx5_1 (malformed) stopped")]
+    # Two files of one device failing together are both named, and one that starts failing while the
+    # episode goes on gets a line of its own, once: the log named only the first file, so that after it
+    # was mended the count kept rising with no file named (operator review).
+    other = root / "class/infiniband/mlx5_0/ports/1/counters/link_downed"
+    third = root / "class/infiniband/mlx5_0/ports/1/counters/port_rcv_errors"
+    first = root / "class/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    first.write_text("junk\n")
+    other.write_text("99999999999999999999999\n")
+    collector.gather()
+    (started,) = lines()
+    assert started[0] == logging.WARNING and str(first) in started[1] and str(other) in started[1], started
+    first.write_text("0\n")
+    collector.gather()
+    assert lines() == []
+    third.write_text("-1\n")
+    for _ in range(2):
+        collector.gather()
+    assert lines() == [(logging.WARNING, f"read errors [infiniband] mlx5_0 (malformed), also: {third}: "
+                                         "not an unsigned integer: '-1'")]
+    other.write_text("0\n")
+    third.write_text("0\n")
+    collector.gather()
+    assert lines() == [(logging.INFO, "read errors [infiniband] mlx5_0 (malformed) stopped")]
     # Again within ten minutes: a flapping file is not two lines a scrape.
     counter.write_text("junk\n")
     collector.gather()
@@ -217,3 +259,26 @@ def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
     assert [level for level, _ in lines()] == [logging.WARNING]
     collector.gather()
     assert lines() == []
+
+
+def test_a_device_whose_many_files_fail_is_one_line_naming_a_few(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    from dataclasses import replace
+
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    counters = sorted((root / "class/infiniband/mlx5_0/ports/1/counters").iterdir())
+    assert len(counters) > ERROR_EXAMPLES
+    for counter in counters:
+        counter.write_text("junk\n")
+    collector = build_collector(replace(Config(), sysfs=root))
+    caplog.set_level(logging.INFO, logger="rdma_exporter")
+    collector.gather()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
+    assert line.count("not an unsigned integer") == ERROR_EXAMPLES, line
+    assert f"(and {len(counters) - ERROR_EXAMPLES} more)" in line, line

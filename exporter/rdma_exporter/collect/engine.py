@@ -55,6 +55,7 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..parse.infiniband import DeviceInfo, read_device_info
 from ..parse.reader import (
+    ERROR_EXAMPLES,
     REASON_IO,
     REASON_TIMEOUT,
     REASON_UNSUPPORTED,
@@ -266,7 +267,9 @@ class RdmaCollector(Collector):
         self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
         self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
         # (collector, device) -> {(file's device, reason): whether the episode's start was logged}
-        self._erroring: dict[tuple[str, str], dict[tuple[str, str], bool]] = {}
+        # (collector, device) -> its ongoing episodes: (owner, reason) -> the files named in the log so far,
+        # or None for an episode started within the quiet period and not logged.
+        self._erroring: dict[tuple[str, str], dict[tuple[str, str], set[str] | None]] = {}
         self._errors_logged: dict[tuple[str, str, str, str], float] = {}  # episode key -> when last logged
         self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
@@ -684,41 +687,56 @@ class RdmaCollector(Collector):
     def _log_read_errors(self, collector: str, device: str, errors: ReadErrors) -> None:
         """A sysfs file that fails to read (garbage, EIO, a directory in its place) costs its value, counted in
         rdma_exporter_file_read_errors_total: the log names it once per episode, with the file, and says
-        when the episode ends. Not timeouts (the blocked-read lines) nor refusals (the device's answer).
-        An episode that starts again within BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged."""
+        when the episode ends. A file of the same device and reason that starts failing while the episode
+        goes on is named in a line of its own, once. Not timeouts (the blocked-read lines) nor refusals
+        (the device's answer). An episode that starts again within BLOCKED_LOG_QUIET_SECONDS of a logged
+        one is not logged."""
         # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
         # FailureEpisodes), which name no file.
         root = f"{os.fspath(self.sys_root)}/"
-        current = {
-            key: detail for key, detail in errors.last.items()
-            if key[1] not in (REASON_TIMEOUT, REASON_UNSUPPORTED) and detail.startswith(root)
-        }
+        current: dict[tuple[str, str], list[str]] = {}
+        for key, examples in errors.examples.items():
+            files = [detail for detail in examples if detail.startswith(root)]
+            if files and key[1] not in (REASON_TIMEOUT, REASON_UNSUPPORTED):
+                current[key] = files
         if not current and (collector, device) not in self._erroring:
             return  # the common case, every read of every scrape
         now = time.monotonic()
-        started: list[tuple[str, str, str]] = []
+        started: list[tuple[str, str, list[str], int]] = []
+        more: list[tuple[str, str, list[str]]] = []
         with self._state_lock:
             episodes = self._erroring.pop((collector, device), {})
             logged = self._errors_logged
             forget_quiet_periods_over(logged, now)
-            ended = [key for key, was_logged in episodes.items() if key not in current and was_logged]
-            for (owner, reason), detail in sorted(current.items()):
+            ended = [key for key, named in episodes.items() if key not in current and named is not None]
+            for (owner, reason), files in sorted(current.items()):
+                named = episodes.get((owner, reason))
                 if (owner, reason) not in episodes:
                     episode = (collector, device, owner, reason)
-                    episodes[owner, reason] = episode not in logged
-                    if episode not in logged:
+                    quiet = episode in logged
+                    episodes[owner, reason] = None if quiet else set(files)
+                    if not quiet:
                         logged[episode] = now
-                        started.append((owner, reason, detail))
+                        # Past ERROR_EXAMPLES distinct files, the scrape's count says how many more failed.
+                        examples = errors.examples[owner, reason]
+                        unnamed = errors.counts[owner, reason] - len(examples) if len(examples) >= ERROR_EXAMPLES else 0
+                        started.append((owner, reason, files, unnamed))
+                elif named is not None and (new := [name for name in files if name not in named]):
+                    named.update(new)
+                    more.append((owner, reason, new))
             for key in [key for key in episodes if key not in current]:
                 del episodes[key]
             if episodes:
                 self._erroring[collector, device] = episodes
-        for owner, reason, detail in started:
+        for owner, reason, files, unnamed in started:
+            others = f" (and {unnamed} more)" if unnamed > 0 else ""
             log.warning(
-                "read errors [%s] %s (%s): %s; counted in rdma_exporter_file_read_errors_total, not logged again "
-                "while they go on",
-                collector, owner or device, reason, detail,
+                "read errors [%s] %s (%s): %s%s; counted in rdma_exporter_file_read_errors_total, not logged "
+                "again while they go on",
+                collector, owner or device, reason, "; ".join(files), others,
             )
+        for owner, reason, files in more:
+            log.warning("read errors [%s] %s (%s), also: %s", collector, owner or device, reason, "; ".join(files))
         for owner, reason in ended:
             log.info("read errors [%s] %s (%s) stopped", collector, owner or device, reason)
 

@@ -78,21 +78,31 @@ def reason_for_errno(code: int | None) -> str:
     return REASON_IO
 
 
+# Distinct messages kept per (device, reason) in a scrape: enough to name a handful of broken files,
+# bounded for a device whose every file fails.
+ERROR_EXAMPLES: Final = 8
+
+
 @dataclass
 class ReadErrors:
     """Tally of failed reads in one scrape, keyed by (device, reason).
 
     `device` is the RDMA device or netdev the file belongs to; "" for files of no device.
-    `last` keeps one example message per key for debug logging.
+    `last` keeps the latest message per key for debug logging; `examples` the first few distinct ones,
+    so that the log can name each file of a device that fails, not only the last one read.
     """
 
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     last: dict[tuple[str, str], str] = field(default_factory=dict)
+    examples: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     def add(self, device: str, reason: str, detail: str) -> None:
         key = (device, reason)
         self.counts[key] += 1
         self.last[key] = detail
+        examples = self.examples.setdefault(key, [])
+        if len(examples) < ERROR_EXAMPLES and detail not in examples:
+            examples.append(detail)
 
     def total(self) -> int:
         return sum(self.counts.values())
