@@ -51,6 +51,10 @@ def write(tmp_path: Path, text: str) -> Path:
         ("devices:\n  exclude: 'mlx5_[0-'\n", "devices.exclude", "invalid regular expression"),
         ("collectors:\n  infiniband: 'yes'\n", "collectors.infiniband", "expected true or false"),
         ("collectors:\n  nosuch: true\n", "collectors.nosuch", "unknown collector"),
+        # `collectors` and `collector` differ by one letter; each error names the other (operator review).
+        ("collectors:\n  netdev:\n    ipoib_statistics: true\n", "collectors.netdev",
+         "netdev's settings go under collector.netdev"),
+        ("collector:\n  infiniband: true\n", "collector.infiniband", "to switch it on or off: collectors.infiniband"),
         ("log:\n  level: loud\n", "log.level", "expected one of"),
         ("bogus: 1\n", "bogus", "unknown section"),
         ("- a\n- b\n", "(top level)", "expected a mapping"),

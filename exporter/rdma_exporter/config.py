@@ -291,6 +291,13 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
     for name, value in check_mapping(source, "collectors", top.get("collectors")).items():
         if name not in COLLECTORS:
             raise ConfigError(source, f"collectors.{name}", f"unknown collector (known: {', '.join(COLLECTORS)})")
+        if isinstance(value, Mapping) and name in COLLECTOR_SETTINGS:
+            # `collectors` and `collector` differ by one letter: say which is which.
+            reason = (
+                f"expected true or false (this section switches collectors on and off; {name}'s settings go "
+                f"under collector.{name})"
+            )
+            raise ConfigError(source, f"collectors.{name}", reason)
         enabled[name] = check_bool(source, f"collectors.{name}", value)
     updates["collectors"] = enabled
 
@@ -299,6 +306,8 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
         if name not in COLLECTOR_SETTINGS:
             known = ", ".join(sorted(COLLECTOR_SETTINGS)) or "none"
             reason = f"no settings for this collector (settings exist for: {known})"
+            if name in COLLECTORS and isinstance(body, bool):
+                reason += f"; to switch it on or off: collectors.{name}"
             raise ConfigError(source, f"collector.{name}", reason)
         validators = COLLECTOR_SETTINGS[name]
         for key, value in check_mapping(source, f"collector.{name}", body).items():
