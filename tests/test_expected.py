@@ -605,11 +605,11 @@ def test_pci_addresses_are_normalised_and_checked() -> None:
 @pytest.mark.parametrize(
     ("body", "key", "reason"),
     [
-        ("ports: [{port: 1}]", "collector.expected.ports[0].devices", "either the device names or the pci_addresses"),
+        ("ports: [{port: 1}]", "collector.expected.ports[0].devices", "required: the device names or the pci_add"),
         (
             "ports: [{devices: mlx5_0, pci_addresses: '0000:18:00.0'}]",
             "collector.expected.ports[0].devices",
-            "not both",
+            "both devices and pci_addresses given",
         ),
         ("ports: [{pci_addresses: []}]", "collector.expected.ports[0].pci_addresses", "a PCI address"),
         ("ports: [{pci_addresses: mlx5_0}]", "collector.expected.ports[0].pci_addresses", "got 'mlx5_0'"),

@@ -197,8 +197,11 @@ def _entry(source: str, key: str, value: Any) -> list[ExpectedPort]:
     for name in value:
         if name not in _ENTRY_KEYS:
             raise ConfigError(source, f"{key}.{name}", f"unknown key (known: {', '.join(_ENTRY_KEYS)})")
-    if ("devices" in value) == ("pci_addresses" in value):
-        reason = "required: either the device names or the pci_addresses this expectation is for, not both"
+    if "devices" in value and "pci_addresses" in value:
+        reason = "both devices and pci_addresses given: name the ports this expectation is for by one of them"
+        raise ConfigError(source, f"{key}.devices", reason)
+    if "devices" not in value and "pci_addresses" not in value:
+        reason = "required: the device names or the pci_addresses this expectation is for"
         raise ConfigError(source, f"{key}.devices", reason)
     targets: list[tuple[str, str | None]]
     if "devices" in value:
