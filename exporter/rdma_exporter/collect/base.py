@@ -198,7 +198,8 @@ class SeriesPrefixes:
 
 
 class FamilySet:
-    """The samples of one scrape, per family; families are created on first use so empty ones are absent.
+    """The samples of one scrape, per family; families are created on first use (or declared) so empty
+    ones are absent.
 
     Samples are kept as plain (label values, value) rows: building prometheus_client Metric objects
     and running its writer dominated the scrape (bench/PROFILE.md). `render_text` writes the text
@@ -210,6 +211,12 @@ class FamilySet:
         # a tuple per sample, which a 128-device scrape would allocate 15,000 times.
         self._rows: dict[str, tuple[MetricSpec, list[tuple[str, ...]], list[float]]] = {}
         self._prefixes = prefixes
+
+    def declare(self, spec: MetricSpec) -> None:
+        """A family that is written even with no sample yet (its HELP and TYPE alone, as prometheus_client
+        writes a labelled metric without children): one an operator looks for before it ever counts."""
+        if spec.name not in self._rows:
+            self._rows[spec.name] = (spec, [], [])
 
     def add(self, spec: MetricSpec, labels: Sequence[str], value: float) -> None:
         entry = self._rows.get(spec.name)

@@ -556,6 +556,9 @@ class RdmaCollector(Collector):
             if name in durations:
                 out.add(SCRAPE_DURATION, [name], durations[name])
                 out.add(SCRAPE_SUCCESS, [name], 1 if success[name] else 0)
+        # Declared, as DEVICE_BLOCKED below: alerts and runbooks name them, and `curl | grep` should find
+        # them before the first error.
+        out.declare(READ_ERRORS)
         with self._state_lock:
             for name, state in self._state.items():
                 for (device, reason), count in sorted(state.errors.items()):
@@ -568,6 +571,7 @@ class RdmaCollector(Collector):
         out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
         for name in sorted(rnd.skipped):
             out.add(DEVICE_SKIPPED, [name], 1)
+        out.declare(DEVICE_BLOCKED)
         for (name, reads), seconds in sorted(blocked.items()):
             out.add(DEVICE_BLOCKED, [name, reads], round(seconds, 3))
         if self.boot_time is not None:
