@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from rdma_exporter.parse.reader import (
-    ERROR_EXAMPLES,
     FileBudget,
     OpenFiles,
     ReadErrors,
@@ -174,15 +173,17 @@ def test_a_file_longer_than_any_attribute_is_malformed_not_cut(tmp_path: Path) -
     assert "8192 bytes or more" in errors.last[("mlx5_0", "malformed")]
 
 
-def test_read_errors_keep_a_few_distinct_files_per_device_and_reason() -> None:
+def test_read_errors_keep_each_failed_file_once_with_its_latest_message() -> None:
     errors = ReadErrors()
-    for _ in range(2):  # the same file twice is one example
-        for index in range(ERROR_EXAMPLES + 4):
-            errors.add("mlx5_0", "malformed", f"/sys/f{index}: junk")
-    errors.add("mlx5_1", "io", "/sys/g: EIO")
-    assert errors.examples[("mlx5_0", "malformed")] == [f"/sys/f{index}: junk" for index in range(ERROR_EXAMPLES)]
-    assert errors.counts[("mlx5_0", "malformed")] == 2 * (ERROR_EXAMPLES + 4)
-    assert errors.examples[("mlx5_1", "io")] == ["/sys/g: EIO"]
+    for attempt in range(2):  # read twice: still one entry a file, with the latest message
+        for index in range(3):
+            errors.add("mlx5_0", "malformed", f"/sys/f{index}: not an unsigned integer: '{attempt}'", f"/sys/f{index}")
+    errors.add("mlx5_1", "io", "mlx5_1: OSError(5)")  # no path given: what failed is the text before ": "
+    assert errors.failed[("mlx5_0", "malformed")] == {
+        f"/sys/f{index}": f"/sys/f{index}: not an unsigned integer: '1'" for index in range(3)
+    }
+    assert errors.counts[("mlx5_0", "malformed")] == 6
+    assert errors.failed[("mlx5_1", "io")] == {"mlx5_1": "mlx5_1: OSError(5)"}
 
 
 def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
@@ -239,6 +240,12 @@ def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
         collector.gather()
     assert lines() == [(logging.WARNING, f"read errors [infiniband] mlx5_0 (malformed), also: {third}: "
                                          "not an unsigned integer: '-1'")]
+    # A file whose bad value changes every scrape is still the one file (diff review: an "also" line a
+    # scrape, and a set of messages that grew with every value).
+    for value in range(-2, -5, -1):
+        third.write_text(f"{value}\n")
+        collector.gather()
+    assert lines() == []
     other.write_text("0\n")
     third.write_text("0\n")
     collector.gather()
@@ -267,18 +274,27 @@ def test_a_device_whose_many_files_fail_is_one_line_naming_a_few(
     import logging
     from dataclasses import replace
 
+    from rdma_exporter.collect.engine import LOGGED_FILES
     from rdma_exporter.config import Config
     from rdma_exporter.daemon import build_collector
     from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
     root = build_tree(tmp_path / "t", spec_for_devices(1))
     counters = sorted((root / "class/infiniband/mlx5_0/ports/1/counters").iterdir())
-    assert len(counters) > ERROR_EXAMPLES
+    assert len(counters) > LOGGED_FILES
     for counter in counters:
         counter.write_text("junk\n")
     collector = build_collector(replace(Config(), sysfs=root))
     caplog.set_level(logging.INFO, logger="rdma_exporter")
     collector.gather()
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
-    assert line.count("not an unsigned integer") == ERROR_EXAMPLES, line
-    assert f"(and {len(counters) - ERROR_EXAMPLES} more)" in line, line
+    assert line.count("not an unsigned integer") == LOGGED_FILES, line
+    assert f"(and {len(counters) - LOGGED_FILES} more)" in line, line
+    # Mending the named files one by one names none of the others, which failed from the start (diff
+    # review: they came up as "also" lines); the episode ends once every file reads again.
+    caplog.clear()
+    for counter in counters:
+        counter.write_text("0\n")
+        collector.gather()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
+    assert lines == ["read errors [infiniband] mlx5_0 (malformed) stopped"], lines

@@ -55,7 +55,6 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..parse.infiniband import DeviceInfo, read_device_info
 from ..parse.reader import (
-    ERROR_EXAMPLES,
     REASON_IO,
     REASON_TIMEOUT,
     REASON_UNSUPPORTED,
@@ -183,6 +182,17 @@ def _reading(job: DeviceJob) -> str:
     return f"its {current[0]} files" if current is not None else "its reads"
 
 
+# Files named in one read-error line; more are counted, not listed.
+LOGGED_FILES: Final = 8
+
+
+def _some_files(files: dict[str, str]) -> str:
+    """The messages of up to LOGGED_FILES failed files, in path order, and how many more failed."""
+    paths = sorted(files)
+    named = "; ".join(files[path] for path in paths[:LOGGED_FILES])
+    return named + (f" (and {len(paths) - LOGGED_FILES} more)" if len(paths) > LOGGED_FILES else "")
+
+
 # --- scrape rounds -----------------------------------------------------------------------------------
 
 
@@ -267,7 +277,7 @@ class RdmaCollector(Collector):
         self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
         self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
         # (collector, device) -> {(file's device, reason): whether the episode's start was logged}
-        # (collector, device) -> its ongoing episodes: (owner, reason) -> the files named in the log so far,
+        # (collector, device) -> its ongoing episodes: (owner, reason) -> the paths that failed in it so far,
         # or None for an episode started within the quiet period and not logged.
         self._erroring: dict[tuple[str, str], dict[tuple[str, str], set[str] | None]] = {}
         self._errors_logged: dict[tuple[str, str, str, str], float] = {}  # episode key -> when last logged
@@ -691,56 +701,54 @@ class RdmaCollector(Collector):
     def _log_read_errors(self, collector: str, device: str, errors: ReadErrors) -> None:
         """A sysfs file that fails to read (garbage, EIO, a directory in its place) costs its value, counted in
         rdma_exporter_file_read_errors_total: the log names it once per episode, with the file, and says
-        when the episode ends. A file of the same device and reason that starts failing while the episode
-        goes on is named in a line of its own, once. Not timeouts (the blocked-read lines) nor refusals
-        (the device's answer). An episode that starts again within BLOCKED_LOG_QUIET_SECONDS of a logged
-        one is not logged."""
+        when the episode ends. The episode of a (device, reason) holds every file that failed in it; one
+        that starts failing while the episode goes on is named in an "also" line, once. Not timeouts (the
+        blocked-read lines) nor refusals (the device's answer). An episode that starts again within
+        BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged."""
         # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
         # FailureEpisodes), which name no file.
         root = f"{os.fspath(self.sys_root)}/"
-        current: dict[tuple[str, str], list[str]] = {}
-        for key, examples in errors.examples.items():
-            files = [detail for detail in examples if detail.startswith(root)]
-            if files and key[1] not in (REASON_TIMEOUT, REASON_UNSUPPORTED):
-                current[key] = files
+        current: dict[tuple[str, str], dict[str, str]] = {}
+        for key, failed in errors.failed.items():
+            if key[1] not in (REASON_TIMEOUT, REASON_UNSUPPORTED):
+                files = {path: detail for path, detail in failed.items() if path.startswith(root)}
+                if files:
+                    current[key] = files
         if not current and (collector, device) not in self._erroring:
             return  # the common case, every read of every scrape
         now = time.monotonic()
-        started: list[tuple[str, str, list[str], int]] = []
-        more: list[tuple[str, str, list[str]]] = []
+        started: list[tuple[str, str, dict[str, str]]] = []
+        more: list[tuple[str, str, dict[str, str]]] = []
         with self._state_lock:
             episodes = self._erroring.pop((collector, device), {})
             logged = self._errors_logged
             forget_quiet_periods_over(logged, now)
-            ended = [key for key, named in episodes.items() if key not in current and named is not None]
+            ended = [key for key, known in episodes.items() if key not in current and known is not None]
             for (owner, reason), files in sorted(current.items()):
-                named = episodes.get((owner, reason))
                 if (owner, reason) not in episodes:
                     episode = (collector, device, owner, reason)
                     quiet = episode in logged
+                    # Paths, not messages: a file whose bad value changes each scrape is still one file.
                     episodes[owner, reason] = None if quiet else set(files)
                     if not quiet:
                         logged[episode] = now
-                        # Past ERROR_EXAMPLES distinct files, the scrape's count says how many more failed.
-                        examples = errors.examples[owner, reason]
-                        unnamed = errors.counts[owner, reason] - len(examples) if len(examples) >= ERROR_EXAMPLES else 0
-                        started.append((owner, reason, files, unnamed))
-                elif named is not None and (new := [name for name in files if name not in named]):
-                    named.update(new)
+                        started.append((owner, reason, files))
+                elif (known := episodes[owner, reason]) is not None and not files.keys() <= known:
+                    new = {path: detail for path, detail in files.items() if path not in known}
+                    known.update(new)
                     more.append((owner, reason, new))
             for key in [key for key in episodes if key not in current]:
                 del episodes[key]
             if episodes:
                 self._erroring[collector, device] = episodes
-        for owner, reason, files, unnamed in started:
-            others = f" (and {unnamed} more)" if unnamed > 0 else ""
+        for owner, reason, files in started:
             log.warning(
-                "read errors [%s] %s (%s): %s%s; counted in rdma_exporter_file_read_errors_total, not logged "
-                "again while they go on",
-                collector, owner or device, reason, "; ".join(files), others,
+                "read errors [%s] %s (%s): %s; counted in rdma_exporter_file_read_errors_total, not logged again "
+                "while they go on",
+                collector, owner or device, reason, _some_files(files),
             )
         for owner, reason, files in more:
-            log.warning("read errors [%s] %s (%s), also: %s", collector, owner or device, reason, "; ".join(files))
+            log.warning("read errors [%s] %s (%s), also: %s", collector, owner or device, reason, _some_files(files))
         for owner, reason in ended:
             log.info("read errors [%s] %s (%s) stopped", collector, owner or device, reason)
 

@@ -78,31 +78,28 @@ def reason_for_errno(code: int | None) -> str:
     return REASON_IO
 
 
-# Distinct messages kept per (device, reason) in a scrape: enough to name a handful of broken files,
-# bounded for a device whose every file fails.
-ERROR_EXAMPLES: Final = 8
-
 
 @dataclass
 class ReadErrors:
     """Tally of failed reads in one scrape, keyed by (device, reason).
 
     `device` is the RDMA device or netdev the file belongs to; "" for files of no device.
-    `last` keeps the latest message per key for debug logging; `examples` the first few distinct ones,
-    so that the log can name each file of a device that fails, not only the last one read.
+    `last` keeps the latest message per key for debug logging. `failed` maps each thing that failed (a
+    file's path; a device or netdev name for other reads) to its latest message, so that the log can
+    name every file of a device that fails, not only the last one read: at most the files one scrape
+    reads, and gone with the scrape.
     """
 
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     last: dict[tuple[str, str], str] = field(default_factory=dict)
-    examples: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    failed: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
 
-    def add(self, device: str, reason: str, detail: str) -> None:
+    def add(self, device: str, reason: str, detail: str, what: str | None = None) -> None:
+        """`detail` is "what: why"; `what` is given where it may itself hold ": " (a path)."""
         key = (device, reason)
         self.counts[key] += 1
         self.last[key] = detail
-        examples = self.examples.setdefault(key, [])
-        if len(examples) < ERROR_EXAMPLES and detail not in examples:
-            examples.append(detail)
+        self.failed.setdefault(key, {})[detail.split(": ", 1)[0] if what is None else what] = detail
 
     def total(self) -> int:
         return sum(self.counts.values())
@@ -439,7 +436,8 @@ class SysfsReader:
         self.static_stale = False
 
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
-        self.errors.add(self.device, reason, f"{os.fspath(path)}: {detail}")
+        where = os.fspath(path)
+        self.errors.add(self.device, reason, f"{where}: {detail}", where)
 
     def text(
         self, path: str | os.PathLike[str], *, optional: bool = False, absent_errnos: Collection[int] = ()
