@@ -4,9 +4,11 @@
 # The Debian release is named: a bare `slim` moves to the next one (and its libudev) when it is released.
 FROM python:3.11-slim-bookworm AS build
 COPY . /src
-# The dependencies at the versions the test suite ran (deploy/constraints.txt): a rebuild months later
-# ships the same ones. tests/test_packaging.py runs these two pip steps as written.
-RUN pip wheel --no-cache-dir --constraint /src/deploy/constraints.txt --wheel-dir /wheels /src
+# The dependencies at the versions the test suite ran (deploy/constraints.txt), and the exporter's own
+# wheel built with the pinned setuptools: a rebuild months later ships the same. PIP_CONSTRAINT, not
+# --constraint, since only the environment reaches the isolated build environment. tests/test_packaging.py
+# runs these two pip steps as written.
+RUN PIP_CONSTRAINT=/src/deploy/constraints.txt pip wheel --no-cache-dir --wheel-dir /wheels /src
 
 FROM python:3.11-slim-bookworm
 # pyudev loads libudev at run time for the uevent monitor; without it the exporter rescans every scrape.

@@ -9,6 +9,7 @@ checkout, installed into a new venv, and its `rdma-exporter` runs from a directo
 from __future__ import annotations
 
 import base64
+import fnmatch
 import glob
 import json
 import os
@@ -19,6 +20,7 @@ import sys
 import sysconfig
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import bcrypt
@@ -279,33 +281,81 @@ def test_the_oldest_and_newest_supported_pythons_serve_what_this_one_does(
     assert not failed_collectors(samples(theirs)), failed_collectors(samples(theirs))
 
 
+def dockerignored(root: Path) -> Callable[[str, list[str]], set[str]]:
+    """A copytree `ignore` that leaves out what .dockerignore keeps out of the build context, by Docker's
+    rules for the patterns this project uses: a bare pattern is anchored at the context's root and matched
+    a path component at a time (`*` stops at `/`); `**/` in front matches at any depth. Any other form
+    is refused, so that the emulation cannot silently keep a file Docker would leave out."""
+    patterns = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()]
+    patterns = [pattern for pattern in patterns if pattern and not pattern.startswith("#")]
+    for pattern in patterns:
+        body = pattern.removeprefix("**/")
+        assert not pattern.startswith("!") and "**" not in body, f".dockerignore: no emulation for {pattern!r}"
+
+    def ignored(directory: str, names: list[str]) -> set[str]:
+        parts = Path(directory).relative_to(root).parts
+        out = set()
+        for name in names:
+            path = (*parts, name)
+            for pattern in patterns:
+                if pattern.startswith("**/"):
+                    hit = fnmatch.fnmatchcase(name, pattern[3:])
+                else:
+                    wanted = pattern.split("/")
+                    hit = len(wanted) == len(path) and all(map(fnmatch.fnmatchcase, path, wanted))
+                if hit:
+                    out.add(name)
+        return out
+
+    return ignored
+
+
+NETWORK_TROUBLE = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
+                   "ReadTimeoutError", "Network is unreachable")  # fmt: skip
+
+
 def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, tmp_path: Path) -> None:
-    # No Docker daemon here, so the Dockerfile's two pip steps run as written, in a venv of this Python,
-    # with the build context (the checkout less .dockerignore) for /src and a directory for /wheels. What
-    # is checked: the pinned set resolves from the index and installs without it, the image gets exactly
-    # deploy/constraints.txt's versions and nothing else, and that install serves what the wheel does.
+    # No Docker daemon here, so the Dockerfile's two pip steps run as written (with their environment
+    # assignments), in a venv of this Python, with the build context (the checkout less .dockerignore,
+    # symlinks kept as COPY keeps them) for /src and a directory for /wheels. What is checked: the pinned
+    # set resolves from the index and installs without it, the image gets exactly deploy/constraints.txt's
+    # versions and nothing else, the exporter's wheel is built by the pinned setuptools, and that install
+    # serves what the wheel does.
     dockerfile = (ROOT / "Dockerfile").read_text()
-    steps = re.findall(r"(?m)^RUN (pip .*)$", dockerfile)
-    assert [step.split()[1] for step in steps] == ["wheel", "install"], steps
+    steps = re.findall(r"(?m)^RUN ((?:[A-Z_]+=\S+ )*pip .*)$", dockerfile)
+    assert [re.sub(r"^(?:[A-Z_]+=\S+ )*pip ", "", step).split()[0] for step in steps] == ["wheel", "install"], steps
     context, wheels = tmp_path / "src", tmp_path / "wheels"
-    ignored = [pattern.removeprefix("**/") for pattern in (ROOT / ".dockerignore").read_text().split()]
-    shutil.copytree(ROOT, context, symlinks=True, ignore=shutil.ignore_patterns(*ignored))
+    shutil.copytree(ROOT, context, symlinks=True, ignore=dockerignored(ROOT))
+    assert (context / "deploy" / "constraints.txt").is_file() and not (context / ".git").exists()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-    index = subprocess.run([*pip, "index", "versions", "bcrypt"], capture_output=True, text=True, timeout=300)
+    index = subprocess.run([*pip, "index", "versions", "--retries", "1", "--timeout", "15", "bcrypt"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
     if index.returncode != 0:
         skip_or_fail(f"the package index is not reachable: {index.stderr.strip()[-300:]}")
     for step in steps:
         command = step.split(" && ")[0].replace("/src", str(context)).replace("/wheels", str(wheels))
-        argv = [expanded for word in command.split()[1:] for expanded in sorted(glob.glob(word)) or [word]]
-        done = subprocess.run([*pip, *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        words = command.split()
+        env = dict(outside_checkout())
+        while "=" in words[0]:
+            key, value = words.pop(0).split("=", 1)
+            env[key] = value
+        argv = [expanded for word in words[1:] for expanded in sorted(glob.glob(word)) or [word]]
+        done = subprocess.run([*pip, *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+        if done.returncode != 0 and any(trouble in done.stdout + done.stderr for trouble in NETWORK_TROUBLE):
+            skip_or_fail(f"the package index stopped answering: {done.stderr.strip()[-300:]}")
         assert done.returncode == 0, f"{step}\n{done.stdout}{done.stderr}"
 
+    pins = pinned_versions()
+    (wheel,) = wheels.glob("rdma_exporter-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (wheel_file,) = [name for name in archive.namelist() if name.endswith(".dist-info/WHEEL")]
+        generator = archive.read(wheel_file).decode()
+    assert f"Generator: setuptools ({pins['setuptools']})" in generator, generator
     listed = subprocess.run([*pip, "list", "--format", "json"], capture_output=True, text=True, timeout=60, check=True)
     got = {canonicalize_name(item["name"]): item["version"] for item in json.loads(listed.stdout)}
     _, floors = declared_floors()
-    pins = pinned_versions()
     expected = {canonicalize_name(name): pins[canonicalize_name(name)] for name in floors}
     expected["rdma-exporter"] = __version__
     bundled = {name for name in ("pip", "setuptools", "wheel") if name not in expected}  # ensurepip's own
