@@ -198,8 +198,8 @@ class SeriesPrefixes:
 
 
 class FamilySet:
-    """The samples of one scrape, per family; families are created on first use (or declared) so empty
-    ones are absent.
+    """The samples of one scrape, per family; families are created on first use, so empty ones are
+    absent unless declared.
 
     Samples are kept as plain (label values, value) rows: building prometheus_client Metric objects
     and running its writer dominated the scrape (bench/PROFILE.md). `render_text` writes the text

@@ -276,7 +276,6 @@ class RdmaCollector(Collector):
         self._reported: set[tuple[str, str]] = set()  # (device, reads) blocked in the last logged round
         self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
         self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
-        # (collector, device) -> {(file's device, reason): whether the episode's start was logged}
         # (collector, device) -> its ongoing episodes: (owner, reason) -> the paths that failed in it so far,
         # or None for an episode started within the quiet period and not logged.
         self._erroring: dict[tuple[str, str], dict[tuple[str, str], set[str] | None]] = {}

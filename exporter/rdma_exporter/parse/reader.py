@@ -78,7 +78,6 @@ def reason_for_errno(code: int | None) -> str:
     return REASON_IO
 
 
-
 @dataclass
 class ReadErrors:
     """Tally of failed reads in one scrape, keyed by (device, reason).
