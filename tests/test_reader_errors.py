@@ -256,6 +256,20 @@ def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
     counter.write_text("0\n")
     collector.gather()
     assert lines() == []
+    # A file such a quiet episode had not seen is a new fault: logged at once, with its end (second diff
+    # review: it was never named).
+    counter.write_text("junk\n")
+    collector.gather()
+    assert lines() == []
+    newcomer = root / "class/infiniband/mlx5_1/ports/1/counters/link_downed"
+    newcomer.write_text("junk\n")
+    collector.gather()
+    (started,) = lines()
+    assert started[0] == logging.WARNING and str(counter) in started[1] and str(newcomer) in started[1], started
+    counter.write_text("0\n")
+    newcomer.write_text("0\n")
+    collector.gather()
+    assert lines() == [(logging.INFO, "read errors [infiniband] mlx5_1 (malformed) stopped")]
     # A static file is read with the device's static info, not every scrape: a scrape on the cached info
     # says nothing of it, and must not end its episode (final review: a false "stopped").
     guid = root / "class/infiniband/mlx5_0/node_guid"
@@ -298,3 +312,39 @@ def test_a_device_whose_many_files_fail_is_one_line_naming_a_few(
         collector.gather()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
     assert lines == ["read errors [infiniband] mlx5_0 (malformed) stopped"], lines
+
+
+def test_a_device_that_comes_back_has_its_broken_file_logged_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Removed and added again within the quiet period (a driver reload), a device is a new device: its
+    broken file was not logged (second diff review)."""
+    import logging
+    from dataclasses import replace
+
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    (root / "class/infiniband/mlx5_1/ports/1/counters/symbol_error").write_text("junk\n")
+    collector = build_collector(replace(Config(), sysfs=root))
+    caplog.set_level(logging.INFO, logger="rdma_exporter")
+
+    def warnings() -> int:
+        found = [r for r in caplog.records
+                 if r.getMessage().startswith("read errors ") and r.levelno == logging.WARNING]  # fmt: skip
+        caplog.clear()
+        return len(found)
+
+    collector.gather()
+    assert warnings() == 1
+    link = root / "class/infiniband/mlx5_1"
+    target = link.readlink()
+    link.unlink()
+    collector.inventory.invalidate()
+    collector.gather()
+    link.symlink_to(target)
+    collector.inventory.invalidate()
+    collector.gather()
+    assert warnings() == 1

@@ -193,6 +193,15 @@ def _some_files(files: dict[str, str]) -> str:
     return named + (f" (and {len(paths) - LOGGED_FILES} more)" if len(paths) > LOGGED_FILES else "")
 
 
+@dataclass(slots=True)
+class _ErrorEpisode:
+    """Files of one device that keep failing for one reason: whether the start was logged (not when it
+    came within the quiet period of an earlier episode) and every path that failed since."""
+
+    logged: bool
+    paths: set[str]
+
+
 # --- scrape rounds -----------------------------------------------------------------------------------
 
 
@@ -276,9 +285,8 @@ class RdmaCollector(Collector):
         self._reported: set[tuple[str, str]] = set()  # (device, reads) blocked in the last logged round
         self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
         self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
-        # (collector, device) -> its ongoing episodes: (owner, reason) -> the paths that failed in it so far,
-        # or None for an episode started within the quiet period and not logged.
-        self._erroring: dict[tuple[str, str], dict[tuple[str, str], set[str] | None]] = {}
+        # (collector, device) -> its ongoing episodes: (owner, reason) -> the paths that failed in it so far
+        self._erroring: dict[tuple[str, str], dict[tuple[str, str], _ErrorEpisode]] = {}
         self._errors_logged: dict[tuple[str, str, str, str], float] = {}  # episode key -> when last logged
         self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
@@ -696,6 +704,9 @@ class RdmaCollector(Collector):
                     del state.errors[key]
             for key in [key for key in self._erroring if key[1] in gone]:
                 del self._erroring[key]
+            # A device that comes back is a new device: its first broken file is logged at once.
+            for episode in [episode for episode in self._errors_logged if episode[1] in gone]:
+                del self._errors_logged[episode]
 
     def _log_read_errors(self, collector: str, device: str, errors: ReadErrors) -> None:
         """A sysfs file that fails to read (garbage, EIO, a directory in its place) costs its value, counted in
@@ -703,7 +714,7 @@ class RdmaCollector(Collector):
         when the episode ends. The episode of a (device, reason) holds every file that failed in it; one
         that starts failing while the episode goes on is named in an "also" line, once. Not timeouts (the
         blocked-read lines) nor refusals (the device's answer). An episode that starts again within
-        BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged."""
+        BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged, until a file fails that it had not seen."""
         # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
         # FailureEpisodes), which name no file.
         root = f"{os.fspath(self.sys_root)}/"
@@ -722,20 +733,26 @@ class RdmaCollector(Collector):
             episodes = self._erroring.pop((collector, device), {})
             logged = self._errors_logged
             forget_quiet_periods_over(logged, now)
-            ended = [key for key, known in episodes.items() if key not in current and known is not None]
+            ended = [key for key, episode in episodes.items() if key not in current and episode.logged]
             for (owner, reason), files in sorted(current.items()):
-                if (owner, reason) not in episodes:
-                    episode = (collector, device, owner, reason)
-                    quiet = episode in logged
+                name = (collector, device, owner, reason)
+                episode = episodes.get((owner, reason))
+                if episode is None:
                     # Paths, not messages: a file whose bad value changes each scrape is still one file.
-                    episodes[owner, reason] = None if quiet else set(files)
-                    if not quiet:
-                        logged[episode] = now
+                    episode = episodes[owner, reason] = _ErrorEpisode(logged=name not in logged, paths=set(files))
+                    if episode.logged:
+                        logged[name] = now
                         started.append((owner, reason, files))
-                elif (known := episodes[owner, reason]) is not None and not files.keys() <= known:
-                    new = {path: detail for path, detail in files.items() if path not in known}
-                    known.update(new)
-                    more.append((owner, reason, new))
+                elif not files.keys() <= episode.paths:
+                    new = {path: detail for path, detail in files.items() if path not in episode.paths}
+                    episode.paths.update(new)
+                    if episode.logged:
+                        more.append((owner, reason, new))
+                    else:
+                        # Quiet (it flapped), until a file fails that it had not seen: a new fault, logged.
+                        episode.logged = True
+                        logged[name] = now
+                        started.append((owner, reason, files))
             for key in [key for key in episodes if key not in current]:
                 del episodes[key]
             if episodes:
