@@ -6,9 +6,11 @@ FROM python:3.11-slim-bookworm AS build
 COPY . /src
 # The dependencies at the versions the test suite ran (deploy/constraints.txt), and the exporter's own
 # wheel built with the pinned setuptools: a rebuild months later ships the same. PIP_CONSTRAINT, not
-# --constraint, since only the environment reaches the isolated build environment. tests/test_packaging.py
-# runs these two pip steps as written.
-RUN PIP_CONSTRAINT=/src/deploy/constraints.txt pip wheel --no-cache-dir --wheel-dir /wheels /src
+# --constraint: up to pip 25.2 only the environment reaches the isolated build environment, and pip 25.3
+# and later take the build's pins from PIP_BUILD_CONSTRAINT (older pips ignore it).
+# tests/test_packaging.py runs these two pip steps as written.
+RUN PIP_CONSTRAINT=/src/deploy/constraints.txt PIP_BUILD_CONSTRAINT=/src/deploy/constraints.txt \
+    pip wheel --no-cache-dir --wheel-dir /wheels /src
 
 FROM python:3.11-slim-bookworm
 # pyudev loads libudev at run time for the uevent monitor; without it the exporter rescans every scrape.

@@ -100,5 +100,7 @@ if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
     rm -rf "$download" "$VM_CACHE/kernel" && mv "$VM_CACHE/kernel.new" "$VM_CACHE/kernel"
 fi
 
-# At the versions the image ships (deploy/constraints.txt), so that the suite tests what is deployed.
-python3 -m pip install --quiet --disable-pip-version-check --constraint deploy/constraints.txt -e ".[test]"
+# At the versions the image ships (deploy/constraints.txt), so that the suite tests what is deployed; the
+# environment variables pin the editable build's setuptools too, as in the Dockerfile.
+PIP_CONSTRAINT="$PWD/deploy/constraints.txt" PIP_BUILD_CONSTRAINT="$PWD/deploy/constraints.txt" \
+    python3 -m pip install --quiet --disable-pip-version-check --constraint deploy/constraints.txt -e ".[test]"

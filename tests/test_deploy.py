@@ -302,6 +302,9 @@ def test_constraints_pin_what_the_suite_runs_within_pyproject_ranges() -> None:
             child = Requirement(text)
             if applies_somewhere(child):
                 required.add(canonicalize_name(child.name))
+                pin = pins.get(canonicalize_name(child.name))
+                assert pin is None or child.specifier.contains(pin, prereleases=True), (
+                    f"{requirement.name} requires {child}, deploy/constraints.txt pins {pin}")
             if child.marker is None or child.marker.evaluate({"extra": ""}):
                 todo.append(child)
     unpinned = sorted((set(installed) | required) - set(pins))

@@ -13,6 +13,7 @@ import fnmatch
 import glob
 import json
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -286,8 +287,9 @@ def dockerignored(root: Path) -> Callable[[str, list[str]], set[str]]:
     rules for the patterns this project uses: a bare pattern is anchored at the context's root and matched
     a path component at a time (`*` stops at `/`); `**/` in front matches at any depth. Any other form
     is refused, so that the emulation cannot silently keep a file Docker would leave out."""
-    patterns = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()]
-    patterns = [pattern for pattern in patterns if pattern and not pattern.startswith("#")]
+    lines = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()]
+    # As Docker reads them: cleaned, and relative to the context's root whether or not they begin with /.
+    patterns = [posixpath.normpath(line).lstrip("/") for line in lines if line and not line.startswith("#")]
     for pattern in patterns:
         body = pattern.removeprefix("**/")
         assert not pattern.startswith("!") and "**" not in body, f".dockerignore: no emulation for {pattern!r}"
@@ -321,7 +323,7 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
     # set resolves from the index and installs without it, the image gets exactly deploy/constraints.txt's
     # versions and nothing else, the exporter's wheel is built by the pinned setuptools, and that install
     # serves what the wheel does.
-    dockerfile = (ROOT / "Dockerfile").read_text()
+    dockerfile = re.sub(r"\\\n\s*", "", (ROOT / "Dockerfile").read_text())  # continuation lines joined
     steps = re.findall(r"(?m)^RUN ((?:[A-Z_]+=\S+ )*pip .*)$", dockerfile)
     assert [re.sub(r"^(?:[A-Z_]+=\S+ )*pip ", "", step).split()[0] for step in steps] == ["wheel", "install"], steps
     context, wheels = tmp_path / "src", tmp_path / "wheels"
@@ -342,6 +344,8 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
             key, value = words.pop(0).split("=", 1)
             env[key] = value
         argv = [expanded for word in words[1:] for expanded in sorted(glob.glob(word)) or [word]]
+        if argv[0] == "wheel":
+            wheel_argv, wheel_env = argv, env
         done = subprocess.run([*pip, *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
         if done.returncode != 0 and any(trouble in done.stdout + done.stderr for trouble in NETWORK_TROUBLE):
             skip_or_fail(f"the package index stopped answering: {done.stderr.strip()[-300:]}")
@@ -353,6 +357,20 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
         (wheel_file,) = [name for name in archive.namelist() if name.endswith(".dist-info/WHEEL")]
         generator = archive.read(wheel_file).decode()
     assert f"Generator: setuptools ({pins['setuptools']})" in generator, generator
+    # The pin reaches pip's isolated build environment (--constraint does not): built again with
+    # setuptools held to pyproject's floor release, the wheel says so, whatever the newest release is.
+    floor = re.search(r'requires = \["setuptools>=([0-9.]+)"\]', (ROOT / "pyproject.toml").read_text())
+    assert floor, "pyproject.toml: the build-system requirement is not where this test reads it"
+    constraints = context / "deploy" / "constraints.txt"
+    major = int(floor.group(1).split(".")[0])
+    constraints.write_text(re.sub(r"(?m)^setuptools==\S+", f"setuptools>={floor.group(1)},<{major + 1}",
+                                  constraints.read_text()))  # fmt: skip
+    rebuilt = subprocess.run([*pip, *wheel_argv, "--no-deps"], capture_output=True, text=True, timeout=600,
+                             cwd=tmp_path, env=wheel_env)  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    with zipfile.ZipFile(next(wheels.glob("rdma_exporter-*.whl"))) as archive:
+        generator = archive.read(wheel_file).decode()
+    assert f"Generator: setuptools ({major}." in generator, generator
     listed = subprocess.run([*pip, "list", "--format", "json"], capture_output=True, text=True, timeout=60, check=True)
     got = {canonicalize_name(item["name"]): item["version"] for item in json.loads(listed.stdout)}
     _, floors = declared_floors()
