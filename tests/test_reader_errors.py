@@ -348,3 +348,45 @@ def test_a_device_that_comes_back_has_its_broken_file_logged_at_once(
     collector.inventory.invalidate()
     collector.gather()
     assert warnings() == 1
+
+
+@pytest.mark.parametrize(
+    ("scrapes", "expected"),
+    [
+        # A and B take turns, with a clean scrape between rounds: named once, then quiet (third diff
+        # review: a start and a stop every round, each resetting the quiet period).
+        ("A B - A B - A B -", ["start A", "also B", "stopped"]),
+        ("A AB - A AB -", ["start A", "also B", "stopped"]),
+        # B, new, already failing when a quiet episode starts: named (it was never named before).
+        ("A - B - AB -", ["start A", "stopped", "start B", "stopped"]),
+        ("A - AB - AB -", ["start A", "stopped", "start A B", "stopped"]),
+    ],
+)
+def test_read_error_lines_name_each_file_once_per_quiet_period(
+    scrapes: str, expected: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    from dataclasses import replace
+
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    counters = root / "class/infiniband/mlx5_0/ports/1/counters"
+    files = {"A": counters / "symbol_error", "B": counters / "link_downed"}
+    collector = build_collector(replace(Config(), sysfs=root))
+    collector.gather()
+    caplog.set_level(logging.INFO, logger="rdma_exporter")
+    for scrape in scrapes.split():
+        for letter, path in files.items():
+            path.write_text("junk\n" if letter in scrape else "0\n")
+        collector.gather()
+    said = []
+    for record in caplog.records:
+        message = record.getMessage()
+        if message.startswith("read errors "):
+            kind = "stopped" if message.endswith("stopped") else "also" if ", also: " in message else "start"
+            named = [letter for letter, path in files.items() if f"{path}:" in message]
+            said.append(" ".join([kind, *named]))
+    assert said == expected

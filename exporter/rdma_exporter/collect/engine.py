@@ -195,8 +195,8 @@ def _some_files(files: dict[str, str]) -> str:
 
 @dataclass(slots=True)
 class _ErrorEpisode:
-    """Files of one device that keep failing for one reason: whether the start was logged (not when it
-    came within the quiet period of an earlier episode) and every path that failed since."""
+    """Files of one device that keep failing for one reason: whether its start was logged (not while every
+    file in it had been named within the quiet period) and every path that failed in it."""
 
     logged: bool
     paths: set[str]
@@ -288,6 +288,8 @@ class RdmaCollector(Collector):
         # (collector, device) -> its ongoing episodes: (owner, reason) -> the paths that failed in it so far
         self._erroring: dict[tuple[str, str], dict[tuple[str, str], _ErrorEpisode]] = {}
         self._errors_logged: dict[tuple[str, str, str, str], float] = {}  # episode key -> when last logged
+        # episode key -> the paths its lines named within that quiet period: only another path is news
+        self._errors_named: dict[tuple[str, str, str, str], set[str]] = {}
         self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
@@ -707,6 +709,7 @@ class RdmaCollector(Collector):
             # A device that comes back is a new device: its first broken file is logged at once.
             for episode in [episode for episode in self._errors_logged if episode[1] in gone]:
                 del self._errors_logged[episode]
+                self._errors_named.pop(episode, None)
 
     def _log_read_errors(self, collector: str, device: str, errors: ReadErrors) -> None:
         """A sysfs file that fails to read (garbage, EIO, a directory in its place) costs its value, counted in
@@ -714,7 +717,8 @@ class RdmaCollector(Collector):
         when the episode ends. The episode of a (device, reason) holds every file that failed in it; one
         that starts failing while the episode goes on is named in an "also" line, once. Not timeouts (the
         blocked-read lines) nor refusals (the device's answer). An episode that starts again within
-        BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged, until a file fails that it had not seen."""
+        BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged, until a file fails that no line named in
+        that time."""
         # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
         # FailureEpisodes), which name no file.
         root = f"{os.fspath(self.sys_root)}/"
@@ -731,28 +735,30 @@ class RdmaCollector(Collector):
         more: list[tuple[str, str, dict[str, str]]] = []
         with self._state_lock:
             episodes = self._erroring.pop((collector, device), {})
-            logged = self._errors_logged
+            logged, named = self._errors_logged, self._errors_named
             forget_quiet_periods_over(logged, now)
+            for name in [name for name in named if name not in logged]:
+                del named[name]
             ended = [key for key, episode in episodes.items() if key not in current and episode.logged]
             for (owner, reason), files in sorted(current.items()):
                 name = (collector, device, owner, reason)
                 episode = episodes.get((owner, reason))
                 if episode is None:
                     # Paths, not messages: a file whose bad value changes each scrape is still one file.
-                    episode = episodes[owner, reason] = _ErrorEpisode(logged=name not in logged, paths=set(files))
+                    episode = episodes[owner, reason] = _ErrorEpisode(logged=False, paths=set())
+                seen = files.keys() - episode.paths
+                episode.paths.update(seen)
+                # News is a path no line has named within the quiet period: an episode made only of
+                # files already named (one that flaps, or comes and goes with others) stays quiet.
+                news = seen - named.get(name, set())
+                if news:
                     if episode.logged:
-                        logged[name] = now
-                        started.append((owner, reason, files))
-                elif not files.keys() <= episode.paths:
-                    new = {path: detail for path, detail in files.items() if path not in episode.paths}
-                    episode.paths.update(new)
-                    if episode.logged:
-                        more.append((owner, reason, new))
+                        more.append((owner, reason, {path: files[path] for path in news}))
                     else:
-                        # Quiet (it flapped), until a file fails that it had not seen: a new fault, logged.
                         episode.logged = True
-                        logged[name] = now
                         started.append((owner, reason, files))
+                    logged[name] = now
+                    named.setdefault(name, set()).update(files)
             for key in [key for key in episodes if key not in current]:
                 del episodes[key]
             if episodes:
