@@ -102,5 +102,7 @@ fi
 
 # At the versions the image ships (deploy/constraints.txt), so that the suite tests what is deployed; the
 # environment variables pin the editable build's setuptools too, as in the Dockerfile.
-PIP_CONSTRAINT="$PWD/deploy/constraints.txt" PIP_BUILD_CONSTRAINT="$PWD/deploy/constraints.txt" \
+# Relative to the checkout (the script's working directory, and pip's build subprocesses'): pip splits
+# these variables at spaces, which a checkout's absolute path may hold.
+PIP_CONSTRAINT=deploy/constraints.txt PIP_BUILD_CONSTRAINT=deploy/constraints.txt \
     python3 -m pip install --quiet --disable-pip-version-check --constraint deploy/constraints.txt -e ".[test]"

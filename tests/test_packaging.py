@@ -365,12 +365,19 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
     major = int(floor.group(1).split(".")[0])
     constraints.write_text(re.sub(r"(?m)^setuptools==\S+", f"setuptools>={floor.group(1)},<{major + 1}",
                                   constraints.read_text()))  # fmt: skip
-    rebuilt = subprocess.run([*pip, *wheel_argv, "--no-deps"], capture_output=True, text=True, timeout=600,
-                             cwd=tmp_path, env=wheel_env)  # fmt: skip
-    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
-    with zipfile.ZipFile(next(wheels.glob("rdma_exporter-*.whl"))) as archive:
-        generator = archive.read(wheel_file).decode()
-    assert f"Generator: setuptools ({major}." in generator, generator
+    # With this Python's own pip (which reads PIP_CONSTRAINT there) and with a pip of 25.3 or later (which
+    # reads only PIP_BUILD_CONSTRAINT there), as the image's pip may be after a base-image update.
+    for upgrade in ([], ["pip==26.3"]):
+        if upgrade:
+            subprocess.run([*pip, "install", "--quiet", *upgrade], check=True, capture_output=True, timeout=300)
+        for old in wheels.glob("rdma_exporter-*.whl"):
+            old.unlink()
+        rebuilt = subprocess.run([*pip, *wheel_argv, "--no-deps"], capture_output=True, text=True, timeout=600,
+                                 cwd=tmp_path, env=wheel_env)  # fmt: skip
+        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+        with zipfile.ZipFile(next(wheels.glob("rdma_exporter-*.whl"))) as archive:
+            generator = archive.read(wheel_file).decode()
+        assert f"Generator: setuptools ({major}." in generator, (upgrade, generator)
     listed = subprocess.run([*pip, "list", "--format", "json"], capture_output=True, text=True, timeout=60, check=True)
     got = {canonicalize_name(item["name"]): item["version"] for item in json.loads(listed.stdout)}
     _, floors = declared_floors()
