@@ -390,3 +390,42 @@ def test_read_error_lines_name_each_file_once_per_quiet_period(
             named = [letter for letter, path in files.items() if f"{path}:" in message]
             said.append(" ".join([kind, *named]))
     assert said == expected
+
+
+def test_each_file_has_its_own_quiet_period(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file named ten minutes ago is named again, even when the device's other files were named since:
+    the quiet period is the file's, not its device's."""
+    import logging
+    from dataclasses import replace
+
+    from rdma_exporter.collect.readers import BLOCKED_LOG_QUIET_SECONDS
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    counters = root / "class/infiniband/mlx5_0/ports/1/counters"
+    a, b = counters / "symbol_error", counters / "link_downed"
+    collector = build_collector(replace(Config(), sysfs=root))
+    caplog.set_level(logging.INFO, logger="rdma_exporter")
+
+    def fail_once(path: Path) -> list[str]:
+        path.write_text("junk\n")
+        collector.gather()
+        path.write_text("0\n")
+        collector.gather()
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
+        caplog.clear()
+        return said
+
+    def age(seconds: float) -> None:  # as if that much time had passed since each file was named
+        for named in collector._errors_logged:
+            collector._errors_logged[named] -= seconds
+
+    assert len(fail_once(a)) == 2
+    age(BLOCKED_LOG_QUIET_SECONDS * 0.8)
+    assert len(fail_once(a)) == 0  # within its quiet period
+    assert len(fail_once(b)) == 2
+    age(BLOCKED_LOG_QUIET_SECONDS * 0.3)  # a's period is over, b's is not
+    assert [str(a) in line for line in fail_once(a)] == [True, False]
+    assert fail_once(b) == []

@@ -287,9 +287,8 @@ class RdmaCollector(Collector):
         self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
         # (collector, device) -> its ongoing episodes: (owner, reason) -> the paths that failed in it so far
         self._erroring: dict[tuple[str, str], dict[tuple[str, str], _ErrorEpisode]] = {}
-        self._errors_logged: dict[tuple[str, str, str, str], float] = {}  # episode key -> when last logged
-        # episode key -> the paths its lines named within that quiet period: only another path is news
-        self._errors_named: dict[tuple[str, str, str, str], set[str]] = {}
+        # (collector, device, owner, reason, path) -> when a read-error line last named that file
+        self._errors_logged: dict[tuple[str, str, str, str, str], float] = {}
         self._failures = FailureEpisodes()  # devices whose static info or a source's read fails
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
@@ -707,18 +706,17 @@ class RdmaCollector(Collector):
             for key in [key for key in self._erroring if key[1] in gone]:
                 del self._erroring[key]
             # A device that comes back is a new device: its first broken file is logged at once.
-            for episode in [episode for episode in self._errors_logged if episode[1] in gone]:
-                del self._errors_logged[episode]
-                self._errors_named.pop(episode, None)
+            for named in [named for named in self._errors_logged if named[1] in gone]:
+                del self._errors_logged[named]
 
     def _log_read_errors(self, collector: str, device: str, errors: ReadErrors) -> None:
         """A sysfs file that fails to read (garbage, EIO, a directory in its place) costs its value, counted in
         rdma_exporter_file_read_errors_total: the log names it once per episode, with the file, and says
         when the episode ends. The episode of a (device, reason) holds every file that failed in it; one
         that starts failing while the episode goes on is named in an "also" line, once. Not timeouts (the
-        blocked-read lines) nor refusals (the device's answer). An episode that starts again within
-        BLOCKED_LOG_QUIET_SECONDS of a logged one is not logged, until a file fails that no line named in
-        that time."""
+        blocked-read lines) nor refusals (the device's answer). A file a line named is not named again
+        within BLOCKED_LOG_QUIET_SECONDS: an episode made only of such files (one that flaps) is not
+        logged, until a file fails that no line named in that time."""
         # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
         # FailureEpisodes), which name no file.
         root = f"{os.fspath(self.sys_root)}/"
@@ -735,30 +733,29 @@ class RdmaCollector(Collector):
         more: list[tuple[str, str, dict[str, str]]] = []
         with self._state_lock:
             episodes = self._erroring.pop((collector, device), {})
-            logged, named = self._errors_logged, self._errors_named
+            logged = self._errors_logged
             forget_quiet_periods_over(logged, now)
-            for name in [name for name in named if name not in logged]:
-                del named[name]
             ended = [key for key, episode in episodes.items() if key not in current and episode.logged]
             for (owner, reason), files in sorted(current.items()):
-                name = (collector, device, owner, reason)
                 episode = episodes.get((owner, reason))
                 if episode is None:
                     # Paths, not messages: a file whose bad value changes each scrape is still one file.
                     episode = episodes[owner, reason] = _ErrorEpisode(logged=False, paths=set())
                 seen = files.keys() - episode.paths
                 episode.paths.update(seen)
-                # News is a path no line has named within the quiet period: an episode made only of
-                # files already named (one that flaps, or comes and goes with others) stays quiet.
-                news = seen - named.get(name, set())
+                # News is a file no line named within its quiet period: an episode made only of files
+                # named lately (one that flaps, or comes and goes with others) stays quiet.
+                news = {path for path in seen if (collector, device, owner, reason, path) not in logged}
                 if news:
                     if episode.logged:
-                        more.append((owner, reason, {path: files[path] for path in news}))
+                        named = {path: files[path] for path in news}
+                        more.append((owner, reason, named))
                     else:
                         episode.logged = True
-                        started.append((owner, reason, files))
-                    logged[name] = now
-                    named.setdefault(name, set()).update(files)
+                        named = files  # a start line names every file failing now (past 8, by count)
+                        started.append((owner, reason, named))
+                    for path in named:
+                        logged[collector, device, owner, reason, path] = now
             for key in [key for key in episodes if key not in current]:
                 del episodes[key]
             if episodes:
