@@ -429,3 +429,15 @@ def test_each_file_has_its_own_quiet_period(tmp_path: Path, caplog: pytest.LogCa
     age(BLOCKED_LOG_QUIET_SECONDS * 0.3)  # a's period is over, b's is not
     assert [str(a) in line for line in fail_once(a)] == [True, False]
     assert fail_once(b) == []
+    # Mended and broken again while another file keeps the episode going: named again once its quiet
+    # period is over (fourth diff review: a path once in an episode was never news again).
+    age(BLOCKED_LOG_QUIET_SECONDS)
+    b.write_text("junk\n")
+    collector.gather()
+    said = fail_once(a)
+    assert len(said) == 2 and str(b) in said[0] and ", also: " in said[1] and str(a) in said[1], said
+    age(BLOCKED_LOG_QUIET_SECONDS * 0.5)
+    assert fail_once(a) == []  # within a's new quiet period
+    age(BLOCKED_LOG_QUIET_SECONDS * 0.5)
+    said = fail_once(a)
+    assert len(said) == 1 and ", also: " in said[0] and str(a) in said[0], said

@@ -196,7 +196,7 @@ def _some_files(files: dict[str, str]) -> str:
 @dataclass(slots=True)
 class _ErrorEpisode:
     """Files of one device that keep failing for one reason: whether its start was logged (not while every
-    file in it had been named within the quiet period) and every path that failed in it."""
+    file in it had been named within the quiet period) and the paths failing at its last scrape."""
 
     logged: bool
     paths: set[str]
@@ -741,8 +741,10 @@ class RdmaCollector(Collector):
                 if episode is None:
                     # Paths, not messages: a file whose bad value changes each scrape is still one file.
                     episode = episodes[owner, reason] = _ErrorEpisode(logged=False, paths=set())
+                # Paths that were not failing at the episode's last scrape: a file mended and broken
+                # again while its device's other files keep the episode going is news once more.
                 seen = files.keys() - episode.paths
-                episode.paths.update(seen)
+                episode.paths = set(files)
                 # News is a file no line named within its quiet period: an episode made only of files
                 # named lately (one that flaps, or comes and goes with others) stays quiet.
                 news = {path for path in seen if (collector, device, owner, reason, path) not in logged}
