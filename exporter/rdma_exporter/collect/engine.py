@@ -285,7 +285,7 @@ class RdmaCollector(Collector):
         self._reported: set[tuple[str, str]] = set()  # (device, reads) blocked in the last logged round
         self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
         self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
-        # (collector, device) -> its ongoing episodes: (owner, reason) -> the paths that failed in it so far
+        # (collector, device) -> its ongoing read-error episodes, by (owner, reason)
         self._erroring: dict[tuple[str, str], dict[tuple[str, str], _ErrorEpisode]] = {}
         # (collector, device, owner, reason, path) -> when a read-error line last named that file
         self._errors_logged: dict[tuple[str, str, str, str, str], float] = {}
@@ -712,11 +712,11 @@ class RdmaCollector(Collector):
     def _log_read_errors(self, collector: str, device: str, errors: ReadErrors) -> None:
         """A sysfs file that fails to read (garbage, EIO, a directory in its place) costs its value, counted in
         rdma_exporter_file_read_errors_total: the log names it once per episode, with the file, and says
-        when the episode ends. The episode of a (device, reason) holds every file that failed in it; one
-        that starts failing while the episode goes on is named in an "also" line, once. Not timeouts (the
-        blocked-read lines) nor refusals (the device's answer). A file a line named is not named again
-        within BLOCKED_LOG_QUIET_SECONDS: an episode made only of such files (one that flaps) is not
-        logged, until a file fails that no line named in that time."""
+        when the episode ends. A file that starts failing while the episode of its device and reason goes
+        on is named in an "also" line. Not timeouts (the blocked-read lines) nor refusals (the device's
+        answer). A file a line named is not named again within BLOCKED_LOG_QUIET_SECONDS: an episode made
+        only of such files (one that flaps) is not logged, until a file fails that no line named in that
+        time."""
         # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
         # FailureEpisodes), which name no file.
         root = f"{os.fspath(self.sys_root)}/"
