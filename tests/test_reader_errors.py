@@ -4,11 +4,17 @@ reason of rdma_exporter_file_read_errors_total, and a failed or short read leave
 from __future__ import annotations
 
 import errno
+import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from rdma_exporter.collect.engine import LOGGED_FILES, RdmaCollector
+from rdma_exporter.collect.readers import BLOCKED_LOG_QUIET_SECONDS
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector
 from rdma_exporter.parse.reader import (
     FileBudget,
     OpenFiles,
@@ -17,6 +23,7 @@ from rdma_exporter.parse.reader import (
     link_name,
     list_dir,
 )
+from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
 from conftest import RefusingReads
 
@@ -186,27 +193,31 @@ def test_read_errors_keep_each_failed_file_once_with_its_latest_message() -> Non
     assert errors.failed[("mlx5_1", "io")] == {"mlx5_1": "mlx5_1: OSError(5)"}
 
 
+def logging_collector(tmp_path: Path, caplog: pytest.LogCaptureFixture, devices: int) -> tuple[Path, RdmaCollector]:
+    """A collector on a generated tree of `devices` HCAs, with the daemon's log captured from info up."""
+    root = build_tree(tmp_path / "t", spec_for_devices(devices))
+    collector = build_collector(replace(Config(), sysfs=root))
+    caplog.set_level(logging.INFO, logger="rdma_exporter")
+    return root, collector
+
+
+def read_error_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """The read-error lines (level, text) logged since the last call."""
+    found = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("read errors ")]
+    caplog.clear()
+    return found
+
+
 def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Garbage in a counter file, a directory in its place: the value was lost and counted, but the log
     said nothing at info, and at debug one line a scrape (log review)."""
-    import logging
-    from dataclasses import replace
-
-    from rdma_exporter.config import Config
-    from rdma_exporter.daemon import build_collector
-    from rdma_exporter.sample_tree import build_tree, spec_for_devices
-
-    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    root, collector = logging_collector(tmp_path, caplog, devices=2)
     counter = root / "class/infiniband/mlx5_1/ports/1/counters/symbol_error"
-    collector = build_collector(replace(Config(), sysfs=root))
-    caplog.set_level(logging.INFO, logger="rdma_exporter")
 
     def lines() -> list[tuple[int, str]]:
-        found = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("read errors ")]
-        caplog.clear()
-        return found
+        return read_error_lines(caplog)
 
     collector.gather()
     assert lines() == []
@@ -285,33 +296,22 @@ def test_a_file_that_fails_to_read_is_logged_once_per_episode_with_its_path(
 def test_a_device_whose_many_files_fail_is_one_line_naming_a_few(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import logging
-    from dataclasses import replace
-
-    from rdma_exporter.collect.engine import LOGGED_FILES
-    from rdma_exporter.config import Config
-    from rdma_exporter.daemon import build_collector
-    from rdma_exporter.sample_tree import build_tree, spec_for_devices
-
-    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    root, collector = logging_collector(tmp_path, caplog, devices=1)
     counters = sorted((root / "class/infiniband/mlx5_0/ports/1/counters").iterdir())
     assert len(counters) > LOGGED_FILES
     for counter in counters:
         counter.write_text("junk\n")
-    collector = build_collector(replace(Config(), sysfs=root))
-    caplog.set_level(logging.INFO, logger="rdma_exporter")
     collector.gather()
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
+    ((_, line),) = read_error_lines(caplog)
     assert line.count("not an unsigned integer") == LOGGED_FILES, line
     assert f"(and {len(counters) - LOGGED_FILES} more)" in line, line
     # Mending the named files one by one names none of the others, which failed from the start (diff
     # review: they came up as "also" lines); the episode ends once every file reads again.
-    caplog.clear()
     for counter in counters:
         counter.write_text("0\n")
         collector.gather()
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
-    assert lines == ["read errors [infiniband] mlx5_0 (malformed) stopped"], lines
+    lines = read_error_lines(caplog)
+    assert lines == [(logging.INFO, "read errors [infiniband] mlx5_0 (malformed) stopped")], lines
 
 
 def test_a_device_that_comes_back_has_its_broken_file_logged_at_once(
@@ -319,23 +319,11 @@ def test_a_device_that_comes_back_has_its_broken_file_logged_at_once(
 ) -> None:
     """Removed and added again within the quiet period (a driver reload), a device is a new device: its
     broken file was not logged (second diff review)."""
-    import logging
-    from dataclasses import replace
-
-    from rdma_exporter.config import Config
-    from rdma_exporter.daemon import build_collector
-    from rdma_exporter.sample_tree import build_tree, spec_for_devices
-
-    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    root, collector = logging_collector(tmp_path, caplog, devices=2)
     (root / "class/infiniband/mlx5_1/ports/1/counters/symbol_error").write_text("junk\n")
-    collector = build_collector(replace(Config(), sysfs=root))
-    caplog.set_level(logging.INFO, logger="rdma_exporter")
 
     def warnings() -> int:
-        found = [r for r in caplog.records
-                 if r.getMessage().startswith("read errors ") and r.levelno == logging.WARNING]  # fmt: skip
-        caplog.clear()
-        return len(found)
+        return sum(level == logging.WARNING for level, _ in read_error_lines(caplog))
 
     collector.gather()
     assert warnings() == 1
@@ -365,58 +353,34 @@ def test_a_device_that_comes_back_has_its_broken_file_logged_at_once(
 def test_read_error_lines_name_each_file_once_per_quiet_period(
     scrapes: str, expected: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import logging
-    from dataclasses import replace
-
-    from rdma_exporter.config import Config
-    from rdma_exporter.daemon import build_collector
-    from rdma_exporter.sample_tree import build_tree, spec_for_devices
-
-    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    root, collector = logging_collector(tmp_path, caplog, devices=1)
     counters = root / "class/infiniband/mlx5_0/ports/1/counters"
     files = {"A": counters / "symbol_error", "B": counters / "link_downed"}
-    collector = build_collector(replace(Config(), sysfs=root))
-    collector.gather()
-    caplog.set_level(logging.INFO, logger="rdma_exporter")
     for scrape in scrapes.split():
         for letter, path in files.items():
             path.write_text("junk\n" if letter in scrape else "0\n")
         collector.gather()
     said = []
-    for record in caplog.records:
-        message = record.getMessage()
-        if message.startswith("read errors "):
-            kind = "stopped" if message.endswith("stopped") else "also" if ", also: " in message else "start"
-            named = [letter for letter, path in files.items() if f"{path}:" in message]
-            said.append(" ".join([kind, *named]))
+    for _, message in read_error_lines(caplog):
+        kind = "stopped" if message.endswith("stopped") else "also" if ", also: " in message else "start"
+        named = [letter for letter, path in files.items() if f"{path}:" in message]
+        said.append(" ".join([kind, *named]))
     assert said == expected
 
 
 def test_each_file_has_its_own_quiet_period(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A file named ten minutes ago is named again, even when the device's other files were named since:
     the quiet period is the file's, not its device's."""
-    import logging
-    from dataclasses import replace
-
-    from rdma_exporter.collect.readers import BLOCKED_LOG_QUIET_SECONDS
-    from rdma_exporter.config import Config
-    from rdma_exporter.daemon import build_collector
-    from rdma_exporter.sample_tree import build_tree, spec_for_devices
-
-    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    root, collector = logging_collector(tmp_path, caplog, devices=1)
     counters = root / "class/infiniband/mlx5_0/ports/1/counters"
     a, b = counters / "symbol_error", counters / "link_downed"
-    collector = build_collector(replace(Config(), sysfs=root))
-    caplog.set_level(logging.INFO, logger="rdma_exporter")
 
     def fail_once(path: Path) -> list[str]:
         path.write_text("junk\n")
         collector.gather()
         path.write_text("0\n")
         collector.gather()
-        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("read errors ")]
-        caplog.clear()
-        return said
+        return [message for _, message in read_error_lines(caplog)]
 
     def age(seconds: float) -> None:  # as if that much time had passed since each file was named
         for named in collector._errors_logged:
