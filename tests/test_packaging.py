@@ -316,6 +316,23 @@ NETWORK_TROUBLE = ("NewConnectionError", "Max retries exceeded", "Temporary fail
                    "ReadTimeoutError", "Network is unreachable")  # fmt: skip
 
 
+def pip_step(pip: list[str], argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    """One pip command that asks the package index: a network failure is a skip (a failure under CI)."""
+    done = subprocess.run([*pip, *argv], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    if done.returncode != 0 and any(trouble in done.stdout + done.stderr for trouble in NETWORK_TROUBLE):
+        skip_or_fail(f"the package index stopped answering: {done.stderr.strip()[-300:]}")
+    assert done.returncode == 0, f"pip {' '.join(argv)}\n{done.stdout}{done.stderr}"
+
+
+def wheel_generator(wheels: Path) -> str:
+    """The WHEEL file of the one exporter wheel in `wheels`: its Generator line names the setuptools that
+    built it."""
+    (wheel,) = wheels.glob("rdma_exporter-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [name for name in archive.namelist() if name.endswith(".dist-info/WHEEL")]
+        return archive.read(name).decode()
+
+
 def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, tmp_path: Path) -> None:
     # No Docker daemon here, so the Dockerfile's two pip steps run as written (with their environment
     # assignments), in a venv of this Python, with the build context (the checkout less .dockerignore,
@@ -346,17 +363,10 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
         argv = [expanded for word in words[1:] for expanded in sorted(glob.glob(word)) or [word]]
         if argv[0] == "wheel":
             wheel_argv, wheel_env = argv, env
-        done = subprocess.run([*pip, *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
-        if done.returncode != 0 and any(trouble in done.stdout + done.stderr for trouble in NETWORK_TROUBLE):
-            skip_or_fail(f"the package index stopped answering: {done.stderr.strip()[-300:]}")
-        assert done.returncode == 0, f"{step}\n{done.stdout}{done.stderr}"
+        pip_step(pip, argv, tmp_path, env)
 
     pins = pinned_versions()
-    (wheel,) = wheels.glob("rdma_exporter-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        (wheel_file,) = [name for name in archive.namelist() if name.endswith(".dist-info/WHEEL")]
-        generator = archive.read(wheel_file).decode()
-    assert f"Generator: setuptools ({pins['setuptools']})" in generator, generator
+    assert f"Generator: setuptools ({pins['setuptools']})" in wheel_generator(wheels)
     # The pin reaches pip's isolated build environment (--constraint does not): built again with
     # setuptools held to pyproject's floor release, the wheel says so, whatever the newest release is.
     floor = re.search(r'requires = \["setuptools>=([0-9.]+)"\]', (ROOT / "pyproject.toml").read_text())
@@ -369,15 +379,11 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
     # reads only PIP_BUILD_CONSTRAINT there), as the image's pip may be after a base-image update.
     for upgrade in ([], ["pip==26.3"]):
         if upgrade:
-            subprocess.run([*pip, "install", "--quiet", *upgrade], check=True, capture_output=True, timeout=300)
-        for old in wheels.glob("rdma_exporter-*.whl"):
-            old.unlink()
-        rebuilt = subprocess.run([*pip, *wheel_argv, "--no-deps"], capture_output=True, text=True, timeout=600,
-                                 cwd=tmp_path, env=wheel_env)  # fmt: skip
-        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
-        with zipfile.ZipFile(next(wheels.glob("rdma_exporter-*.whl"))) as archive:
-            generator = archive.read(wheel_file).decode()
-        assert f"Generator: setuptools ({major}." in generator, (upgrade, generator)
+            pip_step(pip, ["install", "--quiet", *upgrade], tmp_path)
+        for built in wheels.glob("rdma_exporter-*.whl"):
+            built.unlink()
+        pip_step(pip, [*wheel_argv, "--no-deps"], tmp_path, wheel_env)
+        assert f"Generator: setuptools ({major}." in wheel_generator(wheels), upgrade
     listed = subprocess.run([*pip, "list", "--format", "json"], capture_output=True, text=True, timeout=60, check=True)
     got = {canonicalize_name(item["name"]): item["version"] for item in json.loads(listed.stdout)}
     _, floors = declared_floors()
