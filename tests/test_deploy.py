@@ -258,9 +258,21 @@ def pinned_versions() -> dict[str, str]:
     return pins
 
 
+def pyproject() -> dict[str, Any]:
+    """pyproject.toml as written (not as last installed)."""
+    return tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+
+
+def floor_of(requirement: Requirement) -> str:
+    """The version of a requirement written as name>=version, the only form pyproject's floors take."""
+    (spec,) = requirement.specifier
+    assert spec.operator == ">=", f"pyproject.toml: {requirement} is not of the form name>=version"
+    return spec.version
+
+
 def declared_requirements() -> list[Requirement]:
-    """pyproject.toml's runtime requirements and its test extras, as written (not as last installed)."""
-    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
+    """pyproject.toml's runtime requirements and its test extras."""
+    project = pyproject()["project"]
     return [Requirement(text) for text in [*project["dependencies"], *project["optional-dependencies"]["test"]]]
 
 

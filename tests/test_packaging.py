@@ -26,9 +26,10 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from test_daemon_http import RunningDaemon, get
-from test_deploy import pinned_versions
+from test_deploy import floor_of, pinned_versions, pyproject
 
 from rdma_exporter import __version__
 
@@ -140,16 +141,11 @@ def failed_collectors(series: dict[tuple[str, tuple[tuple[str, str], ...]], floa
 def declared_floors() -> tuple[str, dict[str, str]]:
     """pyproject's `requires-python` floor and each runtime dependency's: the oldest versions the package
     says it runs on, and so the ones a node that already has older packages may end up running."""
-    text = (ROOT / "pyproject.toml").read_text()
-    python = re.search(r'^requires-python = ">=(\d+\.\d+)"$', text, re.MULTILINE)
-    block = re.search(r"^dependencies = \[\n(.*?)^\]", text, re.MULTILINE | re.DOTALL)
-    assert python and block, "pyproject.toml: requires-python or dependencies not where this test reads them"
-    floors = {}
-    for line in block.group(1).splitlines():
-        requirement = re.fullmatch(r'\s*"([A-Za-z0-9_.-]+)>=([0-9.]+)",(\s*#.*)?', line)
-        assert requirement, f"pyproject.toml: {line.strip()!r} is not of the form name>=version"
-        floors[requirement.group(1)] = requirement.group(2)
-    return python.group(1), floors
+    project = pyproject()["project"]
+    python = re.fullmatch(r">=(\d+\.\d+)", project["requires-python"])
+    assert python, f"pyproject.toml: requires-python {project['requires-python']!r} is not >=X.Y"
+    requirements = [Requirement(text) for text in project["dependencies"]]
+    return python.group(1), {requirement.name: floor_of(requirement) for requirement in requirements}
 
 
 def find_python(version: str) -> Path | None:
@@ -369,11 +365,12 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
     assert f"Generator: setuptools ({pins['setuptools']})" in wheel_generator(wheels)
     # The pin reaches pip's isolated build environment (--constraint does not): built again with
     # setuptools held to pyproject's floor release, the wheel says so, whatever the newest release is.
-    floor = re.search(r'requires = \["setuptools>=([0-9.]+)"\]', (ROOT / "pyproject.toml").read_text())
-    assert floor, "pyproject.toml: the build-system requirement is not where this test reads it"
+    (backend,) = [Requirement(text) for text in pyproject()["build-system"]["requires"]]
+    assert backend.name == "setuptools", backend
+    floor = floor_of(backend)
     constraints = context / "deploy" / "constraints.txt"
-    major = int(floor.group(1).split(".")[0])
-    constraints.write_text(re.sub(r"(?m)^setuptools==\S+", f"setuptools>={floor.group(1)},<{major + 1}",
+    major = int(floor.split(".")[0])
+    constraints.write_text(re.sub(r"(?m)^setuptools==\S+", f"setuptools>={floor},<{major + 1}",
                                   constraints.read_text()))  # fmt: skip
     # With this Python's own pip (which reads PIP_CONSTRAINT there) and with a pip of 25.3 or later (which
     # reads only PIP_BUILD_CONSTRAINT there), as the image's pip may be after a base-image update.
