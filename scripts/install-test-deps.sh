@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything the test suite uses on a fresh Debian machine: the real Prometheus tools the
-# tests run against (promtool, prometheus, alertmanager, amtool, node_exporter), the network and
-# tracing tools (ethtool, iproute2, strace, openssl, curl, systemd-analyze), qemu and a Debian kernel for
-# the tests that boot a VM with soft RoCE (tests/vm/), and the Python package with its test extras. Safe to
-# run again: apt and pip skip what is already there, and the kernel is fetched only when absent.
+# tests run against (promtool, prometheus, alertmanager, amtool, node_exporter, and Prometheus 3 with its
+# Alertmanager unpacked into a cache), the network and tracing tools (ethtool, iproute2, strace, openssl,
+# curl, systemd-analyze), qemu and a Debian kernel for the tests that boot a VM with soft RoCE (tests/vm/),
+# and the Python package with its test extras. Safe to run again: apt and pip skip what is already there,
+# and the kernel and Prometheus 3 are fetched only when absent.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -98,6 +99,39 @@ if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
     rm -rf "$VM_CACHE/kernel.new" && mkdir -p "$VM_CACHE/kernel.new"
     dpkg-deb -x "$download"/*.deb "$VM_CACHE/kernel.new"
     rm -rf "$download" "$VM_CACHE/kernel" && mv "$VM_CACHE/kernel.new" "$VM_CACHE/kernel"
+fi
+
+# The alert pack is also tested with Prometheus 3 (the LTS line, 3.5) and the Alertmanager beside it, as
+# Debian testing ships them: most clusters now run 3.x, whose left-open range selectors change what a
+# window holds. Unpacked into a cache and never installed: the packages share names and paths with
+# Debian 12's 2.42 above. apt fetches them with a private state directory, so the machine's own package
+# lists are untouched, and checks the suite's signature against Debian's archive keyring.
+PROMETHEUS3_DIR="${RDMA_EXPORTER_PROMETHEUS3_DIR:-$HOME/.cache/rdma-exporter-prometheus3}"
+PROMETHEUS3_SUITE=forky
+PROMETHEUS3_PACKAGES=(prometheus promtool prometheus-alertmanager)
+if [ ! -x "$PROMETHEUS3_DIR/usr/bin/promtool" ] || [ ! -x "$PROMETHEUS3_DIR/usr/bin/prometheus" ] ||
+    [ ! -x "$PROMETHEUS3_DIR/usr/bin/prometheus-alertmanager" ]; then
+    echo "fetching ${PROMETHEUS3_PACKAGES[*]} from Debian $PROMETHEUS3_SUITE into $PROMETHEUS3_DIR"
+    apt_dir="$(mktemp -d)"
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $PROMETHEUS3_SUITE main" \
+        >"$apt_dir/sources.list"
+    private_apt=(
+        -o Dir::State="$apt_dir" -o Dir::State::Lists="$apt_dir/lists" -o Dir::State::status=/dev/null
+        -o Dir::Cache="$apt_dir" -o Dir::Cache::Archives="$apt_dir/archives"
+        -o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o APT::Sandbox::User=root
+    )
+    apt-get -qq "${private_apt[@]}" update
+    (cd "$apt_dir/debs" && apt-get -qq "${private_apt[@]}" download "${PROMETHEUS3_PACKAGES[@]}")
+    version="$(dpkg-deb -f "$apt_dir"/debs/promtool_*.deb Version)"
+    if [[ "$version" != 3.* ]]; then
+        echo "install-test-deps: Debian $PROMETHEUS3_SUITE's promtool is $version, not 3.x: the suite needs a new PROMETHEUS3_SUITE" >&2
+        exit 1
+    fi
+    rm -rf "$PROMETHEUS3_DIR.new" && mkdir -p "$PROMETHEUS3_DIR.new"
+    for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$PROMETHEUS3_DIR.new"; done
+    rm -rf "$apt_dir" "$PROMETHEUS3_DIR" && mv "$PROMETHEUS3_DIR.new" "$PROMETHEUS3_DIR"
 fi
 
 # At the versions the image ships (deploy/constraints.txt), so that the suite tests what is deployed; the

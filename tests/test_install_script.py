@@ -1,7 +1,7 @@
 """scripts/install-test-deps.sh, run against stand-in apt tools on PATH: the real ones would change the
 machine. The stand-ins act as a container image with cleaned package lists does: `apt-cache depends`
-exits 100 until `apt-get update` ran. The VM kernel package they hand out is a real .deb built by
-dpkg-deb, which the script unpacks with the real dpkg-deb."""
+exits 100 until `apt-get update` ran. The VM kernel package and Prometheus 3's packages they hand out
+are real .debs built by dpkg-deb, which the script unpacks with the real dpkg-deb."""
 
 from __future__ import annotations
 
@@ -31,13 +31,42 @@ echo "apt-get $*" >> "$STATE/apt-get.log"
 case " $* " in
   *" update "*) touch "$STATE/updated" ;;
   *" download "*)
-    [ "${{@: -1}}" = "{KERNEL}-unsigned" ] || exit 100
-    cp "$STATE/kernel.deb" "./{KERNEL}-unsigned.deb" ;;
+    case "${{@: -1}}" in
+      {KERNEL}-unsigned) cp "$STATE/kernel.deb" "./{KERNEL}-unsigned.deb" ;;
+      prometheus-alertmanager) cp "$STATE"/prometheus3/*.deb . ;;
+      *) exit 100 ;;
+    esac ;;
 esac
+# What a private apt was pointed at (Prometheus 3's fetch), kept for the tests to read.
+for option in "$@"; do
+  case "$option" in Dir::Etc::SourceList=*) cp "${{option#*=}}" "$STATE/sources.list" ;; esac
+done
 """,
     # The project's own install is not what is under test.
     "python3": 'echo "python3 $*" >> "$STATE/python3.log"\n',
 }
+
+
+PROMETHEUS3_PACKAGES = {
+    "prometheus": ["prometheus"],
+    "promtool": ["promtool"],
+    "prometheus-alertmanager": ["prometheus-alertmanager", "amtool"],
+}
+
+
+def build_deb(tree: Path, deb: Path, name: str, version: str, files: dict[str, str]) -> None:
+    """A real .deb of `files` (path -> text; executable when it starts with #!)."""
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        f"Package: {name}\nVersion: {version}\nArchitecture: amd64\nMaintainer: test <t@example.org>\n"
+        "Description: stand-in\n"
+    )
+    for path, text in files.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text)
+        if text.startswith("#!"):
+            (tree / path).chmod(0o755)
+    subprocess.run(["dpkg-deb", "--build", str(tree), str(deb)], check=True, capture_output=True)
 
 
 @pytest.fixture
@@ -48,15 +77,12 @@ def stubbed(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     shutil.copy(SCRIPT, project / "scripts" / SCRIPT.name)
     state = tmp_path / "state"
     state.mkdir()
-    package = tmp_path / "package"
-    (package / "DEBIAN").mkdir(parents=True)
-    (package / "DEBIAN" / "control").write_text(
-        f"Package: {KERNEL}-unsigned\nVersion: 1\nArchitecture: amd64\nMaintainer: test <t@example.org>\n"
-        "Description: stand-in kernel\n"
-    )
-    (package / "boot").mkdir()
-    (package / "boot" / "vmlinuz-6.1.0-99-amd64").write_text("not a kernel\n")
-    subprocess.run(["dpkg-deb", "--build", str(package), str(state / "kernel.deb")], check=True, capture_output=True)
+    build_deb(tmp_path / "kernel", state / "kernel.deb", f"{KERNEL}-unsigned", "1",
+              {"boot/vmlinuz-6.1.0-99-amd64": "not a kernel\n"})  # fmt: skip
+    (state / "prometheus3").mkdir()
+    for name, binaries in PROMETHEUS3_PACKAGES.items():
+        files = {f"usr/bin/{binary}": f"#!/bin/sh\necho {binary}\n" for binary in binaries}
+        build_deb(tmp_path / name, state / "prometheus3" / f"{name}_3.5.3+ds1-6_amd64.deb", name, "3.5.3+ds1-6", files)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in STUBS.items():
@@ -68,6 +94,7 @@ def stubbed(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "STATE": str(state),
         "RDMA_EXPORTER_VM_CACHE": str(tmp_path / "cache"),
+        "RDMA_EXPORTER_PROMETHEUS3_DIR": str(tmp_path / "prometheus3"),
     }
     return project, env
 
@@ -88,12 +115,13 @@ def test_cleaned_package_lists_are_updated_then_the_kernel_is_fetched(stubbed: t
     log = (state / "apt-get.log").read_text().splitlines()
     assert log[0] == "apt-get update -qq"
     assert log[1].endswith(f"download -qq -o APT::Sandbox::User=root {KERNEL}-unsigned")
+    assert len(log) == 4, log  # then Prometheus 3's update and download
     cache = Path(env["RDMA_EXPORTER_VM_CACHE"])
     assert (cache / "kernel" / "boot" / "vmlinuz-6.1.0-99-amd64").read_text() == "not a kernel\n"
     pip = "python3 -m pip install --quiet --disable-pip-version-check --constraint deploy/constraints.txt -e .[test]\n"
     assert (state / "python3.log").read_text() == pip
 
-    # A second run finds the kernel in the cache and asks apt nothing.
+    # A second run finds the kernel and Prometheus 3 in their caches and asks apt nothing.
     result = run(project, env)
     assert result.returncode == 0, result.stderr
     assert (state / "apt-get.log").read_text().splitlines() == log
@@ -105,6 +133,48 @@ def test_no_kernel_package_after_an_update_is_a_clear_failure(stubbed: tuple[Pat
     result = run(project, env)
     assert result.returncode == 1
     assert "apt knows no linux-image-amd64 dependency" in result.stderr
+    assert not (Path(env["STATE"]) / "python3.log").exists()
+
+
+def test_prometheus3_is_fetched_by_a_private_apt_and_unpacked(stubbed: tuple[Path, dict[str, str]]) -> None:
+    """Debian testing's packages, through apt with its own state and sources (the machine's package lists
+    and sources are not touched) and the suite's signature checked against Debian's archive keyring;
+    unpacked, never installed."""
+    project, env = stubbed
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    state = Path(env["STATE"])
+    calls = [line.split() for line in (state / "apt-get.log").read_text().splitlines()]
+    private = [call for call in calls if any(arg.startswith("Dir::State=") for arg in call)]
+    assert [call[-1] for call in private] == ["update", "prometheus-alertmanager"]
+    assert private[1][-3:] == ["prometheus", "promtool", "prometheus-alertmanager"]
+    for call in private:
+        options = {arg.partition("=")[0]: arg.partition("=")[2] for arg in call if "=" in arg}
+        assert options["Dir::State::status"] == "/dev/null"
+        assert options["Dir::Etc::SourceParts"] == "/dev/null"
+        for key in ("Dir::State", "Dir::State::Lists", "Dir::Cache", "Dir::Etc::SourceList"):
+            assert not options[key].startswith(("/var/", "/etc/")), (key, options[key])
+        assert not Path(options["Dir::State"]).exists(), "the private apt directory is left behind"
+    assert (state / "sources.list").read_text() == (
+        "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian forky main\n"
+    )
+    bin_dir = Path(env["RDMA_EXPORTER_PROMETHEUS3_DIR"]) / "usr" / "bin"
+    for binary in ("prometheus", "promtool", "prometheus-alertmanager", "amtool"):
+        assert subprocess.run([bin_dir / binary], capture_output=True, text=True).stdout == f"{binary}\n"
+
+
+def test_a_promtool_that_is_not_3_is_a_clear_failure(stubbed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """When Debian testing moves past Prometheus 3, the suite must be told, not run the rules' tests
+    against a line nobody chose."""
+    project, env = stubbed
+    debs = Path(env["STATE"]) / "prometheus3"
+    (debs / "promtool_3.5.3+ds1-6_amd64.deb").unlink()
+    build_deb(tmp_path / "promtool4", debs / "promtool_4.0.0+ds1-1_amd64.deb", "promtool", "4.0.0+ds1-1",
+              {"usr/bin/promtool": "#!/bin/sh\n"})  # fmt: skip
+    result = run(project, env)
+    assert result.returncode == 1
+    assert "Debian forky's promtool is 4.0.0+ds1-1, not 3.x" in result.stderr
+    assert not Path(env["RDMA_EXPORTER_PROMETHEUS3_DIR"]).exists()
     assert not (Path(env["STATE"]) / "python3.log").exists()
 
 
