@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import re
@@ -81,6 +82,50 @@ def require_binary(name: str) -> str:
     if path is None:
         skip_or_fail(f"{name} is not installed (scripts/install-test-deps.sh installs it)")
     return path
+
+
+@dataclass(frozen=True)
+class PrometheusRelease:
+    """One Prometheus line the alert pack is tested with, and the Alertmanager that goes with it."""
+
+    name: str  # the test id
+    major: int
+    bin_dir: Path | None  # None: the PATH
+
+    def binary(self, *names: str) -> str:
+        """The first of `names` this release has (Debian names Alertmanager prometheus-alertmanager,
+        upstream alertmanager); skipped locally when absent, a failure in CI."""
+        __tracebackhide__ = True
+        search = None if self.bin_dir is None else str(self.bin_dir)
+        for name in names:
+            path = shutil.which(name, path=search)
+            if path is not None:
+                if name in ("prometheus", "promtool") and (found := _major_version(path)) != self.major:
+                    skip_or_fail(f"{path} is Prometheus {found}, not {self.major} (scripts/install-test-deps.sh)")
+                return path
+        where = "PATH" if self.bin_dir is None else str(self.bin_dir)
+        skip_or_fail(f"{' / '.join(names)} not found in {where} (scripts/install-test-deps.sh installs it)")
+
+
+@functools.cache
+def _major_version(binary: str) -> int | None:
+    """The major version `binary --version` reports ("promtool, version 3.5.3+ds1 (branch: ...")."""
+    output = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    found = re.search(r"\bversion (\d+)\.", output)
+    return int(found.group(1)) if found else None
+
+
+# Debian 12's Prometheus 2.42 and Alertmanager 0.25 (apt, on the PATH), and Prometheus 3 with its
+# Alertmanager as Debian testing ships them, unpacked by scripts/install-test-deps.sh into a cache (the
+# packages cannot be installed beside 2.42). Prometheus 3's range selectors are left-open, so the rules'
+# unit tests must hold under both.
+PROMETHEUS3_ROOT = Path(
+    os.environ.get("RDMA_EXPORTER_PROMETHEUS3_DIR", Path.home() / ".cache/rdma-exporter-prometheus3")
+)
+PROMETHEUS_RELEASES = (
+    PrometheusRelease("prometheus2", 2, None),
+    PrometheusRelease("prometheus3", 3, PROMETHEUS3_ROOT / "usr/bin"),
+)
 
 
 def scrape(sys_root: Path, config: Config | None = None, **overrides: object) -> str:

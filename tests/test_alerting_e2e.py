@@ -10,6 +10,9 @@ while the alert a down port inhibits is held back.
 The inhibition test runs Alertmanager alone: for each case of deploy/alertmanager/inhibit-tests.yaml it
 posts the case's source alert with every shipped alert, in pairs, and checks which ones are inhibited.
 
+Each test runs twice: with Debian 12's Prometheus 2.42 and Alertmanager 0.25, and with Prometheus 3 and
+the Alertmanager Debian testing ships beside it (conftest.PROMETHEUS_RELEASES).
+
 Everything listens on 127.0.0.1, every wait is bounded, and every process is stopped at the end.
 """
 
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -35,7 +37,7 @@ import yaml
 
 from rdma_exporter.sample_tree import HEALTHY_SPEC, build_tree
 
-from conftest import distinct_free_ports, free_port, skip_or_fail
+from conftest import PROMETHEUS_RELEASES, PrometheusRelease, distinct_free_ports, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = "e2e"
@@ -46,14 +48,10 @@ DEADLINE = 60.0  # longest wait for any one expectation
 EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
 
 
-def find_binary(*names: str) -> str:
-    """The first of `names` on PATH: Debian installs Alertmanager as prometheus-alertmanager, upstream
-    as alertmanager, so require_binary (one name) does not fit; a failure under CI=1 all the same."""
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    skip_or_fail(f"{' / '.join(names)} not installed (Debian packages prometheus, prometheus-alertmanager)")
+@pytest.fixture(params=PROMETHEUS_RELEASES, ids=lambda release: release.name)
+def release(request: pytest.FixtureRequest) -> PrometheusRelease:
+    """Each test once with Debian 12's Prometheus and Alertmanager, once with Prometheus 3's."""
+    return request.param  # type: ignore[no-any-return]
 
 
 def get_json(url: str) -> Any:
@@ -230,9 +228,9 @@ def find(alerts: list[dict[str, Any]], **labels: str) -> list[dict[str, Any]]:
     return [a for a in alerts if all(a["labels"].get(k) == v for k, v in labels.items())]
 
 
-def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> None:
-    prometheus = find_binary("prometheus")
-    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
+def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook, release: PrometheusRelease) -> None:
+    prometheus = release.binary("prometheus")
+    alertmanager = release.binary("prometheus-alertmanager", "alertmanager")
 
     tree = tmp_path / "tree"
     sys_root = build_tree(tree, HEALTHY_SPEC)
@@ -394,10 +392,12 @@ def test_faults_page_the_right_receivers(tmp_path: Path, webhook: Webhook) -> No
 
 
 @contextmanager
-def alertmanager_alone(tmp_path: Path, webhook: Webhook, **config: Any) -> Iterator[tuple[Processes, str]]:
+def alertmanager_alone(
+    tmp_path: Path, webhook: Webhook, release: PrometheusRelease, **config: Any
+) -> Iterator[tuple[Processes, str]]:
     """A single Alertmanager on a loopback port running the example config (alertmanager_config's
     `config` arguments), ready to take alerts; its processes and URL. Stopped on exit."""
-    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
+    alertmanager = release.binary("prometheus-alertmanager", "alertmanager")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     logs = tmp_path / "logs"
@@ -427,11 +427,13 @@ def post_alerts(url: str, alerts: list[dict[str, str]]) -> None:
 ROUTE_SCALE = 30  # the shipped routing timings, 30 times faster: 30s -> 1s, 1m -> 2s, 5m -> 10s
 
 
-def test_a_second_fault_on_a_paged_node_pages_at_the_pager_interval(tmp_path: Path, webhook: Webhook) -> None:
+def test_a_second_fault_on_a_paged_node_pages_at_the_pager_interval(
+    tmp_path: Path, webhook: Webhook, release: PrometheusRelease
+) -> None:
     """A node's pager group that has paged for one fault, still firing, pages for a second fault at its
     next flush: with the shipped timings (scaled) that is the pager route's 1 minute, not the root
     route's 5 (measured live: a second fault paged 2m29-4m54 late when the pager had no interval of its own)."""
-    with alertmanager_alone(tmp_path, webhook, wait=None, scale=ROUTE_SCALE) as (_, url):
+    with alertmanager_alone(tmp_path, webhook, release, wait=None, scale=ROUTE_SCALE) as (_, url):
         node = {"cluster": CLUSTER, "job": "rdma-exporter", "instance": "gpu-017:9883", "severity": "critical"}
         first = {**node, "alertname": "RdmaPortRateBelowExpected", "device": "mlx5_3", "port": "1"}
         second = {**node, "alertname": "RdmaPortDown", "device": "mlx5_5", "port": "1"}
@@ -598,7 +600,9 @@ def test_inhibit_cases_cover_every_rule_and_name_real_alerts() -> None:
                             assert set(needs) <= set(shape), f"{entry} {shape} has no {needs} label for {scope}"
 
 
-def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webhook: Webhook) -> None:
+def test_inhibitions_hold_back_exactly_the_intended_alerts(
+    tmp_path: Path, webhook: Webhook, release: PrometheusRelease
+) -> None:
     """Every case's source fires with every shipped alert, one pair per instance, on a real Alertmanager
     running the shipped inhibit rules; exactly the alerts the case lists for that placement are inhibited."""
     alerts = shipped_alerts()
@@ -635,7 +639,7 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(tmp_path: Path, webho
 
     # The API computes each alert's inhibition when asked; notifying is not what this test checks, and
     # flushing some 2,600 groups every second starved the API on a busy 2-core machine.
-    with alertmanager_alone(tmp_path, webhook, wait="1h") as (procs, url):
+    with alertmanager_alone(tmp_path, webhook, release, wait="1h") as (procs, url):
         for start in range(0, len(posted), 500):
             post_alerts(url, posted[start : start + 500])
 
