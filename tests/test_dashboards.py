@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_exporter.metricsdoc import declared_labels
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import family_pattern, free_port, require_binary, samples
+from conftest import PROMETHEUS_RELEASES, PrometheusRelease, family_pattern, free_port, require_binary, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -1021,9 +1021,14 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
             proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def stack(exporter: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    binary = require_binary("prometheus")
+@pytest.fixture(scope="module", params=PROMETHEUS_RELEASES, ids=lambda release: release.name)
+def stack(
+    exporter: tuple[str, str, Path], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    """A real Prometheus scraping the exporter and evaluating rules/, once per Prometheus line: 3.x's
+    left-open windows change what a panel's range holds."""
+    release: PrometheusRelease = request.param
+    binary = release.binary("prometheus")
     address, exposition, ethtool = exporter
     tmp = tmp_path_factory.mktemp("prometheus")
     config = tmp / "prometheus.yml"
