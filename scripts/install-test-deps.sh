@@ -96,27 +96,37 @@ if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
     download="$(mktemp -d)"
     # -unsigned: the same kernel without the Secure Boot signature, which a VM booted by -kernel needs not.
     (cd "$download" && apt-get download -qq -o APT::Sandbox::User=root "$kernel_package-unsigned")
-    rm -rf "$VM_CACHE/kernel.new" && mkdir -p "$VM_CACHE/kernel.new"
+    # One command a line: under set -e a failing command before && does not stop the script.
+    rm -rf "$VM_CACHE/kernel.new"
+    mkdir -p "$VM_CACHE/kernel.new"
     dpkg-deb -x "$download"/*.deb "$VM_CACHE/kernel.new"
-    rm -rf "$download" "$VM_CACHE/kernel" && mv "$VM_CACHE/kernel.new" "$VM_CACHE/kernel"
+    rm -rf "$download" "$VM_CACHE/kernel"
+    mv "$VM_CACHE/kernel.new" "$VM_CACHE/kernel"
 fi
 
-# The alert pack is also tested with Prometheus 3 (the LTS line, 3.5) and the Alertmanager beside it, as
+# The alert pack is also tested with Prometheus 3.5, the LTS line, and the Alertmanager beside it, as
 # Debian testing ships them: most clusters now run 3.x, whose left-open range selectors change what a
 # window holds. Unpacked into a cache and never installed: the packages share names and paths with
-# Debian 12's 2.42 above. apt fetches them with a private state directory, so the machine's own package
-# lists are untouched, and checks the suite's signature against Debian's archive keyring.
+# Debian 12's 2.42 above. apt fetches them with a private state directory and sources list, so the
+# machine's own package lists are untouched (its proxy settings still apply, its update hooks do not),
+# and checks the suite's signature against Debian's archive keyring. A mirror of the machine's own can
+# stand in for deb.debian.org.
 PROMETHEUS3_DIR="${RDMA_EXPORTER_PROMETHEUS3_DIR:-$HOME/.cache/rdma-exporter-prometheus3}"
+PROMETHEUS3_MIRROR="${RDMA_EXPORTER_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PROMETHEUS3_SUITE=forky
+PROMETHEUS3_LINE=3.5  # the unit tests' expectations are checked against this line
 PROMETHEUS3_PACKAGES=(prometheus promtool prometheus-alertmanager)
 if [ ! -x "$PROMETHEUS3_DIR/usr/bin/promtool" ] || [ ! -x "$PROMETHEUS3_DIR/usr/bin/prometheus" ] ||
     [ ! -x "$PROMETHEUS3_DIR/usr/bin/prometheus-alertmanager" ]; then
     echo "fetching ${PROMETHEUS3_PACKAGES[*]} from Debian $PROMETHEUS3_SUITE into $PROMETHEUS3_DIR"
     apt_dir="$(mktemp -d)"
+    trap 'rm -rf "$apt_dir"' EXIT
     mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/debs"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $PROMETHEUS3_SUITE main" \
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $PROMETHEUS3_MIRROR $PROMETHEUS3_SUITE main" \
         >"$apt_dir/sources.list"
+    printf '#clear APT::Update::Post-Invoke;\n#clear APT::Update::Post-Invoke-Success;\n' >"$apt_dir/apt.conf"
     private_apt=(
+        -c "$apt_dir/apt.conf"
         -o Dir::State="$apt_dir" -o Dir::State::Lists="$apt_dir/lists" -o Dir::State::status=/dev/null
         -o Dir::Cache="$apt_dir" -o Dir::Cache::Archives="$apt_dir/archives"
         -o Dir::Etc::SourceList="$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
@@ -125,13 +135,20 @@ if [ ! -x "$PROMETHEUS3_DIR/usr/bin/promtool" ] || [ ! -x "$PROMETHEUS3_DIR/usr/
     apt-get -qq "${private_apt[@]}" update
     (cd "$apt_dir/debs" && apt-get -qq "${private_apt[@]}" download "${PROMETHEUS3_PACKAGES[@]}")
     version="$(dpkg-deb -f "$apt_dir"/debs/promtool_*.deb Version)"
-    if [[ "$version" != 3.* ]]; then
-        echo "install-test-deps: Debian $PROMETHEUS3_SUITE's promtool is $version, not 3.x: the suite needs a new PROMETHEUS3_SUITE" >&2
+    if [[ "$version" != "$PROMETHEUS3_LINE".* ]]; then
+        echo "install-test-deps: Debian $PROMETHEUS3_SUITE's promtool is $version, not $PROMETHEUS3_LINE.x:" \
+            "run the rules' unit tests with it and update PROMETHEUS3_LINE" >&2
         exit 1
     fi
-    rm -rf "$PROMETHEUS3_DIR.new" && mkdir -p "$PROMETHEUS3_DIR.new"
+    rm -rf "$PROMETHEUS3_DIR.new"
+    mkdir -p "$PROMETHEUS3_DIR.new"
     for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$PROMETHEUS3_DIR.new"; done
-    rm -rf "$apt_dir" "$PROMETHEUS3_DIR" && mv "$PROMETHEUS3_DIR.new" "$PROMETHEUS3_DIR"
+    # Runs on this machine (the binaries need a recent enough glibc), or the setup fails here.
+    "$PROMETHEUS3_DIR.new/usr/bin/promtool" --version >/dev/null
+    rm -rf "$PROMETHEUS3_DIR"
+    mv "$PROMETHEUS3_DIR.new" "$PROMETHEUS3_DIR"
+    rm -rf "$apt_dir"
+    trap - EXIT
 fi
 
 # At the versions the image ships (deploy/constraints.txt), so that the suite tests what is deployed; the

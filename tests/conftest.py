@@ -89,30 +89,46 @@ class PrometheusRelease:
     """One Prometheus line the alert pack is tested with, and the Alertmanager that goes with it."""
 
     name: str  # the test id
-    major: int
+    major: int  # of prometheus and promtool
+    alertmanager_minors: range  # of Alertmanager 0.x and amtool
     bin_dir: Path | None  # None: the PATH
 
     def binary(self, *names: str) -> str:
         """The first of `names` this release has (Debian names Alertmanager prometheus-alertmanager,
-        upstream alertmanager); skipped locally when absent, a failure in CI."""
+        upstream alertmanager), checked to be of this release: with the other line's directory first on
+        PATH, a test would otherwise run one line twice. Skipped locally when absent, a failure in CI."""
         __tracebackhide__ = True
         search = None if self.bin_dir is None else str(self.bin_dir)
         for name in names:
             path = shutil.which(name, path=search)
-            if path is not None:
-                if name in ("prometheus", "promtool") and (found := _major_version(path)) != self.major:
-                    skip_or_fail(f"{path} is Prometheus {found}, not {self.major} (scripts/install-test-deps.sh)")
-                return path
+            if path is None:
+                continue
+            version = _version(path)
+            if name in ("prometheus", "promtool"):
+                fits = version is not None and version[0] == self.major
+                wanted = f"{self.major}.x"
+            else:
+                fits = version is not None and version[0] == 0 and version[1] in self.alertmanager_minors
+                first, last = self.alertmanager_minors[0], self.alertmanager_minors[-1]
+                wanted = f"0.{first}" if first == last else f"0.{first} to 0.{last}"
+            if not fits:
+                found = "unknown (it did not run)" if version is None else ".".join(map(str, version))
+                skip_or_fail(f"{path} is version {found}, not {wanted} (scripts/install-test-deps.sh)")
+            return path
         where = "PATH" if self.bin_dir is None else str(self.bin_dir)
         skip_or_fail(f"{' / '.join(names)} not found in {where} (scripts/install-test-deps.sh installs it)")
 
 
 @functools.cache
-def _major_version(binary: str) -> int | None:
-    """The major version `binary --version` reports ("promtool, version 3.5.3+ds1 (branch: ...")."""
-    output = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
-    found = re.search(r"\bversion (\d+)\.", output)
-    return int(found.group(1)) if found else None
+def _version(binary: str) -> tuple[int, int] | None:
+    """Major and minor of what `binary --version` reports ("promtool, version 3.5.3+ds1 (branch: ..."),
+    or None if it does not run here."""
+    try:
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\bversion (\d+)\.(\d+)", result.stdout + result.stderr)
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 # Debian 12's Prometheus 2.42 and Alertmanager 0.25 (apt, on the PATH), and Prometheus 3 with its
@@ -123,8 +139,8 @@ PROMETHEUS3_ROOT = Path(
     os.environ.get("RDMA_EXPORTER_PROMETHEUS3_DIR", Path.home() / ".cache/rdma-exporter-prometheus3")
 )
 PROMETHEUS_RELEASES = (
-    PrometheusRelease("prometheus2", 2, None),
-    PrometheusRelease("prometheus3", 3, PROMETHEUS3_ROOT / "usr/bin"),
+    PrometheusRelease("prometheus2", 2, range(25, 26), None),
+    PrometheusRelease("prometheus3", 3, range(27, 100), PROMETHEUS3_ROOT / "usr/bin"),
 )
 
 

@@ -6,6 +6,7 @@ are real .debs built by dpkg-deb, which the script unpacks with the real dpkg-de
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,9 +38,12 @@ case " $* " in
       *) exit 100 ;;
     esac ;;
 esac
-# What a private apt was pointed at (Prometheus 3's fetch), kept for the tests to read.
+# What a private apt was pointed at and configured with (Prometheus 3's fetch), kept for the tests.
+previous=""
 for option in "$@"; do
   case "$option" in Dir::Etc::SourceList=*) cp "${{option#*=}}" "$STATE/sources.list" ;; esac
+  [ "$previous" != "-c" ] || cp "$option" "$STATE/apt.conf"
+  previous="$option"
 done
 """,
     # The project's own install is not what is under test.
@@ -153,10 +157,14 @@ def test_prometheus3_is_fetched_by_a_private_apt_and_unpacked(stubbed: tuple[Pat
         assert options["Dir::State::status"] == "/dev/null"
         assert options["Dir::Etc::SourceParts"] == "/dev/null"
         for key in ("Dir::State", "Dir::State::Lists", "Dir::Cache", "Dir::Etc::SourceList"):
-            assert not options[key].startswith(("/var/", "/etc/")), (key, options[key])
+            assert not options[key].startswith(("/var/lib/apt", "/var/cache/apt", "/etc/apt")), (key, options[key])
         assert not Path(options["Dir::State"]).exists(), "the private apt directory is left behind"
     assert (state / "sources.list").read_text() == (
         "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian forky main\n"
+    )
+    # The machine's update hooks (PackageKit, appstream, docker-clean) are not run for the private lists.
+    assert (state / "apt.conf").read_text() == (
+        "#clear APT::Update::Post-Invoke;\n#clear APT::Update::Post-Invoke-Success;\n"
     )
     bin_dir = Path(env["RDMA_EXPORTER_PROMETHEUS3_DIR"]) / "usr" / "bin"
     for binary in ("prometheus", "promtool", "prometheus-alertmanager", "amtool"):
@@ -173,9 +181,35 @@ def test_a_promtool_that_is_not_3_is_a_clear_failure(stubbed: tuple[Path, dict[s
               {"usr/bin/promtool": "#!/bin/sh\n"})  # fmt: skip
     result = run(project, env)
     assert result.returncode == 1
-    assert "Debian forky's promtool is 4.0.0+ds1-1, not 3.x" in result.stderr
+    assert "Debian forky's promtool is 4.0.0+ds1-1, not 3.5.x" in result.stderr
     assert not Path(env["RDMA_EXPORTER_PROMETHEUS3_DIR"]).exists()
     assert not (Path(env["STATE"]) / "python3.log").exists()
+
+
+def test_a_mirror_of_the_machines_own_stands_in_for_debian(stubbed: tuple[Path, dict[str, str]]) -> None:
+    project, env = stubbed
+    env["RDMA_EXPORTER_DEBIAN_MIRROR"] = "http://mirror.example.org/debian"
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    assert (Path(env["STATE"]) / "sources.list").read_text() == (
+        "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://mirror.example.org/debian forky main\n"
+    )
+
+
+def test_a_prometheus3_that_cannot_run_here_fails_setup(stubbed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """A rebuild that needs a newer glibc than the machine's is found at setup, not as a skipped test."""
+    project, env = stubbed
+    debs = Path(env["STATE"]) / "prometheus3"
+    (debs / "promtool_3.5.3+ds1-6_amd64.deb").unlink()
+    build_deb(tmp_path / "broken", debs / "promtool_3.5.4+ds1-1_amd64.deb", "promtool", "3.5.4+ds1-1",
+              {"usr/bin/promtool": "#!/bin/sh\necho 'GLIBC_2.99 not found' >&2\nexit 1\n"})  # fmt: skip
+    result = run(project, env)
+    assert result.returncode == 1
+    assert "GLIBC_2.99 not found" in result.stderr
+    assert not Path(env["RDMA_EXPORTER_PROMETHEUS3_DIR"]).exists()
+    log = (Path(env["STATE"]) / "apt-get.log").read_text()
+    (private_dir,) = set(re.findall(r"Dir::State=(\S+)", log))
+    assert not Path(private_dir).exists(), "a failed fetch leaves its private apt directory behind"
 
 
 def missing_prometheus_and_ethtool(project: Path, env: dict[str, str]) -> Path:
