@@ -171,19 +171,36 @@ def test_prometheus3_is_fetched_by_a_private_apt_and_unpacked(stubbed: tuple[Pat
         assert subprocess.run([bin_dir / binary], capture_output=True, text=True).stdout == f"{binary}\n"
 
 
-def test_a_promtool_that_is_not_3_is_a_clear_failure(stubbed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    """When Debian testing moves past Prometheus 3, the suite must be told, not run the rules' tests
-    against a line nobody chose."""
+def fails_with_this_promtool(stubbed: tuple[Path, dict[str, str]], tmp_path: Path, version: str, script: str) -> str:
+    """The setup run with Debian testing's promtool replaced by `version` running `script`: it must fail
+    before anything lands in the cache, leave no private apt directory, and not go on to pip. Its stderr."""
     project, env = stubbed
-    debs = Path(env["STATE"]) / "prometheus3"
-    (debs / "promtool_3.5.3+ds1-6_amd64.deb").unlink()
-    build_deb(tmp_path / "promtool4", debs / "promtool_4.0.0+ds1-1_amd64.deb", "promtool", "4.0.0+ds1-1",
-              {"usr/bin/promtool": "#!/bin/sh\n"})  # fmt: skip
+    state = Path(env["STATE"])
+    (state / "prometheus3" / "promtool_3.5.3+ds1-6_amd64.deb").unlink()
+    build_deb(tmp_path / "replacement", state / "prometheus3" / f"promtool_{version}_amd64.deb", "promtool", version,
+              {"usr/bin/promtool": script})  # fmt: skip
     result = run(project, env)
     assert result.returncode == 1
-    assert "Debian forky's promtool is 4.0.0+ds1-1, not 3.5.x" in result.stderr
     assert not Path(env["RDMA_EXPORTER_PROMETHEUS3_DIR"]).exists()
-    assert not (Path(env["STATE"]) / "python3.log").exists()
+    (private_dir,) = set(re.findall(r"Dir::State=(\S+)", (state / "apt-get.log").read_text()))
+    assert not Path(private_dir).exists(), "a failed fetch leaves its private apt directory behind"
+    assert not (state / "python3.log").exists()
+    return result.stderr
+
+
+def test_a_promtool_that_is_not_3_5_is_a_clear_failure(stubbed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """When Debian testing moves past Prometheus 3.5, the suite must be told, not run the rules' tests
+    against a line nobody checked them with."""
+    stderr = fails_with_this_promtool(stubbed, tmp_path, "4.0.0+ds1-1", "#!/bin/sh\n")
+    assert "Debian forky's promtool is 4.0.0+ds1-1, not 3.5.x" in stderr
+
+
+def test_a_prometheus3_that_cannot_run_here_fails_setup(stubbed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """A rebuild that needs a newer glibc than the machine's is found at setup, not as a skipped test."""
+    stderr = fails_with_this_promtool(
+        stubbed, tmp_path, "3.5.4+ds1-1", "#!/bin/sh\necho 'GLIBC_2.99 not found' >&2\nexit 1\n"
+    )
+    assert "GLIBC_2.99 not found" in stderr
 
 
 def test_a_mirror_of_the_machines_own_stands_in_for_debian(stubbed: tuple[Path, dict[str, str]]) -> None:
@@ -194,22 +211,6 @@ def test_a_mirror_of_the_machines_own_stands_in_for_debian(stubbed: tuple[Path, 
     assert (Path(env["STATE"]) / "sources.list").read_text() == (
         "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://mirror.example.org/debian forky main\n"
     )
-
-
-def test_a_prometheus3_that_cannot_run_here_fails_setup(stubbed: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
-    """A rebuild that needs a newer glibc than the machine's is found at setup, not as a skipped test."""
-    project, env = stubbed
-    debs = Path(env["STATE"]) / "prometheus3"
-    (debs / "promtool_3.5.3+ds1-6_amd64.deb").unlink()
-    build_deb(tmp_path / "broken", debs / "promtool_3.5.4+ds1-1_amd64.deb", "promtool", "3.5.4+ds1-1",
-              {"usr/bin/promtool": "#!/bin/sh\necho 'GLIBC_2.99 not found' >&2\nexit 1\n"})  # fmt: skip
-    result = run(project, env)
-    assert result.returncode == 1
-    assert "GLIBC_2.99 not found" in result.stderr
-    assert not Path(env["RDMA_EXPORTER_PROMETHEUS3_DIR"]).exists()
-    log = (Path(env["STATE"]) / "apt-get.log").read_text()
-    (private_dir,) = set(re.findall(r"Dir::State=(\S+)", log))
-    assert not Path(private_dir).exists(), "a failed fetch leaves its private apt directory behind"
 
 
 def missing_prometheus_and_ethtool(project: Path, env: dict[str, str]) -> Path:
