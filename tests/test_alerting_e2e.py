@@ -10,8 +10,9 @@ while the alert a down port inhibits is held back.
 The inhibition test runs Alertmanager alone: for each case of deploy/alertmanager/inhibit-tests.yaml it
 posts the case's source alert with every shipped alert, in pairs, and checks which ones are inhibited.
 
-Each test runs twice: with Debian 12's Prometheus 2.42 and Alertmanager 0.25, and with Prometheus 3 and
-the Alertmanager Debian testing ships beside it (conftest.PROMETHEUS_RELEASES).
+Each test that starts Prometheus or Alertmanager runs twice: with Debian 12's Prometheus 2.42 and
+Alertmanager 0.25, and with Prometheus 3 and the Alertmanager Debian testing ships beside it
+(conftest.PROMETHEUS_RELEASES).
 
 Everything listens on 127.0.0.1, every wait is bounded, and every process is stopped at the end.
 """
