@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_exporter.metricsdoc import declared_labels
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import PROMETHEUS_RELEASES, PrometheusRelease, family_pattern, free_port, require_binary, samples
+from conftest import PROMETHEUS_RELEASES, PrometheusRelease, family_pattern, free_port, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -1497,7 +1497,8 @@ BER_5M = "instance_device_port:rdma_port_bit_error_rate:ratio_rate5m"
 
 def promtool_checks(tmp_path: Path, series: dict[str, str], checks: list[tuple[str, str, float]]) -> list[str]:
     """Run `promtool test rules` with the repository's rules on `series` (1-minute samples), checking each
-    (expr, eval_time, value) as `expr` returning the one sample `value` without labels; the failures."""
+    (expr, eval_time, value) as `expr` returning the one sample `value` without labels, under each
+    Prometheus line; the failures."""
     test = {
         "rule_files": [str(p) for p in sorted((ROOT / "rules").glob("*.rules.yml"))],
         "evaluation_interval": "1m",
@@ -1514,9 +1515,13 @@ def promtool_checks(tmp_path: Path, series: dict[str, str], checks: list[tuple[s
     }
     path = tmp_path / "panels.test.yml"
     path.write_text(yaml.safe_dump(test, sort_keys=False))
-    result = subprocess.run([require_binary("promtool"), "test", "rules", str(path)], capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
-    return [] if result.returncode == 0 else [result.stdout + result.stderr]
+    failures = []
+    for release in PROMETHEUS_RELEASES:
+        result = subprocess.run([release.binary("promtool"), "test", "rules", str(path)], capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+        if result.returncode != 0:
+            failures.append(f"{release.name}: {result.stdout}{result.stderr}")
+    return failures
 
 
 def queries_reading(names: set[str]) -> dict[str, str]:

@@ -36,7 +36,7 @@ from rdma_exporter.config import ConfigError, load_config_file, parse_config
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import load_web_config
 
-from conftest import make_ca, make_leaf, require_binary, skip_or_fail
+from conftest import PROMETHEUS_RELEASES, PrometheusRelease, make_ca, make_leaf, require_binary, skip_or_fail
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "rdma-exporter.service"
@@ -329,8 +329,9 @@ def test_constraints_pin_what_the_suite_runs_within_pyproject_ranges() -> None:
         skip_or_fail(f"installed vs pinned (scripts/install-test-deps.sh installs the pins): {differ}")
 
 
-def test_prometheus_scrape_config_passes_promtool(tmp_path: Path) -> None:
-    promtool = require_binary("promtool")
+@pytest.mark.parametrize("release", PROMETHEUS_RELEASES, ids=lambda release: release.name)
+def test_prometheus_scrape_config_passes_promtool(tmp_path: Path, release: PrometheusRelease) -> None:
+    promtool = release.binary("promtool")
     text = (DEPLOY / "prometheus" / "scrape-config.yml").read_text().replace("/etc/prometheus/", f"{tmp_path}/")
     for name in ("ca.crt", "prometheus.crt", "prometheus.key", "password"):
         (tmp_path / "rdma").mkdir(exist_ok=True)
@@ -368,9 +369,10 @@ def test_prometheusrule_is_generated_from_the_rules(tmp_path: Path) -> None:
     assert resource["metadata"]["namespace"] == servicemonitor["metadata"]["namespace"]
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(resource["spec"]))
-    promtool = require_binary("promtool")
-    check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stdout + check.stderr
+    for release in PROMETHEUS_RELEASES:
+        promtool = release.binary("promtool")
+        check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, f"{release.name}: {check.stdout}{check.stderr}"
 
 
 # Fields of a RelabelConfig in the ServiceMonitor CRD (monitoring.coreos.com/v1): camelCase, unlike
