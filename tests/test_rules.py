@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -117,13 +119,54 @@ def test_promtool_check_rules(release: PrometheusRelease) -> None:
     assert "FAILED" not in result.stdout + result.stderr
 
 
+class PromtoolRuns:
+    """The `promtool test rules` runs of the tests below, two at a time: promtool keeps about one core
+    busy, the CI machine has two, and these runs were a third of the suite's time. All of them are
+    started when the first test asks for one, in the order pytest runs the tests it selected; each test
+    waits for its own run and judges it as before."""
+
+    def __init__(self, items: list[pytest.Item], scratch: Path) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promtool")
+        self._runs: dict[tuple[str, ...], Future[Any]] = {}
+        for item in items:
+            params = getattr(item, "callspec", None)
+            if params is None or getattr(item, "module", None) is not sys.modules[__name__]:
+                continue
+            test_file = params.params.get("test_file")
+            if item.originalname == "test_promtool_unit_tests":
+                release = params.params["release"]
+                key = ("unit", test_file.name, release.name)
+                self._runs[key] = self._pool.submit(_run_unit_tests, test_file, release)
+            elif item.originalname == "test_rules_keep_clusters_apart":
+                key = ("clusters", test_file.name)
+                self._runs[key] = self._pool.submit(_run_in_two_clusters, test_file, scratch / test_file.stem)
+
+    def result(self, *key: str) -> Any:
+        __tracebackhide__ = True
+        return self._runs[key].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def promtool_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromtoolRuns]:
+    runs = PromtoolRuns(request.session.items, tmp_path_factory.mktemp("promtool"))
+    yield runs
+    runs.close()
+
+
+def _run_unit_tests(test_file: Path, release: PrometheusRelease) -> subprocess.CompletedProcess[str]:
+    promtool = release.binary("promtool")
+    return run(promtool, "test", "rules", test_file.name, cwd=test_file.parent)
+
+
 @pytest.mark.parametrize("release", PROMETHEUS_RELEASES, ids=lambda release: release.name)
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
-def test_promtool_unit_tests(test_file: Path, release: PrometheusRelease) -> None:
+def test_promtool_unit_tests(test_file: Path, release: PrometheusRelease, promtool_runs: PromtoolRuns) -> None:
     """Every unit test under both Prometheus lines: 3.x no longer counts a sample exactly at a window's
     start, so a test whose input steps at a window's edge passes under one and not the other."""
-    promtool = release.binary("promtool")
-    result = run(promtool, "test", "rules", test_file.name, cwd=test_file.parent)
+    result = promtool_runs.result("unit", test_file.name, release.name)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -226,14 +269,8 @@ def _in_two_clusters(test: dict[str, Any]) -> None:
         ]
 
 
-@pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
-def test_rules_keep_clusters_apart(test_file: Path, tmp_path: Path) -> None:
-    """The unit tests again with every input series in two clusters whose node names repeat. Each
-    record and alert must carry `cluster` through, or Alertmanager's grouping and inhibitions
-    (equal: [cluster, ...]) and the cluster-level records lose it (a `by (...)` or one-to-one `on (...)`
-    without group_left drops it); and every join and description query must match on it, or the two
-    clusters' ports meet in one match group. Tests that already set clusters of their own are left as
-    they are. Under one Prometheus line only: which labels a rule keeps does not depend on it."""
+def _run_in_two_clusters(test_file: Path, scratch: Path) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """How many of the file's tests were put in two clusters, and promtool's run of the rewritten file."""
     promtool = require_binary("promtool")
     document = yaml.safe_load(test_file.read_text())
     document["rule_files"] = [str((test_file.parent / name).resolve()) for name in document["rule_files"]]
@@ -242,10 +279,22 @@ def test_rules_keep_clusters_apart(test_file: Path, tmp_path: Path) -> None:
         if not any("cluster=" in series["series"] for series in test.get("input_series", [])):
             _in_two_clusters(test)
             rewritten += 1
-    assert rewritten > 0
-    copy = tmp_path / test_file.name
+    scratch.mkdir()
+    copy = scratch / test_file.name
     copy.write_text(yaml.safe_dump(document, sort_keys=False))
-    result = run(promtool, "test", "rules", copy.name, cwd=tmp_path)
+    return rewritten, run(promtool, "test", "rules", copy.name, cwd=scratch)
+
+
+@pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
+def test_rules_keep_clusters_apart(test_file: Path, promtool_runs: PromtoolRuns) -> None:
+    """The unit tests again with every input series in two clusters whose node names repeat. Each
+    record and alert must carry `cluster` through, or Alertmanager's grouping and inhibitions
+    (equal: [cluster, ...]) and the cluster-level records lose it (a `by (...)` or one-to-one `on (...)`
+    without group_left drops it); and every join and description query must match on it, or the two
+    clusters' ports meet in one match group. Tests that already set clusters of their own are left as
+    they are. Under one Prometheus line only: which labels a rule keeps does not depend on it."""
+    rewritten, result = promtool_runs.result("clusters", test_file.name)
+    assert rewritten > 0
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
 
 
