@@ -13,10 +13,11 @@ import socket
 import subprocess
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -180,6 +181,44 @@ def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < end, "condition not reached in time"
         time.sleep(0.02)
+
+
+def selected_params(request: pytest.FixtureRequest, test_name: str) -> list[dict[str, Any]]:
+    """The parameters of every selected run of the requesting module's test `test_name`, in the order
+    pytest runs them."""
+    return [
+        item.callspec.params
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.module is request.module
+        and item.originalname == test_name
+        and hasattr(item, "callspec")
+    ]
+
+
+class BackgroundRuns:
+    """Slow work behind parametrized tests, all of it submitted at once and done `workers` at a time;
+    each test waits for its own run and judges it. For runs that leave a CPU idle (promtool keeps about
+    one of the CI machine's two busy; an end-to-end run mostly waits on evaluation intervals). An
+    exception of a run (a failed or skipped check in it) is raised again in the test that waits for it."""
+
+    def __init__(self, workers: int = 2) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="background-run")
+        self._runs: dict[Hashable, Future[Any]] = {}
+
+    def submit(self, key: Hashable, run: Callable[..., Any], *args: Any) -> None:
+        self._runs[key] = self._pool.submit(run, *args)
+
+    def result(self, key: Hashable) -> Any:
+        __tracebackhide__ = True
+        return self._runs[key].result()
+
+    def __enter__(self) -> BackgroundRuns:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Runs no test waited for (an earlier test stopped the session) are not started.
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def free_port() -> int:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from rdma_exporter.config import parse_config
 from rdma_exporter.daemon import build_collector, build_registry
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import PROMETHEUS_RELEASES, PrometheusRelease, require_binary
+from conftest import PROMETHEUS_RELEASES, BackgroundRuns, PrometheusRelease, require_binary, selected_params
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
@@ -119,41 +117,19 @@ def test_promtool_check_rules(release: PrometheusRelease) -> None:
     assert "FAILED" not in result.stdout + result.stderr
 
 
-class PromtoolRuns:
-    """The `promtool test rules` runs of the tests below, two at a time: promtool keeps about one core
-    busy, the CI machine has two, and these runs were a third of the suite's time. All of them are
-    started when the first test asks for one, in the order pytest runs the tests it selected; each test
-    waits for its own run and judges it as before."""
-
-    def __init__(self, items: list[pytest.Item], scratch: Path) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promtool")
-        self._runs: dict[tuple[str, ...], Future[Any]] = {}
-        for item in items:
-            params = getattr(item, "callspec", None)
-            if params is None or getattr(item, "module", None) is not sys.modules[__name__]:
-                continue
-            test_file = params.params.get("test_file")
-            if item.originalname == "test_promtool_unit_tests":
-                release = params.params["release"]
-                key = ("unit", test_file.name, release.name)
-                self._runs[key] = self._pool.submit(_run_unit_tests, test_file, release)
-            elif item.originalname == "test_rules_keep_clusters_apart":
-                key = ("clusters", test_file.name)
-                self._runs[key] = self._pool.submit(_run_in_two_clusters, test_file, scratch / test_file.stem)
-
-    def result(self, *key: str) -> Any:
-        __tracebackhide__ = True
-        return self._runs[key].result()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
 @pytest.fixture(scope="module")
-def promtool_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromtoolRuns]:
-    runs = PromtoolRuns(request.session.items, tmp_path_factory.mktemp("promtool"))
-    yield runs
-    runs.close()
+def promtool_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundRuns]:
+    """The `promtool test rules` runs of the two tests below, two at a time: promtool keeps about one
+    core busy, the CI machine has two, and these runs were a third of the suite's time."""
+    scratch = tmp_path_factory.mktemp("promtool")
+    with BackgroundRuns(workers=2) as runs:
+        for params in selected_params(request, "test_promtool_unit_tests"):
+            test_file, release = params["test_file"], params["release"]
+            runs.submit(("unit", test_file.name, release.name), _run_unit_tests, test_file, release)
+        for params in selected_params(request, "test_rules_keep_clusters_apart"):
+            test_file = params["test_file"]
+            runs.submit(("clusters", test_file.name), _run_in_two_clusters, test_file, scratch / test_file.stem)
+        yield runs
 
 
 def _run_unit_tests(test_file: Path, release: PrometheusRelease) -> subprocess.CompletedProcess[str]:
@@ -163,10 +139,10 @@ def _run_unit_tests(test_file: Path, release: PrometheusRelease) -> subprocess.C
 
 @pytest.mark.parametrize("release", PROMETHEUS_RELEASES, ids=lambda release: release.name)
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
-def test_promtool_unit_tests(test_file: Path, release: PrometheusRelease, promtool_runs: PromtoolRuns) -> None:
+def test_promtool_unit_tests(test_file: Path, release: PrometheusRelease, promtool_runs: BackgroundRuns) -> None:
     """Every unit test under both Prometheus lines: 3.x no longer counts a sample exactly at a window's
     start, so a test whose input steps at a window's edge passes under one and not the other."""
-    result = promtool_runs.result("unit", test_file.name, release.name)
+    result = promtool_runs.result(("unit", test_file.name, release.name))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -286,14 +262,14 @@ def _run_in_two_clusters(test_file: Path, scratch: Path) -> tuple[int, subproces
 
 
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
-def test_rules_keep_clusters_apart(test_file: Path, promtool_runs: PromtoolRuns) -> None:
+def test_rules_keep_clusters_apart(test_file: Path, promtool_runs: BackgroundRuns) -> None:
     """The unit tests again with every input series in two clusters whose node names repeat. Each
     record and alert must carry `cluster` through, or Alertmanager's grouping and inhibitions
     (equal: [cluster, ...]) and the cluster-level records lose it (a `by (...)` or one-to-one `on (...)`
     without group_left drops it); and every join and description query must match on it, or the two
     clusters' ports meet in one match group. Tests that already set clusters of their own are left as
     they are. Under one Prometheus line only: which labels a rule keeps does not depend on it."""
-    rewritten, result = promtool_runs.result("clusters", test_file.name)
+    rewritten, result = promtool_runs.result(("clusters", test_file.name))
     assert rewritten > 0
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
 
