@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -247,23 +247,21 @@ def find(alerts: list[dict[str, Any]], **labels: str) -> list[dict[str, Any]]:
 def fault_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundRuns]:
     """The fault scenario under every selected Prometheus line at once: a run spends its 38 s waiting
     on scrapes, evaluations and `for:` (about a fifth of a CPU), so the second line costs no time. The
-    ports of both are chosen here together, so that the two cannot pick the same free port."""
+    webhooks listen before the ports of both runs are chosen, in one call, so that no two of them can
+    end up on one port."""
     selected = [params["release"] for params in selected_params(request, "test_faults_page_the_right_receivers")]
-    ports = distinct_free_ports(3 * len(selected))
-    with BackgroundRuns(workers=len(selected) or 1) as runs:
-        for index, release in enumerate(selected):
-            work = tmp_path_factory.mktemp(f"faults-{release.name}")
-            runs.submit(release.name, _run_fault_scenario, work, release, ports[3 * index : 3 * index + 3])
-        yield runs
+    with ExitStack() as webhooks:
+        hooks = [webhooks.enter_context(serve_webhook()) for _ in selected]
+        ports = distinct_free_ports(3 * len(selected))
+        with BackgroundRuns(workers=len(selected) or 1) as runs:
+            for index, (release, hook) in enumerate(zip(selected, hooks, strict=True)):
+                work = tmp_path_factory.mktemp(f"faults-{release.name}")
+                runs.submit(release.name, _fault_scenario, work, hook, release, ports[3 * index : 3 * index + 3])
+            yield runs
 
 
 def test_faults_page_the_right_receivers(release: PrometheusRelease, fault_runs: BackgroundRuns) -> None:
     fault_runs.result(release.name)
-
-
-def _run_fault_scenario(tmp_path: Path, release: PrometheusRelease, ports: list[int]) -> None:
-    with serve_webhook() as webhook:
-        _fault_scenario(tmp_path, webhook, release, ports)
 
 
 def _fault_scenario(tmp_path: Path, webhook: Webhook, release: PrometheusRelease, ports: list[int]) -> None:
