@@ -4,8 +4,9 @@
     python bench/rules_cost.py [--nodes 10] [--rules rules/] [--json OUT] [--compare OLD.json]
     python bench/rules_cost.py --compare OLD.json NEW.json      # no run, only the side-by-side table
 
-Made to compare two versions of rules/: the samples each rule reads are exact and machine-independent,
-the durations are this machine's.
+Made to compare two versions of rules/, or one under two Prometheus versions (--prometheus and
+--promtool of another release; --compare then labels the columns by version): the samples each rule
+reads are exact and machine-independent, the durations are this machine's.
 
 1. The fleet: --nodes copies of one exporter answer (--exposition, default the sample tree's golden
    file: 8 InfiniBand and 2 RoCE devices), each with instance="node-NNN:9883" and job="rdma". Only the
@@ -1031,6 +1032,12 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def prometheus_version(report: dict[str, Any]) -> str:
+    """The version in a report's `prometheus --version` line ("prometheus, version 2.42.0+ds (...)")."""
+    match = re.search(r"version (\S+)", str(report.get("prometheus", "")))
+    return match.group(1) if match else "?"
+
+
 def compare(old: dict[str, Any], new: dict[str, Any]) -> str:
     def label(report: dict[str, Any]) -> str:
         source = report.get("source") or {}
@@ -1039,10 +1046,16 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> str:
         return Path(source.get("rules_dir") or "?").name
 
     a, b = label(old), label(new)
-    if a == b:
-        a, b = f"{a} (old)", f"{b} (new)"
+    old_version, new_version = prometheus_version(old), prometheus_version(new)
+    if old_version != new_version:  # the same rules (or not: the heading says) under two Prometheus versions
+        heading = f"## Prometheus {old_version} ({a}) and {new_version} ({b})"
+        a, b = old_version, new_version
+    else:
+        if a == b:
+            a, b = f"{a} (old)", f"{b} (new)"
+        heading = f"## Before ({a}) and after ({b})"
     out = [
-        f"## Before ({a}) and after ({b})",
+        heading,
         "",
         f"{old['nodes']} and {new['nodes']} nodes; samples per minute of evaluation, group durations as measured."
         + ("" if old["nodes"] == new["nodes"] else " Different fleets: compare per node."),
