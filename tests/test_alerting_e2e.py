@@ -12,7 +12,7 @@ posts the case's source alert with every shipped alert, in pairs, and checks whi
 
 Each test that starts Prometheus or Alertmanager runs twice: with Debian 12's Prometheus 2.42 and
 Alertmanager 0.25, and with Prometheus 3 and the Alertmanager Debian testing ships beside it
-(conftest.PROMETHEUS_RELEASES).
+(conftest.PROMETHEUS_RELEASES). The fault scenario, which mostly waits, runs under both at the same time.
 
 Everything listens on 127.0.0.1, every wait is bounded, and every process is stopped at the end.
 """
