@@ -125,7 +125,9 @@ def _version(binary: str) -> tuple[int, int] | None:
     """Major and minor of what `binary --version` reports ("promtool, version 3.5.3+ds1 (branch: ..."),
     or None if it does not run here."""
     try:
-        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+        # env: called from BackgroundRuns' threads too (see there).
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30,
+                                env=dict(os.environ))  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.search(r"\bversion (\d+)\.(\d+)", result.stdout + result.stderr)
@@ -200,7 +202,12 @@ class BackgroundRuns:
     """Slow work behind parametrized tests, all of it submitted at once and done `workers` at a time;
     each test waits for its own run and judges it. For runs that leave a CPU idle (promtool keeps about
     one of the CI machine's two busy; an end-to-end run mostly waits on evaluation intervals). An
-    exception of a run (a failed or skipped check in it) is raised again in the test that waits for it."""
+    exception of a run (a failed or skipped check in it) is raised again in the test that waits for it.
+
+    A process a run starts must be given its environment (`env=`): without one, subprocess's vfork child
+    executes with the C library's environment array, which pytest's own thread reallocates as it adds
+    and removes PYTEST_CURRENT_TEST around every test, and the exec fails with EFAULT ("Bad address"):
+    once in a CI run, and in 321 of 1,500 spawns with a thread doing the same beside them (0 with env=)."""
 
     def __init__(self, workers: int = 2) -> None:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="background-run")

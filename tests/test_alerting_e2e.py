@@ -20,6 +20,7 @@ Everything listens on 127.0.0.1, every wait is bounded, and every process is sto
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -151,7 +152,10 @@ class Processes:
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # env: the fault scenario starts its processes from BackgroundRuns' threads (see there).
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(os.environ)
+        )
         log.close()
         self.procs.append((name, proc))
         return proc

@@ -7,6 +7,7 @@ tests skip with the reason when one is missing and CI is not set.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections import Counter
@@ -89,7 +90,8 @@ PROMETHEUS_ALERTS = {"RdmaHistoryRulesMissing"}
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
+    # env: promtool_runs calls this from BackgroundRuns' threads (see there).
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=cwd, check=False, env=dict(os.environ))
 
 
 def rules() -> Iterator[dict[str, Any]]:
