@@ -300,14 +300,22 @@ def samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     return result
 
 
+def promtool_failures(*args: str, input: str | None = None, timeout: float = 60) -> list[str]:
+    """`promtool ARGS` under each Prometheus line; for every line it failed under, the line's name and
+    promtool's output."""
+    failures = []
+    for release in PROMETHEUS_RELEASES:
+        result = subprocess.run([release.binary("promtool"), *args], input=input, capture_output=True, text=True,
+                                timeout=timeout)  # fmt: skip
+        if result.returncode != 0:
+            failures.append(f"{release.name}: {result.stdout}{result.stderr}")
+    return failures
+
+
 def promtool_check_metrics(exposition: str) -> None:
     """`promtool check metrics` of both Prometheus lines: no lint finding, no parse error."""
-    for release in PROMETHEUS_RELEASES:
-        result = subprocess.run(
-            [release.binary("promtool"), "check", "metrics"], input=exposition, capture_output=True, text=True,
-            timeout=60,
-        )  # fmt: skip
-        assert result.returncode == 0, f"{release.name} promtool check metrics:\n{result.stdout}{result.stderr}"
+    failures = promtool_failures("check", "metrics", input=exposition)
+    assert not failures, "promtool check metrics:\n" + "\n".join(failures)
 
 
 def copy_tree(source: Path, dest: Path) -> Path:

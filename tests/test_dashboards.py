@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_exporter.metricsdoc import declared_labels
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import PROMETHEUS_RELEASES, PrometheusRelease, family_pattern, free_port, samples
+from conftest import PROMETHEUS_RELEASES, PrometheusRelease, family_pattern, free_port, promtool_failures, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -1515,13 +1515,7 @@ def promtool_checks(tmp_path: Path, series: dict[str, str], checks: list[tuple[s
     }
     path = tmp_path / "panels.test.yml"
     path.write_text(yaml.safe_dump(test, sort_keys=False))
-    failures = []
-    for release in PROMETHEUS_RELEASES:
-        result = subprocess.run([release.binary("promtool"), "test", "rules", str(path)], capture_output=True,
-                                text=True, timeout=120)  # fmt: skip
-        if result.returncode != 0:
-            failures.append(f"{release.name}: {result.stdout}{result.stderr}")
-    return failures
+    return promtool_failures("test", "rules", str(path), timeout=120)
 
 
 def queries_reading(names: set[str]) -> dict[str, str]:
