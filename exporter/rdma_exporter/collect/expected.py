@@ -346,6 +346,11 @@ PCI_DEVICE_PRESENT: Final = MetricSpec(
 Listed = tuple[str | None, frozenset[int] | None, frozenset[str]]
 
 
+def _ports_unknown(listed: Listed | None) -> bool:
+    """True for a device whose ports are not read: excluded (`read_excluded`) or not known yet."""
+    return listed is None or listed[1] is None
+
+
 def lag_functions(device: DeviceInfo) -> frozenset[str]:
     """The other PCI functions of the card that a RoCE LAG device stands for.
 
@@ -412,7 +417,14 @@ class ExpectedSource:
         # its address) is not known yet, e.g. its first read is stuck in firmware; its ports are then not
         # reported at all rather than reported missing, and neither is an expected address that no known
         # device holds: it may be that one's.
-        at_address = {listed[0]: name for name, listed in results.items() if listed is not None and listed[0]}
+        # Two devices can share an address: a multi-plane HCA's SMI sub device has its parent's PCI
+        # function (docs/operations.md). The expectation then goes to one that is read, not excluded,
+        # and of those to the first by name: the same one every scrape, and with the sub device
+        # excluded as that section advises, the parent. (Before, the last device listed took it.)
+        at_address: dict[str, str] = {}
+        for name, listed in sorted(results.items(), key=lambda item: (_ports_unknown(item[1]), item[0])):
+            if listed is not None and listed[0]:
+                at_address.setdefault(listed[0], name)
         for name, listed in sorted(results.items()):
             for address in listed[2] if listed is not None else ():
                 at_address.setdefault(address, name)  # a function of its own RDMA device comes first
