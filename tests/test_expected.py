@@ -667,20 +667,19 @@ def test_an_address_two_devices_share_goes_to_a_read_device_then_the_first_by_na
     whichever device was listed last; now to a device that is read (an excluded one's ports are not), and
     of those to the first by name, whatever order the devices come in."""
     source = ExpectedSource([ExpectedPort("", 1, rate_bytes_per_second=5e10, pci_address="0000:18:00.0")])
-    family = "rdma_expected_port_rate_bytes_per_second"
 
-    def expected_on(results: dict) -> list[str]:
-        out = FamilySet()
-        source.expose(results, out)
-        return [s.labels["device"] for m in out for s in m.samples if m.name == family]
+    def expected_rates(results: dict) -> set[tuple[tuple[str, ...], float]]:
+        family = "rdma_expected_port_rate_bytes_per_second"
+        return {(labels, v) for name, labels, v in exposed(source, results) if name == family}
 
+    on_parent = {(("mlx5_0", "1"), 5e10)}
     read = ("0000:18:00.0", frozenset({1}), frozenset())
     planes = ("0000:18:00.0", frozenset({1, 2}), frozenset())
-    assert expected_on({"mlx5_0": read, "smi0": planes}) == ["mlx5_0"]
-    assert expected_on({"smi0": planes, "mlx5_0": read}) == ["mlx5_0"]
+    assert expected_rates({"mlx5_0": read, "smi0": planes}) == on_parent
+    assert expected_rates({"smi0": planes, "mlx5_0": read}) == on_parent
     # Excluded (devices.exclude), the sub device gives way whatever its name.
-    assert expected_on({"a_smi": source.read_excluded("0000:18:00.0"), "mlx5_0": read}) == ["mlx5_0"]
-    assert expected_on({"mlx5_0": read, "a_smi": source.read_excluded("0000:18:00.0")}) == ["mlx5_0"]
+    assert expected_rates({"a_smi": source.read_excluded("0000:18:00.0"), "mlx5_0": read}) == on_parent
+    assert expected_rates({"mlx5_0": read, "a_smi": source.read_excluded("0000:18:00.0")}) == on_parent
 
 
 def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
