@@ -32,7 +32,7 @@ from .parse.reader import DEFAULT_MAX_OPEN_FILES, read_regular_file
 
 DEFAULT_PORT: Final = 9883
 DEFAULT_LISTEN: Final = f":{DEFAULT_PORT}"
-COLLECTORS: Final = ("infiniband", "netdev", "ethtool", "pcie", "expected")
+COLLECTORS: Final = ("infiniband", "netdev", "ethtool", "pcie", "hwmon", "expected")
 LOG_LEVELS: Final = ("debug", "info", "warn", "error")
 # Reader threads: the engine's default, and at most its hard limit.
 DEFAULT_READ_THREADS: Final = DEFAULT_PARALLELISM

@@ -35,6 +35,7 @@ from .collect.base import FamilySet, Source
 from .collect.engine import RdmaCollector
 from .collect.ethtool import EthtoolSource
 from .collect.expected import ExpectedSource
+from .collect.hwmon import HwmonSource
 from .collect.infiniband import InfinibandSource
 from .collect.inventory import DeviceFilter
 from .collect.netdev import NetdevSource
@@ -58,6 +59,7 @@ def build_sources(config: Config) -> list[Source]:
         "netdev": NetdevSource.from_settings(config.collector_settings.get("netdev", {})),
         "ethtool": EthtoolSource.from_settings(config.collector_settings.get("ethtool", {}), config.ethtool_dir),
         "pcie": PcieSource(),
+        "hwmon": HwmonSource(),
     }
     expected = config.collector_settings.get("expected", {})
     if expected.get("ports"):

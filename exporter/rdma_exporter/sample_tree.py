@@ -5,9 +5,9 @@ files from it and the benchmark builds trees of 1 to 128 RDMA devices. The sampl
 host: eight ConnectX-7 NDR InfiniBand HCAs (mlx5_0..7, IPoIB netdevs ibp<bus>s0) and one dual-port
 BlueField-3 in NIC mode running RoCE at 200G (mlx5_8/9, netdevs enp220s0f0np0/enp220s0f1np1).
 
-Formats follow the kernel (drivers/infiniband/core/sysfs.c, net-sysfs.c, pci-sysfs.c, pcie/aer.c) and
-the real captures in shared/fixtures: every attribute ends in a newline, GUIDs are 4-hex groups, GIDs
-are 8 zero-padded groups, states are "<num>: <NAME>". Symlinks are relative and built the way kernfs
+Formats follow the kernel (drivers/infiniband/core/sysfs.c, net-sysfs.c, pci-sysfs.c, pcie/aer.c, mlx5's
+hwmon.c) and the real captures in shared/fixtures: every attribute ends in a newline, GUIDs are 4-hex
+groups, GIDs are 8 zero-padded groups, states are "<num>: <NAME>". Symlinks are relative and built the way kernfs
 builds them, so resolving them inside the tree works like on a real /sys.
 
 Pure stdlib. Usage: ``python -m rdma_exporter.sample_tree DEST [--devices N] [--healthy]``.
@@ -487,11 +487,34 @@ def _write_pci(w: _Writer, d: _Dev, rng: random.Random) -> None:
         w.raw(f"{f.path}/aer_dev_fatal", _aer(_AER_UNCOR, {}, "TOTAL_ERR_FATAL"))
         for n, vf in enumerate(d.vfs):
             w.link(f"{f.path}/virtfn{n}", vf.func.path)
+        _write_hwmon(w, d)
     if d.pf is not None:
         w.link(f"{f.path}/physfn", d.pf.func.path)
     w.link(f"{f.path}/driver", "bus/pci/drivers/mlx5_core")
     w.link(f"bus/pci/drivers/mlx5_core/{f.bdf}", f.path)
     w.link(f"bus/pci/devices/{f.bdf}", f.path)
+
+
+def _write_hwmon(w: _Writer, d: _Dev) -> None:
+    """mlx5's hwmon device of a PF (Linux 6.6+; a VF has none): the ASIC sensor and, for the InfiniBand
+    HCAs' optical modules, the module's. The BlueField-3's ports use copper (DAC) cables, whose modules
+    have no thermal sensor, so the driver registers no module channel for them. Millidegrees in steps of
+    125 (the firmware's 0.125 degree unit); thresholds as NVIDIA documents for the ASIC (105 degrees, the
+    top of the operating range) and a typical optical module's high alarm (75). hwmon0-2 are the host's
+    own (ACPI, CPU packages), so the HCAs' numbers start at 3 in probe order."""
+    hwmon = f"hwmon{3 + d.index}"
+    rel = f"{d.func.path}/hwmon/{hwmon}"
+    channels = [("asic", 52_000 + (d.index * 2_375) % 11_000, 105_000)]
+    if not d.ethernet:
+        channels.append(("Module0", 41_000 + (d.index * 1_625) % 8_000, 75_000))
+    attrs: list[tuple[str, object]] = [("name", "mlx5")]
+    for n, (label, temp, crit) in enumerate(channels, start=1):
+        attrs += [(f"temp{n}_label", label), (f"temp{n}_input", temp), (f"temp{n}_crit", crit)]
+        attrs += [(f"temp{n}_highest", temp + 3_250), (f"temp{n}_reset_history", "")]
+    w.attrs(rel, attrs)
+    w.link(f"{rel}/device", d.func.path)
+    w.link(f"{rel}/subsystem", "class/hwmon")
+    w.link(f"class/hwmon/{hwmon}", rel)
 
 
 def _write_root_port(w: _Writer, d: _Dev, seen: set[str]) -> None:

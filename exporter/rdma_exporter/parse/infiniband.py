@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from .hwmon import HwmonIdentity, read_hwmon_identity
 from .netdev import NetdevIdentity, rdma_port_netdevs, read_netdev_identity
 from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
@@ -231,6 +232,7 @@ class DeviceInfo:
     # cover the netdev and PCIe collectors' static reads too.
     netdevs: tuple[NetdevIdentity, ...] = ()  # the ports' netdevs and bond slaves that existed
     pcie: PcieIdentity | None = None
+    hwmon: HwmonIdentity | None = None  # the function's temperature sensors and their thresholds
 
     def netdev(self, name: str) -> NetdevIdentity | None:
         return next((n for n in self.netdevs if n.name == name), None)
@@ -490,6 +492,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         ports=tuple(ports),
         netdevs=_netdev_identities(sys_root, ports, reader),
         pcie=read_pcie_identity(pci_dir, reader) if pci_dir is not None else None,
+        hwmon=read_hwmon_identity(pci_dir, reader) if pci_dir is not None else None,
     )
 
 
