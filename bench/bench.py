@@ -108,6 +108,8 @@ STATE_FILES: Final = frozenset(
         "mtu",
     }
 )
+# A sensor reading of a hwmon device (hwmon<N>/temp<N>_input; its label and threshold are static).
+HWMON_READING: Final = re.compile(r"temp[0-9]+_input")
 # A bond's bonding/slaves and bonding/mode: enslaving and releasing send no uevent. (An IPoIB netdev's
 # own `mode` file is static.)
 BOND_STATE_FILES: Final = frozenset({"slaves", "mode"})
@@ -350,6 +352,8 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
     if any(part in COUNTER_DIRS for part in parts[:-1]) or name in COUNTER_FILES:
         return "counter"
     if name in BOND_STATE_FILES and len(parts) >= 2 and parts[-2] == "bonding":
+        return "state"
+    if HWMON_READING.fullmatch(name) and len(parts) >= 3 and parts[-3] == "hwmon":
         return "state"
     if name in STATE_FILES or (len(parts) >= 3 and parts[-2] == "enable" and "ecn" in parts[:-3]):
         return "state"

@@ -294,3 +294,16 @@ def test_rules_cost_compares_the_recorded_runs(before: Path, after: Path, at_mos
     old, new = (json.loads(path.read_text())["totals"]["samples_per_minute"] for path in (before, after))
     assert new < old * at_most
     assert f"| {100 * (new - old) / old:+.1f} % |" in total, total
+
+
+def test_a_temperature_reading_is_state_and_its_threshold_static(tmp_path: Path) -> None:
+    classify = _bench_module().classify
+    hwmon = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:18:00.0" / "hwmon" / "hwmon3"
+    hwmon.mkdir(parents=True)
+    root = str(tmp_path / "sys")
+    assert classify(str(hwmon / "temp1_input"), root, None) == "state"
+    assert classify(str(hwmon / "temp12_input"), root, None) == "state"
+    for static in ("temp1_crit", "temp1_label", "name", "temp1_highest"):
+        assert classify(str(hwmon / static), root, None) == "static"
+    # A file of that name outside a hwmon device is not a sensor reading.
+    assert classify(str(tmp_path / "sys" / "temp1_input"), root, None) == "static"
