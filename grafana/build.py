@@ -1219,6 +1219,21 @@ def node_detail() -> Json:
             [target(sel("rdma_port_netdev_info"), instant=True, table=True)],
             hide=("cluster", "Value"),
         ), 5, 7),
+        (timeseries(
+            "HCA and module temperature",
+            "Temperature of each device's sensors (the ASIC; the transceiver module in the port's cage where it "
+            "has a sensor) and, dashed, the critical temperature the hardware reports for each. "
+            "RdmaDeviceTemperatureHigh opens a ticket within 5 °C of it and pages at it. One hot device points "
+            "at its slot's airflow, all of them at the chassis or the room. Empty for devices whose driver "
+            "registers no hwmon device (mlx5 before Linux 6.6, VFs).",
+            "celsius",
+            targets((sel("rdma_device_temperature_celsius", DEVICE), "{{instance}} {{device}} {{sensor}}"),
+                    (sel("rdma_device_temperature_critical_celsius", DEVICE),
+                     "{{instance}} {{device}} {{sensor}} critical")),
+            overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                        "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}],
+            alerts=["RdmaDeviceTemperatureHigh"],
+        ), 24, 8),
         (row("Exporter"), 24, 1),
         (stat(
             "Exporter up",

@@ -60,6 +60,7 @@ VALID_UNITS = {
     "bytes", "decbytes", "bits", "decbits", "pps", "binBps", "Bps", "binbps", "bps", "KBs", "Kbits", "MBs",
     "Mbits", "GBs", "Gbits", "TBs", "Tbits", "hertz", "ns", "µs", "ms", "s", "m", "h", "d", "dtdurations",
     "cps", "ops", "reqps", "rps", "wps", "iops", "cpm", "opm", "dateTimeAsIso", "dateTimeFromNow",
+    "celsius",  # the HCA temperatures (Grafana's temperature category)
 }  # fmt: skip
 PANEL_TYPES = {"stat", "table", "timeseries", "state-timeline", "bargauge", "row"}
 # Series that Prometheus writes itself, not the exporter or the rules.
