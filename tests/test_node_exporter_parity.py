@@ -1,4 +1,5 @@
-"""Every value node_exporter 1.5's infiniband collector exports has an equal value in ours.
+"""Every value node_exporter 1.5's infiniband collector exports has an equal value in ours, and so does
+every HCA temperature its hwmon collector exports.
 
 node_exporter (Debian `prometheus-node-exporter`) runs for real on the same tree; its names are mapped
 to ours below. A node_exporter metric missing from the map fails the test, so a new upstream metric
@@ -67,14 +68,14 @@ OPA_DATA = {"port_data_received_bytes_total", "port_data_transmitted_bytes_total
 INFO_LABELS = {"board_id": "board_id", "device": "device", "firmware_version": "fw_ver", "hca_type": "hca_type"}
 
 
-def node_exporter_scrape(sys_root: Path) -> str:
+def node_exporter_scrape(sys_root: Path, collector: str = "infiniband") -> str:
     binary = require_binary("prometheus-node-exporter")
     port = free_port()
     process = subprocess.Popen(
         [
             binary,
             "--collector.disable-defaults",
-            "--collector.infiniband",
+            f"--collector.{collector}",
             f"--path.sysfs={sys_root}",
             f"--web.listen-address=127.0.0.1:{port}",
         ],
@@ -161,3 +162,38 @@ def test_tree_that_breaks_node_exporter_is_fully_served(tree: str) -> None:
     assert ours[("rdma_exporter_scrape_collector_success", (("collector", "infiniband"),))] == 1
     devices = {dict(labels)["device"] for name, labels in ours if name == "rdma_port_info"}
     assert devices == {p.name for p in (sys_root / "class" / "infiniband").iterdir()}
+
+
+# node_exporter's hwmon names -> ours. Its `chip` is the PCI path of the function, its `sensor` the
+# channel (temp1), whose label it gives in node_hwmon_sensor_label; ours carry the device and that label.
+HWMON_METRICS = {
+    "node_hwmon_temp_celsius": "rdma_device_temperature_celsius",
+    "node_hwmon_temp_crit_celsius": "rdma_device_temperature_critical_celsius",
+}
+
+
+def test_sample_tree_temperatures_match_node_exporters_hwmon(tmp_path: Path) -> None:
+    sys_root = build_tree(tmp_path / "sample", SAMPLE_SPEC)
+    theirs = samples(node_exporter_scrape(sys_root, "hwmon"))
+    ours = samples(scrape(sys_root))
+    # The chip name ends with the function's address, its dot made an underscore.
+    device_of = {
+        info["pci_address"].replace(".", "_"): info["device"]
+        for info in (dict(labels) for name, labels in ours if name == "rdma_device_info")
+    }
+    label_of = {
+        (dict(labels)["chip"], dict(labels)["sensor"]): dict(labels)["label"]
+        for name, labels in theirs
+        if name == "node_hwmon_sensor_label"
+    }
+    compared = set()
+    for (name, labels), value in theirs.items():
+        if name not in HWMON_METRICS:
+            continue
+        chip, channel = dict(labels)["chip"], dict(labels)["sensor"]
+        (device,) = [device for address, device in device_of.items() if chip.endswith(f"_{address}")]
+        key = (HWMON_METRICS[name], (("device", device), ("sensor", label_of[(chip, channel)])))
+        assert ours.get(key) == value, f"{name}{dict(labels)}: node_exporter {value} != ours {ours.get(key)}"
+        compared.add(key)
+    mine = {key for key in ours if key[0] in HWMON_METRICS.values()}
+    assert compared == mine and len(mine) == 36  # ten ASICs and eight optical modules, each with a threshold
