@@ -511,6 +511,32 @@ def test_a_netdev_rename_decoded_from_the_uevent_refreshes_the_device_of_its_old
         monitor.stop()
 
 
+def test_a_hwmon_device_registered_after_its_rdma_device_is_read_on_its_event(tree: Path, tmp_path: Path) -> None:
+    # mlx5 registers its hwmon device after the RDMA device: a first read in between caches no sensors.
+    function = real_dir(tree, "mlx5_0") / "device"
+    hwmon = next((function / "hwmon").iterdir())
+    hidden = tmp_path / "hidden"
+    hwmon.rename(hidden)
+    collector = udev_collector(tree)
+
+    def sensors() -> list[str]:
+        return sorted(dict(labels)["sensor"] for (name, labels) in scrape_samples(collector)
+                      if name == "rdma_device_temperature_celsius" and ("device", "mlx5_0") in labels)  # fmt: skip
+
+    assert sensors() == []
+    hidden.rename(hwmon)
+    assert sensors() == []  # cached: nobody said anything yet
+    address = function.resolve().name
+    devpath = f"/devices/pci0000:00/0000:00:01.0/{address}/hwmon/{hwmon.name}"
+    # A hwmon device of something else, or an event that registers nothing, changes nothing.
+    cpu = Event("add", "hwmon", "hwmon1", "/devices/platform/coretemp.0/hwmon/hwmon1")
+    assert apply_event(collector.inventory, cpu) is None
+    assert apply_event(collector.inventory, Event("change", "hwmon", hwmon.name, devpath)) is None
+    assert sensors() == []
+    assert apply_event(collector.inventory, Event("add", "hwmon", hwmon.name, devpath)) == "device mlx5_0"
+    assert sensors() == ["Module0", "asic"]
+
+
 def test_an_infiniband_event_on_a_device_without_pci_function_refreshes_that_device_only(tmp_path: Path) -> None:
     # Devices with no PCI function in sysfs (mlx4_0 and i40iw0 of this capture): `that device`, not every
     # device whose PCI address is equally unknown.
@@ -645,7 +671,7 @@ def test_udevd_events_are_used_when_udevd_runs_else_the_kernels(
     assert [(m.source, m.subsystems) for m in opened] == [(source, ["infiniband", "infiniband_verbs", "net", "pci"])]
     assert monitor.source == source
     how = "udevd events" if udevd else "kernel uevents, no udevd running"
-    assert mode == f"udev ({how} on infiniband, infiniband_verbs, net, pci)"
+    assert mode == f"udev ({how} on infiniband, infiniband_verbs, net, pci, hwmon)"
 
 
 def test_a_refused_uevent_socket_means_rescan_mode(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:

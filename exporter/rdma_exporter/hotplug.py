@@ -2,12 +2,14 @@
 
 A VF or a whole HCA can appear or vanish at any time, and a driver reload or a netdev rename changes
 static attributes that the engine caches. The monitor listens to uevents of the `infiniband`,
-`infiniband_verbs`, `net` and `pci` subsystems and tells the inventory what to forget:
+`infiniband_verbs`, `net`, `pci` and `hwmon` subsystems and tells the inventory what to forget:
 
 - infiniband add/remove/change/move: that RDMA device (relist, re-read its static info), and on the
   removal of a VF its PF, whose count of VFs dropped;
 - pci change on a cached device's function: that device (writing sriov_numvfs sends it on the PF);
 - infiniband_verbs (uverbsN, re-created on driver reload): every device, since the event names none;
+- hwmon add/remove under a cached device's function: that device. mlx5 registers its hwmon device after
+  its RDMA device (mlx5_init_one_devl_locked), so a device read in between was cached without sensors;
 - net: the RDMA devices that own the netdev (by its name, old name on a rename, or its PCI function);
   netdevs of no RDMA device (container veths, bridges) change nothing.
 
@@ -44,7 +46,7 @@ from .parse.reader import PCI_ADDRESS, is_sysfs_mount
 
 log = logging.getLogger(__name__)
 
-SUBSYSTEMS: Final = ("infiniband", "infiniband_verbs", "net", "pci")
+SUBSYSTEMS: Final = ("infiniband", "infiniband_verbs", "net", "pci", "hwmon")
 ACTIONS: Final = frozenset({"add", "remove", "change", "move", "bind", "unbind"})
 UDEVD_CONTROL: Final = Path("/run/udev/control")
 # rtnetlink: the multicast groups of IPv4 and IPv6 address changes, and their message types.
@@ -104,6 +106,12 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
     if event.subsystem == "infiniband_verbs":
         inventory.invalidate()
         return "all devices"
+    if event.subsystem == "hwmon":
+        # /devices/pci0000:00/0000:00:01.0/0000:18:00.0/hwmon/hwmon3: the function it belongs to is the
+        # last address on the path. A hwmon device of anything else (a CPU, a disk) has none of ours.
+        functions = [part for part in event.devpath.split("/") if PCI_ADDRESS.match(part)]
+        registered = event.action in ("add", "remove") and functions
+        return _forget(inventory, _devices_on_function(inventory, functions[-1]) if registered else [])
     if event.subsystem != "net":
         return None
     names = {event.name}
