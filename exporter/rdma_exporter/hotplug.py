@@ -109,9 +109,9 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
     if event.subsystem == "hwmon":
         # /devices/pci0000:00/0000:00:01.0/0000:18:00.0/hwmon/hwmon3: the function it belongs to is the
         # last address on the path. A hwmon device of anything else (a CPU, a disk) has none of ours.
-        functions = [part for part in event.devpath.split("/") if PCI_ADDRESS.match(part)]
-        registered = event.action in ("add", "remove") and functions
-        return _forget(inventory, _devices_on_function(inventory, functions[-1]) if registered else [])
+        on_path = [part for part in event.devpath.split("/") if PCI_ADDRESS.match(part)]
+        registered = event.action in ("add", "remove") and on_path
+        return _forget(inventory, _devices_on_function(inventory, on_path[-1]) if registered else [])
     if event.subsystem != "net":
         return None
     names = {event.name}
