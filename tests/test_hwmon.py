@@ -7,6 +7,8 @@ with `name` (mlx5), `temp<N>_label` (asic, Module0), `temp<N>_input`, `temp<N>_c
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.hwmon import (
     HwmonIdentity,
     SensorReading,
@@ -22,7 +25,7 @@ from rdma_exporter.parse.hwmon import (
     read_hwmon_identity,
     read_temperatures,
 )
-from rdma_exporter.parse.reader import REASON_MALFORMED, REASON_MISSING, SysfsReader
+from rdma_exporter.parse.reader import REASON_IO, REASON_MALFORMED, REASON_MISSING, SysfsReader
 from rdma_exporter.sample_tree import TreeSpec, build_tree
 
 from conftest import promtool_check_metrics, samples, scrape
@@ -147,6 +150,29 @@ def test_a_reading_that_is_no_temperature_costs_that_reading(tmp_path: Path, val
         SensorReading("asic", None, 105.0), SensorReading("Module0", 47.0, 75.0)
     )
     assert [e[1] for e in errors(reader)] == [REASON_MALFORMED] and not reader.static_stale
+
+
+@pytest.mark.parametrize(
+    ("code", "reasons"), [(errno.ENODATA, []), (errno.EIO, [REASON_IO]), (errno.EAGAIN, [REASON_IO])]
+)
+def test_no_value_now_is_no_reading_and_a_failed_query_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, reasons: list[str]
+) -> None:
+    # ENODATA is hwmon's "no value now"; a firmware command that failed (EIO) or is busy is a read error.
+    asic_and_module(tmp_path)
+    identity, _ = identity_of(tmp_path)
+    assert identity is not None
+    real_read_once = reader_module._read_once
+
+    def read_once(path: str | os.PathLike[str]) -> bytes:
+        if os.path.basename(path) == "temp2_input":
+            raise OSError(code, os.strerror(code))
+        return real_read_once(path)
+
+    monkeypatch.setattr(reader_module, "_read_once", read_once)
+    reader = SysfsReader("mlx5_0")
+    assert [r.celsius for r in read_temperatures(identity, reader)] == [61.25, None]
+    assert [e[1] for e in errors(reader)] == reasons and not reader.static_stale
 
 
 def test_a_hwmon_device_registered_again_marks_the_static_info_stale(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ TEMPERATURE: Final = MetricSpec(
     "rdma_device_temperature_celsius",
     "gauge",
     "Temperature of a sensor of the device's PCI function, from the driver's hwmon device: the ASIC "
-    "(sensor asic) and, for mlx5, the transceiver module in its cage where the module has a sensor "
-    "(Module0, Module1). Absent for a scrape whose read failed.",
+    "(sensor asic, or sensor<N> where the firmware names none) and, for mlx5, the transceiver module in "
+    "its cage where the module has a sensor (Module0, Module1). Absent for a scrape whose read failed.",
     LABELS,
 )
 CRITICAL: Final = MetricSpec(

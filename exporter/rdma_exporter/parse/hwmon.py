@@ -11,14 +11,17 @@ fault on the fabric unless the temperature was recorded. Other RDMA NICs' driver
 register hwmon devices under their PCI functions the same way; every temp channel found there is read.
 
 Each `temp<N>_input` read is a firmware register query (MTMP), as a `counters/` read is. The labels and
-the critical threshold (the firmware's high threshold, `temp<N>_crit`) do not move; they are read once
-with the device's static info. `temp<N>_highest` (the maximum since the driver loaded) is not read: a
-second firmware query per sensor per scrape for what the scraped series already shows within an
-interval, heat moving over minutes.
+the critical threshold (the firmware's high threshold, `temp<N>_crit`) are read once with the device's
+static info: mlx5 fixes its channels when the driver loads, and an ASIC's threshold does not change. A
+module's threshold is the module's own, so a module swapped for another type keeps the old one until
+the device's static info is read again (its next uevent, or the periodic resync). `temp<N>_highest`
+(the maximum since the driver loaded) is not read: a second firmware query per sensor per scrape for
+what the scraped series already shows within an interval, heat moving over minutes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -72,8 +75,12 @@ def parse_millidegrees(text: str) -> float | None:
     return celsius if MIN_CELSIUS <= celsius <= MAX_CELSIUS else None
 
 
+# hwmon's "no value now" (a sensor that is not ready): no reading this scrape, and no error.
+_NO_READING_ERRNOS: Final = frozenset({errno.ENODATA})
+
+
 def _celsius(path: str, reader: SysfsReader, *, optional: bool = False) -> float | None:
-    text = reader.text(path, optional=optional)
+    text = reader.text(path, optional=optional, absent_errnos=_NO_READING_ERRNOS)
     if text is None:
         return None
     celsius = parse_millidegrees(text)
