@@ -1223,7 +1223,8 @@ def node_detail() -> Json:
             "HCA and module temperature",
             "Temperature of each device's sensors (the ASIC; the transceiver module in the port's cage where it "
             "has a sensor) and, dashed, the critical temperature the hardware reports for each. "
-            "RdmaDeviceTemperatureHigh opens a ticket within 5 °C of it and pages at it. One hot device points "
+            "RdmaDeviceTemperatureHigh opens a ticket within 10 °C of it (5 °C for a module) and pages at it. "
+            "One hot device points "
             "at its slot's airflow, all of them at the chassis or the room. Empty for devices whose driver "
             "registers no hwmon device (mlx5 before Linux 6.6, VFs).",
             "celsius",

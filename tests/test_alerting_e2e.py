@@ -640,6 +640,29 @@ def test_inhibit_cases_cover_every_rule_and_name_real_alerts() -> None:
                             assert set(needs) <= set(shape), f"{entry} {shape} has no {needs} label for {scope}"
 
 
+def test_a_sensors_page_holds_back_its_own_ticket_but_not_another_sensors(
+    tmp_path: Path, webhook: Webhook, release: PrometheusRelease
+) -> None:
+    """An alert at two severities per sensor: the critical-over-warning rule compares `sensor`, which the
+    case-by-case test cannot show (it gives every target the same value of each label)."""
+    device = {"alertname": "RdmaDeviceTemperatureHigh", "cluster": "c1", "job": "rdma-exporter",
+              "instance": "dgx-301:9883", "device": "mlx5_0"}  # fmt: skip
+    alerts = (("critical", "Module0"), ("warning", "Module0"), ("warning", "asic"))
+    posted = [device | {"severity": severity, "sensor": sensor} for severity, sensor in alerts]
+    with alertmanager_alone(tmp_path, webhook, release, wait="1h") as (procs, url):
+        post_alerts(url, posted)
+
+        def inhibited() -> dict[tuple[str, str], bool]:
+            procs.check_alive()
+            return {
+                (alert["labels"]["sensor"], alert["labels"]["severity"]): bool(alert["status"]["inhibitedBy"])
+                for alert in get_json(f"{url}/api/v2/alerts")
+            }
+
+        expected = {("Module0", "critical"): False, ("Module0", "warning"): True, ("asic", "warning"): False}
+        wait_for("the inhibition to settle", lambda: inhibited() == expected)
+
+
 def test_inhibitions_hold_back_exactly_the_intended_alerts(
     tmp_path: Path, webhook: Webhook, release: PrometheusRelease
 ) -> None:
