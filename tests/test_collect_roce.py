@@ -721,6 +721,32 @@ def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, mo
     check_unique_and_promtool(text)
 
 
+def _hwmon(root: Path, bdf: str, number: int, sensors: dict[str, int]) -> None:
+    """mlx5's hwmon device of a function: one channel per (label, millidegrees), threshold 90 degrees."""
+    directory = f"{PCI}/{bdf}/hwmon/hwmon{number}"
+    files = {f"{directory}/name": "mlx5\n"}
+    for channel, (label, value) in enumerate(sensors.items(), start=1):
+        files |= {f"{directory}/temp{channel}_label": f"{label}\n", f"{directory}/temp{channel}_input": f"{value}\n",
+                  f"{directory}/temp{channel}_crit": "90000\n"}  # fmt: skip
+    write_files(root, files)
+
+
+def test_roce_lag_device_reports_both_functions_modules_and_the_cards_asic_once(tmp_path: Path) -> None:
+    # mlx5_bond_0 sits on the first function; the second port's module is the second function's sensor.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    _hwmon(tmp_path, "0000:3b:00.0", 4, {"asic": 61000, "Module0": 45000})
+    _hwmon(tmp_path, "0000:3b:00.1", 5, {"asic": 61125, "Module1": 52000})
+    metrics, _, text = scrape_lag(tmp_path)
+    temperatures = {dict(labels)["sensor"]: v for (name, labels), v in metrics.items()
+                    if name == "rdma_device_temperature_celsius" and ("device", "mlx5_bond_0") in labels}  # fmt: skip
+    # The card's one ASIC, as its first function reports it; each port's module.
+    assert temperatures == {"asic": 61.0, "Module0": 45.0, "Module1": 52.0}
+    assert not [key for key in metrics if key[0] == "rdma_exporter_file_read_errors_total"]
+    check_unique_and_promtool(text)
+
+
 def test_roce_lag_slaves_static_attributes_are_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A LAG bond's slaves are no port's own netdevs, yet their static attributes (ifindex, type, address)
     are kept in the device's static info like the bond's: the next scrape reads none of them again, as

@@ -55,7 +55,7 @@ def asic_and_module(pci: Path, number: int = 3) -> Path:
 
 def identity_of(pci: Path) -> tuple[HwmonIdentity | None, SysfsReader]:
     reader = SysfsReader("mlx5_0")
-    return read_hwmon_identity(pci, reader), reader
+    return read_hwmon_identity([pci], reader), reader
 
 
 @pytest.mark.parametrize(

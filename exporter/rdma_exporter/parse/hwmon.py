@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -100,29 +101,39 @@ def _hwmon_dirs(pci_dir: Path, reader: SysfsReader) -> list[str]:
     return [path for _, path in sorted(numbered)]
 
 
-def read_hwmon_identity(pci_dir: Path, reader: SysfsReader) -> HwmonIdentity | None:
-    """The temperature sensors registered for the PCI function at `pci_dir`; None when it has none."""
+def read_hwmon_identity(pci_dirs: Sequence[Path], reader: SysfsReader) -> HwmonIdentity | None:
+    """The temperature sensors registered for an RDMA device's PCI functions: its own, then those of the
+    other functions its ports use (a RoCE LAG device sits on its first function; the second port's module
+    is the second function's). None when there are none.
+
+    Each function of a card reports the card's one ASIC: a name that an earlier function gave is that
+    sensor again, and is skipped. Within one function a repeated name is a fault, counted."""
     sensors: list[TemperatureSensor] = []
     names: set[str] = set()
-    for hwmon_dir in _hwmon_dirs(pci_dir, reader):
-        channels = sorted(
-            int(match.group(1)) for match in map(_TEMP_INPUT.fullmatch, list_dir(hwmon_dir, reader)) if match
-        )
-        for channel in channels:
-            stem = f"{hwmon_dir}/temp{channel}"
-            label = reader.text(f"{stem}_label", optional=True)
-            if label is not None and not _SENSOR_NAME.fullmatch(label):
-                reader.fail(REASON_MALFORMED, f"{stem}_label", f"not a sensor name: {label[:40]!r}")
-                label = None
-            sensor = label or f"temp{channel}"
-            if sensor in names or len(sensors) >= MAX_SENSORS:
-                # Two channels of one name would be one series written twice.
-                reader.fail(REASON_MALFORMED, f"{stem}_input", f"sensor {sensor!r} is a duplicate or one too many")
-                continue
-            names.add(sensor)
-            critical = _celsius(f"{stem}_crit", reader, optional=True)
-            # mlx5 reports a threshold of 0 where the firmware sets none.
-            sensors.append(TemperatureSensor(sensor, f"{stem}_input", critical or None))
+    for pci_dir in pci_dirs:
+        own: set[str] = set()
+        for hwmon_dir in _hwmon_dirs(pci_dir, reader):
+            channels = sorted(
+                int(match.group(1)) for match in map(_TEMP_INPUT.fullmatch, list_dir(hwmon_dir, reader)) if match
+            )
+            for channel in channels:
+                stem = f"{hwmon_dir}/temp{channel}"
+                label = reader.text(f"{stem}_label", optional=True)
+                if label is not None and not _SENSOR_NAME.fullmatch(label):
+                    reader.fail(REASON_MALFORMED, f"{stem}_label", f"not a sensor name: {label[:40]!r}")
+                    label = None
+                sensor = label or f"temp{channel}"
+                if sensor in own or len(sensors) >= MAX_SENSORS:
+                    # Two channels of one name would be one series written twice.
+                    reader.fail(REASON_MALFORMED, f"{stem}_input", f"sensor {sensor!r} is a duplicate or one too many")
+                    continue
+                own.add(sensor)
+                if sensor in names:
+                    continue  # another function's view of the same chip
+                names.add(sensor)
+                critical = _celsius(f"{stem}_crit", reader, optional=True)
+                # mlx5 reports a threshold of 0 where the firmware sets none.
+                sensors.append(TemperatureSensor(sensor, f"{stem}_input", critical or None))
     return HwmonIdentity(tuple(sensors)) if sensors else None
 
 

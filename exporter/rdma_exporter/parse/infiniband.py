@@ -471,6 +471,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         read_port_info(sys_root, name, number, reader, data_word_bytes=word_bytes, single_port=len(numbers) == 1)
         for number in sorted(numbers)
     ]
+    netdevs = _netdev_identities(sys_root, ports, reader)
     return DeviceInfo(
         name=name,
         node_type=(NODE_TYPES.get(parsed_type[0], parsed_type[1]) if parsed_type else None),
@@ -490,10 +491,22 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         sriov_numvfs=sriov,
         hw_counter_files=tuple(list_dir(device_dir / "hw_counters", reader)),
         ports=tuple(ports),
-        netdevs=_netdev_identities(sys_root, ports, reader),
+        netdevs=netdevs,
         pcie=read_pcie_identity(pci_dir, reader) if pci_dir is not None else None,
-        hwmon=read_hwmon_identity(pci_dir, reader) if pci_dir is not None else None,
+        hwmon=read_hwmon_identity(_port_functions(sys_root, pci_dir, netdevs), reader) if pci_dir else None,
     )
+
+
+def _port_functions(sys_root: Path, pci_dir: Path, netdevs: tuple[NetdevIdentity, ...]) -> list[Path]:
+    """The device's PCI function, then any other function behind its ports' netdevs: a RoCE LAG device's
+    bond slaves are its card's two functions, and it sits on the first."""
+    functions = {pci_dir.name: pci_dir}
+    for netdev in netdevs:
+        if netdev.pci_address is not None and netdev.pci_address not in functions:
+            function = pci_function(sys_root / "class" / "net" / netdev.name)
+            if function is not None:  # gone since its identity was read
+                functions[function.name] = function
+    return list(functions.values())
 
 
 def _netdev_identities(sys_root: Path, ports: list[PortInfo], reader: SysfsReader) -> tuple[NetdevIdentity, ...]:
