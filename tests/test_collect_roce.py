@@ -747,6 +747,29 @@ def test_roce_lag_device_reports_both_functions_modules_and_the_cards_asic_once(
     check_unique_and_promtool(text)
 
 
+def test_roce_lag_device_is_read_again_when_its_second_function_registers_sensors(tmp_path: Path) -> None:
+    # mlx5 registers a function's hwmon device after its RDMA device; the event names the second function.
+    from rdma_exporter.hotplug import Event, apply_event
+
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", None, [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens1f1np1"])
+    _hwmon(tmp_path, "0000:3b:00.0", 4, {"asic": 61000, "Module0": 45000})
+    exporter = Exporter(tmp_path)
+    exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+
+    def sensors() -> list[str]:
+        return sorted(dict(labels)["sensor"] for (name, labels) in exporter.scrape()
+                      if name == "rdma_device_temperature_celsius")  # fmt: skip
+
+    assert sensors() == ["Module0", "asic"]
+    _hwmon(tmp_path, "0000:3b:00.1", 5, {"asic": 61125, "Module1": 52000})
+    assert sensors() == ["Module0", "asic"]  # cached: nobody said anything yet
+    event = Event("add", "hwmon", "hwmon5", f"/{PCI}/0000:3b:00.1/hwmon/hwmon5")
+    assert apply_event(exporter.collector.inventory, event) == "device mlx5_bond_0"
+    assert sensors() == ["Module0", "Module1", "asic"]
+
+
 def test_roce_lag_slaves_static_attributes_are_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A LAG bond's slaves are no port's own netdevs, yet their static attributes (ifindex, type, address)
     are kept in the device's static info like the bond's: the next scrape reads none of them again, as

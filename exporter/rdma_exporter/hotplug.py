@@ -8,8 +8,9 @@ static attributes that the engine caches. The monitor listens to uevents of the 
   removal of a VF its PF, whose count of VFs dropped;
 - pci change on a cached device's function: that device (writing sriov_numvfs sends it on the PF);
 - infiniband_verbs (uverbsN, re-created on driver reload): every device, since the event names none;
-- hwmon add/remove under a cached device's function: that device. mlx5 registers its hwmon device after
-  its RDMA device (mlx5_init_one_devl_locked), so a device read in between was cached without sensors;
+- hwmon add/remove under a cached device's function (or a function behind its ports' netdevs, as a RoCE
+  LAG device's second port): that device. mlx5 registers its hwmon device after its RDMA device
+  (mlx5_init_one_devl_locked), so a device read in between was cached without sensors;
 - net: the RDMA devices that own the netdev (by its name, old name on a rename, or its PCI function);
   netdevs of no RDMA device (container veths, bridges) change nothing.
 
@@ -110,8 +111,14 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         # /devices/pci0000:00/0000:00:01.0/0000:18:00.0/hwmon/hwmon3: the function it belongs to is the
         # last address on the path. A hwmon device of anything else (a CPU, a disk) has none of ours.
         on_path = [part for part in event.devpath.split("/") if PCI_ADDRESS.match(part)]
-        registered = event.action in ("add", "remove") and on_path
-        return _forget(inventory, _devices_on_function(inventory, on_path[-1]) if registered else [])
+        if event.action not in ("add", "remove") or not on_path:
+            return None
+        # Its function's devices, and a RoCE LAG device whose second port is that function.
+        return _forget(inventory, sorted(
+            device
+            for device, info in inventory.cached().items()
+            if on_path[-1] == info.pci_address or any(n.pci_address == on_path[-1] for n in info.netdevs)
+        ))  # fmt: skip
     if event.subsystem != "net":
         return None
     names = {event.name}
