@@ -56,7 +56,7 @@ class TemperatureSensor:
 
 @dataclass(frozen=True, slots=True)
 class HwmonIdentity:
-    """The temperature sensors of a PCI function, found once with the device's static info."""
+    """The temperature sensors of an RDMA device's PCI functions, found once with its static info."""
 
     sensors: tuple[TemperatureSensor, ...]
 
