@@ -754,7 +754,7 @@ def fabric_overview() -> Json:
             port_label,
             steps=thresholds((above(0.1), WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
-        ), 8, 9),
+        ), 6, 9),
         (top_ports(
             "Top RoCE priorities by PFC pause time",
             "The ten RoCE port priorities and directions paused by PFC for the largest share of time (5 minutes). "
@@ -765,7 +765,7 @@ def fabric_overview() -> Json:
             "{{instance}} {{netdev}} prio {{priority}} {{direction}}",
             steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
-        ), 8, 9),
+        ), 6, 9),
         (top_ports(
             "Top RoCE ports by CNPs sent",
             "The ten RoCE ports that sent the most congestion notification packets (CNPs) over 5 minutes: they "
@@ -773,7 +773,20 @@ def fabric_overview() -> Json:
             "pps",
             sel('instance_device_port:rdma_port_hw_np_cnp_sent:rate5m'),
             port_label,
-        ), 8, 9),
+        ), 6, 9),
+        (top_ports(
+            "Hottest HCA sensors",
+            "The ten HCA sensors (ASICs, transceiver modules) closest to the critical temperature their hardware "
+            "reports: each bar is the temperature minus that threshold, so 0 is at it. RdmaDeviceTemperatureHigh "
+            "opens a ticket from -10 °C for an ASIC and -5 °C for a module, and pages at 0: orange from -10, red "
+            "from 0.",
+            "celsius",
+            f"{sel('rdma_device_temperature_celsius', DEVICE)} - on (cluster, job, instance, device, sensor) "
+            f"{sel('rdma_device_temperature_critical_celsius', DEVICE)}",
+            "{{instance}} {{device}} {{sensor}}",
+            steps=thresholds((-10, WARNING), (0, CRITICAL)),
+            alerts=["RdmaDeviceTemperatureHigh"],
+        ), 6, 9),
         (timeseries(
             "Throughput per rail",
             "Data sent (tx) and received (rx) per rail: one device and port (HCA index) summed across the nodes "

@@ -775,6 +775,8 @@ UNCLAIMED_COLOURS = {
     ("roce-congestion", "ECN disabled"): "a count of configuration problems",
     ("roce-congestion", "Priorities that lost PFC"): "a count of configuration problems; RdmaRocePfcDisabled "
     "compares no number: any series is its condition",
+    ("fabric-overview", "Hottest HCA sensors"): "RdmaDeviceTemperatureHigh compares each sensor with its own "
+    "threshold less a margin; the panel shows the difference, at the ASIC margin (-10) and at the threshold (0)",
 }
 
 
