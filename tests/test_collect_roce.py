@@ -747,6 +747,37 @@ def test_roce_lag_device_reports_both_functions_modules_and_the_cards_asic_once(
     check_unique_and_promtool(text)
 
 
+@pytest.mark.parametrize(
+    ("second", "rdma"),
+    [("0000:3b:00.1", "mlx5_1"), ("0000:5e:00.1", "mlx5_1"), ("0000:5e:00.1", None)],
+    ids=["same card", "other card", "other card without RDMA"],
+)
+def test_a_bond_without_lag_leaves_each_functions_sensors_to_its_own_device(
+    tmp_path: Path, second: str, rdma: str | None
+) -> None:
+    # An active-backup bond over a port of mlx5_0 and a port of another function: mlx5_0's GID table names
+    # the bond, yet the other function's sensors are not mlx5_0's (review: mlx5_0 reported them too).
+    # Only a function of mlx5_0's own card without an RDMA device of its own is folded into it (LAG).
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "bond0"])
+    _function(tmp_path, second, "ens2f1np1", rdma, ["ens2f1np1"])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens2f1np1"])
+    _hwmon(tmp_path, "0000:3b:00.0", 4, {"asic": 61000, "Module0": 45000})
+    _hwmon(tmp_path, second, 5, {"asic": 80000, "Module1": 70000})
+    exporter = Exporter(tmp_path)
+    exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens2f1np1"), STATS))
+    metrics = exporter.scrape()
+    temperatures = {(dict(labels)["device"], dict(labels)["sensor"]): v for (name, labels), v in metrics.items()
+                    if name == "rdma_device_temperature_celsius"}  # fmt: skip
+    own = {("mlx5_0", "asic"): 61.0, ("mlx5_0", "Module0"): 45.0}
+    theirs = {("mlx5_1", "asic"): 80.0, ("mlx5_1", "Module1"): 70.0} if rdma else {}
+    assert temperatures == own | theirs
+    # The other function's hwmon uevent re-reads its own device, never mlx5_0.
+    from rdma_exporter.hotplug import Event, apply_event
+
+    event = Event("add", "hwmon", "hwmon5", f"/{PCI}/{second}/hwmon/hwmon5")
+    assert apply_event(exporter.collector.inventory, event) == ("device mlx5_1" if rdma else None)
+
+
 def test_roce_lag_device_is_read_again_when_its_second_function_registers_sensors(tmp_path: Path) -> None:
     # mlx5 registers a function's hwmon device after its RDMA device; the event names the second function.
     from rdma_exporter.hotplug import Event, apply_event

@@ -43,7 +43,7 @@ from typing import Any, Final
 
 from .collect.inventory import Inventory
 from .parse.netdev import MAX_STACK
-from .parse.reader import PCI_ADDRESS, is_sysfs_mount
+from .parse.reader import PCI_ADDRESS, is_sysfs_mount, pci_slot
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,16 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         on_path = [part for part in event.devpath.split("/") if PCI_ADDRESS.match(part)]
         if event.action not in ("add", "remove") or not on_path:
             return None
-        # Its function's devices, and a RoCE LAG device whose second port is that function.
-        return _forget(inventory, sorted(
+        # Its function's devices; for a function without one, the RoCE LAG device of its card that stands
+        # for it (parse.infiniband._port_functions reads the same functions).
+        function = on_path[-1]
+        own = _devices_on_function(inventory, function)
+        return _forget(inventory, own or sorted(
             device
             for device, info in inventory.cached().items()
-            if on_path[-1] == info.pci_address or any(n.pci_address == on_path[-1] for n in info.netdevs)
+            if info.pci_address is not None
+            and pci_slot(info.pci_address) == pci_slot(function)
+            and any(n.pci_address == function for n in info.netdevs)
         ))  # fmt: skip
     if event.subsystem != "net":
         return None

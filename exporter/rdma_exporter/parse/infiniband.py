@@ -36,6 +36,7 @@ from .reader import (
     list_dir,
     parse_entry_number,
     pci_function,
+    pci_slot,
 )
 
 CLASS_DIR: Final = Path("class") / "infiniband"
@@ -493,19 +494,25 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         ports=tuple(ports),
         netdevs=netdevs,
         pcie=read_pcie_identity(pci_dir, reader) if pci_dir is not None else None,
-        hwmon=read_hwmon_identity(_port_functions(sys_root, pci_dir, netdevs), reader) if pci_dir else None,
+        hwmon=read_hwmon_identity(_port_functions(sys_root, pci_dir, netdevs, reader), reader) if pci_dir else None,
     )
 
 
-def _port_functions(sys_root: Path, pci_dir: Path, netdevs: tuple[NetdevIdentity, ...]) -> list[Path]:
-    """The device's PCI function, then any other function behind its ports' netdevs: a RoCE LAG device's
-    bond slaves are its card's two functions, and it sits on the first."""
+def _port_functions(
+    sys_root: Path, pci_dir: Path, netdevs: tuple[NetdevIdentity, ...], reader: SysfsReader
+) -> list[Path]:
+    """The device's PCI function, then the functions of its card that a RoCE LAG device stands for: those
+    behind its ports' netdevs that have no RDMA device of their own (mlx5 folds both ports of a card into
+    mlx5_bond_N on the first function). A bond over functions that keep their RDMA devices, or over
+    another card's, is no LAG: those functions' sensors are their own devices'."""
     functions = {pci_dir.name: pci_dir}
     for netdev in netdevs:
-        if netdev.pci_address is not None and netdev.pci_address not in functions:
-            function = pci_function(sys_root / "class" / "net" / netdev.name)
-            if function is not None:  # gone since its identity was read
-                functions[function.name] = function
+        address = netdev.pci_address
+        if address is None or address in functions or pci_slot(address) != pci_slot(pci_dir.name):
+            continue
+        function = pci_function(sys_root / "class" / "net" / netdev.name)
+        if function is not None and not list_dir(function / "infiniband", reader):
+            functions[function.name] = function
     return list(functions.values())
 
 
