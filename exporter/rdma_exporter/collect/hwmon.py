@@ -20,9 +20,10 @@ LABELS: Final = ("device", "sensor")
 TEMPERATURE: Final = MetricSpec(
     "rdma_device_temperature_celsius",
     "gauge",
-    "Temperature of a sensor of the device's PCI function, from the driver's hwmon device: the ASIC "
-    "(sensor asic, or sensor<N> where the firmware names none) and, for mlx5, the transceiver module in "
-    "its cage where the module has a sensor (Module0, Module1). Absent for a scrape whose read failed.",
+    "Temperature of a sensor of the device's PCI functions (a RoCE LAG device's: both of its card's), from "
+    "the driver's hwmon devices: the ASIC (sensor asic) and, for mlx5, the transceiver module in a cage "
+    "where the module has a sensor (Module0, Module1); mlx5 names a sensor the firmware leaves unnamed "
+    "sensor<index>, modules from sensor64 on. Absent for a scrape whose read failed.",
     LABELS,
 )
 CRITICAL: Final = MetricSpec(
