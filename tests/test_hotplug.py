@@ -535,6 +535,11 @@ def test_a_hwmon_device_registered_after_its_rdma_device_is_read_on_its_event(tr
     assert sensors() == []
     assert apply_event(collector.inventory, Event("add", "hwmon", hwmon.name, devpath)) == "device mlx5_0"
     assert sensors() == ["Module0", "asic"]
+    # A device not cached yet (its static read may be in flight, to be stored without sensors) is named
+    # from its function's infiniband/ directory, so that the read is done again.
+    fresh = udev_collector(tree)
+    assert fresh.inventory.cached() == {}
+    assert apply_event(fresh.inventory, Event("add", "hwmon", hwmon.name, devpath)) == "device mlx5_0"
 
 
 def test_an_infiniband_event_on_a_device_without_pci_function_refreshes_that_device_only(tmp_path: Path) -> None:

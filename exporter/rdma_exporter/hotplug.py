@@ -116,7 +116,10 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         # Its function's devices; for a function without one, the RoCE LAG device of its card that stands
         # for it (parse.infiniband._port_functions reads the same functions).
         function = on_path[-1]
-        own = _devices_on_function(inventory, function)
+        # A device whose static info is being read right now is not cached yet: its name comes from the
+        # function's own infiniband/ directory, so that the read in flight is not stored without sensors.
+        hwmon_dir = os.path.join(os.fspath(inventory.sys_root), event.devpath.lstrip("/"))
+        own = sorted(set(_devices_on_function(inventory, function)) | set(_listed(f"{hwmon_dir}/../../infiniband")))
         return _forget(inventory, own or sorted(
             device
             for device, info in inventory.cached().items()
@@ -211,6 +214,14 @@ def _forget(inventory: Inventory, devices: list[str]) -> str | None:
     for device in devices:
         inventory.invalidate(device)
     return ", ".join(f"device {device}" for device in devices) or None
+
+
+def _listed(directory: str) -> list[str]:
+    """Entry names of a directory, none if it cannot be listed (gone, or not there at all)."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def _devices_on_function(inventory: Inventory, pci_address: str | None) -> list[str]:
