@@ -1,4 +1,4 @@
-"""Exposition of the temperature sensors of each RDMA device's PCI function: the ASIC and its modules.
+"""Exposition of the temperature sensors of each RDMA device's PCI functions: the ASIC and its modules.
 
 Series carry `device` and `sensor` (the driver's name for the channel: `asic`, `Module0`). A device with
 no hwmon device (a VF, software RDMA, a kernel before 6.6 for mlx5) has no series here.
@@ -36,7 +36,7 @@ CRITICAL: Final = MetricSpec(
 
 
 class HwmonSource:
-    """Temperatures of every RDMA device's PCI function."""
+    """Temperatures of every RDMA device's PCI functions."""
 
     name = NAME
     specs: tuple[MetricSpec, ...] = (TEMPERATURE, CRITICAL)
