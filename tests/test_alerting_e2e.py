@@ -360,12 +360,17 @@ def _fault_scenario(tmp_path: Path, webhook: Webhook, release: PrometheusRelease
         write_attr(ports / "mlx5_1/ports/1/counters/link_downed", "1")
         # mlx5_3: retrained at 200 Gb/s on two lanes.
         write_attr(ports / "mlx5_3/ports/1/rate", "200 Gb/sec (2X NDR)")
+        # mlx5_2: its ASIC at 106 degrees, past the 105 its firmware reports: the page, and its ticket
+        # held back by it.
+        (asic,) = (ports / "mlx5_2/device").glob("hwmon/hwmon*/temp1_input")
+        write_attr(asic, "106000")
 
         def delivered() -> bool:
             procs.check_alive()
             pager = {(a["labels"]["alertname"], a["labels"]["device"]) for a in webhook.alerts("/pager")}
             ticket = {(a["labels"]["alertname"], a["labels"]["device"]) for a in webhook.alerts("/ticket")}
-            return {("RdmaPortDown", "mlx5_0"), ("RdmaPortRateBelowExpected", "mlx5_3")} <= pager and (
+            paged = {("RdmaPortDown", "mlx5_0"), ("RdmaPortRateBelowExpected", "mlx5_3")}
+            return paged | {("RdmaDeviceTemperatureHigh", "mlx5_2")} <= pager and (
                 "RdmaPortLinkDowned",
                 "mlx5_1",
             ) in ticket
@@ -426,7 +431,22 @@ def _fault_scenario(tmp_path: Path, webhook: Webhook, release: PrometheusRelease
             ("RdmaPortDown", "mlx5_0"),
             ("RdmaPortRateBelowExpected", "mlx5_3"),
             ("RdmaPortLinkDowned", "mlx5_1"),
+            ("RdmaDeviceTemperatureHigh", "mlx5_2"),
         }
+        hot = find(webhook.alerts("/pager"), alertname="RdmaDeviceTemperatureHigh")[0]
+        assert hot["labels"] == {
+            "cluster": CLUSTER, "job": "rdma-exporter", "instance": instance, "alertname": "RdmaDeviceTemperatureHigh",
+            "severity": "critical", "device": "mlx5_2", "sensor": "asic",
+        }  # fmt: skip
+        # Its warning fires too (106 is within 10 of 105) and stays behind the page: no ticket.
+        def warning_firing() -> list[dict[str, Any]]:
+            procs.check_alive()
+            warnings = find(prometheus_alerts(prom_url), alertname="RdmaDeviceTemperatureHigh", severity="warning")
+            return [a for a in warnings if a["state"] == "firing"]
+
+        wait_for("the temperature warning to fire", warning_firing)
+        time.sleep(3)  # a few notification rounds
+        assert find(webhook.alerts("/ticket"), alertname="RdmaDeviceTemperatureHigh") == []
     finally:
         procs.stop()
 
