@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from .collect.inventory import Inventory
-from .parse.netdev import MAX_STACK
-from .parse.reader import PCI_ADDRESS, is_sysfs_mount, pci_slot
+from .parse.netdev import MAX_STACK, card_bond_slaves
+from .parse.reader import PCI_ADDRESS, is_sysfs_mount
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,7 @@ def apply_event(inventory: Inventory, event: Event) -> str | None:
         return _forget(inventory, own or sorted(
             device
             for device, info in inventory.cached().items()
-            if info.pci_address is not None
-            and pci_slot(info.pci_address) == pci_slot(function)
-            and any(n.pci_address == function for n in info.netdevs)
+            if info.pci_address is not None and function in card_bond_slaves(info.pci_address, info.netdevs)
         ))  # fmt: skip
     if event.subsystem != "net":
         return None

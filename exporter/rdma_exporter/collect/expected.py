@@ -39,9 +39,9 @@ from typing import Any, Final
 
 from ..configerror import ConfigError
 from ..parse.infiniband import MAX_PORT_NUMBER, DeviceInfo
-from ..parse.netdev import lag_by_name
+from ..parse.netdev import card_bond_slaves, lag_by_name
 from ..parse.pcie import GENERATIONS, VALID_WIDTHS
-from ..parse.reader import PCI_ADDRESS, SysfsReader, pci_slot
+from ..parse.reader import PCI_ADDRESS, SysfsReader
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 
 NAME: Final = "expected"
@@ -364,16 +364,7 @@ def lag_functions(device: DeviceInfo) -> frozenset[str]:
     """
     if device.pci_address is None or lag_by_name(device.name) is False:
         return frozenset()
-    slot = pci_slot(device.pci_address)
-    slaves = {slave for netdev in device.netdevs if netdev.is_bond_master for slave in netdev.bond_slaves}
-    return frozenset(
-        identity.pci_address
-        for name in slaves
-        if (identity := device.netdev(name)) is not None
-        and identity.pci_address is not None
-        and identity.pci_address != device.pci_address
-        and pci_slot(identity.pci_address) == slot
-    )
+    return frozenset(card_bond_slaves(device.pci_address, device.netdevs))
 
 
 class ExpectedSource:

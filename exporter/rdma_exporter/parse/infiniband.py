@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from .hwmon import HwmonIdentity, read_hwmon_identity
-from .netdev import NetdevIdentity, rdma_port_netdevs, read_netdev_identity
+from .netdev import NetdevIdentity, card_bond_slaves, rdma_port_netdevs, read_netdev_identity
 from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
@@ -36,7 +36,6 @@ from .reader import (
     list_dir,
     parse_entry_number,
     pci_function,
-    pci_slot,
 )
 
 CLASS_DIR: Final = Path("class") / "infiniband"
@@ -501,19 +500,16 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
 def _port_functions(
     sys_root: Path, pci_dir: Path, netdevs: tuple[NetdevIdentity, ...], reader: SysfsReader
 ) -> list[Path]:
-    """The device's PCI function, then the functions of its card that a RoCE LAG device stands for: those
-    behind its ports' netdevs that have no RDMA device of their own (mlx5 folds both ports of a card into
+    """The device's PCI function, then the functions of its card that a RoCE LAG device stands for: its
+    bond slaves' functions that have no RDMA device of their own (mlx5 folds both ports of a card into
     mlx5_bond_N on the first function). A bond over functions that keep their RDMA devices, or over
     another card's, is no LAG: those functions' sensors are their own devices'."""
-    functions = {pci_dir.name: pci_dir}
-    for netdev in netdevs:
-        address = netdev.pci_address
-        if address is None or address in functions or pci_slot(address) != pci_slot(pci_dir.name):
-            continue
-        function = pci_function(sys_root / "class" / "net" / netdev.name)
-        if function is not None and not list_dir(function / "infiniband", reader):
-            functions[function.name] = function
-    return list(functions.values())
+    functions = [pci_dir]
+    for slave in card_bond_slaves(pci_dir.name, netdevs).values():
+        function = pci_function(sys_root / "class" / "net" / slave)
+        if function is not None and not list_dir(function / "infiniband", reader):  # None: gone since read
+            functions.append(function)
+    return functions
 
 
 def _netdev_identities(sys_root: Path, ports: list[PortInfo], reader: SysfsReader) -> tuple[NetdevIdentity, ...]:

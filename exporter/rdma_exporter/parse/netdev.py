@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -421,6 +422,23 @@ def lag_by_name(ib_device: str) -> bool | None:
     say, and site rules name it anything."""
     kernel = _MLX5_KERNEL_NAME.fullmatch(ib_device)
     return None if kernel is None else kernel.group(1) is not None
+
+
+def card_bond_slaves(pci_address: str, netdevs: Iterable[NetdevIdentity]) -> dict[str, str]:
+    """The bond slaves among a device's static netdev identities that sit on another PCI function of its
+    card (the card of `pci_address`): function address -> slave name. These are the functions a RoCE LAG
+    device on that card may stand for; whether it does is the caller's to decide (by the device's name,
+    or by the function having no RDMA device of its own)."""
+    by_name = {netdev.name: netdev for netdev in netdevs}
+    slot = pci_slot(pci_address)
+    siblings: dict[str, str] = {}
+    for master in by_name.values():
+        for slave in master.bond_slaves if master.is_bond_master else ():
+            identity = by_name.get(slave)
+            address = identity.pci_address if identity is not None else None
+            if address is not None and address != pci_address and pci_slot(address) == slot:
+                siblings.setdefault(address, slave)
+    return siblings
 
 
 def folds_a_function(sys_root: Path, device_dir: str | Path, master: str, reader: SysfsReader) -> bool:
