@@ -337,6 +337,18 @@ def write_files(root: Path, files: dict[str, str]) -> None:
         path.write_text(content)
 
 
+def write_hwmon(function: Path, number: int, channels: dict[int, dict[str, str]]) -> Path:
+    """mlx5's hwmon device `function/hwmon/hwmon<number>`, with the given temp<N>_* files per channel
+    (values as the kernel prints them, millidegrees): a PCI function's temperature sensors."""
+    directory = function / "hwmon" / f"hwmon{number}"
+    directory.mkdir(parents=True)
+    (directory / "name").write_text("mlx5\n")
+    for channel, files in channels.items():
+        for attribute, value in files.items():
+            (directory / f"temp{channel}_{attribute}").write_text(f"{value}\n")
+    return directory
+
+
 def remove_device(sys_root: Path, device: str) -> None:
     """Unregister an RDMA device from a tree as the kernel does: its class link and its directory go."""
     link = sys_root / "class" / "infiniband" / device

@@ -58,7 +58,16 @@ from rdma_exporter.parse.netdev import NetdevIdentity
 from rdma_exporter.parse.reader import NO_VALUE_ERRNOS, SysfsReader, is_sysfs_mount
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices
 
-from conftest import FIXTURES, prometheus_text, promtool_check_metrics, samples, skip_or_fail, symlink, write_files
+from conftest import (
+    FIXTURES,
+    prometheus_text,
+    promtool_check_metrics,
+    samples,
+    skip_or_fail,
+    symlink,
+    write_files,
+    write_hwmon,
+)
 
 ROCE = {"mlx5_8": "enp220s0f0np0", "mlx5_9": "enp220s0f1np1"}
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -723,12 +732,9 @@ def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, mo
 
 def _hwmon(root: Path, bdf: str, number: int, sensors: dict[str, int]) -> None:
     """mlx5's hwmon device of a function: one channel per (label, millidegrees), threshold 90 degrees."""
-    directory = f"{PCI}/{bdf}/hwmon/hwmon{number}"
-    files = {f"{directory}/name": "mlx5\n"}
-    for channel, (label, value) in enumerate(sensors.items(), start=1):
-        files |= {f"{directory}/temp{channel}_label": f"{label}\n", f"{directory}/temp{channel}_input": f"{value}\n",
-                  f"{directory}/temp{channel}_crit": "90000\n"}  # fmt: skip
-    write_files(root, files)
+    channels = {n: {"label": label, "input": str(value), "crit": "90000"}
+                for n, (label, value) in enumerate(sensors.items(), start=1)}  # fmt: skip
+    write_hwmon(root / PCI / bdf, number, channels)
 
 
 def test_roce_lag_device_reports_both_functions_modules_and_the_cards_asic_once(tmp_path: Path) -> None:

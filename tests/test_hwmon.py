@@ -28,22 +28,11 @@ from rdma_exporter.parse.hwmon import (
 from rdma_exporter.parse.reader import REASON_IO, REASON_MALFORMED, REASON_MISSING, SysfsReader
 from rdma_exporter.sample_tree import TreeSpec, build_tree
 
-from conftest import promtool_check_metrics, samples, scrape
-
-
-def hwmon(pci: Path, number: int, channels: dict[int, dict[str, str]]) -> Path:
-    """Write `pci/hwmon/hwmon<number>` with the given temp<N>_* files (values as the kernel prints them)."""
-    directory = pci / "hwmon" / f"hwmon{number}"
-    directory.mkdir(parents=True)
-    (directory / "name").write_text("mlx5\n")
-    for channel, files in channels.items():
-        for attribute, value in files.items():
-            (directory / f"temp{channel}_{attribute}").write_text(f"{value}\n")
-    return directory
+from conftest import promtool_check_metrics, samples, scrape, write_hwmon
 
 
 def asic_and_module(pci: Path, number: int = 3) -> Path:
-    return hwmon(
+    return write_hwmon(
         pci,
         number,
         {
@@ -104,8 +93,8 @@ def test_thresholds_and_labels_are_read_once_and_only_inputs_each_scrape(tmp_pat
 
 def test_hwmon_directories_in_numeric_order_and_unlabelled_channels(tmp_path: Path) -> None:
     # Two hwmon devices under one function: hwmon10 comes after hwmon9, not before it as a string.
-    hwmon(tmp_path, 10, {1: {"input": "40000"}})
-    hwmon(tmp_path, 9, {1: {"label": "asic", "input": "50000"}, 12: {"input": "30000"}, 2: {"input": "31000"}})
+    write_hwmon(tmp_path, 10, {1: {"input": "40000"}})
+    write_hwmon(tmp_path, 9, {1: {"label": "asic", "input": "50000"}, 12: {"input": "30000"}, 2: {"input": "31000"}})
     (tmp_path / "hwmon" / "hwmon").mkdir()  # not a hwmon<N> name: ignored
     identity, reader = identity_of(tmp_path)
     assert identity is not None and reader.errors.total() == 0
@@ -115,7 +104,7 @@ def test_hwmon_directories_in_numeric_order_and_unlabelled_channels(tmp_path: Pa
 
 
 def test_a_repeated_sensor_name_is_counted_and_read_once(tmp_path: Path) -> None:
-    hwmon(tmp_path, 1, {1: {"label": "asic", "input": "50000"}, 2: {"label": "asic", "input": "51000"}})
+    write_hwmon(tmp_path, 1, {1: {"label": "asic", "input": "50000"}, 2: {"label": "asic", "input": "51000"}})
     identity, reader = identity_of(tmp_path)
     assert identity is not None and [s.sensor for s in identity.sensors] == ["asic"]
     assert [(e[1], e[2].rsplit("/", 1)[1]) for e in errors(reader)] == [(REASON_MALFORMED, "temp2_input")]
@@ -123,7 +112,7 @@ def test_a_repeated_sensor_name_is_counted_and_read_once(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("label", ["", "asic\x00", "a" * 40, "asic\nModule0", "\u00e4sic", "as\"ic"])
 def test_a_label_that_is_no_sensor_name_falls_back_to_the_channel(tmp_path: Path, label: str) -> None:
-    directory = hwmon(tmp_path, 1, {1: {"input": "50000"}})
+    directory = write_hwmon(tmp_path, 1, {1: {"input": "50000"}})
     (directory / "temp1_label").write_bytes(label.encode() + b"\n")
     identity, reader = identity_of(tmp_path)
     assert identity is not None and [s.sensor for s in identity.sensors] == ["temp1"]
@@ -131,7 +120,7 @@ def test_a_label_that_is_no_sensor_name_falls_back_to_the_channel(tmp_path: Path
 
 
 def test_a_zero_threshold_is_none_and_a_garbage_one_is_counted(tmp_path: Path) -> None:
-    hwmon(tmp_path, 1, {1: {"label": "asic", "input": "50000", "crit": "0"},
+    write_hwmon(tmp_path, 1, {1: {"label": "asic", "input": "50000", "crit": "0"},
                         2: {"label": "Module0", "input": "40000", "crit": "hot"}})  # fmt: skip
     identity, reader = identity_of(tmp_path)
     assert identity is not None
@@ -189,7 +178,7 @@ def test_a_hwmon_device_registered_again_marks_the_static_info_stale(tmp_path: P
 
 
 def test_too_many_sensors_are_cut_off(tmp_path: Path) -> None:
-    hwmon(tmp_path, 1, {n: {"input": "40000"} for n in range(1, 131)})
+    write_hwmon(tmp_path, 1, {n: {"input": "40000"} for n in range(1, 131)})
     identity, reader = identity_of(tmp_path)
     assert identity is not None and len(identity.sensors) == 128 and len(errors(reader)) == 2
 
