@@ -166,10 +166,7 @@ def _lowers(sys_root: Path, name: str) -> set[str]:
     for _ in range(MAX_STACK):
         below: list[str] = []
         for upper in level:
-            try:
-                entries = os.listdir(sys_root / "class" / "net" / upper)
-            except OSError:
-                continue
+            entries = _listed(os.fspath(sys_root / "class" / "net" / upper))
             below += [e[len("lower_") :] for e in entries if e.startswith("lower_")]
         level = [n for n in below if n not in names]
         if not level:
