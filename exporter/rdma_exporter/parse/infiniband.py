@@ -232,7 +232,7 @@ class DeviceInfo:
     # cover the netdev and PCIe collectors' static reads too.
     netdevs: tuple[NetdevIdentity, ...] = ()  # the ports' netdevs and bond slaves that existed
     pcie: PcieIdentity | None = None
-    hwmon: HwmonIdentity | None = None  # the function's temperature sensors and their thresholds
+    hwmon: HwmonIdentity | None = None  # its PCI functions' temperature sensors and their thresholds
 
     def netdev(self, name: str) -> NetdevIdentity | None:
         return next((n for n in self.netdevs if n.name == name), None)
