@@ -101,6 +101,8 @@ def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str
 
 
 PRIO = 'priority=~"$priority"'
+# The port module events RdmaPortModuleFault counts as faults (module_unplug is none).
+MODULE_FAULTS = "bus_stuck|bad_shorted|high_temp"
 # Share of time paused per priority and direction, and per port under link-level 802.3x pause as priority
 # "global": the series the pause panels and the `global` choice of the priority variable come from.
 PAUSE_DURATION = "instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m"
@@ -1127,6 +1129,33 @@ def node_detail() -> Json:
             targets((f"{rate('rdma_ethtool_corrected_bit_errors_total')}\n  / "
                      f"{rate('rdma_ethtool_port_bit_count_total')}", "{{instance}} {{netdev}}")),
             log=True,
+        ), 12, 8),
+        (timeseries(
+            "RoCE raw errors per lane",
+            "Physical-layer errors each lane of a RoCE port received before FEC correction (rx_err_lane_N_phy). "
+            "The FEC corrects them, so they cost no traffic yet; one lane far above the port's other lanes points "
+            "to that lane of the cable, transceiver or connector before its errors outgrow the FEC.",
+            "cps",
+            targets((rate("rdma_ethtool_lane_raw_errors_total"),
+                     "{{instance}} {{netdev}} {{direction}} lane {{lane}}")),
+        ), 12, 8),
+        (timeseries(
+            "Transceiver module events",
+            "Port module events the HCA firmware reported on each RoCE port in the last 15 minutes, as "
+            "RdmaPortModuleFault counts them: bus_stuck (the module's management bus stuck or shorted), "
+            "bad_shorted (a bad or shorted cable or module) and high_temp (the module too hot) are faults and "
+            "open a ticket; unplug (a module removed, as in a reseat) is no fault. The alert leaves out the hour "
+            "after a node reboot; this panel does not. Colours follow RdmaPortModuleFault (warning above 0) on the "
+            "faults; unplugs have none.",
+            "none",
+            targets((increase("rdma_ethtool_module_events_total", "15m", PORT, f'event=~"{MODULE_FAULTS}"'),
+                     "{{instance}} {{netdev}} {{event}}"),
+                    (increase("rdma_ethtool_module_events_total", "15m", PORT, 'event="unplug"'),
+                     "{{instance}} {{netdev}} unplug")),
+            steps=thresholds((EPSILON, WARNING)),
+            overrides=[query_thresholds("B", thresholds(base=NEUTRAL))],
+            alerts=["RdmaPortModuleFault"],
+            decimals=0,
         ), 12, 8),
         (timeseries(
             "Link events",
