@@ -496,6 +496,7 @@ class HttpServer:
         self.refused_logins = CountedWarning(log)  # 503s of the login lane
         self.refused_certificates = CountedWarning(log)  # certificates naming none of client_allowed_sans
         self.refused_connections = CountedWarning(log)  # accepted and closed at once: no room
+        self.failed_accepts = CountedWarning(log)  # out of descriptors: retried every ACCEPT_PAUSE
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -547,8 +548,10 @@ class HttpServer:
                         log.exception("the server loop's periodic hook failed")
                     next_sweep = now + 0.25
         finally:
-            self._close_all()
-            self._stopped.set()
+            try:
+                self._close_all()
+            finally:  # shutdown() waits for this to finish the answers already begun
+                self._stopped.set()
 
     def stop(self) -> None:
         """Make serve_forever return (safe in a signal handler: an Event and a socket write)."""
@@ -599,7 +602,10 @@ class HttpServer:
                 return
             except OSError as exc:  # EMFILE and friends: keep serving who is connected
                 # The listener stays readable: stop watching it for a moment instead of spinning on it.
-                log.warning("accept failed, pausing accepts for %.1f s: %s", ACCEPT_PAUSE, exc)
+                self.failed_accepts.add(
+                    "%d accept(s) failed since the last such line, accepts paused for %.1f s after each: %s",
+                    ACCEPT_PAUSE, exc,
+                )
                 self._selector.unregister(self._listener)
                 self._accept_resume = time.monotonic() + ACCEPT_PAUSE
                 return
@@ -884,7 +890,8 @@ class HttpServer:
             conn.sock.close()
 
     def _close_all(self) -> None:
-        with contextlib.suppress(OSError):
+        # KeyError: accepts are paused (EMFILE), and the listener is off the selector until they resume.
+        with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(self._listener)
         self._listener.close()
         for conn in list(self._conns.values()):
