@@ -43,6 +43,7 @@ from rdma_exporter.collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerP
 from rdma_exporter.config import EXIT_CONFIG, EXIT_UNAVAILABLE, Config
 from rdma_exporter.daemon import (
     FD_RESERVE,
+    OWN_FDS,
     Daemon,
     Exporter,
     Serving,
@@ -359,6 +360,35 @@ def test_scrapes_sharing_a_round_each_get_the_encoding_they_asked_for(
     assert samples(text.decode())[("test_gated_reads", (("device", "mlx5_1"),))] == 1
     assert ("Content-Encoding", "gzip") in zipped.headers
     assert gzip.decompress(b"".join(zipped.parts)) == text
+
+
+def test_under_a_low_open_file_limit_one_client_cannot_lock_out_another(tree: Path, tmp_path: Path) -> None:
+    """A soft limit below FD_RESERVE that cannot be raised (a container's, a unit's LimitNOFILE=256): the
+    cap stayed MAX_CONNECTIONS, descriptors ran out before it, so no connection was ever made room for,
+    and 300 idle connections from one address kept every other scraper out (review: curl timed out). The
+    cap now follows the limit, and the newcomer is let in by closing one of the hog's."""
+    limit = 256
+    daemon = RunningDaemon(
+        tmp_path,
+        ["--path.sysfs", str(tree)],
+        command=("sh", "-c", f'ulimit -n {limit} && exec "$0" -m rdma_exporter "$@"', sys.executable),
+    )
+    hog: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            hog.append(socket.create_connection(("127.0.0.1", daemon.port), source_address=("127.0.0.3", 0)))
+        cap = limit - OWN_FDS
+        wait_until(lambda: len(os.listdir(f"/proc/{daemon.proc.pid}/fd")) >= cap, 20)
+        with socket.create_connection(("127.0.0.1", daemon.port), source_address=("127.0.0.2", 0)) as scraper:
+            scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            closed, answer = closed_within(scraper, 20)
+        assert closed and answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert f"open-file limit {limit}: at most {cap} connections at a time" in daemon.log()
+        assert "accept(s) failed" not in daemon.log()
+    finally:
+        for sock in hog:
+            sock.close()
+        assert daemon.stop() == 0, daemon.log()
 
 
 def test_the_fd_reserve_covers_the_daemons_own_descriptors(start: Callable[..., RunningDaemon], tree: Path) -> None:

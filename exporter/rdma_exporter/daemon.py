@@ -376,9 +376,11 @@ def _mallopt(param: int, value: int, variable: str, tunable: str) -> bool:
     return mallopt is not None and bool(mallopt(param, value))
 
 
-# File descriptors kept free for every connection, a file being opened by each possible reader thread,
+# File descriptors besides connections and kept files: one being opened by each possible reader thread,
 # and the listener, epoll, wake pipe, udev monitor, stdio and log handlers.
-FD_RESERVE: Final = MAX_CONNECTIONS + HARD_MAX_WORKERS + 64
+OWN_FDS: Final = HARD_MAX_WORKERS + 64
+# Kept free for every connection and those.
+FD_RESERVE: Final = MAX_CONNECTIONS + OWN_FDS
 
 
 def raise_fd_limit(wanted: int) -> int:
@@ -401,6 +403,22 @@ def raise_fd_limit(wanted: int) -> int:
     if room < wanted:
         log.warning("open-file limit %d: keeping %d sysfs files open instead of %d", soft, room, wanted)
     return room
+
+
+def connection_cap() -> int:
+    """How many connections the open-file limit leaves room for: MAX_CONNECTIONS, or under a limit below
+    FD_RESERVE that could not be raised, what is left after the daemon's own descriptors. With the full
+    cap there, descriptors ran out before the cap was reached, so no connection was ever made room for,
+    and one client holding idle connections locked every other out."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except OSError:
+        soft = 1024  # as raise_fd_limit assumes
+    if soft == resource.RLIM_INFINITY or soft >= FD_RESERVE:
+        return MAX_CONNECTIONS
+    cap = max(1, soft - OWN_FDS)
+    log.warning("open-file limit %d: at most %d connections at a time instead of %d", soft, cap, MAX_CONNECTIONS)
+    return cap
 
 
 def warn_of_filters_matching_nothing(config: Config) -> None:
@@ -455,6 +473,7 @@ class Daemon:
             headers=lambda: self.exporter.serving.web.headers,
             costly=self.exporter.costly,
             tick=Watchdog.from_environment().tick,
+            max_connections=connection_cap(),
         )
         log.info(
             "rdma-exporter %s listening on %s (%s), metrics at %s, sysfs %s, scrape deadline %.1f s, config "
@@ -518,6 +537,7 @@ class Daemon:
         self.reads.pool.parallelism = config.read_threads
         # A lowered cap takes effect at each device's next read (OpenFiles.begin closes files over it).
         self.reads.budget.limit = raise_fd_limit(config.max_open_files)
+        self.server.max_connections = connection_cap()  # the limit may have been raised just now
         self.exporter.serving = Serving(config, collector, web)
         if udev and not self.hotplug.running:  # type: ignore[union-attr]
             # The monitor died after it was asked above: its fallback went to the old collector.
