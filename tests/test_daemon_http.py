@@ -2023,6 +2023,10 @@ def test_mutual_tls(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     )
     assert no_cert.returncode != 0
     assert "client certificates required" in daemon.log()
+    # Refused handshakes are said (review: a scraper without a certificate, or with an untrusted one,
+    # left no line at all), in one counted warning a minute: the first of them, no certificate, at once.
+    assert re.search(r"1 TLS handshake\(s\) failed since the last such line \(the last from 127\.0\.0\.1:\d+: "
+                     r"PEER_DID_NOT_RETURN_A_CERTIFICATE\)", daemon.log()), daemon.log()
 
 
 def test_client_allowed_sans_match_like_exporter_toolkit(

@@ -497,6 +497,7 @@ class HttpServer:
         self.refused_certificates = CountedWarning(log)  # certificates naming none of client_allowed_sans
         self.refused_connections = CountedWarning(log)  # accepted and closed at once: no room
         self.failed_accepts = CountedWarning(log)  # out of descriptors: retried every ACCEPT_PAUSE
+        self.failed_handshakes = CountedWarning(log)  # TLS: no or untrusted client certificate, no common version
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -701,6 +702,14 @@ class HttpServer:
                 answer = text_response(400, "Client sent an HTTP request to an HTTPS server.")
                 with contextlib.suppress(OSError):
                     os.write(sock.fileno(), render_response(answer, head_only=False, keep_alive=False, extra={}))
+            elif isinstance(exc, ssl.SSLError) and not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+                # A scraper without a client certificate or with one we do not trust, or one that speaks no
+                # TLS version or cipher we do: Prometheus shows the target down and nothing more, so say it
+                # here. Not a client that connects and closes (a load balancer's TCP check: EOF).
+                self.failed_handshakes.add(
+                    "%d TLS handshake(s) failed since the last such line (the last from %s: %s)",
+                    conn.peer, exc.reason or exc,
+                )
             self._close(conn)
             return
         if not self._peer_allowed(sock.getpeercert()):
