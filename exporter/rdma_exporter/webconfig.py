@@ -13,7 +13,10 @@ The same file works for node_exporter and rdma-exporter on one node:
 
 Anything this exporter cannot honour exactly (a cipher suite list, a client certificate that is requested
 but not verified) is refused rather than ignored, because a security setting that silently does nothing
-is worse than a start-up error.
+is worse than a start-up error. One exception, said in a warning instead: a min_version of TLS10 or TLS11
+that this system's OpenSSL will not serve (OpenSSL 3 refuses them at its default security level). It
+only allows older clients, so serving less than it allows is never less safe, and a file shared with
+node_exporter that has it keeps working for every client that speaks TLS 1.2.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import secrets
 import ssl
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +50,7 @@ TLS_VERSIONS: Final = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
+_NAMES: Final = {version: name for name, version in TLS_VERSIONS.items()}
 # exporter-toolkit names -> verify mode. RequestClientCert and RequireAnyClientCert ask for a certificate
 # without verifying it, which OpenSSL through Python's ssl cannot do: refused, see the module doc.
 CLIENT_AUTH: Final = {
@@ -275,6 +280,38 @@ def _version(source: str, key: str, value: Any) -> ssl.TLSVersion:
     return TLS_VERSIONS[value]
 
 
+def _serves(context: ssl.SSLContext, version: ssl.TLSVersion) -> bool:
+    """Whether `context` (its certificate loaded, before any client authentication) completes a handshake
+    at `version` with a client that allows anything: OpenSSL's security level and the system's crypto
+    policy can refuse TLS 1.0 and 1.1 whatever minimum_version says."""
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_NONE
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TLSVersion.TLSv1 and TLSv1_1 are deprecated
+        client.minimum_version = client.maximum_version = version
+    client.set_ciphers("ALL:@SECLEVEL=0")  # the server's policy is the one asked about, not the probe's
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    ends = [
+        client.wrap_bio(to_client, to_server),
+        context.wrap_bio(to_server, to_client, server_side=True),
+    ]
+    done = [False, False]
+    for _ in range(8):  # a TLS 1.0 to 1.2 handshake is two round trips
+        for i, end in enumerate(ends):
+            if not done[i]:
+                try:
+                    end.do_handshake()
+                    done[i] = True
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLError:
+                    return False
+        if all(done):
+            return True
+    return False
+
+
 def _pem_problem(cert: Path, key: Path) -> tuple[str, str, bool] | None:
     """(setting, reason, empty) for a certificate and key that OpenSSL refused, where their content tells
     why: its own reason is often only "[SSL] PEM lib", for an empty file, a DER file or the two swapped."""
@@ -348,6 +385,16 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
         raise (ConfigUnavailable if empty else ConfigError)(source, f"tls_server_config.{key}", reason) from None
     except OSError as exc:  # not readable (yet), as a key whose permissions are still being set
         raise file_error(exc)(source, "tls_server_config", f"cannot load {cert} with {key_file}: {exc}") from None
+    lowest = context.minimum_version
+    if lowest < ssl.TLSVersion.TLSv1_2 and not _serves(context, lowest):
+        served = ssl.TLSVersion.TLSv1_1
+        if lowest == ssl.TLSVersion.TLSv1_1 or not _serves(context, served):
+            served = ssl.TLSVersion.TLSv1_2
+        log.warning(
+            "%s: tls_server_config.min_version %s is not served: %s refuses older TLS versions here (its "
+            "security level or the system's crypto policy); the lowest version served is %s",
+            source, _NAMES[lowest], ssl.OPENSSL_VERSION, _NAMES[served],
+        )
     auth_type = body.get("client_auth_type", "NoClientCert")
     if auth_type in _UNSUPPORTED_AUTH:
         raise ConfigError(
