@@ -517,12 +517,15 @@ def test_a_second_fault_on_a_paged_node_pages_at_the_pager_interval(
 
 INHIBIT_CASES: list[dict[str, Any]] = yaml.safe_load((ROOT / "deploy/alertmanager/inhibit-tests.yaml").read_text())
 SCOPES = ("same_port", "same_device", "same_instance")
-# Where the target alert is put relative to the source (instance, device, port), by the labels it has.
+# Where the target alert is put relative to the source (instance, device, port, job), by the labels it
+# has. other_job: the same node, device and port under another job (a node scraped by `rdma` and
+# `rdma-tls` while it moves to TLS), which no rule may hold back: the source's target is another one.
 PLACEMENTS = {
-    "same_port": ("src", "mlx5_3", "1"),
-    "other_port": ("src", "mlx5_3", "2"),
-    "other_device": ("src", "mlx5_4", "1"),
-    "other_instance": ("other", "mlx5_3", "1"),
+    "same_port": ("src", "mlx5_3", "1", "rdma-exporter"),
+    "other_port": ("src", "mlx5_3", "2", "rdma-exporter"),
+    "other_device": ("src", "mlx5_4", "1", "rdma-exporter"),
+    "other_instance": ("other", "mlx5_3", "1", "rdma-exporter"),
+    "other_job": ("src", "mlx5_3", "1", "rdma-tls"),
 }
 # Which placements each scope of a case covers.
 SCOPE_PLACEMENTS = {
@@ -600,10 +603,11 @@ def listed(case: dict[str, Any], scope: str, name: str, severity: str) -> bool:
 
 
 def alert_labels(
-    name: str, severity: str, shape: tuple[str, ...], instance: str, device: str, port: str
+    name: str, severity: str, shape: tuple[str, ...], instance: str, device: str, port: str,
+    job: str = "rdma-exporter",
 ) -> dict[str, str]:
     labels = {"alertname": name, "severity": severity, "cluster": "c1"}
-    fixed = {"instance": instance, "device": device, "port": port, "job": "rdma-exporter"}
+    fixed = {"instance": instance, "device": device, "port": port, "job": job}
     for key in shape:
         labels[key] = fixed.get(key, f"{key}-1")
     return labels
@@ -699,12 +703,13 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(
             if (name, severity) == source_key:
                 continue
             for shape_number, shape in enumerate(shapes):
-                for placement, (where, device, port) in PLACEMENTS.items():
-                    # A target without a port (or device) label has one placement for all of those; one
-                    # without an instance (an alert per job) is on no node, so on none of the source's.
+                for placement, (where, device, port, job) in PLACEMENTS.items():
+                    # A target without a port (or device, job) label has one placement for all of those;
+                    # one without an instance (an alert per job) is on no node, so on none of the source's.
                     if (
                         ("port" not in shape and placement == "other_port")
                         or ("device" not in shape and placement in ("other_port", "other_device"))
+                        or ("job" not in shape and placement == "other_job")
                         or ("instance" not in shape and placement != "other_instance")
                     ):
                         continue
@@ -714,7 +719,8 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(
                     # `pair` tells the pairs apart, also for an alert without an instance (one per job).
                     source_labels = alert_labels(*source_key, source_shape, source_instance, "mlx5_3", "1")
                     posted.append(source_labels | {"pair": pair})
-                    posted.append(alert_labels(name, severity, shape, target_instance, device, port) | {"pair": pair})
+                    target_labels = alert_labels(name, severity, shape, target_instance, device, port, job)
+                    posted.append(target_labels | {"pair": pair})
                     expected[pair] = any(
                         listed(case, scope, name, severity) and placement in SCOPE_PLACEMENTS[scope]
                         for scope in SCOPES
