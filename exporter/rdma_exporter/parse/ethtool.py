@@ -232,8 +232,9 @@ def _drvinfo_count(call: EthtoolCall, ifname: str) -> int:
     return count
 
 
-def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> list[str] | None:
-    """The names, or None if the kernel wrote past the buffer (the set grew beyond the headroom)."""
+def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> bytes | None:
+    """The name table as the kernel wrote it (ETH_GSTRING_LEN bytes a name), or None if the kernel wrote
+    past the buffer (the set grew beyond the headroom)."""
     buffer = array("B", bytes(_GSTRINGS_HEADER + capacity * ETH_GSTRING_LEN))
     struct.pack_into("=III", buffer, 0, ETHTOOL_GSTRINGS, ETH_SS_STATS, expected)
     try:
@@ -245,13 +246,14 @@ def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) 
     (length,) = struct.unpack_from("=I", buffer, 8)
     if length > capacity:
         raise EthtoolError(ifname, REASON_IO, f"stat set grew from <={capacity} to {length} strings mid-read")
-    raw = buffer.tobytes()
-    names = []
-    for index in range(length):
-        start = _GSTRINGS_HEADER + index * ETH_GSTRING_LEN
-        name = raw[start : start + ETH_GSTRING_LEN].split(b"\0", 1)[0]
-        names.append(name.decode("utf-8", "replace").strip())
-    return names
+    return buffer.tobytes()[_GSTRINGS_HEADER : _GSTRINGS_HEADER + length * ETH_GSTRING_LEN]
+
+
+def _names(table: bytes) -> list[str]:
+    return [
+        table[start : start + ETH_GSTRING_LEN].split(b"\0", 1)[0].decode("utf-8", "replace").strip()
+        for start in range(0, len(table), ETH_GSTRING_LEN)
+    ]
 
 
 def _read_values(call: EthtoolCall, ifname: str, expected: int, capacity: int) -> tuple[int, ...] | None:
@@ -285,9 +287,9 @@ def read_stats_ioctl(
     """`ethtool -S ifname` as {name: value}, in the driver's order, through SIOCETHTOOL.
 
     The stat set is dynamic (mlx5 adds per-priority pause counters when PFC is enabled and per-channel
-    ones when channels are added), so the count is read, then the names, then the values; if the three
-    disagree (old kernels return the new count, fixed ones return 0) the set changed underneath us and
-    the whole read is retried up to `max_attempts` times.
+    ones when channels are added), so the count is read, then the names, then the values, then the names
+    again; if the counts disagree (old kernels return the new count, fixed ones return 0) or the names
+    changed, the set changed underneath us and the whole read is retried up to `max_attempts` times.
     Names are stripped; empty names are dropped and a repeated name keeps its first value.
 
     Raises EthtoolError: missing (no such interface), unsupported (no statistics set, e.g. `lo`),
@@ -311,16 +313,23 @@ def read_stats_ioctl(
             if count > MAX_STATS:
                 raise EthtoolError(ifname, REASON_IO, f"implausible stat count {count}")
             capacity = count + max(count, _MIN_HEADROOM)
-            names = _read_strings(call, ifname, count, capacity)
-            if names is None or len(names) != count:
-                seen.append(f"{count}->{'more than ' + str(capacity) if names is None else len(names)} strings")
+            table = _read_strings(call, ifname, count, capacity)
+            if table is None or len(table) != count * ETH_GSTRING_LEN:
+                got = "more than " + str(capacity) if table is None else len(table) // ETH_GSTRING_LEN
+                seen.append(f"{count}->{got} strings")
                 continue
             values = _read_values(call, ifname, count, capacity)
             if values is None or len(values) != count:
                 seen.append(f"{count}->{'more than ' + str(capacity) if values is None else len(values)} values")
                 continue
-            return _pair(names, values)
-        raise EthtoolError(ifname, REASON_IO, f"stat set changed size on every attempt: {', '.join(seen)}")
+            # The same count is no proof of the same set: channels or PFC priorities swapped for as many
+            # others (ethtool -L, a DCB change) pair one set's names with the other's values. The names
+            # read again after the values must be those read before them.
+            if _read_strings(call, ifname, count, capacity) != table:
+                seen.append(f"{count} strings replaced by as many others")
+                continue
+            return _pair(_names(table), values)
+        raise EthtoolError(ifname, REASON_IO, f"stat set changed on every attempt: {', '.join(seen)}")
     finally:
         if owned is not None:
             owned.close()
