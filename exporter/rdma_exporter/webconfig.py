@@ -287,10 +287,13 @@ def _serves(context: ssl.SSLContext, version: ssl.TLSVersion) -> bool:
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     client.check_hostname = False
     client.verify_mode = ssl.CERT_NONE
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # TLSVersion.TLSv1 and TLSv1_1 are deprecated
-        client.minimum_version = client.maximum_version = version
-    client.set_ciphers("ALL:@SECLEVEL=0")  # the server's policy is the one asked about, not the probe's
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # TLSVersion.TLSv1 and TLSv1_1 are deprecated
+            client.minimum_version = client.maximum_version = version
+        client.set_ciphers("ALL:@SECLEVEL=0")  # the server's policy is the one asked about, not the probe's
+    except (ValueError, ssl.SSLError):  # an OpenSSL built without the version at all
+        return False
     to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
     ends = [
         client.wrap_bio(to_client, to_server),
