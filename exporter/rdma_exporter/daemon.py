@@ -381,6 +381,8 @@ def _mallopt(param: int, value: int, variable: str, tunable: str) -> bool:
 OWN_FDS: Final = HARD_MAX_WORKERS + 64
 # Kept free for every connection and those.
 FD_RESERVE: Final = MAX_CONNECTIONS + OWN_FDS
+# Taken as the soft open-file limit when it cannot be read: systemd's default.
+ASSUMED_FD_LIMIT: Final = 1024
 
 
 def raise_fd_limit(wanted: int) -> int:
@@ -389,8 +391,8 @@ def raise_fd_limit(wanted: int) -> int:
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except OSError as exc:  # a seccomp filter that refuses prlimit64 (old systemd @resources)
-        log.warning("cannot read the open-file limit (%s): assuming 1024", exc)
-        return max(0, min(wanted, 1024 - FD_RESERVE))
+        log.warning("cannot read the open-file limit (%s): assuming %d", exc, ASSUMED_FD_LIMIT)
+        return max(0, min(wanted, ASSUMED_FD_LIMIT - FD_RESERVE))
     need = wanted + FD_RESERVE
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
@@ -413,7 +415,7 @@ def connection_cap() -> int:
     try:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     except OSError:
-        soft = 1024  # as raise_fd_limit assumes
+        soft = ASSUMED_FD_LIMIT
     if soft == resource.RLIM_INFINITY or soft >= FD_RESERVE:
         return MAX_CONNECTIONS
     cap = max(1, soft - OWN_FDS)

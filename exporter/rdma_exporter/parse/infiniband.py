@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Final
 
 from .hwmon import HwmonIdentity, read_hwmon_identity
-from .netdev import NetdevIdentity, card_bond_slaves, rdma_port_netdevs, read_netdev_identity
+from .netdev import (
+    NetdevIdentity,
+    card_bond_slaves,
+    has_no_rdma_device,
+    rdma_port_netdevs,
+    read_netdev_identity,
+)
 from .pcie import PcieIdentity, read_pcie_identity
 from .reader import (
     GID_ATTR_NO_VALUE_ERRNOS,
@@ -507,7 +513,7 @@ def _port_functions(
     functions = [pci_dir]
     for slave in card_bond_slaves(pci_dir.name, netdevs).values():
         function = pci_function(sys_root / "class" / "net" / slave)
-        if function is not None and not list_dir(function / "infiniband", reader):  # None: gone since read
+        if function is not None and has_no_rdma_device(function, reader):  # None: gone since read
             functions.append(function)
     return functions
 

@@ -441,6 +441,12 @@ def card_bond_slaves(pci_address: str, netdevs: Iterable[NetdevIdentity]) -> dic
     return siblings
 
 
+def has_no_rdma_device(function: Path, reader: SysfsReader) -> bool:
+    """Whether the PCI function has no RDMA device of its own: one a RoCE LAG device on another function
+    of the card can stand for."""
+    return not list_dir(function / "infiniband", reader)
+
+
 def folds_a_function(sys_root: Path, device_dir: str | Path, master: str, reader: SysfsReader) -> bool:
     """Whether a slave of the bond `master` sits on another PCI function of the RDMA device's card that
     has no RDMA device of its own: one a RoCE LAG device stands for.
@@ -461,7 +467,7 @@ def folds_a_function(sys_root: Path, device_dir: str | Path, master: str, reader
             function is not None
             and function.name != own.name
             and pci_slot(function.name) == pci_slot(own.name)
-            and not list_dir(function / "infiniband", reader)
+            and has_no_rdma_device(function, reader)
         ):
             return True
     return False
