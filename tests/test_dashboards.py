@@ -141,7 +141,8 @@ class Selector:
     matchers: dict[str, tuple[str, str]]
     range: str | None  # the [range] right after the selector
     function: str | None  # the function the range selector is the direct argument of
-    # The whole right-hand operand of `and` or `unless`: only which series exist is read, not their values.
+    # The whole right-hand operand of `and` or `unless`, or the whole argument of `group`: only which
+    # series exist is read, not their values.
     presence: bool = False
 
 
@@ -180,6 +181,21 @@ def set_operand(tokens: list[tuple[str, str]], start: int, end: int) -> bool:
     return before >= 0 and tokens[before][1] in ("and", "unless")
 
 
+def group_operand(tokens: list[tuple[str, str]], start: int, end: int) -> bool:
+    """Whether tokens[start:end] are the whole argument of `group` (`group (x)`, `group by (...) (x)`,
+    `group without (...) (x)`), whose value is 1 for every series whatever x's values."""
+    if start < 2 or tokens[start - 1][1] != "(" or end >= len(tokens) or tokens[end][1] != ")":
+        return False
+    before = start - 2
+    if tokens[before][1] == ")":  # the label list of `by` or `without`
+        while before >= 0 and tokens[before][1] != "(":
+            before -= 1
+        if before < 2 or tokens[before - 1][1] not in ("by", "without"):
+            return False
+        before -= 2
+    return before >= 0 and tokens[before] == ("ident", "group")
+
+
 def selectors(expr: str) -> list[Selector]:
     """Every vector selector of a PromQL expression, with its matchers and enclosing range function."""
     tokens = tokenize(expr)
@@ -210,7 +226,8 @@ def selectors(expr: str) -> list[Selector]:
             function = None
             if window and index >= 2 and tokens[index - 1][1] == "(" and tokens[index - 2][0] == "ident":
                 function = tokens[index - 2][1]
-            found.append(Selector(name, matchers, window, function, set_operand(tokens, index, end)))
+            presence = set_operand(tokens, index, end) or group_operand(tokens, index, end)
+            found.append(Selector(name, matchers, window, function, presence))
             index = end
             continue
         index += 1
@@ -236,6 +253,11 @@ def test_tokenizer_finds_selectors_matchers_and_functions() -> None:
     assert {s.name: s.presence for s in selectors(expr)} == {
         "a": False, "b_total": True, "c_total": True, "d": False, "e": True, "f_total": False, "g": False,
         "h": False, "i": True,
+    }  # fmt: skip
+    # `group` reads which series exist, with or without a label list; other aggregations read values.
+    expr = "group without (d) (a_total) or group by (x) (b_total) or group (c_total) or sum by (x) (e_total)"
+    assert {s.name: s.presence for s in selectors(expr)} == {
+        "a_total": True, "b_total": True, "c_total": True, "e_total": False,
     }  # fmt: skip
 
 
