@@ -1396,19 +1396,19 @@ def roce_congestion() -> Json:
 
     # PFC paused these priorities in the last day: lossless, as RdmaRoceEcnDisabled and
     # RdmaRocePfcDisabled read them (mlx5 drops a priority's PFC counters when PFC is disabled on it).
-    def pfc_used(*extra: str) -> str:
-        return sel("instance_device_port:rdma_ethtool_pfc_used:present1d", PORT, *extra)
-
-    on_netdev = "on (cluster, job, instance, device, port, netdev)"
-    on_priority = "on (cluster, job, instance, device, port, netdev, priority)"
-    # RdmaRocePfcDisabled's expression as it is, with the selectors' matchers: the counters after
-    # `unless` and `and` are read for their presence only.
+    # The day is the netdev's, joined as the rules join it, so it is selected by node only: under
+    # another device name before a reload that moved the names, it is still this netdev's.
+    pfc_used = sel("instance_device_port:rdma_ethtool_pfc_used:present1d", NODE)
+    on_netdev = "on (cluster, job, instance, netdev)"
+    on_priority = "on (cluster, job, instance, netdev, priority)"
+    # RdmaRocePfcDisabled's expression as it is, with the selectors' matchers: the series after
+    # `and` and `unless` are read for their presence only.
     pfc_lost = (
-        f"{pfc_used(PRIO)}\n"
+        f"group without (direction) ({sel('rdma_ethtool_priority_bytes_total', PORT, PRIO)})\n"
+        f"  and {on_priority}\n"
+        f"{pfc_used}\n"
         f"  unless {on_priority}\n"
         f"{sel('rdma_ethtool_pfc_pause_frames_total')}\n"
-        f"  and {on_priority}\n"
-        f"{sel('rdma_ethtool_priority_bytes_total')}\n"
         f"  unless {on_netdev}\n"
         f"{sel('rdma_ethtool_global_pause_duration_seconds_total')}"
     )
@@ -1467,7 +1467,7 @@ def roce_congestion() -> Json:
             "traffic since boot and 15 minutes.",
             "none",
             targets((f"count(\n{per_priority(sel, 'rdma_netdev_ecn_enabled')} == 0\n"
-                     f"  and on (cluster, job, instance, device, port, priority)\n{pfc_used()}\n) or vector(0)",
+                     f"  and {on_priority}\n{pfc_used}\n) or vector(0)",
                      "disabled")),
             steps=thresholds((1, WARNING)),
             alerts=["RdmaRoceEcnDisabled"],
