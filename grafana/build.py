@@ -1396,17 +1396,27 @@ def roce_congestion() -> Json:
 
     # PFC paused these priorities in the last day: lossless, as RdmaRoceEcnDisabled and
     # RdmaRocePfcDisabled read them (mlx5 drops a priority's PFC counters when PFC is disabled on it).
-    # The day is the netdev's, joined as the rules join it, so it is selected by node only: under
-    # another device name before a reload that moved the names, it is still this netdev's.
+    # The day is the HCA's, joined as the rules join it: series of today's names get their HCA's key,
+    # and the day is selected by node only, as it may have been recorded under other names.
     pfc_used = sel("instance_device_port:rdma_ethtool_pfc_used:present1d", NODE)
-    on_netdev = "on (cluster, job, instance, netdev)"
-    on_priority = "on (cluster, job, instance, netdev, priority)"
+
+    def lossless_by_history(series: str) -> str:
+        """`series` (device, port and priority labels of now) where PFC paused its HCA's port and priority
+        in the last day, with an `hca` label added."""
+        return (
+            f"{series}\n  * on (cluster, job, instance, device) group_left (hca)\n"
+            f"{sel('instance_device:rdma_device_hca:key', DEVICE)}\n"
+            f"  and on (cluster, job, instance, hca, port, priority)\n{pfc_used}"
+        )
+
+    ecn_disabled = f"({per_priority(sel, 'rdma_netdev_ecn_enabled')} == 0)"
+    on_netdev = "on (cluster, job, instance, device, port, netdev)"
+    on_priority = "on (cluster, job, instance, device, port, netdev, priority)"
     # RdmaRocePfcDisabled's expression as it is, with the selectors' matchers: the series after
     # `and` and `unless` are read for their presence only.
+    priority_traffic = f"group without (direction) ({sel('rdma_ethtool_priority_bytes_total', PORT, PRIO)})"
     pfc_lost = (
-        f"group without (direction) ({sel('rdma_ethtool_priority_bytes_total', PORT, PRIO)})\n"
-        f"  and {on_priority}\n"
-        f"{pfc_used}\n"
+        f"group without (hca) (\n{lossless_by_history(priority_traffic)}\n)\n"
         f"  unless {on_priority}\n"
         f"{sel('rdma_ethtool_pfc_pause_frames_total')}\n"
         f"  unless {on_netdev}\n"
@@ -1466,8 +1476,7 @@ def roce_congestion() -> Json:
             "point) with ECN disabled: congestion on them is left to PFC alone. The alert also waits for "
             "traffic since boot and 15 minutes.",
             "none",
-            targets((f"count(\n{per_priority(sel, 'rdma_netdev_ecn_enabled')} == 0\n"
-                     f"  and {on_priority}\n{pfc_used}\n) or vector(0)",
+            targets((f"count(\n{lossless_by_history(ecn_disabled)}\n) or vector(0)",
                      "disabled")),
             steps=thresholds((1, WARNING)),
             alerts=["RdmaRoceEcnDisabled"],
