@@ -1405,7 +1405,8 @@ def roce_congestion() -> Json:
         in the last day, with an `hca` label added."""
         return (
             f"{series}\n  * on (cluster, job, instance, device) group_left (hca)\n"
-            f"{sel('instance_device:rdma_device_hca:key', DEVICE)}\n"
+            "group by (cluster, job, instance, device, hca) (topk by (cluster, job, instance, device) "
+            f"(1, timestamp({sel('instance_device:rdma_device_hca:key', DEVICE)})))\n"
             f"  and on (cluster, job, instance, hca, port, priority)\n{pfc_used}"
         )
 
