@@ -1668,3 +1668,52 @@ def test_roce_panels_show_the_worst_nodes_each_whole(tmp_path: Path) -> None:
     ]
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, "\n".join(problems)
+
+
+def test_pfc_panels_judge_each_hca_by_its_own_day_when_a_reload_swaps_the_names(tmp_path: Path) -> None:
+    """The ECN and lost-PFC panels join the day of PFC use on the HCA (its PCI address), as
+    RdmaRoceEcnDisabled and RdmaRocePfcDisabled do. A driver reload at 21m swaps two HCAs' device names:
+    enp12s0f0np0's HCA ran RoCE with PFC and ECN as mlx5_0 and comes back as mlx5_1 with both lost;
+    enp13s0f0np0's HCA runs priority 3 lossy on purpose (no PFC, ECN off) as mlx5_1, then as mlx5_0.
+    Joined on the name, the panels counted the lossy port and missed the one that lost its settings."""
+    node = 'job="rdma-exporter", instance="dgx-191:9883"'
+
+    def info(device: str, pci: str) -> str:
+        return (f'rdma_device_info{{{node}, board_id="MT_0000000838", device="{device}", driver="mlx5_core", '
+                f'fw_ver="28.41.1000", hca_type="MT4129", hw_rev="0x0", node_desc="dgx-191 {device}", '
+                f'node_guid="b8ce:f603:00bf:{pci[5:7]}00", node_type="CA", pci_address="{pci}", '
+                f'pf_pci_address="", sys_image_guid="b8ce:f603:00bf:{pci[5:7]}00"}}')
+
+    def port(metric: str, device: str, netdev: str, extra: str = 'direction="rx"') -> str:
+        return f'{metric}{{{node}, device="{device}", port="1", netdev="{netdev}", {extra}, priority="3"}}'
+
+    before, after = "0+1e9x20 stale", "_x21 2.1e10+1e9x38"
+    series = {
+        info("mlx5_0", "0000:0c:00.0"): "1x20 stale",
+        info("mlx5_1", "0000:0d:00.0"): "1x20 stale",
+        info("mlx5_0", "0000:0d:00.0"): "_x21 1x38",
+        info("mlx5_1", "0000:0c:00.0"): "_x21 1x38",
+        port("rdma_ethtool_pfc_pause_frames_total", "mlx5_0", "enp12s0f0np0"): "0+10x20 stale",
+        port("rdma_ethtool_priority_bytes_total", "mlx5_0", "enp12s0f0np0"): before,
+        port("rdma_netdev_ecn_enabled", "mlx5_0", "enp12s0f0np0", 'role="np"'): "1x20 stale",
+        port("rdma_ethtool_priority_bytes_total", "mlx5_1", "enp12s0f0np0"): after,
+        port("rdma_netdev_ecn_enabled", "mlx5_1", "enp12s0f0np0", 'role="np"'): "_x21 0x38",
+        port("rdma_ethtool_priority_bytes_total", "mlx5_1", "enp13s0f0np0"): before,
+        port("rdma_netdev_ecn_enabled", "mlx5_1", "enp13s0f0np0", 'role="np"'): "0x20 stale",
+        port("rdma_ethtool_priority_bytes_total", "mlx5_0", "enp13s0f0np0"): after,
+        port("rdma_netdev_ecn_enabled", "mlx5_0", "enp13s0f0np0", 'role="np"'): "_x21 0x38",
+    }
+    board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
+    variables = board["templating"]["list"]
+    checks = []
+    for title, alert in (("ECN disabled", "RdmaRoceEcnDisabled"), ("Priorities that lost PFC", "RdmaRocePfcDisabled")):
+        (tgt,) = next(item for item in panels(board) if item["title"] == title)["targets"]
+        expr = substitute(tgt["expr"], variables)
+        assert expr.startswith("count(\n") and expr.endswith("\n) or vector(0)"), expr
+        counted = expr[len("count(\n") : -len("\n) or vector(0)")]
+        # Only the port that lost its settings, under its name of now, in the panel and in the alert.
+        checks.append((expr, "40m", 1.0))
+        checks.append((f'count(({counted}) and on (device) rdma_device_info{{device="mlx5_1"}})', "40m", 1.0))
+        checks.append((f'count(ALERTS{{alertname="{alert}", alertstate="firing", device="mlx5_1"}})', "40m", 1.0))
+    problems = promtool_checks(tmp_path, series, checks)
+    assert not problems, "\n".join(problems)
