@@ -14,6 +14,7 @@ import subprocess
 import time
 import types
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,12 +221,47 @@ class BackgroundRuns:
         __tracebackhide__ = True
         return self._runs[key].result()
 
+    def wait(self) -> None:
+        """Until every run submitted has ended; their outcomes stay for result()."""
+        futures.wait(self._runs.values())
+
     def __enter__(self) -> BackgroundRuns:
         return self
 
     def __exit__(self, *exc: object) -> None:
         # Runs no test waited for (an earlier test stopped the session) are not started.
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+# Slow set-ups (the VM boots) that start in the background as the session starts, while the other
+# modules' tests run on the second CPU, instead of when their module comes up: module name -> set-up.
+EARLY_SETUPS: dict[str, Callable[[Path], Any]] = {}
+
+
+def early_setup(setup: Callable[[Path], Any]) -> Callable[[Path], Any]:
+    """Register a test module's slow module-level set-up, given a fresh directory of its own; its
+    fixture gets the result (or the set-up's exception, a skip too) from early_runs.result(module)."""
+    EARLY_SETUPS[setup.__module__] = setup
+    return setup
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundRuns]:
+    """Starts, one at a time, the registered set-ups of the modules that have a test selected. A VM boot
+    under TCG keeps about one CPU busy for 40-120 s; started here it overlaps the tests that wait on a
+    daemon or a clock (about 2 minutes off the CI machine's run)."""
+    selected = {item.module.__name__ for item in request.session.items if isinstance(item, pytest.Function)}
+    with BackgroundRuns(workers=1) as runs:
+        for module, setup in EARLY_SETUPS.items():
+            if module in selected:
+                runs.submit(module, setup, tmp_path_factory.mktemp(module.removeprefix("test_")))
+        yield runs
+
+
+@pytest.fixture(scope="session")
+def early_runs_done(early_runs: BackgroundRuns) -> None:
+    """For tests that patch what a running early set-up uses (tests/vm/harness.py's functions)."""
+    early_runs.wait()
 
 
 def free_port() -> int:
@@ -248,8 +284,9 @@ def distinct_free_ports(count: int) -> list[int]:
 
 def openssl(*args: str | Path, cwd: Path) -> None:
     """Run the openssl CLI in `cwd` (the tests make their certificates with it)."""
+    # env: the systemd VM's set-up makes its certificates from an early_runs thread (BackgroundRuns).
     subprocess.run([require_binary("openssl"), *map(str, args)], cwd=cwd, check=True, capture_output=True,
-                   timeout=60)
+                   timeout=60, env=dict(os.environ))
 
 
 def make_ca(name: str, cwd: Path) -> None:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from vm.harness import NETDEV, VmResult, run_in_vm
 
-from conftest import promtool_check_metrics, require_vm, samples
+from conftest import BackgroundRuns, early_setup, promtool_check_metrics, require_vm, samples
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "tests" / "vm" / "scenario.py"
@@ -33,20 +32,23 @@ PORT = (("device", "rxe0"), ("port", "1"))
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-@pytest.fixture(scope="module")
-def vm(tmp_path_factory: pytest.TempPathFactory) -> VmResult:
+@early_setup
+def boot(work: Path) -> VmResult:
+    """The module's one boot, started as the session starts (conftest.early_runs)."""
     require_vm("ibv_rc_pingpong", "rdma")
-    work = tmp_path_factory.mktemp("vm")
     command = (
         f"export PYTHONPATH={REPO / 'exporter'}\n"
         f'exec {sys.executable} {SCENARIO} "$VM_OUT" {PINGPONG_ITERS} {PINGPONG_SIZE}\n'
     )
-    started = time.monotonic()
     # check=False: a scenario that stops midway still leaves the scrapes before it for the tests to read;
     # test_scenario_ran_to_the_end reports why it stopped.
-    result = run_in_vm(command, work, check=False)
-    print(f"VM ({'KVM' if result.kvm else 'TCG'}) ran {result.seconds:.1f} s, {time.monotonic() - started:.1f} s "
-          f"with the build and any KVM probe; logs in {work}")
+    return run_in_vm(command, work, check=False)
+
+
+@pytest.fixture(scope="module")
+def vm(early_runs: BackgroundRuns) -> VmResult:
+    result: VmResult = early_runs.result(__name__)
+    print(f"VM ({'KVM' if result.kvm else 'TCG'}) ran {result.seconds:.1f} s; logs in {result.out_dir.parent}")
     return result
 
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import re
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import bcrypt
@@ -55,7 +54,7 @@ from rdma_exporter.config import EXIT_CONFIG
 from rdma_exporter.daemon import FD_RESERVE
 from rdma_exporter.parse.reader import DEFAULT_MAX_OPEN_FILES
 
-from conftest import make_ca, make_leaf, require_vm, samples, skip_or_fail
+from conftest import BackgroundRuns, early_setup, make_ca, make_leaf, require_vm, samples, skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = "rdma-exporter.service"
@@ -247,17 +246,16 @@ show watchdog
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-@pytest.fixture(scope="module")
-def vm(tmp_path_factory: pytest.TempPathFactory) -> VmResult:
+@early_setup
+def boot(work: Path) -> VmResult:
+    """The module's one boot, started as the session starts (conftest.early_runs)."""
     require_vm("rdma", "curl", "openssl", files=(SYSTEMD,))
     try:
         python, pythonpath, binds = interpreter_in_vm()
     except ValueError as exc:
         skip_or_fail(f"cannot place this interpreter in the VM: {exc}")
-    work = tmp_path_factory.mktemp("systemd-vm")
     make_tls(work / "out" / "tls")  # the VM's $VM_OUT/tls
-    started = time.monotonic()
-    result = boot_systemd(
+    return boot_systemd(
         COMMAND,
         work,
         units={f"{UNIT}.d/test.conf": drop_in(python, pythonpath)},
@@ -265,8 +263,12 @@ def vm(tmp_path_factory: pytest.TempPathFactory) -> VmResult:
         keep=(Path(sys.base_prefix).resolve(),),
         after=(UNIT,),
     )
-    print(f"VM ({'KVM' if result.kvm else 'TCG'}) ran {result.seconds:.1f} s, {time.monotonic() - started:.1f} s "
-          f"with the build and any KVM probe; logs in {work}")
+
+
+@pytest.fixture(scope="module")
+def vm(early_runs: BackgroundRuns) -> VmResult:
+    result: VmResult = early_runs.result(__name__)
+    print(f"VM ({'KVM' if result.kvm else 'TCG'}) ran {result.seconds:.1f} s; logs in {result.out_dir.parent}")
     return result
 
 

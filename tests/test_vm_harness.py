@@ -74,6 +74,8 @@ def test_scenario_reads_rxe0_gid_counts_from_an_exposition() -> None:
     assert exported_gid_types("") == {}
 
 
+# early_runs_done: the patches below are process-wide, and a VM module's boot may still be running.
+@pytest.mark.usefixtures("early_runs_done")
 def test_a_hung_kvm_boot_sends_the_sessions_later_vms_straight_to_tcg(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -445,7 +445,9 @@ def _boot(
         *qemu_args,
     ]  # fmt: skip
     (work_dir / "qemu-argv.txt").write_text(" ".join(map(shlex.quote, argv)) + "\n")
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # env: the test modules boot from conftest.early_runs' thread (see BackgroundRuns).
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=dict(os.environ))
     try:
         if boot_deadline is not None:
             end = time.monotonic() + boot_deadline
