@@ -276,7 +276,7 @@ def test_rules_keep_clusters_apart(test_file: Path, promtool_runs: BackgroundRun
     (equal: [cluster, ...]) and the cluster-level records lose it (a `by (...)` or one-to-one `on (...)`
     without group_left drops it); and every join and description query must match on it, or the two
     clusters' ports meet in one match group. Tests that already set clusters of their own are left as
-    they are. Under the 3.x line, and so also every unit test's run under that line (UNIT_TEST_RELEASE)."""
+    they are. Under the 3.x line: this is also each unit test's only run under 3.x (see UNIT_TEST_RELEASE)."""
     rewritten, result = promtool_runs.result(("clusters", test_file.name))
     assert rewritten > 0
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr
