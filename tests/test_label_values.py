@@ -41,13 +41,15 @@ def test_descriptive_text_no_kernel_prints_is_counted_not_exported(tmp_path: Pat
 
 def test_a_gid_type_no_kernel_prints_is_counted_not_a_label(tmp_path: Path) -> None:
     root = build_tree(tmp_path / "t", spec_for_devices(2))
-    types = root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "gid_attrs" / "types"
-    entries = sorted(types.iterdir())
-    assert entries, "the tree has GID types to spoil"
-    entries[0].write_text("junk\nline2\n")
+    port = root / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    # A second populated entry beside the tree's one, so that the entry left after the spoiling shows.
+    (port / "gids" / "1").write_text("fe80:0000:0000:0000:b8ce:f603:0022:6001\n")
+    (port / "gid_attrs" / "types" / "1").write_text("IB/RoCE v1\n")
+    (port / "gid_attrs" / "types" / "0").write_text("junk\nline2\n")
     found = samples(scrape(root))
-    gid_types = {labels["gid_type"] for labels in labels_of(found, "rdma_port_gids", "mlx5_0")}
-    assert gid_types <= {"IB/RoCE v1", "RoCE v2"}
+    gids = {dict(labels)["gid_type"]: value for (name, labels), value in found.items()
+            if name == "rdma_port_gids" and dict(labels)["device"] == "mlx5_0"}  # fmt: skip
+    assert gids == {"IB/RoCE v1": 1}
     assert malformed(found, "mlx5_0") == 1
 
 

@@ -94,7 +94,24 @@ def test_parse_state_and_uint() -> None:
     assert parse_uint("\u0663") is None  # ARABIC-INDIC DIGIT THREE: int() takes it, the kernel never prints it
 
 
-@given(st.text(max_size=60))
+# Random text is almost never a rate or a state: these are shaped like the kernel's files, with what a
+# broken driver could put in their numbers, so that the checks below see parsed values.
+rate_like = st.builds(
+    "{}{} G{}/sec{}".format,
+    st.sampled_from(["", "-", " "]),
+    st.from_regex(r"[0-9]{1,12}(\.[0-9]{1,3})?", fullmatch=True),
+    st.sampled_from(["b", "B"]),
+    st.one_of(st.just(""), st.builds(" ({}X {})".format, st.integers(-1, 10**10), st.sampled_from(["NDR", "", "x"]))),
+)
+state_like = st.builds(
+    "{}{}{}".format,
+    st.integers(-300, 10**10).map(str),
+    st.sampled_from([": ", ":", ""]),
+    st.sampled_from(["ACTIVE", "", "x y"]),
+)
+
+
+@given(st.one_of(st.text(max_size=60), rate_like, state_like))
 def test_parsers_never_raise(text: str) -> None:
     rate = parse_rate(text)
     assert rate is None or rate.bits_per_second >= 0

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rdma_exporter.parse.pcie import (
+    MAX_AER_TYPES,
     AerFile,
     parse_aer,
     parse_link_speed,
@@ -261,14 +262,42 @@ def test_only_some_files_present(tmp_path: Path) -> None:
     assert reader.errors.total() == 0
 
 
-@given(st.text(max_size=40))
+# Random text almost never parses, so the properties below would only ever see None: these are shaped
+# like the kernel's files, with what a broken driver could put in their numbers and names.
+link_speed_like = st.builds(
+    "{}{}{}{}GT/s{}{}".format,
+    st.sampled_from(["", " ", "\t"]),
+    st.sampled_from(["", "", "-", "+"]),
+    st.from_regex(r"[0-9]{0,6}(\.[0-9]{0,4})?", fullmatch=True),
+    st.sampled_from([" ", "", "  "]),
+    st.sampled_from(["", " PCIe", "PCIe", " PCIe x"]),
+    st.sampled_from(["", "\n", " \n"]),
+)
+aer_name_like = st.one_of(
+    st.sampled_from(["RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "TLP", "TOTAL_ERR_COR", "TOTAL_ERR_FATAL"]),
+    st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,34}(\[[0-9]{1,3}\])?", fullmatch=True),
+    st.text(min_size=1, max_size=10),
+)
+aer_value_like = st.one_of(st.integers(-3, 2**64 + 3).map(str), st.text(max_size=6))
+aer_text_like = st.lists(
+    st.one_of(st.builds("{} {}".format, aer_name_like, aer_value_like), st.text(max_size=12)), max_size=70
+).map("\n".join)
+
+
+@given(st.one_of(st.text(max_size=40), link_speed_like))
 def test_parse_link_speed_never_raises(text: str) -> None:
     gts = parse_link_speed(text)
     assert gts is None or 0 < gts < 10_000
     assert pcie_generation(gts) in (None, 1, 2, 3, 4, 5, 6, 7)
 
 
-@given(st.text(max_size=600))
+@given(st.integers(0, 9999), st.from_regex(r"(\.[0-9]{1,3})?", fullmatch=True), st.sampled_from(["", " PCIe"]))
+def test_parse_link_speed_reads_every_well_formed_speed(whole: int, fraction: str, suffix: str) -> None:
+    speed = float(f"{whole}{fraction}")
+    assert parse_link_speed(f"{whole}{fraction} GT/s{suffix}\n") == (speed if speed > 0 else None)
+
+
+@given(st.one_of(st.text(max_size=600), aer_text_like))
 def test_parse_aer_never_raises(text: str) -> None:
     parsed = parse_aer(text)
     for name, value in parsed.counts.items():
@@ -276,6 +305,22 @@ def test_parse_aer_never_raises(text: str) -> None:
         assert 0 <= value < 2**64
     assert parsed.total is None or 0 <= parsed.total < 2**64
     assert len(parsed.counts) + len(parsed.malformed) <= len(text.splitlines())
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,31}(\[[0-9]{1,2}\])?", fullmatch=True).filter(
+            lambda name: not name.startswith("TOTAL_ERR_")
+        ),
+        st.integers(0, 2**64 - 1),
+        max_size=MAX_AER_TYPES,
+    ),
+    st.integers(0, 2**64 - 1),
+)
+def test_parse_aer_reads_every_well_formed_line(counts: dict[str, int], total: int) -> None:
+    text = "".join(f"{name} {value}\n" for name, value in counts.items()) + f"TOTAL_ERR_NONFATAL {total}\n"
+    parsed = parse_aer(text)
+    assert (parsed.counts, parsed.total, parsed.malformed) == (counts, total, ())
 
 
 @given(st.lists(st.tuples(st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,20}", fullmatch=True), st.integers(0, 2**64 - 1))))
