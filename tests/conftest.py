@@ -251,11 +251,15 @@ def early_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     under TCG keeps about one CPU busy for 40-120 s; started here it overlaps the tests that wait on a
     daemon or a clock (about 2 minutes off the CI machine's run)."""
     selected = {item.module.__name__ for item in request.session.items if isinstance(item, pytest.Function)}
+    modules = [module for module in EARLY_SETUPS if module in selected]
     with BackgroundRuns(workers=1) as runs:
-        for module, setup in EARLY_SETUPS.items():
-            if module in selected:
-                runs.submit(module, setup, tmp_path_factory.mktemp(module.removeprefix("test_")))
+        for module in modules:
+            runs.submit(module, EARLY_SETUPS[module], tmp_path_factory.mktemp(module.removeprefix("test_")))
         yield runs
+        if modules:  # by now every boot has ended, unless the session stopped early (-x, Ctrl-C)
+            from vm.harness import stop_all
+
+            stop_all()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,20 @@ INIT_BANNER: Final = "vm: init"
 # Set once a KVM boot hung in this process: later VMs of the session boot under TCG at once instead of
 # waiting out KVM_BOOT_DEADLINE again (15 s per VM test module on such a machine).
 _kvm_hung = False
+# The qemu processes running now. A session that ends early (pytest -x, Ctrl-C) stops them (stop_all)
+# rather than wait for boots that conftest.early_runs started in the background and no test will read.
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
+_stopped = False
+
+
+def stop_all() -> None:
+    """Kill every qemu of this process, and refuse to start more (the session is over)."""
+    global _stopped
+    with _running_lock:
+        _stopped = True
+        for process in _running:
+            process.kill()
 
 
 class VmError(AssertionError):
@@ -445,9 +460,13 @@ def _boot(
         *qemu_args,
     ]  # fmt: skip
     (work_dir / "qemu-argv.txt").write_text(" ".join(map(shlex.quote, argv)) + "\n")
-    # env: the test modules boot from conftest.early_runs' thread (see BackgroundRuns).
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=dict(os.environ))
+    with _running_lock:
+        if _stopped:
+            raise VmError("the test session ended before this VM started")
+        # env: the test modules boot from conftest.early_runs' thread (see BackgroundRuns).
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=dict(os.environ))
+        _running.add(process)
     try:
         if boot_deadline is not None:
             end = time.monotonic() + boot_deadline
@@ -463,6 +482,9 @@ def _boot(
         output, _ = process.communicate()
         mode = "KVM" if kvm else "TCG"
         raise VmError(_report(f"VM ({mode}) did not power off within {timeout:.0f} s", work_dir, output)) from None
+    finally:
+        with _running_lock:
+            _running.discard(process)
     return output
 
 
