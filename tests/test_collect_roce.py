@@ -1066,7 +1066,15 @@ def test_bad_extra_stats_regex_is_a_config_error(tmp_path: Path) -> None:
     assert check_extra_stats("f", "k", None) == ()
 
 
-@given(st.one_of(st.none(), st.text(max_size=10), st.lists(st.one_of(st.text(max_size=12), st.integers()), max_size=5)))
+# Patterns that reach each of the validator's refusals, not only a plain syntax error: a repeat count
+# past the engine's limit, nesting past the recursion limit, a set that warns of a future meaning.
+awkward_patterns = st.sampled_from(
+    ["a{4294967296}", "(" * 1200 + ")" * 1200, "[[:alpha:]]", "[a--b]", "x{2,1}", "rx_.*", "(" * 200 + ")" * 200]
+)
+
+
+@given(st.one_of(st.none(), st.text(max_size=10),
+                 st.lists(st.one_of(st.text(max_size=24), st.integers(), awkward_patterns), max_size=5)))  # fmt: skip
 def test_extra_stats_validator_accepts_or_explains(value: object) -> None:
     try:
         patterns = check_extra_stats("file.yml", "collector.ethtool.extra_stats", value)
@@ -1125,9 +1133,14 @@ def test_awkward_extra_names_pass_promtool() -> None:
     promtool_check_metrics(render(out))
 
 
+# Names that lint_safe makes into one metric name (a unit suffix renamed, a `_total` dropped), so that
+# the uniqueness check below meets the collisions it guards against.
+colliding_names = st.sampled_from(["rx_ms", "rx_msec", "tx_bits", "tx_bit", "rx_x_total", "rx_x", "tx_s", "tx_sec"])
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.from_regex(r"[a-z]{1,3}(_[a-z0-9]{1,4}){0,3}", fullmatch=True), st.integers(0, 2**64 - 1),
-                       max_size=12))  # fmt: skip
+@given(st.dictionaries(st.one_of(st.from_regex(r"[a-z]{1,3}(_[a-z0-9]{1,4}){0,3}", fullmatch=True), colliding_names),
+                       st.integers(0, 2**64 - 1), max_size=12))  # fmt: skip
 def test_expose_of_any_extras_is_valid_and_unique(stats: dict[str, int]) -> None:
     curated = tuple(curate(stats, [re.compile(".")]))
     out = FamilySet()

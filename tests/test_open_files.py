@@ -205,9 +205,21 @@ def test_sysfs_mount_points() -> None:
     assert sysfs_mount_points(text) == {"/sys", "/host/my sys", "/host/tab\tback\\slash"}
 
 
-@given(st.text(max_size=200))
+# Random text never holds a `fields - type ...` line; these do, with too few fields, escapes cut short
+# and empty tails, so that the parsing behind the separator runs.
+mountinfo_line_like = st.builds(
+    "{}{}{}".format,
+    st.lists(st.one_of(st.sampled_from(["22", "1", "0:21", "/", "/sys", "rw", "/a\\040b", "/x\\0", "\\"]),
+                       st.text(max_size=6)), max_size=7).map(" ".join),
+    st.sampled_from([" - ", " -", "- ", " - - "]),
+    st.one_of(st.sampled_from(["sysfs sysfs rw", "sysfs", "tmpfs tmpfs rw", "", " sysfs"]), st.text(max_size=12)),
+)
+
+
+@given(st.one_of(st.text(max_size=200), st.lists(mountinfo_line_like, max_size=8).map("\n".join)))
 def test_sysfs_mount_points_never_raises(text: str) -> None:
-    assert isinstance(sysfs_mount_points(text), frozenset)
+    points = sysfs_mount_points(text)
+    assert isinstance(points, frozenset) and all(isinstance(point, str) for point in points)
 
 
 def test_is_sysfs_mount(tmp_path: Path) -> None:
