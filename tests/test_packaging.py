@@ -391,5 +391,5 @@ def test_the_dockerfile_pip_steps_install_the_pinned_versions(installed: Path, t
 
     theirs = serve_sample(venv / "bin" / "rdma-exporter", tmp_path)
     ours = serve_sample(installed / "bin" / "rdma-exporter", tmp_path)
-    assert fabric_series(theirs) == fabric_series(ours)
+    assert len(fabric_series(ours)) > 1000 and fabric_series(theirs) == fabric_series(ours)
     assert not failed_collectors(samples(theirs)), failed_collectors(samples(theirs))
