@@ -167,6 +167,10 @@ def test_the_history_lag_test_runs_without_the_history_rules() -> None:
     assert "rdma-exporter.history.rules" not in lag_test["group_eval_order"]
 
 
+def annotation_queries(rule: dict[str, Any]) -> list[str]:
+    return [query for text in rule.get("annotations", {}).values() for query in template_queries(text)]
+
+
 def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> None:
     """The history group writes each source's 10-minute maxima and, after them, the day's maximum of
     those. Elsewhere a day is only ever read as the day's maxima of the last 10 minutes, with a selector,
@@ -188,15 +192,22 @@ def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> N
             day[rule["record"]] = ten_minutes[match.group(1)]
     assert len(ten_minutes) == 9 and len(day) == 9
     problems = []
-    for rule in rules():
-        expr, name = rule["expr"], rule.get("record") or rule.get("alert")
-        if rule.get("record") in ten_minutes or rule.get("record") in day:
+    # The rules' expressions and the queries of their annotations (run each time a firing alert is
+    # evaluated); a subquery's range counts as a window too.
+    queries = [
+        (rule.get("record") or rule.get("alert"), query, rule.get("record"))
+        for rule in rules()
+        for query in [rule["expr"], *annotation_queries(rule)]
+    ]
+    assert len(queries) > len(list(rules()))
+    for name, expr, record in queries:
+        if record in ten_minutes or record in day:
             continue
-        if re.search(r"\[(\d+[dwy]|\d{2,}h|\d{4,}m|\d{5,}s)\]|\[\d+[dhms]\d", expr):
+        if re.search(r"\[(\d+[dwy]|\d{2,}h|\d{4,}m|\d{5,}s)(:\w*)?\]|\[\d+[dhms]\d", expr):
             problems.append(f"{name} reads a day of its source")
         if read := [record for record in re.findall(r"[\w:]+", expr) if record in ten_minutes]:
             problems.append(f"{name} reads the 10-minute maxima {read}, not the day's")
-        reads = re.findall(r"(\w+)\(([\w:]+)(\{[^}]*\})?\[(\w+)\]\)", expr)
+        reads = re.findall(r"(\w+)\(([\w:]+)(\{[^}]*\})?\[(\w+)(?::\w*)?\]\)", expr)
         if name == "RdmaHistoryRulesMissing":  # whether there is any, not what it says
             continue
         days = Counter((day[record], selector) for _, record, selector, _ in reads if record in day)
@@ -210,7 +221,7 @@ def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> N
             problems.append(f"{name} reads a day of history without the last minutes of {sorted(days - tails)}")
         # Where the maximum's value is taken (`max by` over the day and the tail), the tail needs a label
         # of its own: `or` would drop it for a series that also has a day's maximum.
-        if re.search(r"max by \([^)]*\) \(\s*max_over_time\([\w:]+_max1d", expr):
+        if re.search(r"max(?: by \([^)]*\))? ?\(\s*max_over_time\([\w:]+_max1d", expr):
             for source, selector in days:
                 tail = f"max_over_time({source}{selector}[10m])"
                 labelled = f'label_replace({tail}, "rdma_history_window", "10m", "", "")'
