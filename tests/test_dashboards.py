@@ -384,6 +384,9 @@ def _kept_by(tokens: list[tuple[str, str]]) -> set[str] | None:
                 return None
             inner = inner[2:]
         return _kept_by(inner)
+    grouped_nowhere = tokens[1][1] == "(" and closing(tokens, 1, "(", ")") == len(tokens) - 1
+    if head in AGGREGATIONS - {"count_values"} and grouped_nowhere:
+        return set()  # `sum(...)` with no grouping keeps no label
     if head not in AGGREGATIONS or tokens[1][1] != "by":
         return None
     labels_end = closing(tokens, 2, "(", ")")
