@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import bisect
 import contextlib
 import gzip
 import http.client
@@ -46,7 +47,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "exporter"))
@@ -106,6 +107,7 @@ STATE_FILES: Final = frozenset(
         "current_link_speed",
         "current_link_width",
         "mtu",
+        "lifespan",
     }
 )
 # A sensor reading of a hwmon device (hwmon<N>/temp<N>_input; its label and threshold are static).
@@ -220,6 +222,16 @@ def http_get(port: int, timeout: float) -> tuple[int, bytes]:
         conn.close()
 
 
+def first_rss_reading(memory_scrapes: int) -> int:
+    """The scrape of the first RSS reading: the first of RSS_SAMPLES before the run's half-way checkpoint."""
+    return memory_scrapes // 2 - (RSS_SAMPLES - 1) * RSS_SAMPLE_EVERY
+
+
+def scrapes_before_memory_run(args: argparse.Namespace) -> int:
+    """The most scrapes an exporter serves before its memory run: the cold one, warm-up, timed and traced."""
+    return 1 + args.warmup + args.scrapes + (args.strace_scrapes if args.strace else 0)
+
+
 @dataclass
 class Exporter:
     """One running exporter and everything measured on it."""
@@ -234,6 +246,8 @@ class Exporter:
     scrapes: int = 0
     cold_ms: float | None = None
     rss_readings: list[tuple[int, int]] = field(default_factory=list)  # (scrapes served, VmRSS bytes)
+    # RSS is read (after a pause) only in the memory run, so that no pause falls among the timed scrapes.
+    memory_run: bool = False
     last_body: bytes = b""
 
     @property
@@ -298,11 +312,11 @@ class Exporter:
         return elapsed
 
     def _reads_rss(self) -> bool:
-        if not self.memory_checkpoints:
+        if not self.memory_checkpoints or not self.memory_run:
             return False
         mid, end = self.memory_checkpoints
-        first = mid - (RSS_SAMPLES - 1) * RSS_SAMPLE_EVERY
-        return first <= self.scrapes <= end and ((self.scrapes - mid) % RSS_SAMPLE_EVERY == 0 or self.scrapes == end)
+        on_schedule = (self.scrapes - mid) % RSS_SAMPLE_EVERY == 0 or self.scrapes == end
+        return first_rss_reading(end) <= self.scrapes <= end and on_schedule
 
     def rss_at(self, checkpoint: int) -> int | None:
         """Median of the readings in the RSS_SAMPLES * RSS_SAMPLE_EVERY scrapes up to `checkpoint`."""
@@ -349,6 +363,8 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
     ecn_enable_dir = name == "enable" and len(parts) >= 3 and parts[-3] == "ecn"
     if os.path.isdir(path) or name in COUNTER_DIRS or ecn_enable_dir:
         return "directory"
+    if name == "lifespan" and len(parts) >= 2 and parts[-2] == "hw_counters":
+        return "state"  # how long the driver caches hw_counters: a setting a write changes, not a count
     if any(part in COUNTER_DIRS for part in parts[:-1]) or name in COUNTER_FILES:
         return "counter"
     if name in BOND_STATE_FILES and len(parts) >= 2 and parts[-2] == "bonding":
@@ -360,8 +376,12 @@ def classify(path: str, sys_root: str, ethtool_dir: str | None) -> str:
     return "static"
 
 
-_OPEN_CALL: Final = re.compile(r'^(\d+)\s+(\d+\.\d+)\s+(?:openat|open)\((?:[^,"]*,\s*)?"((?:[^"\\]|\\.)*)"')
-_RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (?:openat|open) resumed>")
+# openat's directory fd is AT_FDCWD or a number, and -y prints its path in <...>, which may hold a comma.
+_OPEN_CALL: Final = re.compile(
+    r"^(\d+)\s+(\d+\.\d+)\s+(?:openat|open)\("
+    r'(?:(?:AT_FDCWD|-?\d+)(?:<([^>]*)>)?,\s*)?"((?:[^"\\]|\\.)*)"'
+)
+_RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (openat|open|pread64) resumed>")
 # A call's return value ends its line: `= 9</sys/...>` (an fd, -y adds its path), `= 2`, or
 # `= -1 EIO (Input/output error)` for a failure. Anchored at the end: a pread's buffer may hold `=12`.
 _RETURN: Final = re.compile(r"=\s+(-?\d+)(?:<[^>]*>)?(?:\s+E[A-Z0-9]+\s+\([^)]*\))?\s*$")
@@ -376,44 +396,70 @@ def _returned(line: str) -> int:
     return int(result.group(1)) if result else 0
 
 
-def parse_strace(text: str, window: tuple[float, float]) -> list[tuple[str, bool, bool]]:
-    """(path, succeeded, kept) of every file read within `window` (wall-clock seconds).
+class FileRead(NamedTuple):
+    """One read of a file in a traced scrape (see `parse_strace`)."""
+
+    path: str
+    ok: bool
+    kept: bool  # a pread of a file kept open, rather than an open
+    scrape: int  # index of the scrape window it fell in
+
+
+def scrape_of(stamp: float, windows: Sequence[tuple[float, float]]) -> int | None:
+    """Index of the scrape a call at `stamp` belongs to: the last window started by then (the time between
+    two scrapes goes to the earlier one), None before the first window or after the last one ends."""
+    if not windows or stamp < windows[0][0] or stamp > windows[-1][1]:
+        return None
+    return bisect.bisect_right([start for start, _ in windows], stamp) - 1
+
+
+def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[FileRead]:
+    """Every file read within the scrape `windows` (wall-clock seconds, in order), with its scrape.
 
     A file read is an open(at) call, or a pread64 at offset 0: the re-read of a file kept open (`kept`).
     Neither exporter reads a file it has just opened with pread (rdma-exporter's first read of a file it
     keeps is a read(), node_exporter only uses read()), so every pread at offset 0 is a read of its own.
+    A call another thread interrupted (`<unfinished ...>`) is read together with its `resumed` line.
     """
-    calls: list[tuple[str, bool, bool]] = []
-    pending: dict[str, tuple[str, float]] = {}
+    calls: list[FileRead] = []
+    pending: dict[str, tuple[str, str, float]] = {}  # pid -> (syscall, path, stamp at entry)
 
-    def opened(path: str, stamp: float, result: int) -> None:
-        if window[0] <= stamp <= window[1]:
-            calls.append((path, result >= 0, False))
+    def add(path: str, stamp: float, result: int, kept: bool) -> None:
+        scrape = scrape_of(stamp, windows)
+        if scrape is not None:
+            calls.append(FileRead(path, result >= 0, kept, scrape))
 
     for line in text.splitlines():
-        pread = _PREAD_CALL.match(line)
-        if pread:
-            offset = _PREAD_OFFSET.search(line)
-            if offset is not None and offset.group(1) != "0":
-                continue  # the rest of a long file: part of the read at offset 0
-            if window[0] <= float(pread.group(1)) <= window[1]:
-                calls.append((pread.group(2), _returned(line) >= 0, True))
-            continue
         resumed = _RESUMED.match(line)
         if resumed:
             pid = resumed.group(1)
             if pid in pending:
-                path, stamp = pending.pop(pid)
-                opened(path, stamp, _returned(line))
+                syscall, path, stamp = pending.pop(pid)
+                offset = _PREAD_OFFSET.search(line)
+                if syscall != "pread64" or offset is None or offset.group(1) == "0":
+                    add(path, stamp, _returned(line), syscall == "pread64")
+            continue
+        unfinished = line.rstrip().endswith("<unfinished ...>")
+        pread = _PREAD_CALL.match(line)
+        if pread:
+            pid, stamp, path = line.split(None, 1)[0], float(pread.group(1)), pread.group(2)
+            if unfinished:
+                pending[pid] = ("pread64", path, stamp)  # its offset is on the resumed line
+                continue
+            offset = _PREAD_OFFSET.search(line)
+            if offset is None or offset.group(1) == "0":  # another offset: the rest of a long file
+                add(path, stamp, _returned(line), True)
             continue
         call = _OPEN_CALL.match(line)
         if call is None:
             continue
-        pid, stamp, path = call.group(1), float(call.group(2)), call.group(3)
-        if line.rstrip().endswith("<unfinished ...>"):
-            pending[pid] = (path, stamp)
+        pid, stamp, directory, path = call.group(1), float(call.group(2)), call.group(3), call.group(4)
+        if directory and not path.startswith("/"):
+            path = os.path.join(directory, path)  # openat relative to a directory fd (or the cwd)
+        if unfinished:
+            pending[pid] = ("open", path, stamp)
             continue
-        opened(path, stamp, _returned(line))
+        add(path, stamp, _returned(line), False)
     return calls
 
 
@@ -433,8 +479,18 @@ def _traced_threads_ready(pid: int, tracer: int) -> bool:
     return True
 
 
-def trace_attached(exporter: Exporter, scrapes: int, out: Path) -> str | None:
-    """Trace `scrapes` scrapes of the running exporter; returns the trace, None if ptrace is refused."""
+def timed_windows(exporter: Exporter, scrapes: int) -> list[tuple[float, float]]:
+    """Scrape `scrapes` times; the wall-clock (start, end) of each, the clock strace -ttt stamps with."""
+    windows = []
+    for _ in range(scrapes):
+        started = time.time()
+        exporter.scrape()
+        windows.append((started, time.time()))
+    return windows
+
+
+def trace_attached(exporter: Exporter, scrapes: int, out: Path) -> tuple[list[tuple[float, float]], str] | None:
+    """Trace `scrapes` scrapes of the running exporter: their windows and the trace; None if ptrace is refused."""
     strace = spawn(["strace", *STRACE_ARGS, str(out), "-p", str(exporter.pid)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 15
     while not _traced_threads_ready(exporter.pid, strace.pid):
@@ -442,28 +498,22 @@ def trace_attached(exporter: Exporter, scrapes: int, out: Path) -> str | None:
             stop(strace)
             return None
         time.sleep(0.02)
-    window_start = time.time()
-    for _ in range(scrapes):
-        exporter.scrape()
-    window_end = time.time()
+    windows = timed_windows(exporter, scrapes)
     stop(strace, signal.SIGINT)  # SIGINT makes strace detach and flush
-    return f"{window_start} {window_end}\n" + out.read_text()
+    return windows, out.read_text()
 
 
-def trace_launched(exporter: Exporter, warmup: int, scrapes: int, out: Path) -> str:
+def trace_launched(exporter: Exporter, warmup: int, scrapes: int, out: Path) -> tuple[list[tuple[float, float]], str]:
     """Fallback where attaching is not allowed (Yama ptrace_scope): a second instance run under strace."""
     traced = Exporter(exporter.name, exporter.cmd_for_port, exporter.env, exporter.timeout)
     traced.start(wrap=["strace", *STRACE_ARGS, str(out), "--"])
     try:
         for _ in range(warmup):
             traced.scrape()
-        window_start = time.time()
-        for _ in range(scrapes):
-            traced.scrape()
-        window_end = time.time()
+        windows = timed_windows(traced, scrapes)
     finally:
         traced.close()
-    return f"{window_start} {window_end}\n" + out.read_text()
+    return windows, out.read_text()
 
 
 def files_per_scrape(
@@ -471,50 +521,53 @@ def files_per_scrape(
 ) -> dict[str, Any]:
     out = workdir / f"strace-{exporter.name}.txt"
     mode = "attached"
-    trace = trace_attached(exporter, scrapes, out)
-    if trace is None:
+    traced = trace_attached(exporter, scrapes, out)
+    if traced is None:
         mode = "launched"
         log(f"strace cannot attach to {exporter.name}; tracing a second instance started under strace")
-        trace = trace_launched(exporter, warmup, scrapes, out)
-    header, _, body = trace.partition("\n")
-    start, end = (float(x) for x in header.split())
+        traced = trace_launched(exporter, warmup, scrapes, out)
+    windows, trace = traced
     ethtool = str(ethtool_dir) if ethtool_dir else None
-    result = count_reads(parse_strace(body, (start, end)), scrapes, str(sys_root), ethtool)
+    result = count_reads(parse_strace(trace, windows), scrapes, str(sys_root), ethtool)
     result["mode"] = mode
     return result
 
 
-def count_reads(
-    calls: Sequence[tuple[str, bool, bool]], scrapes: int, root: str, ethtool: str | None
-) -> dict[str, Any]:
-    """Reads per scrape by class, from `parse_strace`'s calls over `scrapes` scrapes."""
+def count_reads(calls: Sequence[FileRead], scrapes: int, root: str, ethtool: str | None) -> dict[str, Any]:
+    """Reads per scrape by class, from `parse_strace`'s calls over `scrapes` scrapes.
+
+    A failed read (an open of a file that is not there, a pread that errs) is counted as failed, not in a
+    class: it read no file. The most reads of one counter file is the most in any one scrape.
+    """
     classes: Counter[str] = Counter()
-    per_path: Counter[tuple[str, str]] = Counter()
+    per_scrape: Counter[tuple[int, str]] = Counter()  # (scrape, real path) of counter files
     real: dict[str, str] = {}
     static_examples: list[str] = []
     failed = 0
     kept = 0
-    for path, ok, reread in calls:
+    for call in calls:
+        if not call.ok:
+            failed += 1
+            continue
         # Both exporters open paths under the root exactly as given on their command line; -y prints
         # a kept fd's resolved path, which is under the root too (class/ links point into devices/).
-        kind = classify(os.path.normpath(path), root, ethtool)
+        kind = classify(os.path.normpath(call.path), root, ethtool)
         classes[kind] += 1
-        failed += not ok
-        kept += reread
-        # One file, however spelled: an open names it as given (class/... links), -y a kept fd's real path.
-        if path not in real:
-            real[path] = os.path.realpath(path)
-        per_path[(kind, real[path])] += 1
+        kept += call.kept
+        if kind == "counter":
+            # One file, however spelled: an open names it as given (class/... links), -y a kept fd's real path.
+            if call.path not in real:
+                real[call.path] = os.path.realpath(call.path)
+            per_scrape[(call.scrape, real[call.path])] += 1
         if kind == "static" and len(static_examples) < 8:
-            rel = os.path.relpath(path, root)
+            rel = os.path.relpath(call.path, root)
             if rel not in static_examples:
                 static_examples.append(rel)
-    counter_max = max((n for (kind, _), n in per_path.items() if kind == "counter"), default=0)
     result: dict[str, Any] = {k: classes[k] / scrapes for k in CLASSES}
     result["sysfs_total"] = sum(classes[k] for k in ("counter", "state", "static", "directory")) / scrapes
     result["failed"] = failed / scrapes
     result["kept_open_reads"] = kept / scrapes
-    result["max_opens_of_one_counter_file"] = counter_max / scrapes
+    result["max_reads_of_one_counter_file_in_a_scrape"] = max(per_scrape.values(), default=0)
     result["static_examples"] = static_examples
     result["traced_scrapes"] = scrapes
     return result
@@ -612,7 +665,8 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
                 "series": total,
                 "fabric_series": fabric,
                 "body_bytes": len(exporter.last_body),
-                "p50_us_per_series": lat["p50"] * 1000 / max(total, 1),
+                # Per fabric series: the exporter's own series are not what it is there to export.
+                "p50_us_per_fabric_series": lat["p50"] * 1000 / max(fabric, 1),
                 "cpu_ms_per_scrape": (cpu_after[exporter.name] - cpu_before[exporter.name]) * 1000 / args.scrapes,
             }
 
@@ -626,6 +680,12 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
         if checkpoints:
             log(f"tree {tree.name}: memory run up to scrape {args.memory_scrapes}")
             for exporter in exporters:
+                if exporter.scrapes >= first_rss_reading(args.memory_scrapes):
+                    raise RuntimeError(
+                        f"{exporter.name} served {exporter.scrapes} scrapes before the memory run, past its first "
+                        f"RSS reading (scrape {first_rss_reading(args.memory_scrapes)}): raise --memory-scrapes"
+                    )
+                exporter.memory_run = True
                 while exporter.scrapes < args.memory_scrapes:
                     exporter.scrape()
         for exporter in exporters:
@@ -738,11 +798,13 @@ def evaluate_targets(
     if traced:
         static = max(t["exporters"][OURS]["files_per_scrape"]["static"] for t in traced)
         add("no static file re-read in steady state", static == 0, f"max {static:g} static reads per scrape over trees")
-        worst = max(t["exporters"][OURS]["files_per_scrape"]["max_opens_of_one_counter_file"] for t in traced)
+        worst = max(
+            t["exporters"][OURS]["files_per_scrape"]["max_reads_of_one_counter_file_in_a_scrape"] for t in traced
+        )
         add(
             "each counter file read at most once per scrape",
             worst <= 1,
-            f"max {worst:g} reads of one counter file per scrape",
+            f"max {worst:g} reads of one counter file in one traced scrape",
         )
     else:
         add("files read per scrape", None, "not traced (--no-strace)")
@@ -792,8 +854,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{(report['source']['commit'] or 'unknown')[:12]}"
         f"{' with uncommitted changes in exporter/' if report['source']['exporter_dirty'] else ''}.",
         "",
-        "| tree | devices | exporter | series (fabric) | p50 ms | p90 ms | p99 ms | p50 ours/NE | µs/series "
-        "| CPU ms/scrape | RSS MB | files read/scrape counter / state / static / dirs (kept open) |",
+        "| tree | devices | exporter | series (fabric) | p50 ms | p90 ms | p99 ms | p50 ours/NE | µs/fabric series "
+        "| CPU ms/scrape | RSS MB | files read/scrape counter / state / static / dirs (kept open; failed) |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for tree in report["trees"]:
@@ -803,14 +865,15 @@ def markdown(report: dict[str, Any]) -> str:
             files = r.get("files_per_scrape")
             files_text = (
                 f"{files['counter']:g} / {files['state']:g} / {files['static']:g} / {files['directory']:g}"
-                f" ({files.get('kept_open_reads', 0):g})"
+                f" ({files.get('kept_open_reads', 0):g}; {files.get('failed', 0):g})"
                 if files
                 else "n/a"
             )
             ratio = f"{tree['ours_over_node_exporter']['p50']:.2f}" if name == OURS else ""
             lines.append(
                 f"| {tree['tree']} | {tree['devices']} | {name} | {r['series']} ({r['fabric_series']}) "
-                f"| {lat['p50']:.2f} | {lat['p90']:.2f} | {lat['p99']:.2f} | {ratio} | {r['p50_us_per_series']:.1f} "
+                f"| {lat['p50']:.2f} | {lat['p90']:.2f} | {lat['p99']:.2f} | {ratio} "
+                f"| {r['p50_us_per_fabric_series']:.1f} "
                 f"| {r['cpu_ms_per_scrape']:.2f} | {r['memory']['rss_mb_end']:.1f} | {files_text} |"
             )
     lines += ["", "## Growth with devices (least-squares fit over the generated trees)", ""]
@@ -910,7 +973,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, help="untimed scrapes before measuring (default 20, quick 2)")
     parser.add_argument("--strace-scrapes", type=int, help="scrapes traced to count opened files (default 5, quick 2)")
     parser.add_argument(
-        "--memory-scrapes", type=int, help="on the largest tree, RSS at half and at this many scrapes (default 1000)"
+        "--memory-scrapes",
+        type=int,
+        help="on the largest tree, RSS at half and at this many scrapes (default 1000; quick: the fewest that keep\n"
+        "the RSS readings, which pause the exporter, out of the timed and traced scrapes)",
     )
     parser.add_argument(
         "--accept",
@@ -947,7 +1013,17 @@ def main(argv: list[str] | None = None) -> int:
     args.scrapes = args.scrapes or (10 if quick else 300)
     args.warmup = args.warmup if args.warmup is not None else (2 if quick else 20)
     args.strace_scrapes = args.strace_scrapes or (2 if quick else 5)
-    args.memory_scrapes = args.memory_scrapes or (2 * (args.scrapes + args.warmup) if quick else 1000)
+    before = scrapes_before_memory_run(args)
+    # The smallest run whose first RSS reading comes after every timed and traced scrape.
+    least = 2 * (before + 1 + (RSS_SAMPLES - 1) * RSS_SAMPLE_EVERY)
+    args.memory_scrapes = args.memory_scrapes or (least if quick else max(1000, least))
+    if args.memory_scrapes < least:
+        print(
+            f"bench: --memory-scrapes {args.memory_scrapes} would read RSS among the {before} scrapes before the "
+            f"memory run (RSS readings pause the exporter); use at least {least}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         trees = parse_trees(args.devices or ("1" if quick else DEFAULT_DEVICES))
     except argparse.ArgumentTypeError as exc:

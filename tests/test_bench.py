@@ -37,12 +37,21 @@ EXPORTER_KEYS = {
     "series",
     "fabric_series",
     "body_bytes",
-    "p50_us_per_series",
+    "p50_us_per_fabric_series",
     "cpu_ms_per_scrape",
     "files_per_scrape",
     "memory",
 }
-FILE_KEYS = {"counter", "state", "static", "directory", "other", "sysfs_total", "max_opens_of_one_counter_file"}
+FILE_KEYS = {
+    "counter",
+    "state",
+    "static",
+    "directory",
+    "other",
+    "sysfs_total",
+    "failed",
+    "max_reads_of_one_counter_file_in_a_scrape",
+}
 
 
 def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
@@ -78,10 +87,14 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
         # Both serve the tree's one port, so both open at least one counter file per scrape.
         assert measured["files_per_scrape"]["counter"] > 0
     # The only tree is also the memory tree: RSS at half and all of --memory-scrapes, and the readings
-    # in between that the growth is fitted over (quick: 24 scrapes, readings at 12, 22 and 24).
-    memory = tree["exporters"]["rdma_exporter"]["memory"]
-    assert len(memory["rss_mb_at"]) == 2
-    assert memory["growth_readings"] == 3 and memory["growth_mb_standard_error"] is not None
+    # in between that the growth is fitted over. Quick: 15 scrapes before the memory run (cold, 2 warm-up,
+    # 10 timed, 2 traced), so 112 scrapes, readings every 10 from 16 (none paused a timed scrape) to 112.
+    assert report["settings"]["memory_scrapes"] == 112
+    for name in ("rdma_exporter", "node_exporter"):
+        memory = tree["exporters"][name]["memory"]
+        assert [n for n, _ in memory["rss_mb_readings"]] == [*range(16, 107, 10), 112], name
+        assert len(memory["rss_mb_at"]) == 2
+        assert memory["growth_readings"] == 7 and memory["growth_mb_standard_error"] is not None
     assert {"p50", "fabric_series"} <= tree["ours_over_node_exporter"].keys()
     assert all({"target", "met", "measured"} <= t.keys() for t in report["targets"])
 
@@ -180,19 +193,21 @@ def test_strace_counts_every_pread_of_a_kept_file_also_after_an_open_in_the_wind
             # Opened in the window: the open is one read, the pread of the next scrape another.
             '8 2.7 openat(AT_FDCWD</w>, "/t/sys/class/infiniband/mlx5_0/fw_ver", O_RDONLY|O_CLOEXEC) = 10</t/sys/fw>',
             '8 2.8 pread64(10</t/sys/fw>, "28.41.1000\\n", 448, 0) = 11',
+            # After the last scrape's answer: not a scrape's read.
+            f'7 3.5 pread64(9<{fd}>, "0\\n", 448, 0) = 2',
         ]
     )
-    assert parse_strace(trace, (1.0, 3.0)) == [
-        (fd, True, True),
-        (fd, False, True),
-        ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False),
-        ("/t/sys/fw", True, True),
+    assert parse_strace(trace, [(1.0, 2.0), (2.2, 3.0)]) == [
+        (fd, True, True, 0),
+        (fd, False, True, 1),
+        ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False, 1),
+        ("/t/sys/fw", True, True, 1),
     ]
 
 
-def test_strace_reads_an_open_interrupted_by_another_thread_from_its_resumed_line() -> None:
-    # Reader threads interleave: strace ends an open with `<unfinished ...>` and gives its result on a
-    # `<... openat resumed>` line of the same pid, read the same way as a whole line's.
+def test_strace_reads_a_call_interrupted_by_another_thread_from_its_resumed_line() -> None:
+    # Reader threads interleave: strace ends a call with `<unfinished ...>` and gives its result (and a
+    # pread's offset) on a `<... resumed>` line of the same pid, read the same way as a whole line's.
     parse_strace = _bench_module().parse_strace
     trace = "\n".join(
         [
@@ -200,16 +215,38 @@ def test_strace_reads_an_open_interrupted_by_another_thread_from_its_resumed_lin
             '8 1.5 openat(AT_FDCWD</w>, "/t/sys/class/infiniband/mlx5_1/fw_ver", O_RDONLY <unfinished ...>',
             "8 1.6 <... openat resumed>) = -1 ENOENT (No such file or directory)",
             "7 1.6 <... openat resumed>) = 9</t/sys/devices/fw_ver>",
+            # A kept file's read at offset 0 and the rest of a long file, both interrupted.
+            "7 1.7 pread64(11</t/sys/a>, <unfinished ...>",
+            "8 1.7 pread64(12</t/sys/b>, <unfinished ...>",
+            '8 1.8 <... pread64 resumed>"tail", 3648, 448) = 4',
+            '7 1.8 <... pread64 resumed>"12\\n", 448, 0) = 3',
         ]
     )
-    assert parse_strace(trace, (1.0, 3.0)) == [
-        ("/t/sys/class/infiniband/mlx5_1/fw_ver", False, False),
-        ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False),
+    assert parse_strace(trace, [(1.0, 3.0)]) == [
+        ("/t/sys/class/infiniband/mlx5_1/fw_ver", False, False, 0),
+        ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False, 0),
+        ("/t/sys/a", True, True, 0),
+    ]
+
+
+def test_strace_joins_an_open_relative_to_a_directory_fd_and_reads_a_cwd_with_a_comma() -> None:
+    parse_strace = _bench_module().parse_strace
+    trace = "\n".join(
+        [
+            '7 1.5 openat(5</t/sys/class/net/ib0/statistics>, "rx_bytes", O_RDONLY|O_CLOEXEC) = 9</t/x>',
+            '7 1.6 openat(AT_FDCWD</home/a,b>, "/t/sys/class/net/ib0/mtu", O_RDONLY|O_CLOEXEC) = 10</t/y>',
+            '7 1.7 openat(AT_FDCWD</home/a,b>, "rel/file", O_RDONLY|O_CLOEXEC) = 11</t/z>',
+        ]
+    )
+    assert [read.path for read in parse_strace(trace, [(1.0, 3.0)])] == [
+        "/t/sys/class/net/ib0/statistics/rx_bytes",
+        "/t/sys/class/net/ib0/mtu",
+        "/home/a,b/rel/file",
     ]
 
 
 def test_a_counter_file_read_through_its_link_and_through_a_kept_fd_is_one_file(tmp_path: Path) -> None:
-    count_reads = _bench_module().count_reads
+    bench = _bench_module()
     sys_root = tmp_path / "sys"
     port = sys_root / "devices" / "pci0000:00" / "0000:18:00.0" / "infiniband" / "mlx5_0" / "ports" / "1"
     (port / "counters").mkdir(parents=True)
@@ -219,9 +256,52 @@ def test_a_counter_file_read_through_its_link_and_through_a_kept_fd_is_one_file(
     linked = str(sys_root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error")
     kept = str(port / "counters" / "symbol_error")
     # One scrape opens the file by its class/ link and also preads a kept fd of it (-y: the real path).
-    counts = count_reads([(linked, True, False), (kept, True, True)], 1, str(sys_root), None)
+    reads = [bench.FileRead(linked, True, False, 0), bench.FileRead(kept, True, True, 0)]
+    counts = bench.count_reads(reads, 1, str(sys_root), None)
     assert counts["counter"] == 2 and counts["kept_open_reads"] == 1
-    assert counts["max_opens_of_one_counter_file"] == 2
+    assert counts["max_reads_of_one_counter_file_in_a_scrape"] == 2
+
+
+def test_the_most_reads_of_a_counter_file_is_a_scrape_s_not_an_average_and_failed_reads_read_nothing() -> None:
+    bench = _bench_module()
+    root = "/t/sys"
+    counter = f"{root}/devices/pci0000:00/0000:18:00.0/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    missing = f"{root}/devices/pci0000:00/0000:18:00.0/infiniband/mlx5_0/ports/1/counters_ext/port_xmit_data_64"
+    reads = [
+        # Scrape 0 reads the counter twice, scrapes 1 and 2 not at all: 2 in one scrape, 2/3 on average.
+        bench.FileRead(counter, True, True, 0),
+        bench.FileRead(counter, True, True, 0),
+        # node_exporter tries counters_ext each scrape; the open fails, no file was read.
+        bench.FileRead(missing, False, False, 0),
+        bench.FileRead(missing, False, False, 1),
+        bench.FileRead(missing, False, False, 2),
+    ]
+    counts = bench.count_reads(reads, 3, root, None)
+    assert counts["max_reads_of_one_counter_file_in_a_scrape"] == 2
+    assert counts["counter"] == 2 / 3 and counts["directory"] == 0 and counts["failed"] == 1
+    assert counts["sysfs_total"] == 2 / 3
+
+
+def test_hw_counters_lifespan_is_a_setting_read_as_state_not_a_counter(tmp_path: Path) -> None:
+    classify = _bench_module().classify
+    hw = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:18:00.0" / "infiniband" / "mlx5_0" / "ports" / "1"
+    hw = hw / "hw_counters"
+    hw.mkdir(parents=True)
+    root = str(tmp_path / "sys")
+    assert classify(str(hw / "lifespan"), root, None) == "state"
+    assert classify(str(hw / "out_of_sequence"), root, None) == "counter"
+
+
+def test_a_memory_run_too_short_to_keep_its_rss_pauses_out_of_the_timed_scrapes_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--memory-scrapes", "100", "--json", str(tmp_path / "x.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "use at least 112" in result.stderr, result.stderr
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_report_says_its_targets_do_not_count_when_node_exporter_ran_with_more_collectors() -> None:
