@@ -12,11 +12,13 @@ loopback ports, warms them up and measures, scraping them alternately so both se
 - CPU time per scrape (utime+stime deltas of /proc/PID/stat) and resident memory (VmRSS);
 - files read per scrape: strace attached to the running exporter across a few steady-state
   scrapes; a file read is an open, or a pread of a file kept open from an earlier open (rdma-exporter
-  keeps per-scrape sysfs files open); each path is classed as counter, state, static, directory or
-  other (see `classify`);
-- on the largest tree, VmRSS at the 500th and the 1000th scrape (--memory-scrapes), each the median
-  of 5 readings taken every 10 scrapes up to it, after a 0.2 s pause; growth between the two is the
-  least-squares slope of every reading in between (51 of them by default), with its standard error.
+  keeps per-scrape sysfs files open); each file read is classed as counter, state, static, directory
+  or other (see `classify`), a failed one is counted apart, and each call goes to the scrape whose
+  time window it falls in, for the most reads of one counter file in any one scrape;
+- on the largest tree, VmRSS at the 500th and the 1000th scrape (--memory-scrapes, 0 for none), each
+  the median of 5 readings taken every 10 scrapes up to it, the bench waiting 0.2 s before each;
+  growth between the two is the least-squares slope of every reading in between (51 of them by
+  default), with its standard error. The readings start after the timed and traced scrapes.
 
 It prints a Markdown report to stdout (progress goes to stderr) and writes the same numbers as JSON
 (--json, default bench-results.json). Every child process is bounded by timeouts and killed on exit.
@@ -54,7 +56,8 @@ sys.path.insert(0, str(ROOT / "exporter"))
 
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices  # noqa: E402
 
-SCHEMA_VERSION: Final = 1
+# 2: per-fabric-series latency, failed reads apart, the most reads of a counter file in one scrape.
+SCHEMA_VERSION: Final = 2
 # RSS at a memory checkpoint is the median of this many readings, one every RSS_SAMPLE_EVERY scrapes up
 # to it, each after a pause: single readings taken right after an answer scattered by about ±0.5 MB.
 # Readings continue every RSS_SAMPLE_EVERY scrapes between the checkpoints: growth is fitted over all of
@@ -107,7 +110,6 @@ STATE_FILES: Final = frozenset(
         "current_link_speed",
         "current_link_width",
         "mtu",
-        "lifespan",
     }
 )
 # A sensor reading of a hwmon device (hwmon<N>/temp<N>_input; its label and threshold are static).
@@ -246,8 +248,6 @@ class Exporter:
     scrapes: int = 0
     cold_ms: float | None = None
     rss_readings: list[tuple[int, int]] = field(default_factory=list)  # (scrapes served, VmRSS bytes)
-    # RSS is read (after a pause) only in the memory run, so that no pause falls among the timed scrapes.
-    memory_run: bool = False
     last_body: bytes = b""
 
     @property
@@ -312,7 +312,7 @@ class Exporter:
         return elapsed
 
     def _reads_rss(self) -> bool:
-        if not self.memory_checkpoints or not self.memory_run:
+        if not self.memory_checkpoints:
             return False
         mid, end = self.memory_checkpoints
         on_schedule = (self.scrapes - mid) % RSS_SAMPLE_EVERY == 0 or self.scrapes == end
@@ -390,8 +390,16 @@ _PREAD_CALL: Final = re.compile(r"^\d+\s+(\d+\.\d+)\s+pread64\(\d+<([^>]*)>")
 _PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
 
 
-def _returned(line: str) -> int:
-    """The call's return value; 0 (success) for a line that does not end in one."""
+# `= ? ERESTARTSYS (...)`: interrupted by a signal (Go's runtime sends SIGURG all the time) and restarted,
+# which strace traces as a call of its own; `= ? <unavailable>`: the thread exited in the call.
+_NO_RESULT: Final = re.compile(r"=\s+\?(?:\s|$)")
+
+
+def _returned(line: str) -> int | None:
+    """The call's return value; None if it has none (restarted, see above); 0 (success) for a line that
+    does not end in one."""
+    if _NO_RESULT.search(line):
+        return None
     result = _RETURN.search(line)
     return int(result.group(1)) if result else 0
 
@@ -402,7 +410,7 @@ class FileRead(NamedTuple):
     path: str
     ok: bool
     kept: bool  # a pread of a file kept open, rather than an open
-    scrape: int  # index of the scrape window it fell in
+    scrape: int | None  # index of the scrape it fell in; None: after the last one
 
 
 def scrape_of(stamp: float, windows: Sequence[tuple[float, float]]) -> int | None:
@@ -414,7 +422,9 @@ def scrape_of(stamp: float, windows: Sequence[tuple[float, float]]) -> int | Non
 
 
 def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[FileRead]:
-    """Every file read within the scrape `windows` (wall-clock seconds, in order), with its scrape.
+    """Every file read from the first scrape on, with the scrape (`windows`: wall-clock seconds, in order)
+    it belongs to. What comes before the first scrape is left out: start-up and warm-up, when strace
+    launched the exporter.
 
     A file read is an open(at) call, or a pread64 at offset 0: the re-read of a file kept open (`kept`).
     Neither exporter reads a file it has just opened with pread (rdma-exporter's first read of a file it
@@ -424,10 +434,10 @@ def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[File
     calls: list[FileRead] = []
     pending: dict[str, tuple[str, str, float]] = {}  # pid -> (syscall, path, stamp at entry)
 
-    def add(path: str, stamp: float, result: int, kept: bool) -> None:
-        scrape = scrape_of(stamp, windows)
-        if scrape is not None:
-            calls.append(FileRead(path, result >= 0, kept, scrape))
+    def add(path: str, stamp: float, result: int | None, kept: bool) -> None:
+        # A restarted call is traced again when it runs.
+        if result is not None and windows and stamp >= windows[0][0]:
+            calls.append(FileRead(path, result >= 0, kept, scrape_of(stamp, windows)))
 
     for line in text.splitlines():
         resumed = _RESUMED.match(line)
@@ -479,7 +489,7 @@ def _traced_threads_ready(pid: int, tracer: int) -> bool:
     return True
 
 
-def timed_windows(exporter: Exporter, scrapes: int) -> list[tuple[float, float]]:
+def scrape_windows(exporter: Exporter, scrapes: int) -> list[tuple[float, float]]:
     """Scrape `scrapes` times; the wall-clock (start, end) of each, the clock strace -ttt stamps with."""
     windows = []
     for _ in range(scrapes):
@@ -498,7 +508,7 @@ def trace_attached(exporter: Exporter, scrapes: int, out: Path) -> tuple[list[tu
             stop(strace)
             return None
         time.sleep(0.02)
-    windows = timed_windows(exporter, scrapes)
+    windows = scrape_windows(exporter, scrapes)
     stop(strace, signal.SIGINT)  # SIGINT makes strace detach and flush
     return windows, out.read_text()
 
@@ -510,7 +520,7 @@ def trace_launched(exporter: Exporter, warmup: int, scrapes: int, out: Path) -> 
     try:
         for _ in range(warmup):
             traced.scrape()
-        windows = timed_windows(traced, scrapes)
+        windows = scrape_windows(traced, scrapes)
     finally:
         traced.close()
     return windows, out.read_text()
@@ -537,7 +547,9 @@ def count_reads(calls: Sequence[FileRead], scrapes: int, root: str, ethtool: str
     """Reads per scrape by class, from `parse_strace`'s calls over `scrapes` scrapes.
 
     A failed read (an open of a file that is not there, a pread that errs) is counted as failed, not in a
-    class: it read no file. The most reads of one counter file is the most in any one scrape.
+    class: no file was read (on mlx5 a failed counters/ read may still have cost a firmware query). The
+    most reads of one counter file is the most in any one scrape. Calls after the last scrape are counted
+    apart (`outside_scrapes`, in all): no exporter should read files once it has answered.
     """
     classes: Counter[str] = Counter()
     per_scrape: Counter[tuple[int, str]] = Counter()  # (scrape, real path) of counter files
@@ -545,7 +557,11 @@ def count_reads(calls: Sequence[FileRead], scrapes: int, root: str, ethtool: str
     static_examples: list[str] = []
     failed = 0
     kept = 0
+    outside = 0
     for call in calls:
+        if call.scrape is None:
+            outside += 1
+            continue
         if not call.ok:
             failed += 1
             continue
@@ -567,6 +583,7 @@ def count_reads(calls: Sequence[FileRead], scrapes: int, root: str, ethtool: str
     result["sysfs_total"] = sum(classes[k] for k in ("counter", "state", "static", "directory")) / scrapes
     result["failed"] = failed / scrapes
     result["kept_open_reads"] = kept / scrapes
+    result["outside_scrapes"] = outside
     result["max_reads_of_one_counter_file_in_a_scrape"] = max(per_scrape.values(), default=0)
     result["static_examples"] = static_examples
     result["traced_scrapes"] = scrapes
@@ -614,7 +631,7 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
     dest = workdir / f"tree-{tree.name}"
     sys_root = build_tree(dest, tree.spec)
     ethtool_dir = dest / "ethtool" if (dest / "ethtool").is_dir() else None
-    checkpoints = (args.memory_scrapes // 2, args.memory_scrapes) if memory_tree else ()
+    checkpoints = (args.memory_scrapes // 2, args.memory_scrapes) if memory_tree and args.memory_scrapes else ()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "exporter"), env.get("PYTHONPATH")]))
 
@@ -680,12 +697,6 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
         if checkpoints:
             log(f"tree {tree.name}: memory run up to scrape {args.memory_scrapes}")
             for exporter in exporters:
-                if exporter.scrapes >= first_rss_reading(args.memory_scrapes):
-                    raise RuntimeError(
-                        f"{exporter.name} served {exporter.scrapes} scrapes before the memory run, past its first "
-                        f"RSS reading (scrape {first_rss_reading(args.memory_scrapes)}): raise --memory-scrapes"
-                    )
-                exporter.memory_run = True
                 while exporter.scrapes < args.memory_scrapes:
                     exporter.scrape()
         for exporter in exporters:
@@ -906,6 +917,14 @@ def markdown(report: dict[str, Any]) -> str:
     if examples:
         lines += ["", "Static files rdma_exporter re-read per scrape (examples):", ""]
         lines += [f"- {tree}: {', '.join(paths)}" for tree, paths in examples.items()]
+    after = [
+        f"{tree['tree']} ({name}): {files['outside_scrapes']}"
+        for tree in report["trees"]
+        for name in (OURS, NODE)
+        if (files := tree["exporters"][name].get("files_per_scrape", {})).get("outside_scrapes")
+    ]
+    if after:
+        lines += ["", f"Files read after the last traced scrape's answer: {', '.join(after)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -975,8 +994,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--memory-scrapes",
         type=int,
-        help="on the largest tree, RSS at half and at this many scrapes (default 1000; quick: the fewest that keep\n"
-        "the RSS readings, which pause the exporter, out of the timed and traced scrapes)",
+        help="on the largest tree, RSS at half and at this many scrapes, 0 for none (default 1000, or the fewest\n"
+        "that keep the RSS readings, before each of which the bench waits 0.2 s, after the timed and traced\n"
+        "scrapes, if that is more; quick: the fewest)",
     )
     parser.add_argument(
         "--accept",
@@ -1016,11 +1036,12 @@ def main(argv: list[str] | None = None) -> int:
     before = scrapes_before_memory_run(args)
     # The smallest run whose first RSS reading comes after every timed and traced scrape.
     least = 2 * (before + 1 + (RSS_SAMPLES - 1) * RSS_SAMPLE_EVERY)
-    args.memory_scrapes = args.memory_scrapes or (least if quick else max(1000, least))
-    if args.memory_scrapes < least:
+    if args.memory_scrapes is None:
+        args.memory_scrapes = least if quick else max(1000, least)
+    if args.memory_scrapes < 0 or 0 < args.memory_scrapes < least:
         print(
             f"bench: --memory-scrapes {args.memory_scrapes} would read RSS among the {before} scrapes before the "
-            f"memory run (RSS readings pause the exporter); use at least {least}",
+            f"memory run (the bench waits 0.2 s before each reading); use at least {least}, or 0 for none",
             file=sys.stderr,
         )
         return 2

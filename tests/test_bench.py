@@ -73,7 +73,7 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
     assert "## Targets" in result.stdout
 
     report = json.loads(out.read_text())
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2
     assert {"machine", "settings", "trees", "scaling", "targets"} <= report.keys()
     assert {"nproc", "cpu_model", "python", "kernel", "node_exporter"} <= report["machine"].keys()
     (tree,) = report["trees"]
@@ -84,8 +84,18 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
         assert {"p50", "p90", "p99"} <= measured["latency_ms"].keys()
         assert measured["files_per_scrape"].keys() >= FILE_KEYS
         assert measured["fabric_series"] > 0
-        # Both serve the tree's one port, so both open at least one counter file per scrape.
-        assert measured["files_per_scrape"]["counter"] > 0
+        # Both serve the tree's one port, so both open at least one counter file per scrape, and each
+        # one once in every traced scrape (each scrape has its own window: one window for both traced
+        # scrapes would count 2), with no read outside the scrapes.
+        files = measured["files_per_scrape"]
+        assert files["counter"] > 0
+        assert files["max_reads_of_one_counter_file_in_a_scrape"] == 1, name
+        assert files["outside_scrapes"] == 0, name
+        fabric_us = measured["latency_ms"]["p50"] * 1000 / measured["fabric_series"]
+        assert measured["p50_us_per_fabric_series"] == pytest.approx(fabric_us), name
+    # node_exporter tries the port's counters_ext/ each scrape and finds none: failed, not read.
+    assert tree["exporters"]["node_exporter"]["files_per_scrape"]["failed"] == 1
+    assert "(0; 1) |" in next(line for line in result.stdout.splitlines() if line.startswith("| 1 | 1 | node_exporter"))
     # The only tree is also the memory tree: RSS at half and all of --memory-scrapes, and the readings
     # in between that the growth is fitted over. Quick: 15 scrapes before the memory run (cold, 2 warm-up,
     # 10 timed, 2 traced), so 112 scrapes, readings every 10 from 16 (none paused a timed scrape) to 112.
@@ -193,8 +203,10 @@ def test_strace_counts_every_pread_of_a_kept_file_also_after_an_open_in_the_wind
             # Opened in the window: the open is one read, the pread of the next scrape another.
             '8 2.7 openat(AT_FDCWD</w>, "/t/sys/class/infiniband/mlx5_0/fw_ver", O_RDONLY|O_CLOEXEC) = 10</t/sys/fw>',
             '8 2.8 pread64(10</t/sys/fw>, "28.41.1000\\n", 448, 0) = 11',
-            # After the last scrape's answer: not a scrape's read.
+            # After the last scrape's answer: no scrape's read.
             f'7 3.5 pread64(9<{fd}>, "0\\n", 448, 0) = 2',
+            # Between two scrapes' windows: the earlier scrape's (work after its answer).
+            f'7 2.1 pread64(9<{fd}>, "0\\n", 448, 0) = 2',
         ]
     )
     assert parse_strace(trace, [(1.0, 2.0), (2.2, 3.0)]) == [
@@ -202,6 +214,8 @@ def test_strace_counts_every_pread_of_a_kept_file_also_after_an_open_in_the_wind
         (fd, False, True, 1),
         ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False, 1),
         ("/t/sys/fw", True, True, 1),
+        (fd, True, True, None),
+        (fd, True, True, 0),
     ]
 
 
@@ -227,6 +241,24 @@ def test_strace_reads_a_call_interrupted_by_another_thread_from_its_resumed_line
         ("/t/sys/class/infiniband/mlx5_0/fw_ver", True, False, 0),
         ("/t/sys/a", True, True, 0),
     ]
+
+
+def test_a_call_restarted_after_a_signal_is_one_read() -> None:
+    # Go's runtime preempts with SIGURG: an interrupted open ends `= ? ERESTARTSYS` and is traced again
+    # when it is restarted. A thread that exits in a call leaves `= ? <unavailable>`.
+    parse_strace = _bench_module().parse_strace
+    path = "/t/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    trace = "\n".join(
+        [
+            f'7 1.5 openat(AT_FDCWD</w>, "{path}", O_RDONLY|O_CLOEXEC) = ? ERESTARTSYS '
+            "(To be restarted if SA_RESTART is set)",
+            "7 1.5 --- SIGURG {si_signo=SIGURG, si_code=SI_TKILL, si_pid=7, si_uid=0} ---",
+            f'7 1.6 openat(AT_FDCWD</w>, "{path}", O_RDONLY|O_CLOEXEC) = 9</t/sys/x>',
+            "8 1.7 pread64(10</t/sys/y>, <unfinished ...>",
+            "8 1.8 <... pread64 resumed>) = ? <unavailable>",
+        ]
+    )
+    assert parse_strace(trace, [(1.0, 3.0)]) == [(path, True, False, 0)]
 
 
 def test_strace_joins_an_open_relative_to_a_directory_fd_and_reads_a_cwd_with_a_comma() -> None:
@@ -275,11 +307,16 @@ def test_the_most_reads_of_a_counter_file_is_a_scrape_s_not_an_average_and_faile
         bench.FileRead(missing, False, False, 0),
         bench.FileRead(missing, False, False, 1),
         bench.FileRead(missing, False, False, 2),
+        # A state file read three times in a scrape is no counter file's double read.
+        *[bench.FileRead(f"{root}/devices/pci0000:00/0000:18:00.0/infiniband/mlx5_0/ports/1/state", True, True, 1)] * 3,
+        # Read after the last scrape's answer: counted apart, in nothing else.
+        bench.FileRead(counter, True, True, None),
     ]
     counts = bench.count_reads(reads, 3, root, None)
     assert counts["max_reads_of_one_counter_file_in_a_scrape"] == 2
+    assert counts["state"] == 1 and counts["outside_scrapes"] == 1 and counts["kept_open_reads"] == 5 / 3
     assert counts["counter"] == 2 / 3 and counts["directory"] == 0 and counts["failed"] == 1
-    assert counts["sysfs_total"] == 2 / 3
+    assert counts["sysfs_total"] == pytest.approx(2 / 3 + 1)
 
 
 def test_hw_counters_lifespan_is_a_setting_read_as_state_not_a_counter(tmp_path: Path) -> None:
@@ -292,15 +329,18 @@ def test_hw_counters_lifespan_is_a_setting_read_as_state_not_a_counter(tmp_path:
     assert classify(str(hw / "out_of_sequence"), root, None) == "counter"
 
 
-def test_a_memory_run_too_short_to_keep_its_rss_pauses_out_of_the_timed_scrapes_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("memory_scrapes", ["100", "-1"])
+def test_a_memory_run_too_short_to_keep_its_rss_pauses_out_of_the_timed_scrapes_is_refused(
+    tmp_path: Path, memory_scrapes: str
+) -> None:
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--memory-scrapes", "100", "--json", str(tmp_path / "x.json")],
+        [sys.executable, str(BENCH), "--quick", "--memory-scrapes", memory_scrapes, "--json", str(tmp_path / "x.json")],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert "use at least 112" in result.stderr, result.stderr
+    assert "use at least 112, or 0 for none" in result.stderr, result.stderr
     assert not (tmp_path / "x.json").exists()
 
 
