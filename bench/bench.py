@@ -392,7 +392,8 @@ _PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
 
 # `= ? ERESTARTSYS (...)`: interrupted by a signal (Go's runtime sends SIGURG all the time) and restarted,
 # which strace traces as a call of its own; `= ? <unavailable>`: the thread exited in the call.
-_NO_RESULT: Final = re.compile(r"=\s+\?(?:\s|$)")
+# Anchored at the end, as _RETURN: a pread's buffer may hold "= ?".
+_NO_RESULT: Final = re.compile(r"=\s+\?(?:\s+(?:E[A-Z_]+\s+\([^)]*\)|<unavailable>))?\s*$")
 
 
 def _returned(line: str) -> int | None:

@@ -256,9 +256,11 @@ def test_a_call_restarted_after_a_signal_is_one_read() -> None:
             f'7 1.6 openat(AT_FDCWD</w>, "{path}", O_RDONLY|O_CLOEXEC) = 9</t/sys/x>',
             "8 1.7 pread64(10</t/sys/y>, <unfinished ...>",
             "8 1.8 <... pread64 resumed>) = ? <unavailable>",
+            # A file whose text holds "= ?" is read all the same.
+            '7 1.9 pread64(11</t/sys/z>, "a = ? b", 448, 0) = 7',
         ]
     )
-    assert parse_strace(trace, [(1.0, 3.0)]) == [(path, True, False, 0)]
+    assert parse_strace(trace, [(1.0, 3.0)]) == [(path, True, False, 0), ("/t/sys/z", True, True, 0)]
 
 
 def test_strace_joins_an_open_relative_to_a_directory_fd_and_reads_a_cwd_with_a_comma() -> None:
