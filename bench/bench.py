@@ -414,14 +414,6 @@ class FileRead(NamedTuple):
     scrape: int | None  # index of the scrape it fell in; None: after the last one
 
 
-def scrape_of(stamp: float, windows: Sequence[tuple[float, float]]) -> int | None:
-    """Index of the scrape a call at `stamp` belongs to: the last window started by then (the time between
-    two scrapes goes to the earlier one), None before the first window or after the last one ends."""
-    if not windows or stamp < windows[0][0] or stamp > windows[-1][1]:
-        return None
-    return bisect.bisect_right([start for start, _ in windows], stamp) - 1
-
-
 def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[FileRead]:
     """Every file read from the first scrape on, with the scrape (`windows`: wall-clock seconds, in order)
     it belongs to. What comes before the first scrape is left out: start-up and warm-up, when strace
@@ -434,11 +426,16 @@ def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[File
     """
     calls: list[FileRead] = []
     pending: dict[str, tuple[str, str, float]] = {}  # pid -> (syscall, path, stamp at entry)
+    starts = [start for start, _ in windows]
+    last_end = windows[-1][1] if windows else 0.0
 
     def add(path: str, stamp: float, result: int | None, kept: bool) -> None:
         # A restarted call is traced again when it runs.
-        if result is not None and windows and stamp >= windows[0][0]:
-            calls.append(FileRead(path, result >= 0, kept, scrape_of(stamp, windows)))
+        if result is None or not starts or stamp < starts[0]:
+            return
+        # The scrape whose window started last by then: the time between two scrapes goes to the earlier.
+        scrape = None if stamp > last_end else bisect.bisect_right(starts, stamp) - 1
+        calls.append(FileRead(path, result >= 0, kept, scrape))
 
     for line in text.splitlines():
         resumed = _RESUMED.match(line)
