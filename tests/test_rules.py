@@ -170,8 +170,9 @@ def test_the_history_lag_test_runs_without_the_history_rules() -> None:
 def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> None:
     """The history group writes each source's 10-minute maxima and, after them, the day's maximum of
     those. Elsewhere a day is only ever read as the day's maxima of the last 10 minutes, with a selector,
-    beside its source's last 10 minutes with the same selector (which the history group may not have caught up
-    with); nothing else reads a day or more, nor the 10-minute maxima themselves."""
+    beside its source's last 10 minutes with the same selector and offset (which the history group may not have
+    caught up with); nothing else reads a day or more, nor the 10-minute maxima themselves. An offset reads
+    the day as it stood then (RdmaDeviceNameMovedWhileAway: before a node's absence)."""
     (group,) = yaml.safe_load(HISTORY_RULES.read_text())["groups"]
     assert group["interval"] == "5m"
     ten_minutes: dict[str, str] = {}  # record -> its source
@@ -186,7 +187,7 @@ def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> N
             assert match and match.group(1) in ten_minutes, rule
             assert rule["record"] == f"{match.group(1)}_max1d"
             day[rule["record"]] = ten_minutes[match.group(1)]
-    assert len(ten_minutes) == 9 and len(day) == 9
+    assert len(ten_minutes) == 10 and len(day) == 10
     problems = []
     # The rules' expressions and the queries of their annotations (run each time a firing alert is
     # evaluated); a subquery's range counts as a window too.
@@ -204,23 +205,23 @@ def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> N
             problems.append(f"{name} reads a day of its source")
         if read := [record for record in re.findall(r"[\w:]+", expr) if record in ten_minutes]:
             problems.append(f"{name} reads the 10-minute maxima {read}, not the day's")
-        reads = re.findall(r"(\w+)\(([\w:]+)(\{[^}]*\})?\[(\w+)(?::\w*)?\]\)", expr)
+        reads = re.findall(r"(\w+)\(([\w:]+)(\{[^}]*\})?\[(\w+)(?::\w*)?\]((?: offset \w+)?)\)", expr)
         if name == "RdmaHistoryRulesMissing":  # whether there is any, not what it says
             continue
-        days = Counter((day[record], selector) for _, record, selector, _ in reads if record in day)
+        days = Counter((day[record], selector, offset) for _, record, selector, _, offset in reads if record in day)
         # Read any other way (another window or function, an instant value) a day's maximum would hold a
         # day of other than a day: every mention of one must be such a read.
-        proper = [record for function, record, _, window in reads if (function, window) == ("max_over_time", "10m")]
+        proper = [record for function, record, _, window, _ in reads if (function, window) == ("max_over_time", "10m")]
         if sum(expr.count(record) for record in day) != sum(record in day for record in proper):
             problems.append(f"{name} reads a day's maximum other than over the last 10 minutes")
-        tails = Counter((record, selector) for _, record, selector, window in reads if window == "10m")
+        tails = Counter((record, selector, offset) for _, record, selector, window, offset in reads if window == "10m")
         if days - tails:
             problems.append(f"{name} reads a day of history without the last minutes of {sorted(days - tails)}")
         # Where the maximum's value is taken (`max by` over the day and the tail), the tail needs a label
         # of its own: `or` would drop it for a series that also has a day's maximum.
         if re.search(r"max(?: by \([^)]*\))? ?\(\s*max_over_time\([\w:]+_max1d", expr):
-            for source, selector in days:
-                tail = f"max_over_time({source}{selector}[10m])"
+            for source, selector, offset in days:
+                tail = f"max_over_time({source}{selector}[10m]{offset})"
                 labelled = f'label_replace({tail}, "rdma_history_window", "10m", "", "")'
                 if expr.count(tail) != expr.count(labelled):
                     problems.append(f"{name} takes the maximum of {source}{selector} without labelling its tail")
