@@ -386,8 +386,15 @@ _RESUMED: Final = re.compile(r"^(\d+)\s+\d+\.\d+\s+<\.\.\. (openat|open|pread64)
 # `= -1 EIO (Input/output error)` for a failure. Anchored at the end: a pread's buffer may hold `=12`.
 _RETURN: Final = re.compile(r"=\s+(-?\d+)(?:<[^>]*>)?(?:\s+E[A-Z0-9]+\s+\([^)]*\))?\s*$")
 # With -y strace prints each fd argument with its path: pread64(7</sys/.../symbol_error>, ...
-_PREAD_CALL: Final = re.compile(r"^\d+\s+(\d+\.\d+)\s+pread64\(\d+<([^>]*)>")
+_PREAD_CALL: Final = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+pread64\(\d+<([^>]*)>")
 _PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
+
+
+def _from_start(line: str) -> bool:
+    """Whether a pread line (or its resumed line) reads at offset 0, or says no offset: the read of a
+    file. Another offset is the rest of a long file, part of the read at offset 0."""
+    offset = _PREAD_OFFSET.search(line)
+    return offset is None or offset.group(1) == "0"
 
 
 # `= ? ERESTARTSYS (...)`: interrupted by a signal (Go's runtime sends SIGURG all the time) and restarted,
@@ -443,19 +450,16 @@ def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[File
             pid = resumed.group(1)
             if pid in pending:
                 syscall, path, stamp = pending.pop(pid)
-                offset = _PREAD_OFFSET.search(line)
-                if syscall != "pread64" or offset is None or offset.group(1) == "0":
+                if syscall != "pread64" or _from_start(line):
                     add(path, stamp, _returned(line), syscall == "pread64")
             continue
         unfinished = line.rstrip().endswith("<unfinished ...>")
         pread = _PREAD_CALL.match(line)
         if pread:
-            pid, stamp, path = line.split(None, 1)[0], float(pread.group(1)), pread.group(2)
+            pid, stamp, path = pread.group(1), float(pread.group(2)), pread.group(3)
             if unfinished:
                 pending[pid] = ("pread64", path, stamp)  # its offset is on the resumed line
-                continue
-            offset = _PREAD_OFFSET.search(line)
-            if offset is None or offset.group(1) == "0":  # another offset: the rest of a long file
+            elif _from_start(line):
                 add(path, stamp, _returned(line), True)
             continue
         call = _OPEN_CALL.match(line)
