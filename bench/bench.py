@@ -390,6 +390,24 @@ _PREAD_CALL: Final = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+pread64\(\d+<([^>]*)>")
 _PREAD_OFFSET: Final = re.compile(r", \d+, (\d+)\)\s+=")
 
 
+# strace prints a path as C text: `\"`, `\\`, `\n` and the like, every other byte it does not print as
+# an octal escape (`\303\251` for "é"), and inside -y's <...> also `>` (`\76`).
+_STRACE_ESCAPE: Final = re.compile(rb"\\(?:([0-7]{1,3})|(.))", re.DOTALL)
+_STRACE_NAMED: Final = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"v": b"\v", b"f": b"\f", b"a": b"\a", b"b": b"\b"}
+
+
+def _strace_path(text: str) -> str:
+    """A path as strace printed it, as the file system's bytes decoded like `os.fsdecode` does."""
+    if "\\" not in text:
+        return text
+
+    def byte(escape: re.Match[bytes]) -> bytes:
+        octal, char = escape.groups()
+        return bytes([int(octal, 8)]) if octal else _STRACE_NAMED.get(char, char)
+
+    return os.fsdecode(_STRACE_ESCAPE.sub(byte, os.fsencode(text)))
+
+
 def _from_start(line: str) -> bool:
     """Whether a pread line (or its resumed line) reads at offset 0, or says no offset: the read of a
     file. Another offset is the rest of a long file, part of the read at offset 0."""
@@ -456,7 +474,7 @@ def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[File
         unfinished = line.rstrip().endswith("<unfinished ...>")
         pread = _PREAD_CALL.match(line)
         if pread:
-            pid, stamp, path = pread.group(1), float(pread.group(2)), pread.group(3)
+            pid, stamp, path = pread.group(1), float(pread.group(2)), _strace_path(pread.group(3))
             if unfinished:
                 pending[pid] = ("pread64", path, stamp)  # its offset is on the resumed line
             elif _from_start(line):
@@ -465,7 +483,8 @@ def parse_strace(text: str, windows: Sequence[tuple[float, float]]) -> list[File
         call = _OPEN_CALL.match(line)
         if call is None:
             continue
-        pid, stamp, directory, path = call.group(1), float(call.group(2)), call.group(3), call.group(4)
+        pid, stamp = call.group(1), float(call.group(2))
+        directory, path = _strace_path(call.group(3) or ""), _strace_path(call.group(4))
         if directory and not path.startswith("/"):
             path = os.path.join(directory, path)  # openat relative to a directory fd (or the cwd)
         if unfinished:

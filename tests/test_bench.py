@@ -279,6 +279,20 @@ def test_strace_joins_an_open_relative_to_a_directory_fd_and_reads_a_cwd_with_a_
     ]
 
 
+def test_strace_escapes_in_a_path_are_undone() -> None:
+    parse_strace = _bench_module().parse_strace
+    # strace 6.1's own lines for a file `f"q\b é` in a directory `d>ir`, opened by path and through the
+    # directory's fd, and each pread at offset 0.
+    trace = "\n".join(
+        [
+            r'7 1.1 openat(AT_FDCWD</t>, "/t/d>ir/f\"q\\b \303\251", O_RDONLY) = 3</t/d\76ir/f\"q\\b \303\251>',
+            r'7 1.2 pread64(3</t/d\76ir/f\"q\\b \303\251>, "1", 10, 0) = 1',
+            r'7 1.3 openat(4</t/d\76ir>, "f\"q\\b \303\251", O_RDONLY|O_CLOEXEC) = 5</t/d\76ir/f\"q\\b \303\251>',
+        ]
+    )
+    assert {read.path for read in parse_strace(trace, [(1.0, 3.0)])} == {'/t/d>ir/f"q\\b é'}
+
+
 def test_a_counter_file_read_through_its_link_and_through_a_kept_fd_is_one_file(tmp_path: Path) -> None:
     bench = _bench_module()
     sys_root = tmp_path / "sys"
