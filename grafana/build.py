@@ -889,6 +889,19 @@ def fabric_overview() -> Json:
             minimum=0,
         ), 8, 8),
         (table(
+            "Firmware by HCA model",
+            "HCAs of each board (the PSID, one firmware image each) by the firmware they run, per cluster "
+            "(cluster_board_firmware: recording rule; whole clusters, the instance selector does not apply; "
+            "SR-IOV virtual functions and devices without a board id not counted). Two versions of one board: "
+            "a rollout in progress, or HCAs left behind. Within one node, RdmaDeviceFirmwareMismatch opens a "
+            "ticket; the node dashboard's devices table shows each HCA's firmware.",
+            "none",
+            [target(sel("cluster_board_firmware:rdma_devices:count", CLUSTER), instant=True, table=True)],
+            rename={"hca_type": "HCA type", "board_id": "board", "fw_ver": "firmware", "Value": "HCAs"},
+            alerts=["RdmaDeviceFirmwareMismatch"],
+            decimals=0,
+        ), 24, 6),
+        (table(
             "Firing RDMA alerts",
             "Alerts of the rdma-exporter rules firing now. Click an alert name for its runbook, an instance for "
             "its node dashboard. Empty while no RDMA alert fires.",
