@@ -55,6 +55,8 @@ def write(tmp_path: Path, text: str) -> Path:
         ("collectors:\n  netdev:\n    ipoib_statistics: true\n", "collectors.netdev",
          "netdev's settings go under collector.netdev"),
         ("collector:\n  infiniband: true\n", "collector.infiniband", "to switch it on or off: collectors.infiniband"),
+        ("collector:\n  ethtool: false\n", "collector.ethtool",
+         "got false; to switch it on or off: collectors.ethtool"),
         ("log:\n  level: loud\n", "log.level", "expected one of"),
         ("bogus: 1\n", "bogus", "unknown section"),
         ("- a\n- b\n", "(top level)", "expected a mapping"),

@@ -309,6 +309,10 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
             if name in COLLECTORS and isinstance(body, bool):
                 reason += f"; to switch it on or off: collectors.{name}"
             raise ConfigError(source, f"collector.{name}", reason)
+        if isinstance(body, bool):
+            switch = f"to switch it on or off: collectors.{name}"
+            reason = f"expected a mapping of {name}'s settings, got {str(body).lower()}; {switch}"
+            raise ConfigError(source, f"collector.{name}", reason)
         validators = COLLECTOR_SETTINGS[name]
         for key, value in check_mapping(source, f"collector.{name}", body).items():
             dotted = f"collector.{name}.{key}"
