@@ -398,6 +398,14 @@ def test_runbook_exists_and_covers_the_basics(name: str) -> None:
         assert section in headings, f"{page.name} lacks the heading {section}"
 
 
+def test_the_history_runbook_counts_the_shipped_day_records() -> None:
+    """RdmaHistoryRulesMissing's runbook has the on-call engineer count the day records in the loaded file;
+    a count that lags the shipped file sends them after a rules file that is fine."""
+    stated = re.findall(r"should count (\d+)", (RUNBOOKS / "RdmaHistoryRulesMissing.md").read_text())
+    shipped = len(re.findall(r"record: .*max10m_max1d", HISTORY_RULES.read_text()))
+    assert stated == [str(shipped)]
+
+
 def test_no_orphan_runbooks() -> None:
     pages = {p.stem for p in RUNBOOKS.glob("*.md") if p.stem != "README"}
     assert pages == set(ALERT_NAMES)
