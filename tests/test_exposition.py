@@ -244,6 +244,11 @@ LINT_SAFE_CASES = [
     ("rx_bytes_seconds_kelvin", "gauge", "rx_bytes_seconds_kelvin"),
     ("rx_kilo_total", "counter", "rx_kilo_total"),
     ("rx_pause_m_h_d", "counter", "rx_pause_mx_hx_dx"),  # promtool's abbreviations of minutes, hours, days
+    # A gauge must not end as only counters, histograms and summaries may; a counter gets _total after it.
+    ("active_qp_count", "gauge", "active_qp_countx"),
+    ("watermark_total", "gauge", "watermark_totalx"),
+    ("rx_sum_bucket", "gauge", "rx_sum_bucketx"),
+    ("rx_count", "counter", "rx_count"),
 ]
 
 

@@ -621,10 +621,12 @@ def test_names_that_normalise_alike_keep_one_file_when_it_fails(captured_copy) -
 
 def test_driver_counter_names_pass_promtool_and_levels_are_gauges(captured_copy) -> None:  # type: ignore[no-untyped-def]
     """hw_counters names come from the driver: an abbreviated unit or a metric type's name in one failed
-    `promtool check metrics`, and a CamelCase level (ActiveQPs) was typed counter. Found by review."""
+    `promtool check metrics`, and a CamelCase level (ActiveQPs) was typed counter. Found by review; so were
+    levels named as only counters, histograms and summaries may be (active_qp_count, watermark_total)."""
     root = captured_copy("built-multi-driver")
     hw = root / "class/infiniband/bnxt_re0/ports/1/hw_counters"
-    for name, value in {"tx_wait_ms": "5", "rx_histogram_x": "3", "ActiveQPs": "12", "rx_total": "4"}.items():
+    levels = {"active_qp_count": "6", "watermark_total": "7", "watermark_sum": "8", "active_bucket": "9"}
+    for name, value in {"tx_wait_ms": "5", "rx_histogram_x": "3", "ActiveQPs": "12", "rx_total": "4", **levels}.items():
         (hw / name).write_text(f"{value}\n")
     text = scrape(root)
     promtool_check_metrics(text)
@@ -635,6 +637,8 @@ def test_driver_counter_names_pass_promtool_and_levels_are_gauges(captured_copy)
     assert values[("rdma_port_hw_active_q_ps", port)] == 12
     assert "# TYPE rdma_port_hw_active_q_ps gauge" in text
     assert values[("rdma_port_hw_rx_total", port)] == 4  # not rx_total_total, which the daemon's writer would serve
+    for name, value in levels.items():
+        assert values[(f"rdma_port_hw_{name}x", port)] == int(value)
 
 
 # --- the PMA counter table, against the spec -------------------------------------------------------------

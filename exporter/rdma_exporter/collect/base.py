@@ -85,11 +85,15 @@ def _non_base_unit(token: str) -> bool:
 
 
 _TYPE_WORDS: Final = frozenset({"counter", "gauge", "histogram", "summary"})
+# Name endings promtool allows only on counters (_total), histograms (_bucket) and both (_count, _sum).
+_RESERVED_SUFFIXES: Final = frozenset({"total", "count", "sum", "bucket"})
 
 
 def lint_safe(key: str, kind: str) -> str:
     """`key` with every token promtool would reject rewritten (milliseconds -> millisecond, ms -> msec,
-    histogram -> histogramx: promtool rejects any type's name, not only the family's own `kind`)."""
+    histogram -> histogramx: promtool rejects any type's name, not only the family's own `kind`). A name
+    that is not a counter's must not end in a suffix promtool keeps for other types (a driver's gauge
+    `active_qp_count` -> active_qp_countx); a counter's gets `_total` after it."""
     tokens = []
     for token in key.split("_"):
         if token in _ABBREVIATIONS:
@@ -97,6 +101,8 @@ def lint_safe(key: str, kind: str) -> str:
         elif _non_base_unit(token) or token == kind or token in _TYPE_WORDS:
             token = token[:-1] if token.endswith("s") else f"{token}x"
         tokens.append(token)
+    if kind != "counter" and tokens[-1] in _RESERVED_SUFFIXES:
+        tokens[-1] += "x"
     return "_".join(tokens)
 
 
