@@ -454,6 +454,18 @@ def test_expansion_limit_is_inclusive() -> None:
         expand_devices("f", "k", "d[0-4096]")
 
 
+def test_the_whole_list_has_the_same_limit_as_one_range() -> None:
+    """Each range stops at 4096 names, and so does the list: 250 entries of 4096 names were a million
+    expected ports, whose 333 MB answer every scrape built after its deadline (fault review). Exactly the
+    limit is accepted; the entry that goes past it is named."""
+    at_limit = ", ".join(f"{{devices: 'd[1-1024]', port: {port}}}" for port in (1, 2, 3, 4))
+    config = parse(f"collector: {{expected: {{ports: [{at_limit}]}}}}")
+    assert len(config.collector_settings["expected"]["ports"]) == 4096
+    past = at_limit + ", {devices: mlx5_0}"
+    with pytest.raises(ConfigError, match=r"ports\[4\]: more than 4096 expected ports in all"):
+        parse(f"collector: {{expected: {{ports: [{past}]}}}}")
+
+
 def test_every_pcie_link_the_collector_reports_can_be_expected() -> None:
     # Gen7 and x12 were refused here while the PCIe parser reported them (code review).
     port = parse("collector: {expected: {ports: [{devices: mlx5_0, pcie_gen: 7, pcie_width: 12}]}}")

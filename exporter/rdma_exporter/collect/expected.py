@@ -74,6 +74,9 @@ _LITERAL: Final = re.compile(r"^[A-Za-z0-9_.:-]+\Z")
 # Gb/s; a typo far above any link, yet far below where value * 1e9 / 8 leaves a float's range.
 _MAX_GBPS: Final = 1e12
 _MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a million names
+# The same bound on the whole list: 250 entries of 4096 names were a million expected ports, a 333 MB
+# answer built after the scrape deadline, every scrape. A node has a few hundred ports at most.
+MAX_EXPECTED_PORTS: Final = 4096
 _MAX_BOUND_DIGITS: Final = 18
 # `lspci` prints bus:device.function without the domain: that is domain 0000.
 _LSPCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
@@ -256,6 +259,9 @@ def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
                 field = "pci_addresses" if expected.pci_address else "devices"
                 raise ConfigError(source, f"{key}[{index}].{field}", reason)
             ports[ident] = (index, expected)
+            if len(ports) > MAX_EXPECTED_PORTS:
+                reason = f"more than {MAX_EXPECTED_PORTS} expected ports in all; a node has a few hundred at most"
+                raise ConfigError(source, f"{key}[{index}]", reason)
             # PCIe is per device: entries for two of its ports may each set its speed, its width or both
             # (expose merges them), but must not set the same one to different values.
             speed = expected.pcie_transfers_per_second
