@@ -777,10 +777,13 @@ def test_stray_entry_in_ports_costs_only_itself(captured_copy) -> None:  # type:
     root = captured_copy("leptonai-gpud-h100")
     (root / "class/infiniband/mlx5_0/ports/lost+found").mkdir()
     (root / "class/infiniband/mlx5_0/ports/4294967295").mkdir()  # U32_MAX: the kernel's "no port"
+    # A port's name that is no directory (fault review): a file, a dangling link.
+    (root / "class/infiniband/mlx5_0/ports/4").write_text("")
+    (root / "class/infiniband/mlx5_0/ports/3").symlink_to("nowhere")
     values = samples(scrape(root))
     assert values[("rdma_port_state_id", MLX5_0)] == 4
     assert values[("rdma_port_symbol_errors_total", MLX5_0)] == 0
-    assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 2
+    assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 4
     ports = {dict(ls)["port"] for name, ls in values if name == "rdma_port_info" and ("device", "mlx5_0") in ls}
     assert ports == {"1"}
 

@@ -472,6 +472,11 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         if number is None or number > MAX_PORT_NUMBER:
             reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
             continue
+        # A port is a directory; a file or a dangling link by a port's name would be a phantom port,
+        # with empty labels and failed reads every scrape.
+        if not os.path.isdir(device_dir / "ports" / entry):
+            reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port directory")
+            continue
         numbers.append(number)
     ports = [
         read_port_info(sys_root, name, number, reader, data_word_bytes=word_bytes, single_port=len(numbers) == 1)
