@@ -6,8 +6,10 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from rdma_exporter.config import (
     load_config_file,
 )
 
-from conftest import SYSFS_FIXTURES, record_reads, samples, scrape
+from conftest import SYSFS_FIXTURES, free_port, record_reads, samples, scrape
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
@@ -1005,3 +1007,22 @@ def test_a_web_config_file_that_fails_names_the_setting_that_named_it(tmp_path: 
     assert f"{tmp_path}/~/web.yml" in result.stderr
     result = run_cli("--web.config.file", str(tmp_path / "none.yml"), "--check-config")
     assert result.stderr.rstrip().endswith("(named by --web.config.file)"), result.stderr
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15])
+def test_a_sigterm_during_start_up_leaves_no_sample_tree_behind(tmp_path: Path, delay: float) -> None:
+    """A bare run builds the sample tree in TMPDIR and removes it at exit. A SIGTERM in the first fraction of
+    a second, before the daemon takes the signal over, ended the process by the default action, which runs
+    no atexit: the tree stayed (operator review). Sent as soon as the tree's directory exists, and a little
+    later (while it is built, while the daemon starts)."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    cmd = [sys.executable, "-m", "rdma_exporter", "--sample", "--web.listen-address", f"127.0.0.1:{free_port()}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("rdma-exporter-sample-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert list(tmp_path.glob("rdma-exporter-sample-*")), "the sample tree was never made"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert list(tmp_path.glob("rdma-exporter-sample-*")) == []

@@ -7,6 +7,7 @@ import atexit
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -200,6 +201,10 @@ def setup_logging(level: str) -> None:
     )
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
     """Without RDMA hardware, build the bundled sample tree so that a first run shows real output.
 
@@ -213,9 +218,14 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
         return config  # an explicit tree is served as it is, even without RDMA devices
     from .sample_tree import SAMPLE_SPEC, build_tree
 
-    dest = Path(tempfile.mkdtemp(prefix="rdma-exporter-sample-"))
-    # The tree is this process's own scratch: remove it on exit so restarts do not pile up copies.
-    atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    # The tree is this process's own scratch: remove it on exit so restarts do not pile up copies. SIGTERM
+    # waits while the directory is made and its removal registered: between the two it would leave it.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        dest = Path(tempfile.mkdtemp(prefix="rdma-exporter-sample-"))
+        atexit.register(shutil.rmtree, dest, ignore_errors=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     sys_root = build_tree(dest, SAMPLE_SPEC)
     # --sample is served whatever the machine has: then the flag is the reason, not a missing directory.
     reason = "--sample given" if forced else f"no {config.sysfs / 'class' / 'infiniband'} on this machine"
@@ -252,7 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rdma-exporter: configuration OK ({source}; web: {web.describe()})")
         return 0
     setup_logging(config.log_level)
-    served = use_sample_tree(config, args.sample, args.sysfs is not None or args.config_file is not None)
+    configured = args.sysfs is not None or args.config_file is not None
+    if args.sample or not configured:
+        # A bare run may build the sample tree, which only atexit removes: until the daemon takes SIGTERM
+        # over, end through Python rather than by the signal's default action, which skips atexit and left
+        # the tree behind. A deployment (configured) keeps the default: systemd reads that death as a stop.
+        signal.signal(signal.SIGTERM, _exit_on_term)
+    served = use_sample_tree(config, args.sample, configured)
     # A reload re-reads the config file and re-applies the flags; the sample tree, if any, stays.
     sample: dict[str, Any] = {}
     if served is not config:
