@@ -464,6 +464,10 @@ def test_the_whole_list_has_the_same_limit_as_one_range() -> None:
     past = at_limit + ", {devices: mlx5_0}"
     with pytest.raises(ConfigError, match=r"ports\[4\]: more than 4096 expected ports in all"):
         parse(f"collector: {{expected: {{ports: [{past}]}}}}")
+    # One entry listing many ranges stops at the range that crosses the limit, before expanding the rest.
+    ranges = ", ".join(f"'d{n}_[0-4095]'" for n in range(250))
+    with pytest.raises(ConfigError, match=r"ports\[0\]\.devices\[1\]: more than 4096 expected ports in all"):
+        parse(f"collector: {{expected: {{ports: [{{devices: [{ranges}]}}]}}}}")
 
 
 def test_every_pcie_link_the_collector_reports_can_be_expected() -> None:

@@ -165,6 +165,8 @@ def _devices(source: str, key: str, value: Any) -> list[str]:
         if not isinstance(pattern, str) or not pattern:
             raise ConfigError(source, where, f"expected a non-empty string, got {pattern!r}")
         names.extend(expand_devices(source, where, pattern))
+        if len(names) > MAX_EXPECTED_PORTS:  # before the next range: one entry can list many
+            raise ConfigError(source, where, f"more than {MAX_EXPECTED_PORTS} expected ports in all")
     return names
 
 
@@ -173,6 +175,7 @@ def _pci_addresses(source: str, key: str, value: Any) -> list[str]:
     if not addresses:
         raise ConfigError(source, key, "expected a PCI address like 0000:17:00.0 or a list of them, got []")
     out: list[str] = []
+    seen: set[str] = set()  # `in out` was quadratic: 100,000 addresses fit the YAML limit
     for index, address in enumerate(addresses):
         where = f"{key}[{index}]" if isinstance(value, list) else key
         text = address.strip().lower() if isinstance(address, str) else ""
@@ -188,8 +191,9 @@ def _pci_addresses(source: str, key: str, value: Any) -> list[str]:
             # The kernel prints the domain as %04x: wider only when it needs the digits, never zero-padded.
             reason = f"the kernel names no PCI device {text!r}: a domain wider than 4 digits has no leading zero"
             raise ConfigError(source, where, reason)
-        if text in out:
+        if text in seen:
             raise ConfigError(source, where, f"{text} is listed twice")
+        seen.add(text)
         out.append(text)
     return out
 
