@@ -889,14 +889,16 @@ def fabric_overview() -> Json:
             minimum=0,
         ), 8, 8),
         (table(
-            "Firmware by HCA model",
+            "Firmware by board",
             "HCAs of each board (the PSID, one firmware image each) by the firmware they run, per cluster "
-            "(cluster_board_firmware: recording rule; whole clusters, the instance selector does not apply; "
-            "SR-IOV virtual functions and devices without a board id not counted). Two versions of one board: "
-            "a rollout in progress, or HCAs left behind. Within one node, RdmaDeviceFirmwareMismatch opens a "
-            "ticket; the node dashboard's devices table shows each HCA's firmware.",
+            "(cluster_board_firmware: recording rule; whole clusters, the instance selector does not apply). "
+            "HCAs are PCI physical functions: SR-IOV virtual functions, SFs and SMI sub devices run their "
+            "parent's firmware, and devices without a board id have no image to compare. Two versions of one "
+            "board: a rollout in progress, or HCAs left behind. Within one node, RdmaDeviceFirmwareMismatch "
+            "opens a ticket; the node dashboard's devices table shows each HCA's firmware.",
             "none",
-            [target(sel("cluster_board_firmware:rdma_devices:count", CLUSTER), instant=True, table=True)],
+            [target(f"sum by (cluster, hca_type, board_id, fw_ver) "
+                    f"({sel('cluster_board_firmware:rdma_devices:count', CLUSTER)})", instant=True, table=True)],
             rename={"hca_type": "HCA type", "board_id": "board", "fw_ver": "firmware", "Value": "HCAs"},
             alerts=["RdmaDeviceFirmwareMismatch"],
             decimals=0,

@@ -734,7 +734,7 @@ RELATED_RUNBOOKS = {
     ("node-detail", "PCIe AER errors", "RdmaPcieLinkDegraded"): "AER errors precede a link that retrains slower",
     ("node-detail", "PCIe AER errors", "RdmaPcieUncorrectableErrors"): "it counts the AER messages (reports) of "
     "the non-fatal and fatal errors this panel shows by type, and its description names the types",
-    ("fabric-overview", "Firmware by HCA model", "RdmaDeviceFirmwareMismatch"): "it counts the HCAs of each board "
+    ("fabric-overview", "Firmware by board", "RdmaDeviceFirmwareMismatch"): "it counts the HCAs of each board "
     "and firmware version that the alert compares, per cluster instead of per node",
     ("fabric-overview", "Ports by state", "RdmaPortDown"): "the states its description names (its expression "
     "reads their numbers, *_state_id)",
