@@ -77,6 +77,7 @@ _MAX_EXPANSION: Final = 4096  # a typo like mlx5_[0-99999] must not allocate a m
 # The same bound on the whole list: 250 entries of 4096 names were a million expected ports, a 333 MB
 # answer built after the scrape deadline, every scrape. A node has a few hundred ports at most.
 MAX_EXPECTED_PORTS: Final = 4096
+_TOO_MANY_PORTS: Final = f"more than {MAX_EXPECTED_PORTS} expected ports in all; a node has a few hundred at most"
 _MAX_BOUND_DIGITS: Final = 18
 # `lspci` prints bus:device.function without the domain: that is domain 0000.
 _LSPCI_ADDRESS: Final = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
@@ -166,7 +167,7 @@ def _devices(source: str, key: str, value: Any) -> list[str]:
             raise ConfigError(source, where, f"expected a non-empty string, got {pattern!r}")
         names.extend(expand_devices(source, where, pattern))
         if len(names) > MAX_EXPECTED_PORTS:  # before the next range: one entry can list many
-            raise ConfigError(source, where, f"more than {MAX_EXPECTED_PORTS} expected ports in all")
+            raise ConfigError(source, where, _TOO_MANY_PORTS)
     return names
 
 
@@ -264,8 +265,7 @@ def check_ports(source: str, key: str, value: Any) -> tuple[ExpectedPort, ...]:
                 raise ConfigError(source, f"{key}[{index}].{field}", reason)
             ports[ident] = (index, expected)
             if len(ports) > MAX_EXPECTED_PORTS:
-                reason = f"more than {MAX_EXPECTED_PORTS} expected ports in all; a node has a few hundred at most"
-                raise ConfigError(source, f"{key}[{index}]", reason)
+                raise ConfigError(source, f"{key}[{index}]", _TOO_MANY_PORTS)
             # PCIe is per device: entries for two of its ports may each set its speed, its width or both
             # (expose merges them), but must not set the same one to different values.
             speed = expected.pcie_transfers_per_second
