@@ -68,9 +68,9 @@ NOT_ON_SAMPLE_TREE = {
     "rdma_exporter_device_scrape_skipped",
     "rdma_exporter_device_read_blocked_seconds",
 }
-# Alerts on a state rather than a quantity: their value is 1 and the description names the state.
 # Alerts about a node whose expressions read device metrics but keep no device label.
 PER_NODE_ALERTS = {"RdmaDeviceFirmwareMismatch"}  # one ticket per node and board, its devices in the text
+# Alerts on a state rather than a quantity: their value is 1 and the description names the state.
 STATE_ALERTS = {
     "RdmaPortDown",
     "RdmaPortVanished",
