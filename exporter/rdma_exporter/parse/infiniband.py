@@ -469,13 +469,14 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     numbers: list[int] = []
     for entry in list_dir(device_dir / "ports", reader, optional=False):
         number = parse_entry_number(entry)
+        entry_path = device_dir / "ports" / entry
         if number is None or number > MAX_PORT_NUMBER:
-            reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port number")
+            reader.fail(REASON_MALFORMED, entry_path, "not a port number")
             continue
         # A port is a directory; a file or a dangling link by a port's name would be a phantom port,
         # with empty labels and failed reads every scrape.
-        if not os.path.isdir(device_dir / "ports" / entry):
-            reader.fail(REASON_MALFORMED, device_dir / "ports" / entry, "not a port directory")
+        if not os.path.isdir(entry_path):
+            reader.fail(REASON_MALFORMED, entry_path, "not a port directory")
             continue
         numbers.append(number)
     ports = [
