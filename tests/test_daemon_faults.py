@@ -490,6 +490,36 @@ def test_a_device_read_stalled_first_is_not_a_netdev_stall(tmp_path: Path, fifos
     assert reads.outstanding() == 2
 
 
+def test_a_netdev_stall_after_a_device_stall_logs_its_end_as_it_logged_its_start(
+    tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start of each stall is logged per device and per what is blocked (its own reads, its netdev
+    reads); its end was logged per device only, so a netdev stall within 10 minutes of the device's
+    own stall logged a start and never an end (daemon review)."""
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    root, collector = sample_collector(tmp_path / "t", 1.0, reads)
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
+    for path, fill in (
+        (device_dir(root, "mlx5_8") / "ports" / "1" / "counters" / "link_downed", b"0\n"),
+        (netdev_file(root, "enp220s0f0np0", "speed"), netdev_file(root, "enp220s0f0np0", "speed").read_bytes()),
+    ):
+        fifo = fifos.make(path)
+        for _ in range(2):
+            timed_scrape(collector)
+        fifos.release(fifo, fill)
+        wait_until(lambda: reads.outstanding() == 0)
+    time.sleep(0.5)  # the end is logged just after the job leaves the outstanding ones
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device mlx5_8: ")]
+    # From this test's first line on: the jobs of an earlier test's stalls may end (and say so) meanwhile.
+    starts = [n for n, line in enumerate(lines) if line.startswith("device mlx5_8: no answer before the scrape")]
+    lines = lines[starts[0]:] if starts else lines
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("device mlx5_8: no answer before the scrape deadline"), lines
+    assert lines[2].startswith("device mlx5_8: its netdev reads (which wait for the kernel's rtnl lock)"), lines
+    for end in (lines[1], lines[3]):
+        assert end.startswith("device mlx5_8: blocked read returned after "), lines
+
+
 def test_a_removed_device_takes_its_error_counts_with_it(tmp_path: Path) -> None:
     # Counted per device; kept after the device left, they grew without bound under VF churn (review).
     root = make_tree(tmp_path, 3)

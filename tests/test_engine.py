@@ -91,7 +91,9 @@ def scrape(rdma: RdmaCollector, timeout: float = 5.0) -> Samples:
     return samples(rdma.gather(timeout).render_text().decode())
 
 
-def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(tmp_path: Path, standin: StandIn) -> None:
+def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
     # One reader thread: mlx5_1's job waits behind mlx5_0's, stuck in firmware. The scrape that gives up at
     # its deadline drops the job that never started and lets another thread past the stuck one, so the next
     # scrape reads mlx5_1 instead of reporting it skipped behind a read that never began.
@@ -99,8 +101,14 @@ def test_a_device_queued_behind_a_stuck_one_is_read_by_the_next_scrape(tmp_path:
     # Never stuck by the pool's measure: on a loaded machine the first scrape could end after the 1 s at
     # which a stuck job lets another thread in, and find mlx5_1 read by it.
     rdma = collector(tmp_path, standin, parallelism=1, stuck_after=60.0)
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
     first = scrape(rdma, 0.5)
     assert ("x_value", (("device", "mlx5_1"),)) not in first
+    # Said as it is: waiting, not a read running (daemon review).
+    logged = {r.getMessage().split(":")[0]: r.getMessage() for r in caplog.records}
+    assert "(read running for " in logged["device mlx5_0"], logged
+    assert "(queued for " in logged["device mlx5_1"], logged
+    assert logged["device mlx5_1"].endswith(", waiting for a reader thread; not logged again for 10 minutes)"), logged
     # mlx5_1's job ends (dropped, or run by the thread let in): only the stuck read is left outstanding.
     wait_until(lambda: rdma.reads.outstanding() == 1)
     second = scrape(rdma, 30.0)

@@ -67,7 +67,15 @@ from ..parse.reader import (
 from . import readers
 from .base import FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source, needs_rtnl
 from .inventory import DeviceEntry, DeviceFilter, Inventory
-from .readers import DeviceJob, DeviceReads, SourceOutcome, forget_quiet_periods_over, shared_reads
+from .readers import (
+    READS_DEVICE,
+    READS_NETDEV,
+    DeviceJob,
+    DeviceReads,
+    SourceOutcome,
+    forget_quiet_periods_over,
+    shared_reads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +136,6 @@ DEVICE_SKIPPED: Final = MetricSpec(
     "is read all the same, without them, and is not reported here.",
     ("device",),
 )
-# Values of DEVICE_BLOCKED's `reads` label.
-READS_DEVICE: Final = "device"
-READS_NETDEV: Final = "netdev"
 DEVICE_BLOCKED: Final = MetricSpec(
     "rdma_exporter_device_read_blocked_seconds",
     "gauge",
@@ -172,10 +177,14 @@ ENGINE_SPECS: Final = (
 )
 
 
+# What _reading says of a job no reader thread has taken yet.
+QUEUED: Final = "the queue"
+
+
 def _reading(job: DeviceJob) -> str:
     """What an unfinished job is reading: its static info, or the files of which source."""
     if job.started is None:
-        return "the queue, waiting for a reader thread"
+        return QUEUED
     if not job.info_done:
         return "its static info"
     _, current = job.snapshot()
@@ -651,10 +660,12 @@ class RdmaCollector(Collector):
                 how = "its netdev reads (which wait for the kernel's rtnl lock) are blocked; its other reads go on"
             elif name not in rnd.skipped:
                 how = "no answer before the scrape deadline"
-            where = f", in {reading[name]}" if reads != READS_NETDEV and name in reading else ""
+            state, where = "read running", f", in {reading[name]}" if reads != READS_NETDEV and name in reading else ""
+            if reads != READS_NETDEV and reading.get(name) == QUEUED:  # not running: no thread has taken it yet
+                state, where = "queued", ", waiting for a reader thread"
             log.warning(
-                "device %s: %s (read running for %.1f s%s; not logged again for %d minutes)",
-                name, how, blocked[name, reads], where, readers.BLOCKED_LOG_QUIET_SECONDS // 60,
+                "device %s: %s (%s for %.1f s%s; not logged again for %d minutes)",
+                name, how, state, blocked[name, reads], where, readers.BLOCKED_LOG_QUIET_SECONDS // 60,
             )
 
     def _log_listing(self, errors: ReadErrors, class_dir: str) -> None:

@@ -46,6 +46,10 @@ WORKER_IDLE_SECONDS: Final = 30.0
 BLOCKED_LOG_QUIET_SECONDS: Final = 600.0
 # A read blocked this long is a hang (RdmaDeviceUnresponsive's threshold), logged whatever the quiet period.
 HUNG_READ_SECONDS: Final = 60.0
+# What a device's unfinished read is blocked in (the `reads` label of its blocked-seconds metric): its
+# own reads, or its netdev reads, which wait for the kernel's rtnl lock.
+READS_DEVICE: Final = "device"
+READS_NETDEV: Final = "netdev"
 
 
 @dataclass(slots=True)
@@ -91,6 +95,7 @@ class DeviceJob:
         self.info_done = False  # the static-info phase is over (read, cached or failed)
         # Static info and every source that needs no rtnl are read: what is left are netdev reads.
         self.device_reads_done = False
+        self.blocked_in = READS_DEVICE  # what its reads were in when a scrape stopped waiting for it
         self.outcomes: dict[str, SourceOutcome] = {}
         self.current: tuple[str, float] | None = None  # source being read and since when
         self.on_done: Callable[[DeviceJob], None] | None = None
@@ -313,7 +318,9 @@ class DeviceReads:
         self._outstanding: dict[str, DeviceJob] = {}
         self._device_only: dict[str, DeviceJob] = {}  # beside an outstanding job stuck in its netdev reads
         self._files: dict[str, OpenFiles] = {}
-        self._returned_logged: dict[str, float] = {}  # device -> when its blocked read's return was logged
+        # (device, what was blocked: its own reads or its netdev reads) -> when a return was logged; by both,
+        # as the start lines are: a netdev stall after a device stall had its start logged, not its end
+        self._returned_logged: dict[tuple[str, str], float] = {}
 
     def start(
         self,
@@ -387,6 +394,8 @@ class DeviceReads:
             files.close()
 
     def give_up(self, job: DeviceJob) -> None:
+        if not job.abandoned:  # the first time only: its end must close the episode whose start was logged
+            job.blocked_in = READS_NETDEV if job.device_reads_done else READS_DEVICE
         self.pool.abandon(job)
 
     def _finished(self, job: DeviceJob) -> None:
@@ -397,13 +406,14 @@ class DeviceReads:
                 del self._device_only[job.key]
         if job.abandoned:
             now = time.monotonic()
+            episode = (job.device, job.blocked_in)
             with self._lock:
                 quiet = (
-                    now - self._returned_logged.get(job.device, -math.inf) < BLOCKED_LOG_QUIET_SECONDS
+                    now - self._returned_logged.get(episode, -math.inf) < BLOCKED_LOG_QUIET_SECONDS
                     and now - job.since() < HUNG_READ_SECONDS
                 )
                 if not quiet:
-                    self._returned_logged[job.device] = now
+                    self._returned_logged[episode] = now
                     forget_quiet_periods_over(self._returned_logged, now)
             log.log(
                 logging.DEBUG if quiet else logging.WARNING,
