@@ -71,8 +71,8 @@ def write(tmp_path: Path, text: str) -> Path:
         ("devices:\n  exclude: 'mlx5_0'\nlog:\n  level: info\ndevices:\n  include: 'mlx5_.*'\n",
          "line 5, column 1", "duplicate key 'devices'"),
         ("devices:\n  exclude: 'mlx5_0'\n  exclude: 'mlx5_1'\n", "line 3, column 3", "duplicate key 'exclude'"),
-        ("path:\n  sysfs: /nonexistent/sys\n", "path.sysfs", "not a directory: /nonexistent/sys"),
-        ("path:\n  ethtool: /nonexistent/ethtool\n", "path.ethtool", "not a directory"),
+        ("path:\n  sysfs: /nonexistent/sys\n", "path.sysfs", "no such directory: /nonexistent/sys"),
+        ("path:\n  ethtool: /nonexistent/ethtool\n", "path.ethtool", "no such directory"),
         ("path:\n  sysfs: /dev/null\n", "path.sysfs", "not a directory: /dev/null"),  # there, but no tree
         # Each check on its own: a traceback, or a value served as something else, if it were gone.
         ("devices:\n  include: 5\n", "devices.include", "expected a regular expression string, got int"),
@@ -274,7 +274,7 @@ def test_missing_directory_flag_stops_start_up(tmp_path: Path, flag: str) -> Non
     # A typo, or a container started without its host /sys mount, must not look like a node without RDMA.
     result = run_cli(flag, str(tmp_path / "absent"), "--check-config")
     assert result.returncode == EXIT_UNAVAILABLE
-    assert f"command line: {flag}: not a directory: {tmp_path / 'absent'}" in result.stderr
+    assert f"command line: {flag}: no such directory: {tmp_path / 'absent'}" in result.stderr
     (tmp_path / "a-file").write_text("")  # there, and no directory: that stays so
     result = run_cli(flag, str(tmp_path / "a-file"), "--check-config")
     assert result.returncode == EXIT_CONFIG

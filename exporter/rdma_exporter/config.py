@@ -134,7 +134,8 @@ def check_required_directory(source: str, key: str, value: Any) -> Path:
     --check-config as no directory at all, and the daemon then failed on it with a traceback."""
     path = Path(check_string(source, key, value))
     if not path.is_dir():
-        raise wrong_kind_error(path)(source, key, f"not a directory: {path}")
+        what = "not a directory" if path.exists() else "no such directory"
+        raise wrong_kind_error(path)(source, key, f"{what}: {path}")
     return path
 
 
