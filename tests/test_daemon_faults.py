@@ -233,6 +233,29 @@ def test_a_device_slow_on_every_scrape_is_logged_once_with_what_it_was_reading(
     assert sum(message.startswith("device mlx5_1: blocked read returned") for _, message in lines) == 3
 
 
+def test_a_stuck_device_is_not_logged_again_by_each_reload(
+    tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each reload builds a new collector over the process's reads: what the log had said of a stuck HCA
+    went with the old one, and 20 reloads said its "not logged again for 10 minutes" 20 times (review)."""
+    root = make_tree(tmp_path, 2)
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
+    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
+    for _ in range(6):
+        scraped, _ = timed_scrape(collector_for(root, 0.5, reads))
+        assert value(scraped, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1", reads="device")
+    fifos.release(fifo, b"1\n")
+    wait_until(lambda: reads.outstanding() == 0)
+    time.sleep(0.5)  # the end is logged just after the job leaves the outstanding ones
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device mlx5_1: ")]
+    # From this test's first line on: the jobs of an earlier test's stalls may end (and say so) meanwhile.
+    warnings = warnings[[w.startswith("device mlx5_1: no answer") for w in warnings].index(True):]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("device mlx5_1: no answer before the scrape deadline"), warnings
+    assert warnings[1].startswith("device mlx5_1: blocked read returned after "), warnings
+
+
 def test_a_hang_after_a_slow_episode_is_logged_once_it_is_a_hang(
     tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -291,9 +291,6 @@ class RdmaCollector(Collector):
             self._state[source.name] = _CollectorState()
         self._state_lock = threading.Lock()
         self._listed: frozenset[str] = frozenset()  # the devices of the last listing that worked
-        self._reported: set[tuple[str, str]] = set()  # (device, reads) blocked in the last logged round
-        self._blocked_logged: dict[tuple[str, str], float] = {}  # (device, reads) -> when last logged
-        self._hung_reported: set[tuple[str, str]] = set()  # blocked past HUNG_READ_SECONDS, already logged
         # (collector, device) -> its ongoing read-error episodes, by (owner, reason)
         self._erroring: dict[tuple[str, str], dict[tuple[str, str], _ErrorEpisode]] = {}
         # (collector, device, owner, reason, path) -> when a read-error line last named that file
@@ -637,19 +634,21 @@ class RdmaCollector(Collector):
     def _log_blocked(self, blocked: dict[tuple[str, str], float], reading: dict[str, str], rnd: _Round) -> None:
         # Once per episode, not once per scrape: a stuck HCA must not flood the journal. Nor once per
         # episode of a device that is slow on every scrape: not again within BLOCKED_LOG_QUIET_SECONDS.
+        # What was said is the process's, not this collector's: a reload must not say it again.
         now = time.monotonic()
-        with self._state_lock:
-            logged = self._blocked_logged
+        said = self.reads.blocked_log
+        with said.lock:
+            logged = said.logged
             forget_quiet_periods_over(logged, now)
-            episodes = sorted(set(blocked) - self._reported)
+            episodes = sorted(set(blocked) - said.reported)
             new = [key for key in episodes if key not in logged or blocked[key] >= readers.HUNG_READ_SECONDS]
             quiet = [key for key in episodes if key not in new]
             # A quiet episode is not reported yet: once the quiet period is over, a device still blocked is
             # logged then. A read that turns into a hang is logged when it does, once, whatever came before.
-            self._reported = set(blocked) - set(quiet)
+            said.reported = set(blocked) - set(quiet)
             hung = {key for key, seconds in blocked.items() if seconds >= readers.HUNG_READ_SECONDS}
-            new += sorted(hung - self._hung_reported - set(new))
-            self._hung_reported = hung
+            new += sorted(hung - said.hung_reported - set(new))
+            said.hung_reported = hung
             logged.update(dict.fromkeys(new, now))
         for name, reads in quiet:
             log.debug("device %s: %s read still missed the scrape deadline (read running for %.1f s)",

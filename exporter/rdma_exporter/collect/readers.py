@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..parse.infiniband import DeviceInfo
@@ -299,6 +299,18 @@ def shared_budget() -> FileBudget:
         return _shared_budget
 
 
+@dataclass(slots=True)
+class BlockedLog:
+    """What the log has said of blocked reads (engine's `_log_blocked`). Kept by DeviceReads, which outlives
+    config reloads, so that a reload does not say again what was said: 20 reloads while an HCA was stuck
+    logged its "not logged again for 10 minutes" line 20 times (daemon review)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    reported: set[tuple[str, str]] = field(default_factory=set)  # (device, reads) blocked in the last logged round
+    logged: dict[tuple[str, str], float] = field(default_factory=dict)  # (device, reads) -> when last logged
+    hung_reported: set[tuple[str, str]] = field(default_factory=set)  # blocked past HUNG_READ_SECONDS, logged
+
+
 class DeviceReads:
     """The pool, the outstanding jobs of each device directory, and each device's kept-open files.
 
@@ -321,6 +333,7 @@ class DeviceReads:
         # (device, what was blocked: its own reads or its netdev reads) -> when a return was logged; by both,
         # as the start lines are: a netdev stall after a device stall had its start logged, not its end
         self._returned_logged: dict[tuple[str, str], float] = {}
+        self.blocked_log = BlockedLog()
 
     def start(
         self,
