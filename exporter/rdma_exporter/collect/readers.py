@@ -301,14 +301,18 @@ def shared_budget() -> FileBudget:
 
 @dataclass(slots=True)
 class BlockedLog:
-    """What the log has said of blocked reads (engine's `_log_blocked`). Kept by DeviceReads, which outlives
-    config reloads, so that a reload does not say again what was said: 20 reloads while an HCA was stuck
-    logged its "not logged again for 10 minutes" line 20 times (daemon review)."""
+    """What the log has said of blocked reads: their starts (engine's `_log_blocked`) and their ends
+    (`DeviceReads._finished`). Kept by DeviceReads, which outlives config reloads, so that a reload does
+    not say again what was said: 20 reloads while an HCA was stuck logged its "not logged again for 10
+    minutes" line 20 times (daemon review). Keys are (device, reads): READS_DEVICE or READS_NETDEV."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    reported: set[tuple[str, str]] = field(default_factory=set)  # (device, reads) blocked in the last logged round
-    logged: dict[tuple[str, str], float] = field(default_factory=dict)  # (device, reads) -> when last logged
+    reported: set[tuple[str, str]] = field(default_factory=set)  # blocked in the last logged round
+    logged: dict[tuple[str, str], float] = field(default_factory=dict)  # -> when its start was last logged
     hung_reported: set[tuple[str, str]] = field(default_factory=set)  # blocked past HUNG_READ_SECONDS, logged
+    # -> when its end was last logged: by what was blocked, as the starts are (a netdev stall after a
+    # device stall had its start logged, not its end)
+    returned: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 class DeviceReads:
@@ -330,9 +334,6 @@ class DeviceReads:
         self._outstanding: dict[str, DeviceJob] = {}
         self._device_only: dict[str, DeviceJob] = {}  # beside an outstanding job stuck in its netdev reads
         self._files: dict[str, OpenFiles] = {}
-        # (device, what was blocked: its own reads or its netdev reads) -> when a return was logged; by both,
-        # as the start lines are: a netdev stall after a device stall had its start logged, not its end
-        self._returned_logged: dict[tuple[str, str], float] = {}
         self.blocked_log = BlockedLog()
 
     def start(
@@ -420,14 +421,15 @@ class DeviceReads:
         if job.abandoned:
             now = time.monotonic()
             episode = (job.device, job.blocked_in)
-            with self._lock:
+            said = self.blocked_log
+            with said.lock:
                 quiet = (
-                    now - self._returned_logged.get(episode, -math.inf) < BLOCKED_LOG_QUIET_SECONDS
+                    now - said.returned.get(episode, -math.inf) < BLOCKED_LOG_QUIET_SECONDS
                     and now - job.since() < HUNG_READ_SECONDS
                 )
                 if not quiet:
-                    self._returned_logged[episode] = now
-                    forget_quiet_periods_over(self._returned_logged, now)
+                    said.returned[episode] = now
+                    forget_quiet_periods_over(said.returned, now)
             log.log(
                 logging.DEBUG if quiet else logging.WARNING,
                 "device %s: blocked read returned after %.1f s",
