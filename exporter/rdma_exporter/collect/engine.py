@@ -659,9 +659,12 @@ class RdmaCollector(Collector):
                 how = "its netdev reads (which wait for the kernel's rtnl lock) are blocked; its other reads go on"
             elif name not in rnd.skipped:
                 how = "no answer before the scrape deadline"
-            state, where = "read running", f", in {reading[name]}" if reads != READS_NETDEV and name in reading else ""
-            if reads != READS_NETDEV and reading.get(name) == QUEUED:  # not running: no thread has taken it yet
-                state, where = "queued", ", waiting for a reader thread"
+            state, where = "read running", ""
+            if reads != READS_NETDEV and name in reading:
+                if reading[name] == QUEUED:  # not running: no thread has taken it yet
+                    state, where = "queued", ", waiting for a reader thread"
+                else:
+                    where = f", in {reading[name]}"
             log.warning(
                 "device %s: %s (%s for %.1f s%s; not logged again for %d minutes)",
                 name, how, state, blocked[name, reads], where, readers.BLOCKED_LOG_QUIET_SECONDS // 60,
