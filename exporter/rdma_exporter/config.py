@@ -304,14 +304,14 @@ def parse_config(document: Any, source: str, base: Config | None = None, directo
 
     settings = {name: dict(values) for name, values in config.collector_settings.items()}
     for name, body in check_mapping(source, "collector", top.get("collector")).items():
+        switch = f"to switch it on or off: collectors.{name}"  # for a true/false given here by mistake
         if name not in COLLECTOR_SETTINGS:
             known = ", ".join(sorted(COLLECTOR_SETTINGS)) or "none"
             reason = f"no settings for this collector (settings exist for: {known})"
             if name in COLLECTORS and isinstance(body, bool):
-                reason += f"; to switch it on or off: collectors.{name}"
+                reason += f"; {switch}"
             raise ConfigError(source, f"collector.{name}", reason)
         if isinstance(body, bool):
-            switch = f"to switch it on or off: collectors.{name}"
             reason = f"expected a mapping of {name}'s settings, got {str(body).lower()}; {switch}"
             raise ConfigError(source, f"collector.{name}", reason)
         validators = COLLECTOR_SETTINGS[name]
