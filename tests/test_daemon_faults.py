@@ -233,6 +233,14 @@ def test_a_device_slow_on_every_scrape_is_logged_once_with_what_it_was_reading(
     assert sum(message.startswith("device mlx5_1: blocked read returned") for _, message in lines) == 3
 
 
+def stall_lines(caplog: pytest.LogCaptureFixture, device: str) -> list[str]:
+    """The device's log lines from its first "no answer before the scrape deadline" on: the jobs of an
+    earlier test's stalls may end (and say so) meanwhile."""
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"device {device}: ")]
+    starts = [n for n, line in enumerate(lines) if line.startswith(f"device {device}: no answer before the scrape")]
+    return lines[starts[0]:] if starts else lines
+
+
 def test_a_stuck_device_is_not_logged_again_by_each_reload(
     tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -247,15 +255,10 @@ def test_a_stuck_device_is_not_logged_again_by_each_reload(
         assert value(scraped, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1", reads="device")
     fifos.release(fifo, b"1\n")
     wait_until(lambda: reads.outstanding() == 0)
-
-    def logged() -> list[str]:
-        warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device mlx5_1: ")]
-        # From this test's first line on: the jobs of an earlier test's stalls may end (and say so) meanwhile.
-        return warnings[[w.startswith("device mlx5_1: no answer") for w in warnings].index(True):]
-
     # The end is logged just after the job leaves the outstanding ones.
-    wait_until(lambda: logged()[-1].startswith("device mlx5_1: blocked read returned"))
-    warnings = logged()
+    wait_until(lambda: any(line.startswith("device mlx5_1: blocked read returned")
+                           for line in stall_lines(caplog, "mlx5_1")))
+    warnings = stall_lines(caplog, "mlx5_1")
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("device mlx5_1: no answer before the scrape deadline"), warnings
     assert warnings[1].startswith("device mlx5_1: blocked read returned after "), warnings
@@ -536,16 +539,10 @@ def test_a_netdev_stall_after_a_device_stall_logs_its_end_as_it_logged_its_start
             timed_scrape(collector)
         fifos.release(fifo, fill)
         wait_until(lambda: reads.outstanding() == 0)
-
-    def logged() -> list[str]:
-        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("device mlx5_8: ")]
-        # From this test's first line on: the jobs of an earlier test's stalls may end (and say so) meanwhile.
-        starts = [n for n, line in enumerate(lines) if line.startswith("device mlx5_8: no answer before the scrape")]
-        return lines[starts[0]:] if starts else lines
-
     # The end is logged just after the job leaves the outstanding ones.
-    wait_until(lambda: sum(line.startswith("device mlx5_8: blocked read returned") for line in logged()) >= 2)
-    lines = logged()
+    wait_until(lambda: sum(line.startswith("device mlx5_8: blocked read returned")
+                           for line in stall_lines(caplog, "mlx5_8")) >= 2)
+    lines = stall_lines(caplog, "mlx5_8")
     assert len(lines) == 4, lines
     assert lines[0].startswith("device mlx5_8: no answer before the scrape deadline"), lines
     assert lines[2].startswith("device mlx5_8: its netdev reads (which wait for the kernel's rtnl lock)"), lines
