@@ -1972,6 +1972,49 @@ def test_plain_http_to_the_tls_port_is_answered_400_in_plain_text(pki: Pki, tmp_
         assert get(server.port, "/", context=client_context(pki)).status == 200
 
 
+def client_hello() -> bytes:
+    """The first flight of a real TLS client (Python's OpenSSL), as a scraper with `scheme: https` sends it."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_a_tls_handshake_to_the_plain_port_is_answered_400_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    # A scrape config at `scheme: https` against a plain port: the ClientHello holds no head end, so it
+    # waited out the head timeout (here a minute) and Prometheus showed a timeout, not the reason.
+    with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=60) as server:
+        with caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
+            for _ in range(2):
+                with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                    sock.sendall(client_hello())
+                    closed, answer = closed_within(sock, 10)
+                assert closed, answer
+                head, _, body = answer.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+                assert body == b"Client sent a TLS handshake to an HTTP server.\n"
+            assert get(server.port, "/").status == 200
+        # Said once, with what to change; the second is counted for the next line, not logged again.
+        (line,) = [r.getMessage() for r in caplog.records if "TLS handshake(s) answered 400" in r.getMessage()]
+        assert line.startswith("1 TLS handshake(s)") and "tls_server_config" in line and "127.0.0.1:" in line
+
+
+def test_a_go_tls_client_is_told_the_plain_port_speaks_http(tmp_path: Path) -> None:
+    # Go's TLS client (Prometheus', here amtool's) names the mistake when the answer starts with "HTTP/".
+    amtool = require_binary("amtool")
+    with InProcessServer(lambda request: Response(200, b"ok"), head_timeout=60) as server:
+        started = time.monotonic()
+        result = subprocess.run(
+            [amtool, f"--alertmanager.url=https://127.0.0.1:{server.port}", "alert", "query"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        took = time.monotonic() - started
+    assert result.returncode != 0
+    assert "server gave HTTP response to HTTPS client" in result.stderr, result.stderr
+    assert took < 30, took  # not the head timeout
+
+
 def test_a_full_server_keeps_a_client_in_its_tls_handshake(pki: Pki, tmp_path: Path) -> None:
     # A handshake under way is a request begun, not an idle connection to close for a newcomer.
     context = server_tls(pki, tmp_path)

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_LINE: Final = 8192
 MAX_REQUEST_HEAD: Final = 16384
 MAX_HEADERS: Final = 64
+# The content type that opens every TLS record of a handshake (RFC 8446 5.1): the first byte a TLS client
+# sends, and one no HTTP request starts with.
+TLS_HANDSHAKE_RECORD: Final = b"\x16"
 IDLE_TIMEOUT: Final = 90.0  # longer than a 60 s scrape interval, so Prometheus keeps its connection
 HEAD_TIMEOUT: Final = 10.0  # from the first byte (or the TCP accept, with TLS) to the end of the head
 WRITE_TIMEOUT: Final = 30.0
@@ -498,6 +501,7 @@ class HttpServer:
         self.refused_connections = CountedWarning(log)  # accepted and closed at once: no room
         self.failed_accepts = CountedWarning(log)  # out of descriptors: retried every ACCEPT_PAUSE
         self.failed_handshakes = CountedWarning(log)  # TLS: no or untrusted client certificate, no common version
+        self.plain_handshakes = CountedWarning(log)  # TLS ClientHellos sent to this server without TLS
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -746,6 +750,19 @@ class HttpServer:
         self._dispatch(conn)
 
     def _dispatch(self, conn: _Conn) -> None:
+        if conn.buffer[:1] == TLS_HANDSHAKE_RECORD and not isinstance(conn.sock, ssl.SSLSocket):
+            # A scrape config with `scheme: https` against this plain port. A ClientHello rarely holds a
+            # head end, so it would wait out the head timeout, and Prometheus would show only "context
+            # deadline exceeded". An answer starting "HTTP/" is what Go's TLS client recognises: it reports
+            # "server gave HTTP response to HTTPS client".
+            self._reject(conn, 400, "Client sent a TLS handshake to an HTTP server.")
+            self.plain_handshakes.add(
+                "%d TLS handshake(s) answered 400 since the last such line: this port serves plain HTTP, so a "
+                "scraper's `scheme: https` needs tls_server_config in a --web.config.file here, or `scheme: http` "
+                "there (the last from %s)",
+                conn.peer,
+            )
+            return
         end = conn.head_end()
         if end < 0:
             if len(conn.buffer) > MAX_REQUEST_HEAD:
