@@ -40,8 +40,10 @@ def _sources() -> Iterator[tuple[str, tuple[MetricSpec, ...], tuple[DynamicMetri
                 yield name, specs, tuple(getattr(value, "dynamic_specs", ()))
 
 
-def _row(name: str, kind: str, labels: tuple[str, ...], help_text: str) -> str:
+def _row(name: str, kind: str, labels: tuple[str, ...], help_text: str, optional: tuple[str, ...] = ()) -> str:
     shown = ", ".join(f"`{label}`" for label in labels) or "-"
+    if optional:
+        shown += "; also " + ", ".join(f"`{label}`" for label in optional) + ", each where the name names it"
     return f"| `{name}` | {kind} | {shown} | {help_text.replace('|', '/')} |"
 
 
@@ -67,7 +69,7 @@ def render() -> str:
     for title, specs, dynamic in sections():
         lines += [f"## {title}", "", "| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
         lines += [_row(s.name, s.kind, s.labels, s.help) for s in specs]
-        lines += [_row(d.pattern, d.kind, d.labels, d.help) for d in dynamic]
+        lines += [_row(d.pattern, d.kind, d.labels, d.help, d.optional_labels) for d in dynamic]
         lines.append("")
     return "\n".join(lines)
 

@@ -56,6 +56,8 @@ class DynamicMetricSpec:
     kind: Kind
     help: str
     labels: tuple[str, ...]
+    # Labels a metric of the family adds for each dimension its name names (`stat_queue_...`: queue)
+    optional_labels: tuple[str, ...] = ()
 
 
 # `promtool check metrics` rejects some name tokens: non-base units ("bits": it wants bytes; "minutes",

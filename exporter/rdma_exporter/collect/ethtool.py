@@ -161,6 +161,7 @@ EXTRA_DYNAMIC: Final = DynamicMetricSpec(
     "collector.ethtool.extra_stats patterns. Besides direction (rx, tx or empty) it has a priority, lane, "
     "queue or channel label when the key names that dimension, e.g. stat_queue_xdp_drop{queue=...}.",
     (*NETDEV, "direction"),
+    ("priority", "lane", "queue", "channel"),
 )
 
 
