@@ -49,6 +49,7 @@ from rdma_exporter.parse.ethtool import (
     ETHTOOL_GSSET_INFO,
     ETHTOOL_GSTATS,
     ETHTOOL_GSTRINGS,
+    MAX_EXTRA_STATS,
     CuratedStat,
     curate,
     parse_stats_text,
@@ -462,7 +463,7 @@ def test_curated_stats_counts_the_netdevs_curated_series(metrics: Sample, device
         (n, ls)
         for n, ls in metrics
         if n.startswith("rdma_ethtool_")
-        and not n.startswith(("rdma_ethtool_stat_", "rdma_ethtool_curated_stats"))
+        and not n.startswith(("rdma_ethtool_stat_", "rdma_ethtool_curated_stats", "rdma_ethtool_extra_stats_"))
         and port.items() <= dict(ls).items()
     ]
     assert value(metrics, "rdma_ethtool_curated_stats", **port) == len(curated) > 50
@@ -516,7 +517,7 @@ def test_bnxt_en_and_ice_stats_feed_the_mlx5_families(tree: Path) -> None:
 
 
 def test_netdev_with_no_known_stat_names_shows_zero_curated_stats(tree: Path) -> None:
-    # A driver whose names the rule table does not know reads fine: no error, and no series but this one.
+    # A driver whose names the rule table does not know reads fine: no error, and no series but these two.
     path = tree / "ethtool" / ROCE["mlx5_8"]
     path.write_text((FIXTURES / "ethtool" / "node_exporter_eth0_generic_with_quirks.txt").read_text())
     exporter = Exporter(tree / "sys", tree / "ethtool")
@@ -524,7 +525,7 @@ def test_netdev_with_no_known_stat_names_shows_zero_curated_stats(tree: Path) ->
     metrics = samples(text)
     port = {"device": "mlx5_8", "port": "1", "netdev": ROCE["mlx5_8"]}
     ethtool_series = {n for n, ls in series(metrics, "rdma_ethtool_") if port.items() <= dict(ls).items()}
-    assert ethtool_series == {"rdma_ethtool_curated_stats"}
+    assert ethtool_series == {"rdma_ethtool_curated_stats", "rdma_ethtool_extra_stats_over_limit"}
     assert value(metrics, "rdma_ethtool_curated_stats", **port) == 0
     assert value(metrics, "rdma_ethtool_curated_stats", device="mlx5_9") > 0
     assert value(metrics, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
@@ -1053,6 +1054,48 @@ def test_extra_stats_are_exported_labelled(tree: Path) -> None:
     promtool_check_metrics(exporter.text())
 
 
+def test_extras_past_the_limit_are_counted_logged_once_and_not_exported(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A broken driver or capture listing 200,000 lane_N names took 7 s a scrape, past the deadline the
+    # reads keep, and a 79 MB answer, with nothing counted (review).
+    netdev, other = ROCE["mlx5_8"], ROCE["mlx5_9"]
+    path = tree / "ethtool" / netdev
+    original = path.read_text()
+    flood = original + "".join(f"     s{i}_lane_0: {i}\n" for i in range(MAX_EXTRA_STATS + 10))
+    port = {"device": "mlx5_8", "port": "1", "netdev": netdev}
+    exporter = Exporter(tree / "sys", tree / "ethtool")
+    baseline = exporter.scrape()
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "rdma_ethtool_extra_stats_over_limit" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.collect.ethtool"):
+        path.write_text(flood)
+        for _ in range(2):
+            metrics = exporter.scrape()
+        assert value(metrics, "rdma_ethtool_extra_stats_over_limit", **port) == 10
+        assert value(metrics, "rdma_ethtool_extra_stats_over_limit", netdev=other) == 0
+        extras = {(n, ls) for n, ls in series(metrics, "rdma_ethtool_stat_") if ("netdev", netdev) in ls}
+        assert len(extras) == MAX_EXTRA_STATS
+        # The first ones in the driver's order are kept, and every curated series is still there.
+        assert value(metrics, "rdma_ethtool_stat_lane_s0_total", **port) == 0
+        assert value(metrics, f"rdma_ethtool_stat_lane_s{MAX_EXTRA_STATS}_total", **port) is None
+        curated = {key for key in series(baseline, "rdma_ethtool_") if not key[0].startswith("rdma_ethtool_stat_")}
+        assert curated <= set(metrics)
+        known = "rdma_ethtool_curated_stats"
+        assert value(metrics, known, **port) == value(baseline, known, **port)
+        (line,) = lines()  # once for the episode, not every scrape
+        assert netdev in line and " 10 " in line and "extra_stats" in line
+        # Back under the limit: 0 and the episode over; a new one is logged again.
+        path.write_text(original)
+        assert value(exporter.scrape(), "rdma_ethtool_extra_stats_over_limit", **port) == 0
+        path.write_text(flood)
+        exporter.scrape()
+        assert len(lines()) == 2
+    promtool_check_metrics(exporter.text())
+
+
 def test_bad_extra_stats_regex_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "rdma.yml"
     path.write_text("collector:\n  ethtool:\n    extra_stats: ['^rx_', 'tx_(']\n")
@@ -1131,7 +1174,7 @@ def test_awkward_extra_names_pass_promtool() -> None:
     names = ["rx_timeout_ms", "tx_kilobytes", "rx_fec_corrected_bits_lane_1", "rx_counter_counter", "tx_s_b_kb",
              "rx_total_total", "rx_q7_hours", "rx_prio_9_x"]  # fmt: skip
     stats = tuple(curate(dict.fromkeys(names, 1), [re.compile(".")]))
-    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats, 0),))}, out)
     promtool_check_metrics(render(out))
 
 
@@ -1146,7 +1189,7 @@ colliding_names = st.sampled_from(["rx_ms", "rx_msec", "tx_bits", "tx_bit", "rx_
 def test_expose_of_any_extras_is_valid_and_unique(stats: dict[str, int]) -> None:
     curated = tuple(curate(stats, [re.compile(".")]))
     out = FamilySet()
-    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", curated),))}, out)
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", curated, 0),))}, out)
     text = render(out)
     keys = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
     assert len(keys) == len(set(keys))
@@ -1231,9 +1274,9 @@ def test_netdev_in_two_devices_readings_is_exposed_once_under_the_first() -> Non
     stats = tuple(curate({"rx_prio3_pause": 7, "rx_discards_phy": 1}))
     out = FamilySet()
     # The second device's reading of eth0 (say a scrape that raced a LAG change) must not double its series.
-    EthtoolSource().expose({d: EthtoolReading(((1, "eth0", stats),)) for d in ("mlx5_1", "mlx5_0")}, out)
+    EthtoolSource().expose({d: EthtoolReading(((1, "eth0", stats, 0),)) for d in ("mlx5_1", "mlx5_0")}, out)
     got = exposed(out)
-    assert len(got) == 3
+    assert len(got) == 4  # two curated, curated_stats and extra_stats_over_limit
     assert {labels["device"] for _, labels, _ in got} == {"mlx5_0"}
 
 
@@ -1242,7 +1285,7 @@ def test_curated_stats_counts_neither_extras_nor_uncurated_lanes() -> None:
     stats = tuple(curate(names, [re.compile("vport")]))
     assert len(stats) == 4
     out = FamilySet()
-    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats, 0),))}, out)
     counts = [v for n, _, v in exposed(out) if n == "rdma_ethtool_curated_stats"]
     assert counts == [2]
 
@@ -1256,7 +1299,7 @@ def test_series_memo_stays_bounded_and_exposition_survives_its_reset(monkeypatch
     source = EthtoolSource()
     for _ in range(2):
         out = FamilySet()
-        source.expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+        source.expose({"mlx5_0": EthtoolReading(((1, "eth0", stats, 0),))}, out)
         polls = {labels["channel"]: v for n, labels, v in exposed(out) if n == "rdma_ethtool_stat_channel_poll_total"}
         assert polls == {str(i): float(i) for i in range(10)}
         assert len(source._series) <= 4
@@ -1267,7 +1310,7 @@ def test_extra_port_wide_and_per_queue_stats_are_all_exposed() -> None:
     # are dropped without a trace (their labels differ from the spec the first name created).
     stats = tuple(curate({"tx_queue_stopped": 5, "tx0_stopped": 2, "tx1_stopped": 3}, [re.compile("stopped")]))
     out = FamilySet()
-    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats, 0),))}, out)
     values = sorted(v for n, _, v in exposed(out) if n.startswith("rdma_ethtool_stat_"))
     assert values == [2, 3, 5]
 
@@ -1420,7 +1463,7 @@ def test_extras_that_lint_to_one_name_are_exposed_once_with_the_first_value() ->
     stats = tuple(curate({"rx_wait_ms": 1, "rx_wait_msec": 2}, [re.compile("wait")]))
     assert len(stats) == 2
     out = FamilySet()
-    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats),))}, out)
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats, 0),))}, out)
     assert [(n, v) for n, _, v in exposed(out) if n.startswith("rdma_ethtool_stat_")] == [
         ("rdma_ethtool_stat_wait_msec_total", 1)
     ]

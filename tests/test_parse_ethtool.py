@@ -31,12 +31,14 @@ from rdma_exporter.parse.ethtool import (
     ETHTOOL_GSTATS,
     ETHTOOL_GSTRINGS,
     MAX_CAPTURE_BYTES,
+    MAX_EXTRA_STATS,
     MODULE_EVENTS,
     CuratedStat,
     EthtoolError,
     GuardedMemory,
     _decide,
     curate,
+    curate_counted,
     generic_key,
     parse_stats_text,
     read_stats_file,
@@ -1176,3 +1178,16 @@ def test_bnxt_and_ice_priorities_past_seven_are_not_curated() -> None:
 def test_lane_inside_a_word_is_no_lane_stat() -> None:
     # Uncurated names are kept for a lane index only; `plane1` is a word, and nobody opted in to it.
     assert curate({"rx_plane1_drops": 1}) == []
+
+
+def test_extras_past_the_limit_are_counted_and_curated_names_are_not_limited() -> None:
+    flood = {f"s{i}_lane_0": i for i in range(MAX_EXTRA_STATS + 3)}
+    # A name that lands on a key already planned (S0_lane_0 on s0_lane_0's) is no new series: it neither
+    # takes a place under the limit nor is counted past it.
+    stats = {"s0_lane_0": 0, "S0_lane_0": 7, **flood, "rx_prio3_pause": 5, "tx_vport_unicast_bytes": 9}
+    curated, over_limit = curate_counted(stats, [re.compile("vport")])
+    extras = [c.source for c in curated if c.key.startswith("stat_")]
+    assert extras == list(flood)[:MAX_EXTRA_STATS]  # the first in the driver's order
+    assert over_limit == 4  # three lane names and the vport extra past the limit
+    assert [c.source for c in curated if not c.key.startswith("stat_")] == ["rx_prio3_pause"]
+    assert curate_counted(dict(list(flood.items())[:MAX_EXTRA_STATS]))[1] == 0

@@ -26,10 +26,11 @@ from ..configerror import ConfigError, compile_regex
 from ..parse.ethtool import (
     CURATED_HELP,
     CURATED_KINDS,
+    MAX_EXTRA_STATS,
     CuratedStat,
     EthtoolCall,
     EthtoolError,
-    curate,
+    curate_counted,
     read_stats_file,
     read_stats_ioctl,
 )
@@ -150,6 +151,14 @@ CURATED_STATS: Final = MetricSpec(
     "exporter (a driver other than mlx5, bnxt_en or ice), so its PFC, pause and PHY series are missing.",
     NETDEV,
 )
+EXTRA_OVER_LIMIT: Final = MetricSpec(
+    f"{PREFIX}extra_stats_over_limit",
+    "gauge",
+    f"Number of the netdev's ethtool -S statistics selected as rdma_ethtool_stat_* series (uncurated per-lane "
+    f"ones and collector.ethtool.extra_stats matches) past the first {MAX_EXTRA_STATS}, in the driver's order, "
+    "and so not exported. Above 0: narrow the extra_stats patterns, or the driver reports unexpected names.",
+    NETDEV,
+)
 EXTRA_HELP: Final = (
     "ethtool -S statistic without a curated meaning (an uncurated per-lane counter, or one selected by "
     "collector.ethtool.extra_stats); see the driver's documentation of the ethtool name."
@@ -179,7 +188,8 @@ def live_sysfs(sys_root: str) -> bool:
 class EthtoolReading:
     """The curated stats of the netdevs one RDMA device read, each with the port it belongs to."""
 
-    netdevs: tuple[tuple[int, str, tuple[CuratedStat, ...]], ...]
+    # (port, netdev, its curated stats, how many extras were left out past MAX_EXTRA_STATS)
+    netdevs: tuple[tuple[int, str, tuple[CuratedStat, ...], int], ...]
 
 
 def scaled(stat: CuratedStat) -> float:
@@ -204,7 +214,7 @@ class EthtoolSource:
     name = NAME
     # The SIOCETHTOOL ioctl runs under the rtnl lock.
     needs_rtnl = True
-    specs: tuple[MetricSpec, ...] = (*CURATED_SPECS.values(), CURATED_STATS)
+    specs: tuple[MetricSpec, ...] = (*CURATED_SPECS.values(), CURATED_STATS, EXTRA_OVER_LIMIT)
     dynamic_specs: tuple[DynamicMetricSpec, ...] = (EXTRA_DYNAMIC,)
 
     def __init__(
@@ -224,6 +234,8 @@ class EthtoolSource:
         # Unexpected exceptions per netdev: logged once per episode, as the engine logs a failing
         # collector, not once per scrape.
         self._failures = FailureEpisodes()
+        # (device, netdev) whose extras over the limit were logged; the episode ends when they fit again.
+        self._over_limit_logged: set[tuple[str, str]] = set()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
@@ -267,7 +279,7 @@ class EthtoolSource:
         self.seen.forget(device)
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
-        netdevs: list[tuple[int, str, tuple[CuratedStat, ...]]] = []
+        netdevs: list[tuple[int, str, tuple[CuratedStat, ...], int]] = []
         if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
             self.forget_device(device.name)  # nothing of it is read: as if it were gone
             return EthtoolReading(())
@@ -288,17 +300,22 @@ class EthtoolSource:
             if name in done:
                 continue
             done.add(name)
-            curated = self._read_netdev(device.name, name, reader)
-            if curated is not None:
+            read = self._read_netdev(device.name, name, reader)
+            if read is not None:
                 self.seen.add(device.name, name)
-                netdevs.append((number, name, curated))
+                netdevs.append((number, name, *read))
         # A netdev that failed and then went away (a driver reload) starts a new episode if it comes back.
         self._failures.retain(device.name, done)
+        for key in list(self._over_limit_logged):  # a copy: other devices' jobs may add meanwhile
+            if key[0] == device.name and key[1] not in done:
+                self._over_limit_logged.discard(key)
         self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return EthtoolReading(tuple(netdevs))
 
-    def _read_netdev(self, device: str, name: str, reader: SysfsReader) -> tuple[CuratedStat, ...] | None:
+    def _read_netdev(
+        self, device: str, name: str, reader: SysfsReader
+    ) -> tuple[tuple[CuratedStat, ...], int] | None:
         where: str | Path = f"SIOCETHTOOL {name}"
         try:
             if self.ethtool_dir is not None:
@@ -309,7 +326,7 @@ class EthtoolSource:
                     reader.fail(REASON_MALFORMED, where, f"not 'name: value': {line[:60]!r}")
             else:
                 raw = read_stats_ioctl(name, call=self.call)
-            curated = tuple(curate(raw, self.extra_patterns))
+            curated, over_limit = curate_counted(raw, self.extra_patterns)
         except EthtoolError as exc:
             reader.fail(exc.reason, where, exc.detail)
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
@@ -319,8 +336,21 @@ class EthtoolSource:
         else:
             if self._failures.succeeded((device, name)):
                 log.info("ethtool statistics of %s read again", name)
-            return curated
+            self._log_over_limit(device, name, over_limit)
+            return tuple(curated), over_limit
         return None
+
+    def _log_over_limit(self, device: str, name: str, over_limit: int) -> None:
+        if not over_limit:
+            self._over_limit_logged.discard((device, name))
+        elif (device, name) not in self._over_limit_logged:
+            self._over_limit_logged.add((device, name))
+            log.warning(
+                "ethtool statistics of %s: %d selected as rdma_ethtool_stat_* series (per-lane names or "
+                "collector.ethtool.extra_stats matches) past the %d a netdev may export are left out, and "
+                "counted in rdma_ethtool_extra_stats_over_limit; narrow the extra_stats patterns",
+                name, over_limit, MAX_EXTRA_STATS,
+            )
 
     def _spec(self, stat: CuratedStat) -> MetricSpec | None:
         labels = (*NETDEV, *(label for label, _ in stat.labels))
@@ -336,7 +366,7 @@ class EthtoolSource:
     def expose(self, results: Mapping[str, EthtoolReading], out: FamilySet) -> None:
         emitted: set[str] = set()
         for device in sorted(results):
-            for port, name, curated in results[device].netdevs:
+            for port, name, curated, over_limit in results[device].netdevs:
                 if name in emitted:
                     continue  # see NetdevSource.expose
                 emitted.add(name)
@@ -360,3 +390,4 @@ class EthtoolSource:
                         if stat.key in CURATED_SPECS:
                             known += 1
                 out.add(CURATED_STATS, base, known)
+                out.add(EXTRA_OVER_LIMIT, base, over_limit)

@@ -557,6 +557,11 @@ CURATED_HELP: Final[dict[str, str]] = {
 
 # Extra stats' keys get the `stat_` prefix (collect/ethtool.py gives them one HELP).
 EXTRA_PREFIX: Final = "stat_"
+# Extra series a netdev may export. Names come from the driver and from operators' extra_stats patterns:
+# a broad pattern on mlx5 with 256 channels selects about 20k per-queue stats, and a broken driver or
+# capture any number of lane_N names (200,000 took 7 s a scrape and 79 MB an answer, review). Past the
+# first this many in the driver's order they are counted (rdma_ethtool_extra_stats_over_limit), not exported.
+MAX_EXTRA_STATS: Final = 2048
 _ESCAPED_WORD: Final = re.compile(r"(?:priority|lane|queue|channel|all)(?:_|$)")
 
 # Bounds keep label values a small fixed set; an index outside them stays part of the key instead.
@@ -649,22 +654,31 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def curate(stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] = ()) -> list[CuratedStat]:
-    """The curated subset of one interface's stats, in the driver's order.
+    """The curated subset of one interface's stats, in the driver's order (see `curate_counted`)."""
+    return curate_counted(stats, extra_patterns)[0]
+
+
+def curate_counted(
+    stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] = ()
+) -> tuple[list[CuratedStat], int]:
+    """The curated subset of one interface's stats, in the driver's order, and how many extras were left
+    out past MAX_EXTRA_STATS.
 
     Known names map through the rule table above (help in CURATED_HELP). Any other name containing a
     `lane_N` is curated through `generic_key`, as is any name an `extra_patterns` regex finds
     (`re.search`, so anchor patterns to match whole names). Extras are counters with unit scale 1, and
     their keys start with `stat_` so they never collide with a curated key. When two names land on the
     same key and labels (e.g. `duplicate metric` and `duplicate_metric`), the first one wins.
-    Values outside u64 are dropped.
+    Values outside u64 are dropped. Extras past the first MAX_EXTRA_STATS are left out and counted.
     """
     patterns = tuple(extra_patterns)
-    plan = _plan(tuple(stats), patterns)
+    plan, over_limit = _plan(tuple(stats), patterns)
     if not all(0 <= stats[name] < 2**64 for name, *_ in plan):
         # A value outside u64 (which neither the ioctl nor parse_stats_text yields) drops its name, which
         # frees its key for a later name: plan over the names that remain.
-        plan = _plan(tuple(name for name, value in stats.items() if 0 <= value < 2**64), patterns)
-    return [CuratedStat(key, stats[name], labels, kind, scale, name) for name, key, labels, kind, scale in plan]
+        plan, over_limit = _plan(tuple(name for name, value in stats.items() if 0 <= value < 2**64), patterns)
+    curated = [CuratedStat(key, stats[name], labels, kind, scale, name) for name, key, labels, kind, scale in plan]
+    return curated, over_limit
 
 
 # A netdev reports the same names, in the same order, every scrape (mlx5: about a thousand, of which a
@@ -672,18 +686,26 @@ def curate(stats: Mapping[str, int], extra_patterns: Sequence[re.Pattern[str]] =
 @lru_cache(maxsize=32)
 def _plan(
     names: tuple[str, ...], extra_patterns: tuple[re.Pattern[str], ...]
-) -> tuple[tuple[str, str, tuple[tuple[str, str], ...], Kind, float], ...]:
+) -> tuple[tuple[tuple[str, str, tuple[tuple[str, str], ...], Kind, float], ...], int]:
+    """(name, key, labels, kind, scale) of each stat to export, and the number of extras over the limit."""
     plan: list[tuple[str, str, tuple[tuple[str, str], ...], Kind, float]] = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    extras = over_limit = 0
     for name in names:
         decided = _decide(name, extra_patterns)
         if decided is None:
             continue
         key, labels, kind, scale = decided
-        if (key, labels) not in seen:
-            seen.add((key, labels))
-            plan.append((name, key, labels, kind, scale))
-    return tuple(plan)
+        if (key, labels) in seen:
+            continue
+        if key.startswith(EXTRA_PREFIX):
+            if extras >= MAX_EXTRA_STATS:
+                over_limit += 1
+                continue
+            extras += 1
+        seen.add((key, labels))
+        plan.append((name, key, labels, kind, scale))
+    return tuple(plan), over_limit
 
 
 # A driver reports the same names every scrape (mlx5: about a thousand per netdev): decide each once.
