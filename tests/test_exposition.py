@@ -179,6 +179,9 @@ def test_label_values_escape_backslash_quote_and_newline_only() -> None:
         'x_things{device="two\\nlines",netdev="enp1\\\\xff"} 2.0\n'
         'x_things{device="\\\\ud800",netdev="ünï"} 3.0\n'
     )
+    # The families as a prometheus_client Collector (RdmaCollector.collect) give the same text, where
+    # such a name raised UnicodeEncodeError (fuzz review).
+    assert prometheus_text(families) == families.render_text()
 
 
 def test_a_help_naming_a_file_that_is_not_utf8_costs_no_scrape(tmp_path: Path) -> None:

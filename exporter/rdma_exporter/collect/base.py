@@ -237,7 +237,8 @@ class FamilySet:
         for spec, label_rows, values in self._rows.values():
             family = spec.family()
             for labels, value in zip(label_rows, values, strict=True):
-                family.add_metric(labels, value)
+                # As render_chunks shows them: prometheus_client's writer cannot encode surrogate escapes.
+                family.add_metric([_printable(label) for label in labels], value)
             yield family
 
     def __len__(self) -> int:
