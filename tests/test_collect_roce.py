@@ -1086,13 +1086,22 @@ def test_extras_past_the_limit_are_counted_logged_once_and_not_exported(
         known = "rdma_ethtool_curated_stats"
         assert value(metrics, known, **port) == value(baseline, known, **port)
         (line,) = lines()  # once for the episode, not every scrape
-        assert netdev in line and " 10 " in line and "extra_stats" in line
+        assert netdev in line and " 10 " in line
+        assert "mlx5_8" in line and "lane_N" in line  # no extra_stats here: the driver's names are the cause
         # Back under the limit: 0 and the episode over; a new one is logged again.
         path.write_text(original)
         assert value(exporter.scrape(), "rdma_ethtool_extra_stats_over_limit", **port) == 0
         path.write_text(flood)
         exporter.scrape()
         assert len(lines()) == 2
+        # A device that goes and comes back (a driver reload) is a new device: its episode is new too.
+        link = tree / "sys" / "class" / "infiniband" / "mlx5_8"
+        target = link.readlink()
+        link.unlink()
+        assert value(exporter.scrape(), "rdma_ethtool_extra_stats_over_limit", **port) is None
+        link.symlink_to(target)
+        assert value(exporter.scrape(), "rdma_ethtool_extra_stats_over_limit", **port) == 10
+        assert len(lines()) == 3
     promtool_check_metrics(exporter.text())
 
 

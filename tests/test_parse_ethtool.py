@@ -1184,10 +1184,14 @@ def test_extras_past_the_limit_are_counted_and_curated_names_are_not_limited() -
     flood = {f"s{i}_lane_0": i for i in range(MAX_EXTRA_STATS + 3)}
     # A name that lands on a key already planned (S0_lane_0 on s0_lane_0's) is no new series: it neither
     # takes a place under the limit nor is counted past it.
-    stats = {"s0_lane_0": 0, "S0_lane_0": 7, **flood, "rx_prio3_pause": 5, "tx_vport_unicast_bytes": 9}
+    # Past it, each series left out is counted once (x_lane_0 and X_lane_0 are one).
+    stats = {
+        "s0_lane_0": 0, "S0_lane_0": 7, **flood, "x_lane_0": 1, "X_lane_0": 2, "rx_prio3_pause": 5,
+        "tx_vport_unicast_bytes": 9,
+    }  # fmt: skip
     curated, over_limit = curate_counted(stats, [re.compile("vport")])
     extras = [c.source for c in curated if c.key.startswith("stat_")]
     assert extras == list(flood)[:MAX_EXTRA_STATS]  # the first in the driver's order
-    assert over_limit == 4  # three lane names and the vport extra past the limit
+    assert over_limit == 5  # three flood names, x_lane_0 and the vport extra past the limit
     assert [c.source for c in curated if not c.key.startswith("stat_")] == ["rx_prio3_pause"]
     assert curate_counted(dict(list(flood.items())[:MAX_EXTRA_STATS]))[1] == 0

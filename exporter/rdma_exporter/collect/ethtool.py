@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -277,6 +277,13 @@ class EthtoolSource:
         """The device is gone (engine): so are its netdevs' failure episodes and what was read of them."""
         self._failures.forget(device)
         self.seen.forget(device)
+        self._retain_over_limit(device, ())
+
+    def _retain_over_limit(self, device: str, netdevs: Collection[str]) -> None:
+        """End the over-limit episodes of the device's netdevs other than `netdevs`."""
+        for key in list(self._over_limit_logged):  # a copy: other devices' jobs may add meanwhile
+            if key[0] == device and key[1] not in netdevs:
+                self._over_limit_logged.discard(key)
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...], int]] = []
@@ -306,9 +313,7 @@ class EthtoolSource:
                 netdevs.append((number, name, *read))
         # A netdev that failed and then went away (a driver reload) starts a new episode if it comes back.
         self._failures.retain(device.name, done)
-        for key in list(self._over_limit_logged):  # a copy: other devices' jobs may add meanwhile
-            if key[0] == device.name and key[1] not in done:
-                self._over_limit_logged.discard(key)
+        self._retain_over_limit(device.name, done)
         self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return EthtoolReading(tuple(netdevs))
@@ -345,11 +350,15 @@ class EthtoolSource:
             self._over_limit_logged.discard((device, name))
         elif (device, name) not in self._over_limit_logged:
             self._over_limit_logged.add((device, name))
+            advice = (
+                "narrow collector.ethtool.extra_stats"
+                if self.extra_patterns
+                else "the driver lists unexpected lane_N statistics"
+            )
             log.warning(
-                "ethtool statistics of %s: %d selected as rdma_ethtool_stat_* series (per-lane names or "
-                "collector.ethtool.extra_stats matches) past the %d a netdev may export are left out, and "
-                "counted in rdma_ethtool_extra_stats_over_limit; narrow the extra_stats patterns",
-                name, over_limit, MAX_EXTRA_STATS,
+                "ethtool statistics of %s (%s): %d rdma_ethtool_stat_* series past the limit of %d a netdev "
+                "are not exported (rdma_ethtool_extra_stats_over_limit); %s",
+                name, device, over_limit, MAX_EXTRA_STATS, advice,
             )
 
     def _spec(self, stat: CuratedStat) -> MetricSpec | None:

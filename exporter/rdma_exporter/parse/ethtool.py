@@ -698,12 +698,12 @@ def _plan(
         key, labels, kind, scale = decided
         if (key, labels) in seen:
             continue
+        seen.add((key, labels))  # also past the limit: a later name with this key is no further series
         if key.startswith(EXTRA_PREFIX):
             if extras >= MAX_EXTRA_STATS:
                 over_limit += 1
                 continue
             extras += 1
-        seen.add((key, labels))
         plan.append((name, key, labels, kind, scale))
     return tuple(plan), over_limit
 
