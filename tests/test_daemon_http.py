@@ -1995,6 +1995,12 @@ def test_a_tls_handshake_to_the_plain_port_is_answered_400_at_once(caplog: pytes
                 assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
                 assert body == b"Client sent a TLS handshake to an HTTP server.\n"
             assert get(server.port, "/").status == 200
+            # Only a connection's first bytes are taken for a handshake: 0x16 after a request is garbage.
+            with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x16garbage\r\n\r\n")
+                closed, answer = closed_within(sock, 10)
+            assert closed and answer.count(b"HTTP/1.1 ") == 2, answer
+            assert b"HTTP/1.1 400 Bad Request" in answer and b"TLS" not in answer, answer
         # Said once, with what to change; the second is counted for the next line, not logged again.
         (line,) = [r.getMessage() for r in caplog.records if "TLS handshake(s) answered 400" in r.getMessage()]
         assert line.startswith("1 TLS handshake(s)") and "tls_server_config" in line and "127.0.0.1:" in line

@@ -330,8 +330,8 @@ class Outgoing:
 
 class _Conn:
     __slots__ = (
-        "buffer", "client", "costly", "deadline", "eof", "handshaking", "keep", "last_active", "peer", "pending",
-        "pending_bytes", "searched", "sock", "started",
+        "buffer", "client", "costly", "deadline", "eof", "first", "handshaking", "keep", "last_active", "peer",
+        "pending", "pending_bytes", "searched", "sock", "started",
     )
 
     def __init__(
@@ -342,6 +342,7 @@ class _Conn:
         self.client = client  # client_of() the peer's address
         self.costly = False  # its request holds one of the client's MAX_COSTLY_PER_CLIENT places
         self.buffer = bytearray()
+        self.first = True  # buffer starts with the first bytes the client sent
         self.searched = 0  # leading bytes of buffer that hold no end of a head
         self.handshaking = handshaking
         self.started = False  # bytes of the current request have arrived
@@ -750,7 +751,7 @@ class HttpServer:
         self._dispatch(conn)
 
     def _dispatch(self, conn: _Conn) -> None:
-        if conn.buffer[:1] == TLS_HANDSHAKE_RECORD and not isinstance(conn.sock, ssl.SSLSocket):
+        if conn.first and conn.buffer[:1] == TLS_HANDSHAKE_RECORD and not isinstance(conn.sock, ssl.SSLSocket):
             # A scrape config with `scheme: https` against this plain port. A ClientHello rarely holds a
             # head end, so it would wait out the head timeout, and Prometheus would show only "context
             # deadline exceeded". An answer starting "HTTP/" is what Go's TLS client recognises: it reports
@@ -775,6 +776,7 @@ class HttpServer:
             return
         head = bytes(conn.buffer[:end])
         del conn.buffer[:end]
+        conn.first = False
         conn.searched = 0  # what follows (a pipelined request) is not searched yet
         try:
             request = parse_head(head)
