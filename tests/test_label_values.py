@@ -53,6 +53,20 @@ def test_a_gid_type_no_kernel_prints_is_counted_not_a_label(tmp_path: Path) -> N
     assert malformed(found, "mlx5_0") == 1
 
 
+def test_a_gid_no_kernel_prints_is_counted_not_a_populated_entry(tmp_path: Path) -> None:
+    # Anything not all zeros counted as a populated entry: `nan` or a byte-order mark too (fuzz review).
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    port = root / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    for index, text in ((1, "nan\n"), (2, "\ufefffe80:0000:0000:0000:b8ce:f603:0022:6001\n"), (3, "fe80::1\n")):
+        (port / "gids" / str(index)).write_text(text)
+        (port / "gid_attrs" / "types" / str(index)).write_text("IB/RoCE v1\n")
+    found = samples(scrape(root))
+    gids = {dict(labels)["gid_type"]: value for (name, labels), value in found.items()
+            if name == "rdma_port_gids" and dict(labels)["device"] == "mlx5_0"}  # fmt: skip
+    assert sum(gids.values()) == 1  # the tree's own entry
+    assert malformed(found, "mlx5_0") == 3 and malformed(found, "mlx5_1") == 0
+
+
 def test_a_bond_whose_slaves_or_mode_are_garbage_keeps_its_slaves_and_names_no_mode(tmp_path: Path) -> None:
     from test_collect_roce import _bond, _function
 
