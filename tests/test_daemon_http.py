@@ -1964,6 +1964,14 @@ def test_plain_http_to_the_tls_port_is_answered_400_in_plain_text(pki: Pki, tmp_
         assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer  # as the server's other refusals
         assert body == b"Client sent an HTTP request to an HTTPS server.\n"
         assert f"Content-Length: {len(body)}".encode() in head
+        # Inside TLS a first byte 0x16 is garbage like any other, not a handshake sent to a plain port.
+        with client_context(pki).wrap_socket(
+            socket.create_connection(("127.0.0.1", server.port)), server_hostname="127.0.0.1"
+        ) as tls:
+            tls.sendall(b"\x16garbage\r\n\r\n")
+            closed, answer = closed_within(tls, 10)
+        assert closed and answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+        assert answer.endswith(b"malformed request line\n"), answer
         # A TLS client whose handshake fails for another reason gets OpenSSL's alert, not this answer.
         with socket.create_connection(("127.0.0.1", server.port)) as garbage:
             garbage.sendall(b"\x16\x03\x01\x00\x05hello")
