@@ -346,11 +346,14 @@ class FailureEpisodes:
     def record_failure(self, key: tuple[str, str], exc: BaseException) -> int:
         """The level to log this failure at: WARNING when it starts an episode (or changes its kind),
         DEBUG when it repeats one."""
-        kind = type(exc).__name__
+        return logging.WARNING if self.start(key, type(exc).__name__) else logging.DEBUG
+
+    def start(self, key: tuple[str, str], kind: str) -> bool:
+        """Record a failure of `kind`: True when it starts an episode (or changes its kind)."""
         with self._lock:
             new = self._failing.get(key) != kind
             self._failing[key] = kind
-        return logging.WARNING if new else logging.DEBUG
+        return new
 
     def succeeded(self, key: tuple[str, str]) -> bool:
         """True when this success ends an episode."""

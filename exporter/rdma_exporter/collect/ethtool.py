@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -234,8 +234,8 @@ class EthtoolSource:
         # Unexpected exceptions per netdev: logged once per episode, as the engine logs a failing
         # collector, not once per scrape.
         self._failures = FailureEpisodes()
-        # (device, netdev) whose extras over the limit were logged; the episode ends when they fit again.
-        self._over_limit_logged: set[tuple[str, str]] = set()
+        # (device, netdev) with extras over the limit: logged once per episode, which ends when they fit.
+        self._over_limit = FailureEpisodes()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
@@ -277,13 +277,7 @@ class EthtoolSource:
         """The device is gone (engine): so are its netdevs' failure episodes and what was read of them."""
         self._failures.forget(device)
         self.seen.forget(device)
-        self._retain_over_limit(device, ())
-
-    def _retain_over_limit(self, device: str, netdevs: Collection[str]) -> None:
-        """End the over-limit episodes of the device's netdevs other than `netdevs`."""
-        for key in list(self._over_limit_logged):  # a copy: other devices' jobs may add meanwhile
-            if key[0] == device and key[1] not in netdevs:
-                self._over_limit_logged.discard(key)
+        self._over_limit.forget(device)
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...], int]] = []
@@ -313,7 +307,7 @@ class EthtoolSource:
                 netdevs.append((number, name, *read))
         # A netdev that failed and then went away (a driver reload) starts a new episode if it comes back.
         self._failures.retain(device.name, done)
-        self._retain_over_limit(device.name, done)
+        self._over_limit.retain(device.name, done)
         self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return EthtoolReading(tuple(netdevs))
@@ -347,9 +341,8 @@ class EthtoolSource:
 
     def _log_over_limit(self, device: str, name: str, over_limit: int) -> None:
         if not over_limit:
-            self._over_limit_logged.discard((device, name))
-        elif (device, name) not in self._over_limit_logged:
-            self._over_limit_logged.add((device, name))
+            self._over_limit.succeeded((device, name))
+        elif self._over_limit.start((device, name), "over limit"):
             advice = (
                 "narrow collector.ethtool.extra_stats"
                 if self.extra_patterns
