@@ -360,7 +360,7 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
         gid = reader.text(gid_path, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
         if gid is None or not gid.replace(":", "").strip("0"):
             continue
-        if not _GID.match(gid):
+        if not _GID.fullmatch(gid):
             reader.fail(REASON_MALFORMED, gid_path, f"not a GID: {gid[:40]!r}")
             continue
         # Up to 4.18 an IB port's entries have no attributes (EINVAL): the GID is not counted by type then.
@@ -432,7 +432,7 @@ _NODE_DESC: Final = re.compile(r".{0,64}", re.DOTALL)
 _DRIVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # mlx5_core, hfi1, bnxt_en
 GID_TYPES: Final = frozenset({"IB/RoCE v1", "RoCE v2"})  # the kernel's gid_type_str
 # A GID as the kernel prints it (%pI6): eight groups of four hex digits.
-_GID: Final = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){7}\Z")
+_GID: Final = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){7}", re.IGNORECASE)
 _LINK_LAYER: Final = re.compile(r"InfiniBand|Ethernet|Unknown|Unspecified")  # link_layer_show
 
 
