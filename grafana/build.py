@@ -962,6 +962,11 @@ def node_detail() -> Json:
         ("rdma_port_transmit_discards_total", "transmit discards"),
         ("rdma_port_local_link_integrity_errors_total", "local link integrity errors"),
         ("rdma_port_excessive_buffer_overrun_errors_total", "buffer overruns"),
+        # No alert reads these three: the panel is where a partition (P_Key) mismatch between tenants, or
+        # the subnet manager's packets being dropped, shows up (ibqueryerrors reports them too).
+        ("rdma_port_receive_constraint_errors_total", "receive constraint errors"),
+        ("rdma_port_transmit_constraint_errors_total", "transmit constraint errors"),
+        ("rdma_port_vl15_dropped_total", "VL15 drops"),
     ]
     # mlx5's error completions (its extended error Q counters), requester side first.
     completion_errors = [
@@ -1108,7 +1113,10 @@ def node_detail() -> Json:
             "Link error rates",
             "Error counters of the InfiniBand PMA per port: symbol errors (lanes), errored packets received, "
             "packets marked bad upstream, outbound discards, local link integrity and buffer overrun "
-            "threshold crossings. Any steady non-zero rate is a cable, transceiver or port to look at.",
+            "threshold crossings. Any steady non-zero rate is a cable, transceiver or port to look at. "
+            "Constraint errors are packets dropped for a partition (P_Key) or raw-packet check in or out, "
+            "which points at partition configuration, not the link; VL15 drops are subnet management "
+            "packets the port had no room for.",
             "cps",
             targets(*((rate(metric), f"{dp} {name}") for metric, name in error_counters)),
             alerts=["RdmaPortReceiveErrors", "RdmaPortRemotePhysicalErrors", "RdmaPortTransmitDiscards",
