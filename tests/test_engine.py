@@ -318,6 +318,28 @@ def test_a_failure_is_logged_again_when_its_kind_changes_not_its_wording(
     ]
 
 
+def test_a_bug_is_logged_with_its_traceback_and_a_kernel_error_without(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An OSError is the kernel's answer and its message says it all. Anything else is a bug in this code,
+    # which is counted as the same io reason: only its traceback tells the two apart, once an episode.
+    caplog.set_level(logging.DEBUG, logger=engine.log.name)
+    rdma = collector(tmp_path, standin, devices=1)
+    standin.raises.add("mlx5_0")
+    for failure in [OSError("port 1: EIO"), AttributeError("'NoneType' object has no attribute 'counters'")] * 2:
+        standin.failure = failure
+        scrape(rdma)
+    records = [r for r in caplog.records if r.getMessage().startswith("collector standin failed on device mlx5_0")]
+    assert [(r.levelname, r.exc_info is not None) for r in records] == [
+        ("WARNING", False), ("WARNING", True), ("WARNING", False), ("WARNING", True)
+    ]
+    assert records[1].exc_info is not None and records[1].exc_info[0] is AttributeError
+    standin.failure = records[1].exc_info[1]  # the same kind again: a DEBUG line, no second traceback
+    scrape(rdma)
+    last = [r for r in caplog.records if r.getMessage().startswith("collector standin failed on device mlx5_0")][-1]
+    assert (last.levelname, last.exc_info) == ("DEBUG", None)
+
+
 def test_each_source_and_the_static_read_have_their_own_failure_episode(
     tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -363,6 +385,8 @@ def test_a_device_whose_static_read_keeps_raising_is_logged_once_per_episode(
         ("WARNING", "cannot read device mlx5_0: a parser bug"),
         ("INFO", "device mlx5_0 is readable again"),
     ]
+    first = next(r for r in caplog.records if r.getMessage() == "cannot read device mlx5_0: a parser bug")
+    assert first.exc_info is not None and first.exc_info[0] is ValueError
 
 
 def blocked_logs(caplog: pytest.LogCaptureFixture, device: str) -> list[str]:

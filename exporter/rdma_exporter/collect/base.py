@@ -348,6 +348,16 @@ class FailureEpisodes:
         DEBUG when it repeats one."""
         return logging.WARNING if self.start(key, type(exc).__name__) else logging.DEBUG
 
+    def log_failure(
+        self, logger: logging.Logger, key: tuple[str, str], exc: BaseException, msg: str, *args: object
+    ) -> None:
+        """Log `msg` at record_failure's level. An exception that is no kernel answer (not an OSError) is a
+        bug in this code, whose message alone would read like one: the episode's first line carries its
+        traceback."""
+        level = self.record_failure(key, exc)
+        bug = level >= logging.WARNING and not isinstance(exc, OSError)
+        logger.log(level, msg, *args, exc_info=exc if bug else None)
+
     def start(self, key: tuple[str, str], kind: str) -> bool:
         """Record a failure of `kind`: True when it starts an episode (or changes its kind)."""
         with self._lock:

@@ -395,7 +395,7 @@ class RdmaCollector(Collector):
                 reader = SysfsReader(entry.name, job.info_errors, memory=memory)
                 info = read_device_info(self.sys_root, entry.name, reader)
             except Exception as exc:  # a broken device costs that device only
-                log.log(self._failures.record_failure(key, exc), "cannot read device %s: %s", entry.name, exc)
+                self._failures.log_failure(log, key, exc, "cannot read device %s: %s", entry.name, exc)
                 reason = reason_for_errno(exc.errno) if isinstance(exc, OSError) else REASON_IO
                 job.info_errors.add(entry.name, reason, f"{entry.name}: {exc}")
                 job.info_failed = True
@@ -443,8 +443,8 @@ class RdmaCollector(Collector):
                 if reader.static_stale:  # e.g. a netdev it names was renamed: read it again next scrape
                     self.inventory.invalidate(name)
             except Exception as exc:  # one broken device must not take the others down
-                level = self._failures.record_failure(key, exc)
-                log.log(level, "collector %s failed on device %s: %s", source.name, name, exc)
+                message = "collector %s failed on device %s: %s"
+                self._failures.log_failure(log, key, exc, message, source.name, name, exc)
                 errors.add(name, REASON_IO, f"{name}: {exc!r}")
                 value, ok = None, False
             else:

@@ -329,8 +329,7 @@ class EthtoolSource:
         except EthtoolError as exc:
             reader.fail(exc.reason, where, exc.detail)
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
-            level = self._failures.record_failure((device, name), exc)
-            log.log(level, "ethtool statistics of %s failed: %r", name, exc)
+            self._failures.log_failure(log, (device, name), exc, "ethtool statistics of %s failed: %r", name, exc)
             reader.fail(REASON_IO, where, repr(exc))
         else:
             if self._failures.succeeded((device, name)):
