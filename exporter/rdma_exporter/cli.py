@@ -213,9 +213,7 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
     sample's eight healthy-looking HCAs under this node's name.
     """
     if not forced and (configured or (config.sysfs / "class" / "infiniband").is_dir()):
-        return config
-    if not forced and config.sysfs != Path("/sys"):
-        return config  # an explicit tree is served as it is, even without RDMA devices
+        return config  # an explicit tree (configured) is served as it is, even without RDMA devices
     from .sample_tree import SAMPLE_SPEC, build_tree
 
     # The tree is this process's own scratch: remove it on exit so restarts do not pile up copies. SIGTERM

@@ -87,7 +87,7 @@ class Config:
     # Per-collector settings (e.g. the ethtool collector's extra stat patterns), validated by
     # the collector that owns them.
     collector_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # Which settings came from where, for `--check-config` and logs.
+    # The file the settings were read from (None: flags and defaults only), for `--check-config` and logs.
     config_file: Path | None = None
     # The config file held no document (empty, or only comments): see read_yaml_file.
     config_file_empty: bool = False

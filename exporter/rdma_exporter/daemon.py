@@ -71,6 +71,10 @@ def build_sources(config: Config) -> list[Source]:
 def build_collector(
     config: Config, *, reads: DeviceReads | None = None, rescan_each_scrape: bool = True
 ) -> RdmaCollector:
+    """The collector `config` describes. `config.read_threads` and `config.max_open_files` size `reads`,
+    which the Daemon builds once and passes to every collector it makes (a reload keeps its threads and
+    kept files); without `reads`, as in tests and bench/microbench.py, the collector shares the process's
+    default pool and file budget (collect.readers.shared_reads), and those two settings are not used."""
     return RdmaCollector(
         config.sysfs,
         build_sources(config),

@@ -251,7 +251,7 @@ class HotplugMonitor:
         self._inventory = inventory
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.events = 0  # events that changed something, for tests and debug logs
+        self.events = 0  # events that changed something, for tests
         self.seen = 0
         self.undecodable = 0  # events lost because pyudev could not decode them
         self._address_logged: dict[str, float] = {}  # netdev -> when a change on it was last logged at info

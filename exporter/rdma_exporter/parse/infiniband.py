@@ -6,8 +6,9 @@ half and re-read only what moves:
 
 - `read_device_info`: identity and layout (GUIDs, firmware, board, PCI address, driver, SR-IOV role,
   link layer, GIDs, netdevs and their static attributes, the PCIe maximum link, and the *names* of
-  counter files). Changes only on hotplug, driver reload
-  or firmware reset, all of which udev reports.
+  counter files). Most of it changes only on hotplug, driver reload or firmware reset, which udev
+  reports; GIDs follow IP addresses, which send no uevent (the daemon watches rtnetlink for them, see
+  `hotplug`), and a bond's member list is read every scrape. A periodic resync catches what both miss.
 - `read_device_snapshot`: the moving part (port state, rate, LIDs and every counter value), read once
   per scrape using the file names cached in the info.
 """

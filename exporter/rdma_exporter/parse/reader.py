@@ -423,7 +423,7 @@ class SysfsReader:
     ) -> None:
         self.device = device
         self.errors = errors if errors is not None else ReadErrors()
-        # Files read (kept-open ones included), for the benchmark's "files read per scrape" figures and tests.
+        # Files read (kept-open ones included), which tests count; bench.py counts a scrape's with strace.
         self.files_read = 0
         # Per-scrape reads of a device go through its kept-open files; static reads pass none.
         self.files = files
