@@ -521,8 +521,11 @@ class Locality:
     def bond_slaves(self, name: str) -> list[str]:
         slaves = self._slaves.get(name)
         if slaves is None:
-            text = self._reader.text(f"{self._net}{name}/bonding/slaves", optional=True)
-            slaves = self._slaves[name] = text.split() if text else []
+            path = f"{self._net}{name}/bonding/slaves"
+            text = self._reader.text(path, optional=True)
+            # Checked as the netdev's own read checks it: a list that is no netdev names is counted and
+            # followed to nothing (its names would otherwise become paths under class/net).
+            slaves = self._slaves[name] = list((_bond_slaves(text, path, self._reader) if text else None) or ())
         return slaves
 
     def lowers(self, name: str) -> list[str]:
