@@ -5,9 +5,10 @@ Three layers, all free of Prometheus imports:
 - `read_stats_ioctl`: the driver's statistics straight from the kernel through SIOCETHTOOL, the same
   calls `ethtool -S` makes (ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSTATS).
 - `parse_stats_text` / `read_stats_file`: the same dict from saved `ethtool -S` output (fixture mode).
-- `curate`: maps the few hundred to few thousand driver-specific names onto a small set of semantic keys
-  with labels (priority, lane, direction...) and units. Everything else is dropped unless an operator opts
-  in with extra patterns.
+- `curate_counted`: maps the few hundred to few thousand driver-specific names onto a small set of
+  semantic keys with labels (priority, lane, direction...) and units, and counts the extras left out past
+  MAX_EXTRA_STATS. Everything else is dropped unless an operator opts in with extra patterns. (`curate`
+  is the same without the count.)
 
 A failure costs the interface's statistics for this scrape and raises `EthtoolError`, whose `reason` is
 one of reader.py's reason constants so the caller can tally it like a failed sysfs read.
