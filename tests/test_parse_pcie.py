@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rdma_exporter.parse.pcie import (
+    GENERATIONS,
     MAX_AER_TYPES,
     AerFile,
     parse_aer,
     parse_link_speed,
-    pcie_generation,
     read_pcie_identity,
     read_pcie_link,
     read_pcie_state,
@@ -96,7 +96,7 @@ def function(root: Path, address: str, files: dict[str, str]) -> Path:
 )
 def test_parse_link_speed(text: str, gts: float | None, gen: int | None) -> None:
     assert parse_link_speed(text) == gts
-    assert pcie_generation(parse_link_speed(text)) == gen
+    assert (None if gts is None else GENERATIONS.get(gts)) == gen
 
 
 def test_parse_aer_real_layout() -> None:
@@ -143,8 +143,6 @@ def test_pf_link_degraded_with_aer(tmp_path: Path) -> None:
     assert (got.address, got.link_address, got.via_physfn) == (PF, PF, False)
     assert (got.current_speed_gts, got.max_speed_gts) == (16.0, 32.0)
     assert (got.current_width, got.max_width) == (8, 16)
-    assert (got.current_generation, got.max_generation) == (4, 5)
-    assert got.degraded is True
     assert got.aer[("correctable", "BadTLP")] == 3
     assert got.aer[("nonfatal", "CmpltTO")] == 1
     assert got.aer[("fatal", "CmpltTO")] == 0
@@ -184,8 +182,7 @@ def test_vf_link_comes_from_its_pf(tmp_path: Path) -> None:
     assert got is not None
     assert reader.errors.total() == 0
     assert (got.address, got.link_address, got.via_physfn) == (VF, PF, True)
-    assert (got.current_speed_gts, got.current_width, got.max_width, got.current_generation) == (32.0, 16, 16, 5)
-    assert got.degraded is False
+    assert (got.current_speed_gts, got.current_width, got.max_width) == (32.0, 16, 16)
     assert got.aer == {("correctable", "RxErr"): 2}  # the VF's own counters, not the PF's
     assert got.aer_totals == {"correctable": 2}
 
@@ -209,7 +206,7 @@ def test_unknown_link_is_a_state_not_a_failed_read(tmp_path: Path, link: dict[st
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(function(tmp_path, PF, link), reader)
     assert got is not None
-    assert (got.current_width, got.max_width, got.degraded, got.current_speed_gts) == (None, None, None, None)
+    assert (got.current_width, got.max_width, got.current_speed_gts) == (None, None, None)
     assert got.max_speed_gts == (8.0 if link["max_link_speed"] == "8 GT/s\n" else None)
     assert (got.aer, got.aer_totals) == ({}, {})
     assert reader.errors.total() == 0
@@ -288,7 +285,6 @@ aer_text_like = st.lists(
 def test_parse_link_speed_never_raises(text: str) -> None:
     gts = parse_link_speed(text)
     assert gts is None or 0 < gts < 10_000
-    assert pcie_generation(gts) in (None, 1, 2, 3, 4, 5, 6, 7)
 
 
 @given(st.integers(0, 9999), st.from_regex(r"(\.[0-9]{1,3})?", fullmatch=True), st.sampled_from(["", " PCIe"]))
@@ -333,9 +329,10 @@ def test_parse_aer_round_trips_kernel_format(lines: list[tuple[str, int]], total
     assert (parsed.counts, parsed.total, parsed.malformed) == (expected, [*totals, total][0], ())
 
 
-def test_the_link_partner_caps_what_counts_as_degraded(tmp_path: Path) -> None:
-    """A Gen5 HCA in a Gen4 slot trains at Gen4: that is the best its link can do, not a degraded link.
-    The port above it (its directory's parent) says so; a device on a root bus has no such port."""
+def test_the_port_above_gives_the_link_partners_maxima(tmp_path: Path) -> None:
+    """A Gen5 HCA in a Gen4 slot trains at Gen4: that is the best its link can do, not a degraded link (the
+    alert rules cap the device's maximum by its partner's). The port above it (its directory's parent)
+    says so; a device on a root bus has no such port."""
     link = {
         "current_link_speed": "16.0 GT/s PCIe\n",
         "max_link_speed": "32.0 GT/s PCIe\n",
@@ -351,13 +348,11 @@ def test_the_link_partner_caps_what_counts_as_degraded(tmp_path: Path) -> None:
     got = read_pcie_link(in_gen4_slot, reader)
     assert got is not None and reader.errors.total() == 0
     assert (got.partner_max_speed_gts, got.partner_max_width) == (16.0, 16)
-    assert got.degraded is False
     # The same device and link right on the root bus: no partner known, judged by its own maximum.
     on_root_bus = function(tmp_path, "0000:3a:02.0", link)
     got = read_pcie_link(on_root_bus, reader)
     assert got is not None and reader.errors.total() == 0
     assert (got.partner_max_speed_gts, got.partner_max_width) == (None, None)
-    assert got.degraded is True
 
 
 def test_parse_aer_bounds_and_repeated_total() -> None:
@@ -380,27 +375,6 @@ def pf_link(
     }
 
 
-@pytest.mark.parametrize(
-    ("link", "degraded"),
-    [
-        (pf_link("32.0 GT/s PCIe\n", "16\n"), False),
-        # Full speed on half the lanes (a bifurcated slot, a bad riser): half the bandwidth all the same.
-        (pf_link("32.0 GT/s PCIe\n", "8\n"), True),
-        (pf_link("16.0 GT/s PCIe\n", "16\n"), True),
-        # x12 is a width the spec defines (LNKCAP 001100b); a device trained at its x12 maximum is fine.
-        (pf_link("8 GT/s\n", "12\n", "8 GT/s\n", "12\n"), False),
-        (pf_link("8 GT/s\n", "8\n", "8 GT/s\n", "12\n"), True),
-    ],
-    ids=["full", "half-width", "half-speed", "x12", "x8-of-x12"],
-)
-def test_degraded_by_speed_or_width_alone(tmp_path: Path, link: dict[str, str], degraded: bool) -> None:
-    reader = SysfsReader("mlx5_0")
-    got = read_pcie_link(function(tmp_path, PF, link), reader)
-    assert got is not None and reader.errors.total() == 0
-    assert got.degraded is degraded
-    assert got.current_width == int(link["current_link_width"])
-
-
 def x16_pf_at_x8_behind_a_port(tmp_path: Path, port_max_width: str) -> Path:
     """An x16 Gen5 PF trained x8, under a Gen5 root port whose max_link_width file reads `port_max_width`."""
     port = function(tmp_path, "0000:3a:01.0", {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": port_max_width})
@@ -412,29 +386,24 @@ def x16_pf_at_x8_behind_a_port(tmp_path: Path, port_max_width: str) -> Path:
 
 
 def test_the_link_partner_caps_the_width_too(tmp_path: Path) -> None:
-    """An x16 HCA in a slot wired x8 (its root port's maximum is x8) trains x8 at best: not degraded."""
+    """An x16 HCA in a slot wired x8 (its root port's maximum is x8) trains x8 at best: not degraded, as the
+    alert rules judge it from the partner's maximum width."""
     in_x8_slot = x16_pf_at_x8_behind_a_port(tmp_path, "8\n")
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(in_x8_slot, reader)
     assert got is not None and reader.errors.total() == 0
-    assert (got.partner_max_speed_gts, got.partner_max_width, got.max_width) == (32.0, 8, 16)
-    assert got.degraded is False
-    # The same slot trained x4: below what both ends can do.
-    (in_x8_slot / "current_link_width").write_text("4\n")
-    got = read_pcie_link(in_x8_slot, reader)
-    assert got is not None and got.degraded is True
+    assert (got.partner_max_speed_gts, got.partner_max_width, got.max_width, got.current_width) == (32.0, 8, 16, 8)
 
 
 @pytest.mark.parametrize(("partner_width", "errors"), [("255\n", 0), ("63\n", 0), ("0\n", 0), ("3\n", 1)])
 def test_a_partner_width_that_is_no_width_is_unknown(tmp_path: Path, partner_width: str, errors: int) -> None:
     """The port above answers for its width as the device does: 0, 63 and 255 are unknown, and a width the
-    spec does not define is a malformed file; neither is exported as that many lanes, nor caps `degraded`."""
+    spec does not define is a malformed file; neither is exported as that many lanes."""
     pf = x16_pf_at_x8_behind_a_port(tmp_path, partner_width)
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(pf, reader)
     assert got is not None
     assert (got.partner_max_speed_gts, got.partner_max_width) == (32.0, None)
-    assert got.degraded is True  # x8 of x16, judged by the device's own maximum
     assert reader.errors.total() == errors
 
 
@@ -444,7 +413,7 @@ def test_function_with_aer_files_only_is_read(tmp_path: Path) -> None:
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(only_aer, reader)
     assert got is not None and reader.errors.total() == 0
-    assert None is got.current_speed_gts is got.max_speed_gts is got.current_width is got.max_width is got.degraded
+    assert None is got.current_speed_gts is got.max_speed_gts is got.current_width is got.max_width
     assert (got.aer, got.aer_totals) == ({("correctable", "RxErr"): 5}, {"correctable": 5})
 
 
@@ -455,7 +424,7 @@ def test_a_bus_speed_in_mhz_is_no_link_speed_but_no_error(tmp_path: Path) -> Non
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(pf, reader)
     assert got is not None
-    assert (got.current_speed_gts, got.max_speed_gts, got.degraded) == (None, None, None)
+    assert (got.current_speed_gts, got.max_speed_gts) == (None, None)
     assert reader.errors.total() == 0
 
 
@@ -479,7 +448,7 @@ def test_every_width_the_spec_defines_is_a_width(tmp_path: Path, width: int) -> 
     reader = SysfsReader("mlx5_0")
     got = read_pcie_link(pf, reader)
     assert got is not None and reader.errors.total() == 0
-    assert (got.current_width, got.max_width, got.degraded) == (width, width, False)
+    assert (got.current_width, got.max_width) == (width, width)
 
 
 @pytest.mark.parametrize("width", ["3\n", "5\n", "24\n", "64\n"])
@@ -491,18 +460,16 @@ def test_a_width_the_spec_does_not_define_is_malformed(tmp_path: Path, width: st
     assert reader.errors.counts == {("mlx5_0", REASON_MALFORMED): 1}
 
 
-def test_degraded_is_unknown_while_a_width_is(tmp_path: Path) -> None:
+def test_a_width_of_a_link_retraining_or_an_unread_maximum_is_unknown(tmp_path: Path) -> None:
     # Both speeds known, the trained width not (the link is retraining: LNKSTA's width reads 0).
     pf = function(tmp_path, PF, pf_link("16.0 GT/s PCIe\n", "0\n"))
     got = read_pcie_link(pf, SysfsReader("mlx5_0"))
     assert got is not None and (got.current_speed_gts, got.current_width) == (16.0, None)
-    assert got.degraded is None
     # The same for the device's maximum width (LNKCAP read 0: pcie_get_width_cap() gives 255).
     (pf / "current_link_width").write_text("16\n")
     (pf / "max_link_width").write_text("255\n")
     got = read_pcie_link(pf, SysfsReader("mlx5_0"))
     assert got is not None and (got.current_width, got.max_width) == (16, None)
-    assert got.degraded is None
 
 
 def test_aer_lines_that_are_not_name_and_count_are_malformed() -> None:
@@ -561,7 +528,6 @@ def test_the_partner_is_found_through_the_rdma_device_link(tmp_path: Path) -> No
         got = read_pcie_link(tmp_path / rdma / "device", reader)
         assert got is not None and reader.errors.total() == 0
         assert (got.link_address, got.partner_max_speed_gts, got.partner_max_width) == (PF, 16.0, 8), rdma
-        assert got.degraded is False, rdma
 
 
 def test_a_function_without_aer_files_is_not_probed_for_them_each_scrape(

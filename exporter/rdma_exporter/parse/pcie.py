@@ -77,26 +77,6 @@ class PcieLink:
     partner_max_speed_gts: float | None = None
     partner_max_width: int | None = None
 
-    @property
-    def current_generation(self) -> int | None:
-        return pcie_generation(self.current_speed_gts)
-
-    @property
-    def max_generation(self) -> int | None:
-        return pcie_generation(self.max_speed_gts)
-
-    @property
-    def degraded(self) -> bool | None:
-        """Trained below what both ends support (the device's maximum, capped by the link partner's
-        where known); None when the device's side is unknown."""
-        if None in (self.current_speed_gts, self.max_speed_gts, self.current_width, self.max_width):
-            return None
-        assert self.current_speed_gts is not None and self.max_speed_gts is not None
-        assert self.current_width is not None and self.max_width is not None
-        best_speed = min(self.max_speed_gts, self.partner_max_speed_gts or self.max_speed_gts)
-        best_width = min(self.max_width, self.partner_max_width or self.max_width)
-        return self.current_speed_gts < best_speed or self.current_width < best_width
-
 
 def parse_link_speed(text: str) -> float | None:
     """`32.0 GT/s PCIe`, `16.0 GT/s`, `8 GT/s`, `2.5 GT/s` -> GT/s per lane; None for Unknown or garbage."""
@@ -105,12 +85,6 @@ def parse_link_speed(text: str) -> float | None:
         return None
     speed = float(match.group(1))
     return speed if speed > 0 else None
-
-
-def pcie_generation(speed_gts: float | None) -> int | None:
-    if speed_gts is None:
-        return None
-    return GENERATIONS.get(round(speed_gts, 1))
 
 
 @lru_cache(maxsize=512)
