@@ -405,3 +405,30 @@ def test_each_file_has_its_own_quiet_period(tmp_path: Path, caplog: pytest.LogCa
     age(BLOCKED_LOG_QUIET_SECONDS * 0.5)
     said = fail_once(a)
     assert len(said) == 1 and ", also: " in said[0] and str(a) in said[0], said
+
+
+def test_a_file_broken_again_within_its_quiet_period_is_named_when_the_period_is_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mended, then broken again for good within ten minutes: quiet at first, as a flapping file is, but
+    named once its quiet period is over, and its end said (fault-injection review: never named again, the
+    log's last word on it was "stopped")."""
+    root, collector = logging_collector(tmp_path, caplog, devices=1)
+    a = root / "class/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    a.write_text("junk\n")
+    collector.gather()
+    a.write_text("0\n")
+    collector.gather()
+    a.write_text("junk\n")
+    for _ in range(3):
+        collector.gather()
+    assert len(read_error_lines(caplog)) == 2  # the first start and stop; the second breakage is quiet
+    for named in collector._errors_logged:  # as if the quiet period were over
+        collector._errors_logged[named] -= BLOCKED_LOG_QUIET_SECONDS
+    collector.gather()
+    collector.gather()
+    a.write_text("0\n")
+    collector.gather()
+    said = read_error_lines(caplog)
+    assert [level for level, _ in said] == [logging.WARNING, logging.INFO], said
+    assert str(a) in said[0][1] and said[1][1].endswith("stopped"), said

@@ -759,8 +759,12 @@ class RdmaCollector(Collector):
                 seen = files.keys() - episode.paths
                 episode.paths = set(files)
                 # News is a file no line named within its quiet period: an episode made only of files
-                # named lately (one that flaps, or comes and goes with others) stays quiet.
-                news = {path for path in seen if (collector, device, owner, reason, path) not in logged}
+                # named lately (one that flaps, or comes and goes with others) stays quiet. Until its
+                # start line, every file of the episode is a candidate, not only new ones: a file that
+                # broke again within its quiet period and stays broken is named once that period is over
+                # (fault-injection review: it was never named again, and the log's last word was "stopped").
+                candidates = seen if episode.logged else files.keys()
+                news = {path for path in candidates if (collector, device, owner, reason, path) not in logged}
                 if news:
                     if episode.logged:
                         named = {path: files[path] for path in news}
