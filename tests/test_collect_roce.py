@@ -602,6 +602,45 @@ def test_capture_read_errors_name_the_capture_file(tree: Path, caplog: pytest.Lo
     assert any(m.startswith(f"read error [ethtool] mlx5_9 malformed: {garbage}: ") for m in logged)
 
 
+def test_an_ethtool_read_that_fails_is_logged_once_per_episode(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The engine's read-error lines name sysfs files only: a failed ioctl was counted and its netdev's PFC,
+    # ECN and PHY series vanished with nothing in the log (fault-injection review).
+    exporter = Exporter(tree / "sys")
+    nics = fake_nics(tree)
+    exporter.ethtool.call = nics
+    netdev = ROCE["mlx5_8"]
+    with caplog.at_level(logging.INFO, logger="rdma_exporter.collect.ethtool"):
+        nics.errno[netdev] = errno.EPERM
+        for _ in range(3):
+            got = exporter.scrape()
+        assert read_errors(got, "ethtool") == {("mlx5_8", "permission"): 3}
+        nics.errno[netdev] = errno.EOPNOTSUPP  # another reason: another episode
+        exporter.scrape()
+        del nics.errno[netdev]
+        exporter.scrape()
+        exporter.scrape()
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert logged == [
+        ("WARNING", f"ethtool statistics of {netdev} (device mlx5_8) cannot be read (permission): SIOCETHTOOL "
+                    f"{netdev}: ETHTOOL_GSSET_INFO: Operation not permitted; counted in "
+                    "rdma_exporter_file_read_errors_total, not logged again while it goes on"),
+        ("INFO", f"ethtool statistics of {netdev} (device mlx5_8) cannot be read (unsupported): SIOCETHTOOL "
+                 f"{netdev}: ETHTOOL_GDRVINFO: Operation not supported; counted in "
+                 "rdma_exporter_file_read_errors_total, not logged again while it goes on"),
+        ("INFO", f"ethtool statistics of {netdev} read again"),
+    ], logged
+
+
+def test_an_empty_capture_is_counted_as_no_statistics(tree: Path, metrics: Sample) -> None:
+    # What `ethtool -S` of a driver without statistics leaves in a file: the ioctl's "no statistics set".
+    (tree / "ethtool" / ROCE["mlx5_8"]).write_text("")
+    got = Exporter(tree / "sys", tree / "ethtool").scrape()
+    assert_only_mlx5_8_lost(got, metrics)
+    assert read_errors(got, "ethtool") == {("mlx5_8", "unsupported"): 1}
+    (tree / "ethtool" / ROCE["mlx5_8"]).write_text("NIC statistics:\n")
+    assert read_errors(Exporter(tree / "sys", tree / "ethtool").scrape(), "ethtool") == {("mlx5_8", "unsupported"): 1}
+
+
 def test_garbage_capture_lines_are_counted_and_the_rest_kept(tree: Path, metrics: Sample) -> None:
     path = tree / "ethtool" / ROCE["mlx5_8"]
     path.write_text(path.read_text() + "     rx_prio3_pause: lots\n     half a line\n\x00\x01\n")

@@ -730,8 +730,8 @@ class RdmaCollector(Collector):
         answer). A file a line named is not named again within BLOCKED_LOG_QUIET_SECONDS: an episode made
         only of such files (one that flaps) is not logged, until a file fails that no line named in that
         time."""
-        # Files only: a failed ethtool ioctl or a read that raised has its own episode lines (ethtool,
-        # FailureEpisodes), which name no file.
+        # Files under the sysfs root only: the ethtool collector logs its failed ioctls and capture files
+        # itself, and a read that raised has its own episode lines (FailureEpisodes).
         root = f"{os.fspath(self.sys_root)}/"
         current: dict[tuple[str, str], dict[str, str]] = {}
         for key, failed in errors.failed.items():

@@ -36,7 +36,14 @@ from ..parse.ethtool import (
 )
 from ..parse.infiniband import DeviceInfo
 from ..parse.netdev import Locality
-from ..parse.reader import REASON_IO, REASON_MALFORMED, SysfsReader, is_sysfs_mount
+from ..parse.reader import (
+    REASON_IO,
+    REASON_MALFORMED,
+    REASON_MISSING,
+    REASON_UNSUPPORTED,
+    SysfsReader,
+    is_sysfs_mount,
+)
 from .base import DynamicMetricSpec, FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, lint_safe
 from .netdev import SeenNetdevs
 
@@ -328,6 +335,16 @@ class EthtoolSource:
             curated, over_limit = curate_counted(raw, self.extra_patterns)
         except EthtoolError as exc:
             reader.fail(exc.reason, where, exc.detail)
+            # The engine's read-error lines name sysfs files only: an ioctl or a capture file is logged
+            # here, once per episode, or every PFC series of a port could vanish with nothing in the log.
+            if self._failures.start((device, name), exc.reason):
+                level = logging.INFO if exc.reason in (REASON_MISSING, REASON_UNSUPPORTED) else logging.WARNING
+                log.log(
+                    level,
+                    "ethtool statistics of %s (device %s) cannot be read (%s): %s: %s; counted in "
+                    "rdma_exporter_file_read_errors_total, not logged again while it goes on",
+                    name, device, exc.reason, where, exc.detail,
+                )
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
             self._failures.log_failure(log, (device, name), exc, "ethtool statistics of %s failed: %r", name, exc)
             reader.fail(REASON_IO, where, repr(exc))

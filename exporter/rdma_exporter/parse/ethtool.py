@@ -387,7 +387,15 @@ def read_stats_file(directory: Path, ifname: str, malformed: list[str] | None = 
         raw = read_regular_file(directory / ifname, MAX_CAPTURE_BYTES, f"{MAX_CAPTURE_BYTES} bytes")
     except OSError as exc:  # the caller names the file; the detail is only why it failed
         raise EthtoolError(ifname, reason_for_errno(exc.errno), exc.strerror or str(exc)) from exc
-    return parse_stats_text(raw.decode("utf-8", "replace"), malformed)
+    bad: list[str] = []
+    stats = parse_stats_text(raw.decode("utf-8", "replace"), bad)
+    if not stats and not bad:
+        # What `ethtool -S` of a driver without statistics leaves in a file (it prints its error to
+        # stderr): the ioctl's answer of no statistics set, counted the same way.
+        raise EthtoolError(ifname, REASON_UNSUPPORTED, "the capture holds no statistics")
+    if malformed is not None:
+        malformed.extend(bad)
+    return stats
 
 
 # --- curation -------------------------------------------------------------------------------------------
