@@ -2517,6 +2517,16 @@ def test_a_reload_keeps_prometheus_remembered(tree: Path, tmp_path: Path) -> Non
             daemon.hotplug.stop()
 
 
+def test_sigusr1_and_sigusr2_are_logged_and_ignored(start: Callable[..., RunningDaemon], tree: Path) -> None:
+    # Their default action ends the process with no line in the log (fault-injection review: exit 138).
+    daemon = start("--path.sysfs", str(tree))
+    assert get(daemon.port).status == 200
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        daemon.proc.send_signal(sig)
+        wait_until(lambda sig=sig: f"received {sig.name}, which the exporter does not use: ignored" in daemon.log())
+    assert get(daemon.port).status == 200 and daemon.proc.poll() is None
+
+
 def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
 ) -> None:

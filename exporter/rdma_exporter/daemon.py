@@ -562,9 +562,16 @@ class Daemon:
             log.info("received SIGHUP, reloading")
             threading.Thread(target=self.reload, name="reload", daemon=True).start()
 
+        def on_unused(signum: int, frame: FrameType | None) -> None:
+            # Their default action ends the process, without a line: a `kill -USR1` meant for log
+            # rotation (as nginx takes it) would leave the node without an exporter until a restart.
+            log.warning("received %s, which the exporter does not use: ignored", signal.Signals(signum).name)
+
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         signal.signal(signal.SIGHUP, on_hup)
+        signal.signal(signal.SIGUSR1, on_unused)
+        signal.signal(signal.SIGUSR2, on_unused)
         sd_notify("READY=1")
         if take_early_sighup():  # sent while starting: the files may have changed since they were read
             on_hup(signal.SIGHUP, None)
