@@ -432,3 +432,30 @@ def test_a_file_broken_again_within_its_quiet_period_is_named_when_the_period_is
     said = read_error_lines(caplog)
     assert [level for level, _ in said] == [logging.WARNING, logging.INFO], said
     assert str(a) in said[0][1] and said[1][1].endswith("stopped"), said
+
+
+def test_a_file_broken_again_within_its_quiet_period_beside_a_logged_episode_is_named_in_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same while another file of the device and reason keeps a logged episode going: an "also" line
+    once the quiet period is over (diff review: only files new at a scrape were looked at)."""
+    root, collector = logging_collector(tmp_path, caplog, devices=1)
+    counters = root / "class/infiniband/mlx5_0/ports/1/counters"
+    a, b = counters / "link_downed", counters / "symbol_error"
+    a.write_text("junk\n")
+    collector.gather()
+    a.write_text("0\n")
+    collector.gather()
+    b.write_text("junk\n")
+    collector.gather()  # b's episode starts, and is logged
+    a.write_text("junk\n")
+    for _ in range(3):
+        collector.gather()
+    said = read_error_lines(caplog)
+    assert len(said) == 3 and str(b) in said[2][1] and str(a) not in said[2][1], said  # a: within its period
+    for named in collector._errors_logged:  # as if the quiet periods were over
+        collector._errors_logged[named] -= BLOCKED_LOG_QUIET_SECONDS
+    collector.gather()
+    collector.gather()
+    said = read_error_lines(caplog)
+    assert len(said) == 1 and ", also: " in said[0][1] and str(a) in said[0][1], said

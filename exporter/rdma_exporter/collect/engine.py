@@ -43,7 +43,7 @@ import platform
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -205,10 +205,12 @@ def _some_files(files: dict[str, str]) -> str:
 @dataclass(slots=True)
 class _ErrorEpisode:
     """Files of one device that keep failing for one reason: whether its start was logged (not while every
-    file in it had been named within the quiet period) and the paths failing at its last scrape."""
+    file in it had been named within the quiet period), the paths failing at its last scrape, and those of
+    them no line of this episode has named yet (held back by their quiet periods)."""
 
     logged: bool
     paths: set[str]
+    unnamed: set[str] = field(default_factory=set)
 
 
 # --- scrape rounds -----------------------------------------------------------------------------------
@@ -759,12 +761,13 @@ class RdmaCollector(Collector):
                 seen = files.keys() - episode.paths
                 episode.paths = set(files)
                 # News is a file no line named within its quiet period: an episode made only of files
-                # named lately (one that flaps, or comes and goes with others) stays quiet. Until its
-                # start line, every file of the episode is a candidate, not only new ones: a file that
-                # broke again within its quiet period and stays broken is named once that period is over
-                # (fault-injection review: it was never named again, and the log's last word was "stopped").
-                candidates = seen if episode.logged else files.keys()
+                # named lately (one that flaps, or comes and goes with others) stays quiet. A file held
+                # back so stays a candidate while it keeps failing: broken again within its quiet period
+                # and left broken, it is named once that period is over (fault-injection and diff
+                # reviews: it was never named again, and the log's last word on it was "stopped").
+                candidates = seen | (episode.unnamed & files.keys())
                 news = {path for path in candidates if (collector, device, owner, reason, path) not in logged}
+                named: Mapping[str, str] = {}
                 if news:
                     if episode.logged:
                         named = {path: files[path] for path in news}
@@ -775,6 +778,7 @@ class RdmaCollector(Collector):
                         started.append((owner, reason, named))
                     for path in named:
                         logged[collector, device, owner, reason, path] = now
+                episode.unnamed = candidates - named.keys()
             for key in [key for key in episodes if key not in current]:
                 del episodes[key]
             if episodes:
