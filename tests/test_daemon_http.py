@@ -2632,6 +2632,7 @@ def test_a_reload_refuses_an_empty_file_that_start_up_takes_as_the_defaults(
 
 # The console script's code from its first line, with a SIGHUP sent to itself once everything is
 # imported and before the daemon serves: in the window a reload from config management can hit at start.
+# SIGUSR1 and SIGUSR2, which the exporter does not use, are sent there too: they must not end it either.
 HUP_WHILE_STARTING = """
 import os, signal, sys
 import rdma_exporter, rdma_exporter.cli as cli
@@ -2642,7 +2643,8 @@ assert script is rdma_exporter.main, script
 start = cli.main
 
 def hup_then_start():
-    os.kill(os.getpid(), signal.SIGHUP)
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        os.kill(os.getpid(), sig)
     return start()
 
 cli.main = hup_then_start
