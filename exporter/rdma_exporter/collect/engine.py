@@ -733,7 +733,8 @@ class RdmaCollector(Collector):
         only of such files (one that flaps) is not logged, until a file fails that no line named in that
         time."""
         # Files under the sysfs root only: the ethtool collector logs its failed ioctls and capture files
-        # itself, and a read that raised has its own episode lines (FailureEpisodes).
+        # itself (a capture's malformed lines only in _record_errors' debug lines), and a read that raised has its own
+        # episode lines (FailureEpisodes).
         root = f"{os.fspath(self.sys_root)}/"
         current: dict[tuple[str, str], dict[str, str]] = {}
         for key, failed in errors.failed.items():

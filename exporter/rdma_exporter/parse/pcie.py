@@ -1,4 +1,4 @@
-"""Parse a PCI function's PCIe link (speed, width, generation) and AER error counters from sysfs.
+"""Parse a PCI function's PCIe link (speed, width, and the link partner's maxima) and AER error counters.
 
 Pure functions over a PCI function directory (`/sys/bus/pci/devices/<address>`, or an RDMA device's
 `device` link) returning typed dataclasses; no Prometheus imports. A NIC that trained below its
