@@ -523,14 +523,19 @@ class Locality:
         if slaves is None:
             path = f"{self._net}{name}/bonding/slaves"
             text = self._reader.text(path, optional=True)
-            # Checked as the netdev's own read checks it: a list that is no netdev names is counted and
-            # followed to nothing (its names would otherwise become paths under class/net).
-            slaves = self._slaves[name] = list((_bond_slaves(text, path, self._reader) if text else None) or ())
+            # Checked as the netdev's own read checks it: a list that is no netdev names is counted, and
+            # the bond's lower_* links name the slaves instead (its names would have become paths under
+            # class/net, and the slaves' series must not vanish for a file that says nothing of them).
+            listed = _bond_slaves(text, path, self._reader) if text else ()
+            slaves = self._slaves[name] = list(self._lower_links(name) if listed is None else listed)
         return slaves
 
-    def lowers(self, name: str) -> list[str]:
+    def _lower_links(self, name: str) -> list[str]:
         entries = list_dir(self.net_dir(name), self._reader)
-        lowers = sorted(e[len("lower_") :] for e in entries if e.startswith("lower_"))
+        return sorted(e[len("lower_") :] for e in entries if e.startswith("lower_"))
+
+    def lowers(self, name: str) -> list[str]:
+        lowers = self._lower_links(name)
         if not lowers and self.is_bond(name):
             lowers = self.bond_slaves(name)  # trees without lower_* links still name the slaves
         return lowers
