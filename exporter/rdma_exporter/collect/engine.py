@@ -182,13 +182,16 @@ QUEUED: Final = "the queue"
 
 
 def _reading(job: DeviceJob) -> str:
-    """What an unfinished job is reading: its static info, or the files of which source."""
+    """What an unfinished job is reading: its static info, or the files of which source, and the file
+    (counters directory, ioctl) its last read began on, where a read stuck in the kernel is stuck."""
     if job.started is None:
         return QUEUED
+    reader = job.reader
+    at = f", at {os.fspath(reader.at)}" if reader is not None and reader.at else ""
     if not job.info_done:
-        return "its static info"
+        return f"its static info{at}"
     _, current = job.snapshot()
-    return f"its {current[0]} files" if current is not None else "its reads"
+    return f"its {current[0]} files{at}" if current is not None else "its reads"
 
 
 # Files named in one read-error line; more are counted, not listed.
@@ -394,7 +397,7 @@ class RdmaCollector(Collector):
             key = (entry.name, "device info")
             try:
                 # With the device's record of answered counters (parse.infiniband.read_port_info).
-                reader = SysfsReader(entry.name, job.info_errors, memory=memory)
+                reader = job.reader = SysfsReader(entry.name, job.info_errors, memory=memory)
                 info = read_device_info(self.sys_root, entry.name, reader)
             except Exception as exc:  # a broken device costs that device only
                 self._failures.log_failure(log, key, exc, "cannot read device %s: %s", entry.name, exc)
@@ -439,7 +442,7 @@ class RdmaCollector(Collector):
             started = time.perf_counter()
             key = (name, source.name)
             try:
-                reader = SysfsReader(name, errors, files, memory)
+                reader = job.reader = SysfsReader(name, errors, files, memory)
                 value = source.read(self._contexts[source.name], info, reader)
                 ok = True
                 if reader.static_stale:  # e.g. a netdev it names was renamed: read it again next scrape

@@ -323,9 +323,10 @@ class EthtoolSource:
         self, device: str, name: str, reader: SysfsReader
     ) -> tuple[tuple[CuratedStat, ...], int] | None:
         where: str | Path = f"SIOCETHTOOL {name}"
+        reader.at = where
         try:
             if self.ethtool_dir is not None:
-                where = self.ethtool_dir / name
+                where = reader.at = self.ethtool_dir / name
                 malformed: list[str] = []
                 raw = read_stats_file(self.ethtool_dir, name, malformed)
                 for line in malformed:

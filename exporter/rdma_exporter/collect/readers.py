@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..parse.infiniband import DeviceInfo
-from ..parse.reader import DEFAULT_MAX_OPEN_FILES, FileBudget, OpenFiles, ReadErrors
+from ..parse.reader import DEFAULT_MAX_OPEN_FILES, FileBudget, OpenFiles, ReadErrors, SysfsReader
 
 # The engine's name: operators filter the journal on it for every line about reads (docs/operations.md).
 log = logging.getLogger("rdma_exporter.collect.engine")
@@ -98,6 +98,7 @@ class DeviceJob:
         self.blocked_in = READS_DEVICE  # what its reads were in when a scrape stopped waiting for it
         self.outcomes: dict[str, SourceOutcome] = {}
         self.current: tuple[str, float] | None = None  # source being read and since when
+        self.reader: SysfsReader | None = None  # the reader of the static info or source being read
         self.on_done: Callable[[DeviceJob], None] | None = None
         self.on_round_done: Callable[[], None] | None = None  # set before submission, by the round
 

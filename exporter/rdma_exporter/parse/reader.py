@@ -412,7 +412,7 @@ class SysfsReader:
     attributed without passing the device name to every call.
     """
 
-    __slots__ = ("device", "errors", "files", "files_read", "memory", "static_stale")
+    __slots__ = ("at", "device", "errors", "files", "files_read", "memory", "static_stale")
 
     def __init__(
         self,
@@ -433,6 +433,9 @@ class SysfsReader:
         # Set by a read that found the device's cached static info out of date (a netdev it names is gone:
         # renamed, or re-created under another name), so that the caller reads it again.
         self.static_stale = False
+        # The file (or counters directory, or ioctl) a read began last: where a read stuck in the kernel
+        # is stuck, which the engine's blocked-read line names (another thread reads it; a plain store).
+        self.at: str | os.PathLike[str] = ""
 
     def fail(self, reason: str, path: str | os.PathLike[str], detail: str) -> None:
         where = os.fspath(path)
@@ -454,6 +457,7 @@ class SysfsReader:
         self, path: str | os.PathLike[str], optional: bool, absent_errnos: Collection[int], counter: bool = False
     ) -> bytes | None:
         self.files_read += 1
+        self.at = path
         try:
             if self.files is not None:
                 return self.files.read(path if type(path) is str else os.fspath(path))
@@ -532,6 +536,7 @@ class SysfsReader:
         again. One that did give a value is a fault: counted on every read.
         """
         values: dict[str, int] = {}
+        self.at = directory  # one store a directory, not one a file: the hot loop below stays as it is
         files = self.files
         fds = files.trusted(directory) if files is not None else None
         refused = self.memory.refused.get(directory) if self.memory is not None else None
@@ -651,6 +656,7 @@ def stat_of(path: str | Path, reader: SysfsReader) -> os.stat_result | None:
     """stat() of `path`, None if it fails. Absence is an answer; any other failure (EACCES from an LSM
     profile or a container mount) is counted. pathlib's is_dir() and exists() raise those, which cost the
     whole device for one directory (fuzz review)."""
+    reader.at = path
     try:
         return os.stat(path)
     except OSError as exc:
@@ -674,6 +680,7 @@ def list_dir(path: str | Path, reader: SysfsReader, *, optional: bool = True) ->
     Names are interned: every device lists the same counter files, and the cached static info of a
     node with 128 functions would otherwise hold 128 copies of each name.
     """
+    reader.at = path
     try:
         return sorted(map(sys.intern, os.listdir(path)))
     except OSError as exc:
