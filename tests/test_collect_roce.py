@@ -963,6 +963,13 @@ def test_a_bond_slave_list_that_is_no_names_is_counted_by_the_ethtool_collector_
     metrics = exporter.scrape()
     assert {dict(ls)["netdev"] for _, ls in series(metrics, "rdma_ethtool_pfc_")} == {"ens1f0np0", "ens1f1np1"}
     assert read_errors(metrics, "ethtool") == {("mlx5_bond_0", "malformed"): 1}  # counted once, not again
+    # A file that cannot be read at all (a directory in its place: EISDIR) says nothing of the slaves either.
+    slaves = tmp_path / "devices/virtual/net/bond0/bonding/slaves"
+    slaves.unlink()
+    slaves.mkdir()
+    metrics = exporter.scrape()
+    assert {dict(ls)["netdev"] for _, ls in series(metrics, "rdma_ethtool_pfc_")} == {"ens1f0np0", "ens1f1np1"}
+    assert read_errors(metrics, "ethtool") == {("mlx5_bond_0", "malformed"): 1, ("mlx5_bond_0", "io"): 1}
 
 
 def test_slave_enslaved_after_startup_is_read_without_a_uevent(tmp_path: Path) -> None:

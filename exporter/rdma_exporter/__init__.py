@@ -28,7 +28,8 @@ def main() -> int:
     SIGHUP is taken over before anything is imported: its default action ends the process, and
     systemd's Restart=on-failure counts a death by SIGHUP as a clean exit, so a reload sent while the
     exporter starts (about half a second) would leave it down for good. SIGUSR1 and SIGUSR2, which it does
-    not use, are ignored from here on for the same reason (the daemon logs them once it serves).
+    not use, are ignored from here on: their default action ends the process without a word (the daemon
+    logs them once it serves).
     """
     signal.signal(signal.SIGHUP, _note_sighup)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -525,8 +525,9 @@ class Locality:
             text = self._reader.text(path, optional=True)
             # Checked as the netdev's own read checks it: a list that is no netdev names is counted, and
             # the bond's lower_* links name the slaves instead (its names would have become paths under
-            # class/net, and the slaves' series must not vanish for a file that says nothing of them).
-            listed = _bond_slaves(text, path, self._reader) if text else ()
+            # class/net, and the slaves' series must not vanish for a file that says nothing of them),
+            # as they do for a file that could not be read (counted by the read) or is not there.
+            listed = _bond_slaves(text, path, self._reader) if text is not None else None
             slaves = self._slaves[name] = list(self._lower_links(name) if listed is None else listed)
         return slaves
 
