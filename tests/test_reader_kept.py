@@ -145,6 +145,31 @@ def test_a_removed_kernfs_node_in_the_counter_loop_is_read_again_by_path(
     assert budget.used == 2 and len(files) == 2 and open_fds() == fds_before
 
 
+def test_a_stuck_fast_read_is_placed_at_its_directory_after_a_slow_read_of_another_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The blocked-read line names `reader.at`. A file of the loop that takes the slow path (garbage here)
+    # sets it to that file; the kept files read fast after it must not be blamed on it.
+    for name, text in (("a", "1\n"), ("b", "2\n"), ("c", "3\n")):
+        (tmp_path / name).write_text(text)
+    files = OpenFiles(FileBudget(8))
+    assert SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["a", "b", "c"]) == {"a": 1, "b": 2, "c": 3}
+    (tmp_path / "b").write_text("junk\n")
+    reader = SysfsReader("d", ReadErrors(), files)
+    kept_c = files.trusted(str(tmp_path))["c"]  # type: ignore[index]
+    at_c: list[object] = []
+    real_pread = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        if fd == kept_c:
+            at_c.append(reader.at)
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    assert reader.uints(str(tmp_path), ["a", "b", "c"]) == {"a": 1, "c": 3}
+    assert at_c == [str(tmp_path)]
+
+
 def test_a_failing_counter_counts_as_a_file_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").write_text("1\n")
     files = OpenFiles(FileBudget(8))

@@ -569,6 +569,7 @@ class SysfsReader:
                         continue  # counted when it refused (COUNTER_REFUSALS)
                     refused.pop(name, None)  # another job of the device may have retried it
             value = self.uint(f"{directory}/{name}", counter=True)
+            self.at = directory  # the fast reads that follow are the directory's again, not that file's
             if value is not None:
                 values[name] = value
         self.files_read += fast
