@@ -322,11 +322,10 @@ class EthtoolSource:
     def _read_netdev(
         self, device: str, name: str, reader: SysfsReader
     ) -> tuple[tuple[CuratedStat, ...], int] | None:
-        where: str | Path = f"SIOCETHTOOL {name}"
+        where: str | Path = f"SIOCETHTOOL {name}" if self.ethtool_dir is None else self.ethtool_dir / name
         reader.at = where
         try:
             if self.ethtool_dir is not None:
-                where = reader.at = self.ethtool_dir / name
                 malformed: list[str] = []
                 raw = read_stats_file(self.ethtool_dir, name, malformed)
                 for line in malformed:
