@@ -264,6 +264,22 @@ class _CollectorState:
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
+class _Tally:
+    """What `_assemble` collects from a round's jobs before any family is built."""
+
+    __slots__ = ("blocked", "devices", "durations", "reading", "results", "rnd", "success")
+
+    def __init__(self, rnd: _Round, sources: Sequence[str]) -> None:
+        self.rnd = rnd
+        self.durations: dict[str, float] = {INVENTORY: rnd.inventory_seconds, **dict.fromkeys(sources, 0.0)}
+        self.success: dict[str, bool] = {INVENTORY: rnd.inventory_ok, **dict.fromkeys(sources, True)}
+        self.results: dict[str, dict[str, Any]] = {name: {} for name in sources}  # source -> device -> value
+        self.devices = 0
+        # (device, READS_DEVICE or READS_NETDEV) -> seconds its unfinished read has been running
+        self.blocked: dict[tuple[str, str], float] = {}
+        self.reading: dict[str, str] = {}  # device -> what its unfinished read was doing, for the log
+
+
 class RdmaCollector(Collector):
     """Registered once with a prometheus_client registry; every `collect()` is one scrape."""
 
@@ -469,95 +485,92 @@ class RdmaCollector(Collector):
                 # threads blocked in the kernel.
                 for job in rnd.jobs.values():
                     self.reads.give_up(job)
-            out = FamilySet(self.prefixes)
-            durations: dict[str, float] = {INVENTORY: rnd.inventory_seconds}
-            success: dict[str, bool] = {INVENTORY: rnd.inventory_ok}
-            results: dict[str, dict[str, Any]] = {}
-            for source in self.sources:
-                durations[source.name] = 0.0
-                success[source.name] = True
-                results[source.name] = {}
-            devices = 0
-            # (device, READS_DEVICE or READS_NETDEV) -> seconds its unfinished read has been running
-            blocked: dict[tuple[str, str], float] = {}
-            reading: dict[str, str] = {}  # device -> what its unfinished read was doing, for the log
+            tally = _Tally(rnd, [source.name for source in self.sources])
             for entry in rnd.entries:
-                name = entry.name
-                skipped = rnd.skipped.get(name)
+                skipped = rnd.skipped.get(entry.name)
                 if skipped is not None:
-                    devices += 1
-                    blocked[name, READS_DEVICE] = now - skipped.since()
-                    reading[name] = _reading(skipped)
-                    known = entry.info or skipped.info
-                    for source in self.sources:
-                        if self._read_io_free(source, name, known, results, success):
-                            continue
-                        success[source.name] = False
-                        self._count_timeout(rnd, source.name, name)
-                    continue
-                job = rnd.jobs[name]
-                if job.info_done:
-                    durations[INVENTORY] += job.info_seconds
-                    if (INVENTORY, name) not in rnd.recorded:
-                        rnd.recorded.add((INVENTORY, name))
-                        self._record_errors(INVENTORY, job.info_errors)
-                        if job.info_read:  # a cached round says nothing about the static files
-                            self._log_read_errors(INVENTORY, name, job.info_errors)
-                    if job.info_failed:
-                        # Listed all the same: found under class/infiniband, present with its ports
-                        # unknown, and failed as a whole for every source that reads files.
-                        devices += 1
-                        for source in self.sources:
-                            if not self._read_io_free(source, name, None, results, success):
-                                success[source.name] = False
-                        continue
-                devices += 1
-                unfinished = not job.done.is_set() or job.cancelled
-                outcomes, current = job.snapshot()
-                missing = READS_NETDEV if job.info_done else READS_DEVICE  # the first reads not served
-                for source in self.sources:
-                    outcome = outcomes.get(source.name)
-                    if outcome is None and self._read_io_free(source, name, job.info, results, success):
-                        continue
-                    if outcome is None:
-                        if not needs_rtnl(source):
-                            missing = READS_DEVICE
-                        success[source.name] = False
-                        if current is not None and current[0] == source.name:
-                            durations[source.name] += time.perf_counter() - current[1]
-                        self._count_timeout(rnd, source.name, name)
-                        continue
-                    # Recorded even if an earlier, shorter scrape of this round counted a timeout here.
-                    if (source.name, name) not in rnd.recorded:
-                        rnd.recorded.add((source.name, name))
-                        self._record_errors(source.name, outcome.errors)
-                        self._log_read_errors(source.name, name, outcome.errors)
-                    durations[source.name] += outcome.seconds
-                    success[source.name] = success[source.name] and outcome.ok
-                    if outcome.ok:
-                        results[source.name][name] = outcome.value
-                if job.netdev_blocked_since is not None and missing == READS_NETDEV:
-                    # A device-only job served the device's reads; its netdev reads are the stuck job's.
-                    blocked[name, READS_NETDEV] = now - job.netdev_blocked_since
-                elif unfinished:
-                    blocked[name, missing] = now - job.since()
-                    reading[name] = _reading(job)
-            self._read_excluded(results, success)
+                    self._tally_skipped(tally, entry, skipped, now)
+                else:
+                    self._tally_job(tally, entry.name, rnd.jobs[entry.name], now)
+            self._read_excluded(tally.results, tally.success)
             if not rnd.logged:
                 rnd.logged = True
-                self._log_blocked(blocked, reading, rnd)
+                self._log_blocked(tally.blocked, tally.reading, rnd)
+            out = FamilySet(self.prefixes)
             for source in self.sources:
                 started = time.perf_counter()
                 try:
-                    source.expose(results[source.name], out)
+                    source.expose(tally.results[source.name], out)
                 except Exception:
-                    success[source.name] = False
+                    tally.success[source.name] = False
                     log.exception("collector %s failed to build its metrics", source.name)
-                durations[source.name] += time.perf_counter() - started
-            self._expose_own(out, rnd, durations, success, devices, blocked)
+                tally.durations[source.name] += time.perf_counter() - started
+            self._expose_own(out, rnd, tally.durations, tally.success, tally.devices, tally.blocked)
             if complete:
                 rnd.result = out
             return out
+
+    def _tally_skipped(self, tally: _Tally, entry: DeviceEntry, skipped: DeviceJob, now: float) -> None:
+        """A device skipped this round, its job from an earlier round still running: only I/O-free
+        sources answer for it; the others time out."""
+        name = entry.name
+        tally.devices += 1
+        tally.blocked[name, READS_DEVICE] = now - skipped.since()
+        tally.reading[name] = _reading(skipped)
+        known = entry.info or skipped.info
+        for source in self.sources:
+            if not self._read_io_free(source, name, known, tally.results, tally.success):
+                tally.success[source.name] = False
+                self._count_timeout(tally.rnd, source.name, name)
+
+    def _tally_job(self, tally: _Tally, name: str, job: DeviceJob, now: float) -> None:
+        """What this round's job for the device has served so far, its errors recorded once a round."""
+        rnd = tally.rnd
+        tally.devices += 1
+        if job.info_done:
+            tally.durations[INVENTORY] += job.info_seconds
+            if (INVENTORY, name) not in rnd.recorded:
+                rnd.recorded.add((INVENTORY, name))
+                self._record_errors(INVENTORY, job.info_errors)
+                if job.info_read:  # a cached round says nothing about the static files
+                    self._log_read_errors(INVENTORY, name, job.info_errors)
+            if job.info_failed:
+                # Listed all the same: found under class/infiniband, present with its ports unknown,
+                # and failed as a whole for every source that reads files.
+                for source in self.sources:
+                    if not self._read_io_free(source, name, None, tally.results, tally.success):
+                        tally.success[source.name] = False
+                return
+        unfinished = not job.done.is_set() or job.cancelled
+        outcomes, current = job.snapshot()
+        missing = READS_NETDEV if job.info_done else READS_DEVICE  # the first reads not served
+        for source in self.sources:
+            outcome = outcomes.get(source.name)
+            if outcome is None and self._read_io_free(source, name, job.info, tally.results, tally.success):
+                continue
+            if outcome is None:
+                if not needs_rtnl(source):
+                    missing = READS_DEVICE
+                tally.success[source.name] = False
+                if current is not None and current[0] == source.name:
+                    tally.durations[source.name] += time.perf_counter() - current[1]
+                self._count_timeout(rnd, source.name, name)
+                continue
+            # Recorded even if an earlier, shorter scrape of this round counted a timeout here.
+            if (source.name, name) not in rnd.recorded:
+                rnd.recorded.add((source.name, name))
+                self._record_errors(source.name, outcome.errors)
+                self._log_read_errors(source.name, name, outcome.errors)
+            tally.durations[source.name] += outcome.seconds
+            tally.success[source.name] = tally.success[source.name] and outcome.ok
+            if outcome.ok:
+                tally.results[source.name][name] = outcome.value
+        if job.netdev_blocked_since is not None and missing == READS_NETDEV:
+            # A device-only job served the device's reads; its netdev reads are the stuck job's.
+            tally.blocked[name, READS_NETDEV] = now - job.netdev_blocked_since
+        elif unfinished:
+            tally.blocked[name, missing] = now - job.since()
+            tally.reading[name] = _reading(job)
 
     def _read_excluded(self, results: dict[str, dict[str, Any]], success: dict[str, bool]) -> None:
         """Listed but filtered out: I/O-free sources see each excluded device as present with its layout
