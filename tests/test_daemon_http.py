@@ -918,15 +918,22 @@ def test_idle_connections_hold_no_threads_and_are_bounded(high_fds: None) -> Non
             sock.close()
 
 
-def test_a_full_server_closes_the_longest_idle_connection() -> None:
+def test_a_full_server_closes_the_longest_idle_connection(caplog: pytest.LogCaptureFixture) -> None:
+    """And says so: the connection it closes may hold a request not read yet (fault review, stop 60)."""
     with InProcessServer(lambda r: Response(200, b"ok"), max_connections=2, idle_timeout=60) as server:
         oldest = socket.create_connection(("127.0.0.1", server.port))
         wait_until(lambda: server.connections() == 1, 10)
         newer = socket.create_connection(("127.0.0.1", server.port))
         wait_until(lambda: server.connections() == 2, 10)
-        assert get(server.port, "/").status == 200  # a third client makes room for itself
+        with caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
+            assert get(server.port, "/").status == 200  # a third client makes room for itself
         closed, _ = closed_within(oldest, 10)
         assert closed
+        oldest_peer = f"127.0.0.1:{oldest.getsockname()[1]}"
+        lines = [r.getMessage() for r in caplog.records if "to make room" in r.getMessage()]
+        assert len(lines) == 1, caplog.text[:500]
+        assert lines[0].startswith("1 connection(s) closed since the last such line to make room on a full server")
+        assert f"(2 connections; the last from {oldest_peer}, for a newcomer from 127.0.0.1:" in lines[0]
         assert closed_within(newer, 0.5)[0] is False  # the newer idle one is kept
         newer.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
         closed, answer = closed_within(newer, 10)
@@ -978,6 +985,7 @@ def test_one_client_cannot_hold_every_slot_and_prometheus_keeps_its_connection()
         assert closed_within(prometheus, 10)[1].startswith(b"HTTP/1.1 200")
         assert get(server.port, "/").status == 200
         assert server.refused_connections.logged > 0  # the refusal was logged (CountedWarning)
+        assert server.evicted_connections.logged > 0  # and the connections closed for newcomers
         for sock in [prometheus, *attacker, *other]:
             sock.close()
 

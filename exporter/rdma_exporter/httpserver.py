@@ -500,6 +500,7 @@ class HttpServer:
         self.refused_logins = CountedWarning(log)  # 503s of the login lane
         self.refused_certificates = CountedWarning(log)  # certificates naming none of client_allowed_sans
         self.refused_connections = CountedWarning(log)  # accepted and closed at once: no room
+        self.evicted_connections = CountedWarning(log)  # closed to make room for a newcomer
         self.failed_accepts = CountedWarning(log)  # out of descriptors: retried every ACCEPT_PAUSE
         self.failed_handshakes = CountedWarning(log)  # TLS: no or untrusted client certificate, no common version
         self.plain_handshakes = CountedWarning(log)  # TLS ClientHellos sent to this server without TLS
@@ -618,7 +619,7 @@ class HttpServer:
             now = time.monotonic()
             peer = f"{address[0]}:{address[1]}"
             client = client_of(str(address[0]))
-            if len(self._conns) >= self.max_connections and not self._make_room(client):
+            if len(self._conns) >= self.max_connections and not self._make_room(client, peer):
                 sock.close()
                 self._log_refused_connection(peer)
                 continue
@@ -638,36 +639,43 @@ class HttpServer:
             self._conns[id(conn)] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _evict_idle(self, client: str | None = None) -> bool:
-        """Close the longest idle connection (of `client`, if given); False if there is none."""
+    def _longest_idle(self, client: str | None = None) -> _Conn | None:
+        """The longest idle connection (of `client`, if given), if there is one."""
         idle = [
             c for c in self._conns.values()
             if id(c) not in self._busy and not c.started and not c.handshaking and not c.pending
             and (client is None or c.client == client)
         ]
-        if not idle:
-            return False
-        self._close(min(idle, key=lambda c: c.last_active))
-        return True
+        return min(idle, key=lambda c: c.last_active) if idle else None
 
-    def _make_room(self, client: str) -> bool:
-        """Close a connection for a newcomer from `client` on a full server (HttpServer); False if none may go."""
+    def _make_room(self, client: str, peer: str) -> bool:
+        """Close a connection for a newcomer `peer` from `client` on a full server (HttpServer); False if
+        none may go."""
         # Counted here, on a full server only, rather than kept up to date on every accept and close.
         holders = Counter(c.client for c in self._conns.values())
         biggest, held = max(holders.items(), key=lambda item: item[1], default=("", 0))
         if holders[client] >= held:
             # A top holder, tied ones too, makes room from its own idle connections only: otherwise a tie
             # would fall through to the longest idle of all, most often Prometheus's keep-alive one.
-            return self._evict_idle(client)
-        # From the biggest holder, any phase (a head sent a byte at a time, a TLS handshake never finished)
-        # but not one being answered: those end by their own timeouts.
-        candidates = [
-            c for c in self._conns.values() if c.client == biggest and id(c) not in self._busy and not c.pending
-        ]
-        if candidates:
-            self._close(min(candidates, key=lambda c: c.last_active))
-            return True
-        return self._evict_idle()
+            victim = self._longest_idle(client)
+        else:
+            # From the biggest holder, any phase (a head sent a byte at a time, a TLS handshake never
+            # finished) but not one being answered: those end by their own timeouts.
+            candidates = [
+                c for c in self._conns.values() if c.client == biggest and id(c) not in self._busy and not c.pending
+            ]
+            victim = min(candidates, key=lambda c: c.last_active) if candidates else self._longest_idle()
+        if victim is None:
+            return False
+        # Logged: a closed connection may have had its request in the socket, unread (an accepted
+        # connection counts as idle until its first bytes are read), and its client sees only a reset.
+        self.evicted_connections.add(
+            "%d connection(s) closed since the last such line to make room on a full server (%d connections; "
+            "the last from %s, for a newcomer from %s)",
+            self.max_connections, victim.peer, peer,
+        )
+        self._close(victim)
+        return True
 
     def _on_ready(self, conn: _Conn, mask: int) -> None:
         try:
