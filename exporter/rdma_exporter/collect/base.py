@@ -373,13 +373,16 @@ class FailureEpisodes:
             return self._failing.pop(key, None) is not None
 
     def forget(self, device: str) -> None:
-        """A removed device's episodes end with it, unlogged."""
+        """A removed device's episodes end with it, unlogged: the engine logs the device's removal."""
         self.retain(device, ())
 
-    def retain(self, device: str, whats: Collection[str]) -> None:
-        """End, unlogged, the device's episodes of anything not in `whats` (a netdev that went away)."""
+    def retain(self, device: str, whats: Collection[str]) -> list[str]:
+        """End the device's episodes of anything not in `whats` (a netdev that went away); the ended ones'
+        `what`s, for the caller to log."""
         if not self._failing:
-            return  # the common case, every device of every scrape: no lock taken
+            return []  # the common case, every device of every scrape: no lock taken
         with self._lock:
-            for key in [key for key in self._failing if key[0] == device and key[1] not in whats]:
+            ended = [key for key in self._failing if key[0] == device and key[1] not in whats]
+            for key in ended:
                 del self._failing[key]
+        return sorted(what for _, what in ended)

@@ -313,7 +313,13 @@ class EthtoolSource:
                 self.seen.add(device.name, name)
                 netdevs.append((number, name, *read))
         # A netdev that failed and then went away (a driver reload) starts a new episode if it comes back.
-        self._failures.retain(device.name, done)
+        # Said, or the log's last word on it would be that it cannot be read.
+        for name in self._failures.retain(device.name, done):
+            log.info(
+                "ethtool statistics of %s (device %s) are no longer read: the netdev is gone or no longer "
+                "the device's",
+                name, device.name,
+            )
         self._over_limit.retain(device.name, done)
         self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
