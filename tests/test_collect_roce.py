@@ -627,7 +627,7 @@ def test_an_ethtool_read_that_fails_is_logged_once_per_episode(tree: Path, caplo
         ("INFO", f"ethtool statistics of {netdev} (device mlx5_8) cannot be read (unsupported): SIOCETHTOOL "
                  f"{netdev}: ETHTOOL_GDRVINFO: Operation not supported; counted in "
                  "rdma_exporter_file_read_errors_total, not logged again while it goes on"),
-        ("INFO", f"ethtool statistics of {netdev} read again"),
+        ("INFO", f"ethtool statistics of {netdev} (device mlx5_8) read again"),
     ], logged
 
 
@@ -1438,7 +1438,7 @@ def test_unexpected_exception_while_reading_costs_one_netdev(
     assert logged == [
         ("WARNING", failed(8)),
         ("DEBUG", failed(16)),
-        ("INFO", f"ethtool statistics of {ROCE['mlx5_8']} read again"),
+        ("INFO", f"ethtool statistics of {ROCE['mlx5_8']} (device mlx5_8) read again"),
         ("WARNING", failed(24)),
     ], logged
     # A struct.error is no kernel answer but a bug here: each episode's warning carries its traceback.
@@ -1473,7 +1473,31 @@ def test_failing_netdev_that_vanishes_ends_its_episode(tree: Path, caplog: pytes
     assert [level for level, _ in logged] == ["WARNING", "INFO", "WARNING"], logged
     assert logged[1][1] == (
         f"ethtool statistics of {ROCE['mlx5_8']} (device mlx5_8) are no longer read: the netdev is gone or no "
-        "longer the device's"
+        "longer one of the device's RoCE netdevs"
+    )
+
+
+def test_failing_netdev_of_a_port_that_turns_infiniband_ends_its_episode(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The device has no Ethernet port left (a VPI port set to InfiniBand): nothing of it is read any more,
+    # and that ends its netdevs' failures as a netdev going away does, with a line (diff review, stop 61).
+    exporter = Exporter(tree / "sys")
+    nics = fake_nics(tree)
+    exporter.ethtool.call = nics
+    netdev = ROCE["mlx5_8"]
+    nics.errno[netdev] = errno.EIO
+    with caplog.at_level(logging.INFO, logger="rdma_exporter.collect.ethtool"):
+        exporter.scrape()
+        (tree / "sys" / "class" / "infiniband" / "mlx5_8" / "ports" / "1" / "link_layer").write_text("InfiniBand\n")
+        exporter.collector.inventory.invalidate("mlx5_8")
+        exporter.scrape()
+        exporter.scrape()
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in logged] == ["WARNING", "INFO"], logged
+    assert logged[1][1] == (
+        f"ethtool statistics of {netdev} (device mlx5_8) are no longer read: the netdev is gone or no longer "
+        "one of the device's RoCE netdevs"
     )
 
 

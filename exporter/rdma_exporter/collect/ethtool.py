@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -289,7 +289,9 @@ class EthtoolSource:
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> EthtoolReading:
         netdevs: list[tuple[int, str, tuple[CuratedStat, ...], int]] = []
         if not self._enabled(ctx) or all(port.link_layer != "Ethernet" for port in device.ports):
-            self.forget_device(device.name)  # nothing of it is read: as if it were gone
+            # Nothing of it is read: as if it were gone, but said, as for a netdev that went away.
+            self._end_failures(device.name, ())
+            self.forget_device(device.name)
             return EthtoolReading(())
         locality = Locality(ctx.sys_root, device.name, reader)
         own: list[tuple[int, str]] = []
@@ -312,18 +314,22 @@ class EthtoolSource:
             if read is not None:
                 self.seen.add(device.name, name)
                 netdevs.append((number, name, *read))
-        # A netdev that failed and then went away (a driver reload) starts a new episode if it comes back.
-        # Said, or the log's last word on it would be that it cannot be read.
-        for name in self._failures.retain(device.name, done):
-            log.info(
-                "ethtool statistics of %s (device %s) are no longer read: the netdev is gone or no longer "
-                "the device's",
-                name, device.name,
-            )
+        self._end_failures(device.name, done)
         self._over_limit.retain(device.name, done)
         self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
         return EthtoolReading(tuple(netdevs))
+
+    def _end_failures(self, device: str, read: Collection[str]) -> None:
+        """End the failure episodes of the device's netdevs not in `read`: a netdev that failed and then
+        went away (a driver reload) starts a new episode if it comes back. Said, or the log's last word on
+        it would be that it cannot be read."""
+        for name in self._failures.retain(device, read):
+            log.info(
+                "ethtool statistics of %s (device %s) are no longer read: the netdev is gone or no longer one "
+                "of the device's RoCE netdevs",
+                name, device,
+            )
 
     def _read_netdev(
         self, device: str, name: str, reader: SysfsReader
@@ -356,7 +362,7 @@ class EthtoolSource:
             reader.fail(REASON_IO, where, repr(exc))
         else:
             if self._failures.succeeded((device, name)):
-                log.info("ethtool statistics of %s read again", name)
+                log.info("ethtool statistics of %s (device %s) read again", name, device)
             self._log_over_limit(device, name, over_limit)
             return tuple(curated), over_limit
         return None
