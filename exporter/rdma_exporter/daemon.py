@@ -516,11 +516,14 @@ class Daemon:
         old = self.exporter.serving
         try:
             config = self._reload_source()
-            # The socket and the uevent monitor are bound at start-up.
-            for name in ("listen_address", "sysfs"):
-                if getattr(config, name) != getattr(old.config, name):
-                    log.warning("reload: %s changed to %s; restart to apply it", name, getattr(config, name))
-                    config = replace(config, **{name: getattr(old.config, name)})
+            # The socket and the uevent monitor are bound at start-up. Said once the reload is taken: an
+            # emptied file, refused below, would otherwise announce the defaults as coming.
+            bound = [
+                (name, getattr(config, name))
+                for name in ("listen_address", "sysfs")
+                if getattr(config, name) != getattr(old.config, name)
+            ]
+            config = replace(config, **{name: getattr(old.config, name) for name, _ in bound})
             web = load_web_config(config.web_config_file)
             # A file that config management has truncated and not yet written: taking it would drop every
             # setting in it, a web config's TLS and users among them. One that was empty already is fine.
@@ -538,6 +541,8 @@ class Daemon:
         except Exception:
             log.exception("reload failed, keeping the running configuration")
             return False
+        for name, value in bound:
+            log.warning("reload: %s changed to %s; restart to apply it", name, value)
         logging.getLogger().setLevel(logging_level(config.log_level))
         # The pool is shared across reloads; surplus threads exit as they finish their jobs.
         self.reads.pool.parallelism = config.read_threads
