@@ -1446,6 +1446,7 @@ def roce_congestion() -> Json:
         f"  unless {on_netdev}\n"
         f"{sel('rdma_ethtool_global_pause_duration_seconds_total')}"
     )
+    vf_info = sel("rdma_device_info", DEVICE, 'pf_pci_address!=""')  # SR-IOV VFs: their link is their PF's
     items: list[tuple[Json, int, int]] = [
         (stat(
             "Most-paused priority",
@@ -1457,7 +1458,7 @@ def roce_congestion() -> Json:
             steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
             decimals=1,
-        ), 4, 4),
+        ), 3, 4),
         (stat(
             "Pause storms (10 min)",
             "Pause-storm events in the last 10 minutes: warning (paused past the storm watermark) and error (the "
@@ -1517,14 +1518,27 @@ def roce_congestion() -> Json:
             steps=thresholds((1, WARNING)),
             alerts=["RdmaRocePfcDisabled"],
             decimals=0,
-        ), 4, 4),
+        ), 3, 4),
+        (stat(
+            "Unknown statistics",
+            "Selected RoCE netdevs whose ethtool statistics the exporter reads but curates none of (a driver "
+            "other than mlx5, bnxt_en and ice; SR-IOV VFs left out): they have no PFC, pause or PHY series, "
+            "so this dashboard's panels and the RoCE alerts are blind there. RdmaRoceStatisticsUnknown's "
+            "condition; the alert waits 30 minutes.",
+            "none",
+            targets((f"count(\n{sel('rdma_ethtool_curated_stats')} == 0\n"
+                     f"  unless on (cluster, job, instance, device)\n{vf_info}\n) or vector(0)", "unknown")),
+            steps=thresholds((1, WARNING)),
+            alerts=["RdmaRoceStatisticsUnknown"],
+            decimals=0,
+        ), 3, 4),
         (stat(
             "RoCE throughput",
             "Data sent and received by the selected RoCE ports.",
             "bps",
             targets((f"sum({bytes_rate('transmit')} {ETHERNET}) * 8", "tx"),
                     (f"sum({bytes_rate('receive')} {ETHERNET}) * 8", "rx")),
-        ), 4, 4),
+        ), 3, 4),
         (row("Priority flow control"), 24, 1),
         (timeseries(
             "PFC pause frames",

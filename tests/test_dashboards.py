@@ -802,6 +802,8 @@ UNCLAIMED_COLOURS = {
     ("roce-congestion", "ECN disabled"): "a count of configuration problems",
     ("roce-congestion", "Priorities that lost PFC"): "a count of configuration problems; RdmaRocePfcDisabled "
     "compares no number: any series is its condition",
+    ("roce-congestion", "Unknown statistics"): "a count of netdevs the RoCE alerts cannot see; "
+    "RdmaRoceStatisticsUnknown's condition is any series at 0, not a count",
     ("fabric-overview", "Hottest HCA sensors"): "RdmaDeviceTemperatureHigh compares each sensor with its own "
     "threshold less a margin; the panel shows the difference, at the ASIC margin (-10) and at the threshold (0)",
 }
@@ -1518,6 +1520,41 @@ def test_a_priority_that_lost_pfc_stays_on_the_dashboard(stack: Stack) -> None:
     finally:
         capture.write_text(original)
         wait_until("the PFC counters back", lambda: stack.query(pfc)["data"]["result"], DEADLINE, [])
+
+
+def test_unknown_statistics_panel_is_the_alert(stack: Stack) -> None:
+    """A netdev whose driver's statistics the exporter does not curate (a capture of names it does not
+    know): the panel counts it, as RdmaRoceStatisticsUnknown's expression finds it; a curated one is 0."""
+    (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRoceStatisticsUnknown"]
+    curated = f'rdma_ethtool_curated_stats{{netdev="{PFC_NETDEV}"}}'
+
+    def unknown() -> float:
+        return total(panel_result(stack, ROCE, "Unknown statistics"))
+
+    wait_until("the baseline: curated statistics", lambda: stack.query(curated)["data"]["result"] and
+               stack.query(alert)["data"]["result"] == [] and unknown() == 0, DEADLINE, [])  # fmt: skip
+    capture = stack.ethtool / PFC_NETDEV
+    original = capture.read_text()
+
+    def problems() -> list[str]:
+        found = []
+        values = [float(r["value"][1]) for r in stack.query(curated)["data"]["result"]]
+        if values != [0]:
+            return [f"rdma_ethtool_curated_stats is {values}"]
+        fired = {r["metric"]["netdev"] for r in stack.query(alert)["data"]["result"]}
+        if fired != {PFC_NETDEV}:
+            found.append(f"the alert's expression finds {sorted(fired)}")
+        if unknown() != len(fired):
+            found.append(f"Unknown statistics: {unknown():g}, the alert {len(fired)}")
+        return found
+
+    try:
+        # What `ethtool -S` prints for a driver whose names the exporter does not know.
+        capture.write_text("NIC statistics:\n     tx_frames_ok: 12\n     rx_frames_ok: 34\n")
+        assert_settles(problems)
+    finally:
+        capture.write_text(original)
+        wait_until("curated statistics back", lambda: unknown() == 0, DEADLINE, [])
 
 
 # --- panels against the rules' own scenarios (promtool) -------------------------------------------------
