@@ -1446,7 +1446,8 @@ def roce_congestion() -> Json:
         f"  unless {on_netdev}\n"
         f"{sel('rdma_ethtool_global_pause_duration_seconds_total')}"
     )
-    vf_info = sel("rdma_device_info", DEVICE, 'pf_pci_address!=""')  # SR-IOV VFs: their link is their PF's
+    pf_info = sel("rdma_device_info", DEVICE, 'pci_address!=""')  # hardware, not soft-RoCE
+    pf = sel("rdma_device_sriov_virtual_function", DEVICE)  # == 0: not an SR-IOV VF, whose link is its PF's
     items: list[tuple[Json, int, int]] = [
         (stat(
             "Most-paused priority",
@@ -1521,13 +1522,15 @@ def roce_congestion() -> Json:
         ), 3, 4),
         (stat(
             "Unknown statistics",
-            "Selected RoCE netdevs whose ethtool statistics the exporter reads but curates none of (a driver "
-            "other than mlx5, bnxt_en and ice; SR-IOV VFs left out): they have no PFC, pause or PHY series, "
-            "so this dashboard's panels and the RoCE alerts are blind there. RdmaRoceStatisticsUnknown's "
-            "condition; the alert waits 30 minutes.",
+            "Selected RoCE netdevs of hardware PFs whose ethtool statistics the exporter reads but whose CRC "
+            "counter it does not know (a driver other than mlx5, bnxt_en and ice): they have no CRC, PHY and, "
+            "as a rule, PFC series, so this dashboard's panels and the RoCE alerts are blind there. "
+            "RdmaRoceStatisticsUnknown's condition; the alert waits 30 minutes.",
             "none",
-            targets((f"count(\n{sel('rdma_ethtool_curated_stats')} == 0\n"
-                     f"  unless on (cluster, job, instance, device)\n{vf_info}\n) or vector(0)", "unknown")),
+            targets((f"count(\n{sel('rdma_ethtool_curated_stats')}\n  unless {on_netdev}\n"
+                     f"{sel('rdma_ethtool_crc_error_packets_total')}\n"
+                     f"  and on (cluster, job, instance, device)\n{pf} == 0\n"
+                     f"  and on (cluster, job, instance, device)\n{pf_info}\n) or vector(0)", "unknown")),
             steps=thresholds((1, WARNING)),
             alerts=["RdmaRoceStatisticsUnknown"],
             decimals=0,

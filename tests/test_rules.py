@@ -82,7 +82,6 @@ STATE_ALERTS = {
     "RdmaExporterCollectorFailing",
     "RdmaRoceEcnDisabled",
     "RdmaRocePfcDisabled",
-    "RdmaRoceStatisticsUnknown",
     # Exactly one drop: the description says "once" (the extrapolated count reads 1 to about 1.6,
     # which would print as 2).
     "RdmaPortLinkDowned",
