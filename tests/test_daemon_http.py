@@ -2630,6 +2630,12 @@ def test_a_reload_refuses_an_empty_file_that_start_up_takes_as_the_defaults(
     web.write_text("{}\n")
     reload_and_wait("reloaded")
     assert get(daemon.port).status == 200
+    # A reload that is taken still says that a bound setting waits for a restart.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    config.write_text(settings.replace(f"sysfs: {tree}", f"sysfs: {elsewhere}"))
+    assert f"reload: sysfs changed to {elsewhere}; restart to apply it" in reload_and_wait("reloaded")
+    assert devices() == 2  # still the tree it started with
     assert daemon.stop() == 0
 
     # At start-up an empty file is the defaults, as node_exporter takes an empty web config; a file that
