@@ -1446,8 +1446,8 @@ def roce_congestion() -> Json:
         f"  unless {on_netdev}\n"
         f"{sel('rdma_ethtool_global_pause_duration_seconds_total')}"
     )
-    pf_info = sel("rdma_device_info", DEVICE, 'pci_address!=""')  # hardware, not soft-RoCE
-    pf = sel("rdma_device_sriov_virtual_function", DEVICE)  # == 0: not an SR-IOV VF, whose link is its PF's
+    # == 0: a PCI function that is no SR-IOV VF (a VF's link is its PF's; soft-RoCE has no series)
+    pf = sel("rdma_device_sriov_virtual_function", DEVICE)
     items: list[tuple[Json, int, int]] = [
         (stat(
             "Most-paused priority",
@@ -1529,8 +1529,7 @@ def roce_congestion() -> Json:
             "none",
             targets((f"count(\n{sel('rdma_ethtool_curated_stats')}\n  unless {on_netdev}\n"
                      f"{sel('rdma_ethtool_crc_error_packets_total')}\n"
-                     f"  and on (cluster, job, instance, device)\n{pf} == 0\n"
-                     f"  and on (cluster, job, instance, device)\n{pf_info}\n) or vector(0)", "unknown")),
+                     f"  and on (cluster, job, instance, device)\n{pf} == 0\n) or vector(0)", "unknown")),
             steps=thresholds((1, WARNING)),
             alerts=["RdmaRoceStatisticsUnknown"],
             decimals=0,

@@ -803,7 +803,7 @@ UNCLAIMED_COLOURS = {
     ("roce-congestion", "Priorities that lost PFC"): "a count of configuration problems; RdmaRocePfcDisabled "
     "compares no number: any series is its condition",
     ("roce-congestion", "Unknown statistics"): "a count of netdevs the RoCE alerts cannot see; "
-    "RdmaRoceStatisticsUnknown's condition is any series at 0, not a count",
+    "RdmaRoceStatisticsUnknown compares no number: a PF's netdev without a curated CRC counter is its condition",
     ("fabric-overview", "Hottest HCA sensors"): "RdmaDeviceTemperatureHigh compares each sensor with its own "
     "threshold less a margin; the panel shows the difference, at the ASIC margin (-10) and at the threshold (0)",
 }
@@ -1522,9 +1522,20 @@ def test_a_priority_that_lost_pfc_stays_on_the_dashboard(stack: Stack) -> None:
         wait_until("the PFC counters back", lambda: stack.query(pfc)["data"]["result"], DEADLINE, [])
 
 
+def test_unknown_statistics_panel_computes_the_alert() -> None:
+    """The panel of unknown statistics computes RdmaRoceStatisticsUnknown's condition as the rule does,
+    with the dashboard's label matchers added."""
+    (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRoceStatisticsUnknown"]
+    board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
+    (tgt,) = next(item for item in panels(board) if item["title"] == "Unknown statistics")["targets"]
+    want, have = without_matchers(alert), without_matchers(tgt["expr"])
+    assert any(have[i : i + len(want)] == want for i in range(len(have))), tgt["expr"]
+
+
 def test_unknown_statistics_panel_is_the_alert(stack: Stack) -> None:
-    """A netdev whose driver's statistics the exporter does not curate (a capture of names it does not
-    know): the panel counts it, as RdmaRoceStatisticsUnknown's expression finds it; a curated one is 0."""
+    """A netdev whose driver the exporter does not curate, but two of whose generic names it does (a
+    capture as Chelsio's cxgb4 prints it, pause frames and no CRC counter it knows): the panel counts
+    it, as RdmaRoceStatisticsUnknown's expression finds it; with the netdev's own capture both are 0."""
     (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRoceStatisticsUnknown"]
     curated = f'rdma_ethtool_curated_stats{{netdev="{PFC_NETDEV}"}}'
 
@@ -1539,7 +1550,7 @@ def test_unknown_statistics_panel_is_the_alert(stack: Stack) -> None:
     def problems() -> list[str]:
         found = []
         values = [float(r["value"][1]) for r in stack.query(curated)["data"]["result"]]
-        if values != [0]:
+        if values != [2]:
             return [f"rdma_ethtool_curated_stats is {values}"]
         fired = {r["metric"]["netdev"] for r in stack.query(alert)["data"]["result"]}
         if fired != {PFC_NETDEV}:
@@ -1549,8 +1560,10 @@ def test_unknown_statistics_panel_is_the_alert(stack: Stack) -> None:
         return found
 
     try:
-        # What `ethtool -S` prints for a driver whose names the exporter does not know.
-        capture.write_text("NIC statistics:\n     tx_frames_ok: 12\n     rx_frames_ok: 34\n")
+        # Names as cxgb4 prints them (padded): the generic pause counters are curated, the rest is not.
+        capture.write_text("NIC statistics:\n     tx_frames_ok      : 12\n     tx_pause_frames   : 0\n"
+                           "     rx_frames_ok      : 34\n     rx_pause_frames   : 0\n"
+                           "     rx_fcs_err        : 0\n")
         assert_settles(problems)
     finally:
         capture.write_text(original)
