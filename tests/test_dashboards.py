@@ -1469,12 +1469,16 @@ def without_matchers(expr: str) -> list[str]:
     return out
 
 
-def test_lost_pfc_panel_is_the_alert() -> None:
-    """The panel of priorities that lost PFC computes RdmaRocePfcDisabled's condition as the rule does,
-    with the dashboard's label matchers added."""
-    (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRocePfcDisabled"]
+@pytest.mark.parametrize(
+    ("title", "name"),
+    [("Priorities that lost PFC", "RdmaRocePfcDisabled"), ("Unknown statistics", "RdmaRoceStatisticsUnknown")],
+)
+def test_condition_panel_is_the_alert(title: str, name: str) -> None:
+    """A RoCE panel that counts an alert's condition computes it as the rule does, with the dashboard's
+    label matchers added."""
+    (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == name]
     board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
-    (tgt,) = next(item for item in panels(board) if item["title"] == "Priorities that lost PFC")["targets"]
+    (tgt,) = next(item for item in panels(board) if item["title"] == title)["targets"]
     want, have = without_matchers(alert), without_matchers(tgt["expr"])
     assert any(have[i : i + len(want)] == want for i in range(len(have))), tgt["expr"]
 
@@ -1520,16 +1524,6 @@ def test_a_priority_that_lost_pfc_stays_on_the_dashboard(stack: Stack) -> None:
     finally:
         capture.write_text(original)
         wait_until("the PFC counters back", lambda: stack.query(pfc)["data"]["result"], DEADLINE, [])
-
-
-def test_unknown_statistics_panel_computes_the_alert() -> None:
-    """The panel of unknown statistics computes RdmaRoceStatisticsUnknown's condition as the rule does,
-    with the dashboard's label matchers added."""
-    (alert,) = [rule["expr"] for rule in rules() if rule.get("alert") == "RdmaRoceStatisticsUnknown"]
-    board = load(GRAFANA / "dashboards" / f"{ROCE}.json")
-    (tgt,) = next(item for item in panels(board) if item["title"] == "Unknown statistics")["targets"]
-    want, have = without_matchers(alert), without_matchers(tgt["expr"])
-    assert any(have[i : i + len(want)] == want for i in range(len(have))), tgt["expr"]
 
 
 def test_unknown_statistics_panel_is_the_alert(stack: Stack) -> None:
