@@ -299,19 +299,28 @@ def test_a_source_failing_on_a_device_is_logged_once_per_episode(
     assert device_logs(caplog, "mlx5_1") == []
 
 
+def scrape_one_failing_device(
+    tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture, failures: list[Exception]
+) -> RdmaCollector:
+    """A collector of one device, mlx5_0, whose stand-in source raises each of `failures` in turn, one
+    scrape each, with the engine's log captured from DEBUG."""
+    caplog.set_level(logging.DEBUG, logger=engine.log.name)
+    rdma = collector(tmp_path, standin, devices=1)
+    standin.raises.add("mlx5_0")
+    for failure in failures:
+        standin.failure = failure
+        scrape(rdma)
+    return rdma
+
+
 def test_a_failure_is_logged_again_when_its_kind_changes_not_its_wording(
     tmp_path: Path, standin: StandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The episode is the fault, not its wording: a read naming another file each scrape is one fault. An
     # exception of another type is another fault (EIO, then a parser tripping on what came back), and the
     # first line alone would send the operator after the wrong one.
-    caplog.set_level(logging.DEBUG, logger=engine.log.name)
-    rdma = collector(tmp_path, standin, devices=1)
-    standin.raises.add("mlx5_0")
     failures = [OSError("port 1: EIO"), OSError("port 2: EIO"), ValueError("garbage"), ValueError("more garbage")]
-    for failure in [*failures, failures[2]]:
-        standin.failure = failure
-        scrape(rdma)
+    scrape_one_failing_device(tmp_path, standin, caplog, [*failures, failures[2]])
     assert device_logs(caplog, "mlx5_0") == [
         ("WARNING", "collector standin failed on device mlx5_0: port 1: EIO"),
         ("WARNING", "collector standin failed on device mlx5_0: garbage"),
@@ -323,12 +332,8 @@ def test_a_bug_is_logged_with_its_traceback_and_a_kernel_error_without(
 ) -> None:
     # An OSError is the kernel's answer and its message says it all. Anything else is a bug in this code,
     # which is counted as the same io reason: only its traceback tells the two apart, once an episode.
-    caplog.set_level(logging.DEBUG, logger=engine.log.name)
-    rdma = collector(tmp_path, standin, devices=1)
-    standin.raises.add("mlx5_0")
-    for failure in [OSError("port 1: EIO"), AttributeError("'NoneType' object has no attribute 'counters'")] * 2:
-        standin.failure = failure
-        scrape(rdma)
+    failures = [OSError("port 1: EIO"), AttributeError("'NoneType' object has no attribute 'counters'")] * 2
+    rdma = scrape_one_failing_device(tmp_path, standin, caplog, failures)
     records = [r for r in caplog.records if r.getMessage().startswith("collector standin failed on device mlx5_0")]
     assert [(r.levelname, r.exc_info is not None) for r in records] == [
         ("WARNING", False), ("WARNING", True), ("WARNING", False), ("WARNING", True)
