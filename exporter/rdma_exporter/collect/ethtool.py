@@ -154,8 +154,9 @@ CURATED_STATS: Final = MetricSpec(
     f"{PREFIX}curated_stats",
     "gauge",
     "Number of the netdev's ethtool -S statistics exported under a curated rdma_ethtool_* name (extra_stats "
-    "and uncurated per-lane ones not counted). 0 means the driver's statistic names are not known to the "
-    "exporter (a driver other than mlx5, bnxt_en or ice), so its PFC, pause and PHY series are missing.",
+    "and uncurated per-lane ones not counted); 0 also for a driver that lists no statistics. Without a "
+    "curated CRC counter among them the driver's names are not known to the exporter (a driver other than "
+    "mlx5, bnxt_en or ice), so the netdev's PFC, pause and PHY series are missing.",
     NETDEV,
 )
 EXTRA_OVER_LIMIT: Final = MetricSpec(
@@ -357,6 +358,10 @@ class EthtoolSource:
                     "rdma_exporter_file_read_errors_total, not logged again while it goes on",
                     name, device, exc.reason, where, exc.detail,
                 )
+            if exc.reason == REASON_UNSUPPORTED:
+                # The driver's whole answer: no statistics. Exported as none curated, or no alert could
+                # tell this port from one that is not RoCE at all (RdmaRoceStatisticsUnknown).
+                return (), 0
         except Exception as exc:  # a parser bug must cost this netdev only, not the device's other ports
             self._failures.log_failure(log, (device, name), exc, "ethtool statistics of %s failed: %r", name, exc)
             reader.fail(REASON_IO, where, repr(exc))
