@@ -170,6 +170,35 @@ def test_saturated_counters_are_reported(tmp_path: Path) -> None:
     assert not any(k[0] == "rdma_port_pma_saturated" and ("counter", "port_rcv_data") in k[1] for k in values)
 
 
+def test_data_counters_that_may_be_32bit_are_judged_at_their_32bit_maximum(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    """A port without the unicast files has the kernel's 32-bit PortCounters table or the 64-bit one
+    without IETF counters (same file names): its data and packet counters are saturated only if they
+    sit at exactly 2^32 - 1; past it they are 64 bit. Ports with the unicast files are 64 bit for sure."""
+    procfs = captured_copy("prometheus-procfs")
+    counters = procfs / "class/infiniband/mlx4_0/ports/1/counters"
+    assert not (counters / "unicast_xmit_packets").exists()
+    (counters / "port_xmit_data").write_text("4294967295\n")  # stuck: a link that looks idle
+    (counters / "port_rcv_packets").write_text("4294967294\n")
+    (counters / "port_xmit_packets").write_text("4294967296\n")  # past it: 64 bit
+    values = samples(scrape(procfs))
+    port = (("device", "mlx4_0"), ("port", "1"))
+
+    def saturated(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], counter: str) -> float | None:
+        return values.get(("rdma_port_pma_saturated", tuple(sorted((*port, ("counter", counter))))))
+
+    assert saturated(values, "port_xmit_data") == 1
+    assert saturated(values, "port_rcv_packets") == 0
+    assert saturated(values, "port_xmit_packets") == 0
+    assert saturated(values, "port_rcv_data") == 0  # 26 billion words in the capture
+    assert values[("rdma_port_transmit_data_bytes_total", port)] == 4294967295 * 4
+
+    lepton = captured_copy("leptonai-gpud-h100")
+    (lepton / "class/infiniband/mlx5_1/ports/1/counters/port_xmit_data").write_text("4294967295\n")
+    values = samples(scrape(lepton))
+    port = (("device", "mlx5_1"), ("port", "1"))
+    assert saturated(values, "port_xmit_data") is None  # IETF extended counters: 64 bit, no verdict
+
+
 def test_down_port_is_reported_not_dropped(captured_copy) -> None:  # type: ignore[no-untyped-def]
     root = captured_copy("leptonai-gpud-h100")
     port = root / "class/infiniband/mlx5_4/ports/1"

@@ -131,7 +131,9 @@ PORT_SATURATED: Final = MetricSpec(
     "rdma_port_pma_saturated",
     "gauge",
     "1 if a fixed-width PMA counter is stuck at its maximum and can no longer show new events until it "
-    "is reset (e.g. perfquery -R); 0 otherwise. counter is the sysfs file name.",
+    "is reset (e.g. perfquery -R); 0 otherwise. counter is the sysfs file name. Data and packet counters "
+    "get it only on a port without unicast_xmit_packets, whose PMA may lack 64-bit counters: 1 at exactly "
+    "2^32 - 1.",
     (*PORT, "counter"),
 )
 PORT_LIFESPAN: Final = MetricSpec(
@@ -382,6 +384,9 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
         if counter.width < 64:
             saturated = value >= (1 << counter.width) - 1
             out.add(PORT_SATURATED, [*labels, file], 1 if saturated else 0)
+        elif counter.maybe_32bit:
+            # A 64-bit counter passes this one value; a 32-bit one stays on it (the alert waits 10 minutes).
+            out.add(PORT_SATURATED, [*labels, file], 1 if value == (1 << 32) - 1 else 0)
     # Legacy counters_ext/: the 64-bit value of a counter goes under its one name (the 32-bit counters/
     # twin was left out of counter_files, so it is neither read nor judged saturated).
     for file, value in port.counters_ext.items():

@@ -82,13 +82,16 @@ class PmaCounter:
     `width` is the PMA field width in bits: a narrow counter stops at 2^width - 1 and from then on hides
     new errors until someone resets it, so the exposition reports saturation explicitly.
     `scale` converts the raw unit (4-octet words for the data counters) into base units.
-    Both can differ per port: see `pma_counter`.
+    `maybe_32bit`: a 64-bit `width` that the port's listing cannot confirm, judged saturated at exactly
+    2^32 - 1 only (see `pma_counter`).
+    All three can differ per port.
     """
 
     file: str
     key: str
     width: int
     scale: int = 1
+    maybe_32bit: bool = False
 
 
 # PortCounters / PortCountersExtended fields the kernel exposes under counters/.
@@ -107,8 +110,9 @@ PMA_COUNTERS: Final[dict[str, PmaCounter]] = {
         PmaCounter("local_link_integrity_errors", "local_link_integrity_errors", 4),
         PmaCounter("excessive_buffer_overrun_errors", "excessive_buffer_overrun_errors", 4),
         PmaCounter("VL15_dropped", "vl15_dropped", 16),
-        # The kernel serves these from PortCountersExtended (64 bit) when the HCA supports it, which
-        # every HCA of the last decade does; beside a legacy MLNX_OFED counters_ext/ they are 32 bit.
+        # The kernel serves these from PortCountersExtended (64 bit) when the HCA's PMA says it has
+        # them, which every HCA of the last decade does; beside a legacy MLNX_OFED counters_ext/ they are
+        # 32 bit, and on a port without the unicast files they may be (see pma_counter).
         PmaCounter("port_xmit_data", "transmit_data_bytes", 64, 4),
         PmaCounter("port_rcv_data", "receive_data_bytes", 64, 4),
         PmaCounter("port_xmit_packets", "transmit_packets", 64),
@@ -152,17 +156,26 @@ SUPERSEDED_BY_EXT: Final[dict[str, str]] = {
 }
 
 
-def pma_counter(file: str, *, legacy: bool, data_word_bytes: int = IB_DATA_WORD_BYTES) -> PmaCounter | None:
+def pma_counter(
+    file: str, *, legacy: bool, data_word_bytes: int = IB_DATA_WORD_BYTES, unicast: bool = True
+) -> PmaCounter | None:
     """Semantics of a counters/ file of a port. `legacy` (counters_ext/ present) narrows the data and
-    packet counters to 32 bit; `data_word_bytes` is the port's unit of the data counters."""
+    packet counters to 32 bit; `data_word_bytes` is the port's unit of the data counters.
+
+    `unicast`: the port lists the unicast counters, which only the kernel's table for a PMA with IETF
+    extended counters has. Without them the kernel chose either the 32-bit PortCounters table (no
+    extended counters: the data counter stops at 16 GiB, under a second at 400 Gb/s) or the 64-bit one
+    without IETF counters, and both list the same files: the data and packet counters are `maybe_32bit`.
+    """
     known = PMA_COUNTERS.get(file)
     if known is None:
         return None
     width = 32 if legacy and file in _LEGACY_32BIT else known.width
     scale = data_word_bytes if file in _DATA_COUNTERS else known.scale
-    if width == known.width and scale == known.scale:
+    maybe_32bit = not legacy and not unicast and file in _LEGACY_32BIT
+    if width == known.width and scale == known.scale and not maybe_32bit:
         return known
-    return PmaCounter(known.file, known.key, width, scale)
+    return PmaCounter(known.file, known.key, width, scale, maybe_32bit)
 
 
 # hw_counters files that are levels, not event counts. Drivers name them differently; these patterns
@@ -398,6 +411,7 @@ def read_port_info(
         return reader.uint(path, optional=True, absent_errnos=NO_VALUE_ERRNOS) is not None
 
     counter_ext_files = tuple(name for name in ext_listing if name not in PMA_COUNTERS_EXT or ext_answers(name))
+    unicast = "unicast_xmit_packets" in counter_files  # before the legacy twins are left out below
     if counter_ext_files:
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     return PortInfo(
@@ -412,7 +426,12 @@ def read_port_info(
         pma_counters={
             file: counter
             for file in counter_files
-            if (counter := pma_counter(file, legacy=bool(ext_listing), data_word_bytes=data_word_bytes)) is not None
+            if (
+                counter := pma_counter(
+                    file, legacy=bool(ext_listing), data_word_bytes=data_word_bytes, unicast=unicast
+                )
+            )
+            is not None
         },
     )
 
