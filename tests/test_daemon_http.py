@@ -1071,8 +1071,9 @@ def test_clients_that_stop_reading_hold_no_worker() -> None:
     # Found by the security review: each answer was written by its worker, so as many clients as workers
     # that asked for /metrics and stopped reading (no credentials needed without basic auth) left every
     # other client, Prometheus included, waiting up to the 30 s write timeout, again and again.
-    # 8 MB: more than loopback buffers take with a 4 KB window, and what six leave fits MAX_PENDING_BYTES.
-    big = b"x" * (8 << 20)
+    # 4 MB: more than a socket's send buffer (SEND_BUFFER_BYTES) takes, and what six leave fits
+    # MAX_PENDING_BYTES.
+    big = b"x" * (4 << 20)
 
     def handler(request: Request) -> Response:
         return Response(200, big if request.path == "/big" else b"ok")
@@ -2824,3 +2825,36 @@ def test_sigint_stops_like_sigterm(start: Callable[..., RunningDaemon], tree: Pa
     assert "received SIGINT, shutting down" in daemon.log() and "Traceback" not in daemon.log()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", daemon.port), timeout=1).close()
+
+
+def server_send_queues(port: int) -> list[int]:
+    """Bytes each server-side TCP socket of loopback `port` has not yet had acknowledged (tx_queue of
+    /proc/net/tcp): the kernel memory a client that does not read makes the server hold."""
+    queues = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].rpartition(":")[2], 16)
+        remote_port = int(fields[2].rpartition(":")[2], 16)
+        if local_port == port and remote_port != 0:  # not the listener
+            queues.append(int(fields[4].partition(":")[0], 16))
+    return queues
+
+
+def test_clients_that_pipeline_and_never_read_hold_a_bounded_kernel_send_buffer() -> None:
+    # Found by the security review: the kernel grew each accepted socket's send buffer to tcp_wmem's
+    # maximum (4 MB) while a client pipelined requests and read nothing; 200 of them made the exporter hold
+    # 839 MB of kernel memory, charged to its cgroup. Before the fix each of these held about 4 MB here.
+    with InProcessServer(big_or_ok, workers=2, write_timeout=60.0) as server:
+        clients = [small_window_socket(server.port) for _ in range(4)]
+        try:
+            for sock in clients:
+                sock.sendall(b"GET /big HTTP/1.1\r\n\r\n" * 10)
+            wait_until(lambda: len(server_send_queues(server.port)) == 4, 10)
+            time.sleep(1.0)  # let the loop write what the kernel takes
+            queues = server_send_queues(server.port)
+            assert max(queues) <= 2 * httpserver.SEND_BUFFER_BYTES, queues
+            assert min(queues) > 0  # the answers did stall in the kernel: the measure measured something
+        finally:
+            for sock in clients:
+                reset(sock)
+        wait_until(lambda: server.connections() == 0, 10)
