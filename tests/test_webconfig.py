@@ -8,7 +8,9 @@ handshakes and real HTTP on loopback.
 from __future__ import annotations
 
 import base64
+import http.client
 import logging
+import signal
 import socket
 import ssl
 import subprocess
@@ -872,3 +874,37 @@ def test_a_section_that_is_not_a_mapping_is_refused(tmp_path: Path, text: str, k
 def test_an_empty_section_still_means_its_defaults(tmp_path: Path, text: str) -> None:
     config = load_web_config(web_config(tmp_path, text))
     assert (config.scheme, config.headers) == ("http", {})
+
+
+def test_a_reload_applies_new_tls_settings_to_kept_alive_connections_and_warns_of_what_it_drops(
+    daemon: Callable[[Path], RunningDaemon], certs: Pki, tmp_path: Path
+) -> None:
+    # Found by the security review: certificates are checked at the handshake only, so a connection kept
+    # alive across a reload that began requiring client certificates went on being served without one
+    # (Prometheus scrapes more often than the idle timeout: for ever).
+    config = tmp_path / "web.yml"
+    config.write_text(tls_head(certs))
+    running = daemon(config)
+    kept = http.client.HTTPSConnection("127.0.0.1", running.port, timeout=10, context=client_context(certs))
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() and kept.sock is not None
+    config.write_text(
+        tls_head(certs) + f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {certs.ca}\n"
+    )
+    running.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "closed 1 idle connection(s) opened under the previous TLS settings" in running.log(), 10)
+    with pytest.raises((http.client.HTTPException, OSError)):
+        kept.request("GET", "/healthz")
+        kept.getresponse().read()
+    kept.close()
+    assert refused(running.port, client_context(certs))  # a new one needs a certificate now
+    assert get(running.port, "/healthz", context=client_context(certs, "client")).status == 200
+
+    # Taken as written, but said: a reload that drops TLS (an edit that lost the section) opens the port.
+    config.write_text(f"basic_auth_users:\n  a: '{bcrypt_hash('a')}'\n")
+    running.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: running.log().count("reloaded") >= 2, 10)
+    assert f"reload: {config} no longer asks for TLS, client certificates; served without from now on" in (
+        running.log()
+    )
+    assert get(running.port, "/healthz", headers=basic("a", "a")).status == 200

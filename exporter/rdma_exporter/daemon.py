@@ -543,6 +543,13 @@ class Daemon:
             return False
         for name, value in bound:
             log.warning("reload: %s changed to %s; restart to apply it", name, value)
+        dropped = old.web.protections() - web.protections()
+        if dropped:
+            # Taken, as the file says, but not in silence: an edit that lost a section opens the port.
+            log.warning(
+                "reload: %s no longer asks for %s; served without from now on",
+                web.source or "the configuration (no web config file)", ", ".join(sorted(dropped)),
+            )
         logging.getLogger().setLevel(logging_level(config.log_level))
         # The pool is shared across reloads; surplus threads exit as they finish their jobs.
         self.reads.pool.parallelism = config.read_threads

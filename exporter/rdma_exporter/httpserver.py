@@ -336,8 +336,8 @@ class Outgoing:
 
 class _Conn:
     __slots__ = (
-        "buffer", "client", "costly", "deadline", "eof", "first", "handshaking", "keep", "last_active", "peer",
-        "pending", "pending_bytes", "searched", "sock", "started",
+        "buffer", "client", "context", "costly", "deadline", "eof", "first", "handshaking", "keep", "last_active",
+        "peer", "pending", "pending_bytes", "searched", "sock", "started",
     )
 
     def __init__(
@@ -358,6 +358,9 @@ class _Conn:
         self.pending: Outgoing | None = None  # the rest of an answer the loop thread is writing
         self.pending_bytes = 0  # its share of HttpServer's MAX_PENDING_BYTES
         self.keep = False  # whether the connection stays open once `pending` is written
+        # The TLS context (None: plain HTTP) it was accepted under: once a reload has replaced it, the
+        # connection is closed when idle, so the new TLS settings apply to every later request.
+        self.context: ssl.SSLContext | None = None
 
     def head_end(self) -> int:
         end = head_end(self.buffer, self.searched)
@@ -644,6 +647,7 @@ class HttpServer:
             handshaking = context is not None
             deadline = now + (self.head_timeout if handshaking else self.idle_timeout)
             conn = _Conn(sock, peer, client, now, handshaking, deadline)
+            conn.context = context
             self._conns[id(conn)] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -856,8 +860,16 @@ class HttpServer:
         self._close(conn)
 
     def _sweep(self, now: float) -> None:
+        context = self._tls()
+        outdated = 0
         for conn in list(self._conns.values()):
-            if id(conn) not in self._busy and now >= conn.deadline:
+            if conn.context is not context and id(conn) not in self._busy and not conn.pending and not conn.started:
+                # Certificates and client_allowed_sans are checked at the handshake only: a kept-alive
+                # connection would go on under the old TLS settings (or none) as long as it is used.
+                # One with a request on its way is closed once answered (_resume).
+                self._close(conn)
+                outdated += 1
+            elif id(conn) not in self._busy and now >= conn.deadline:
                 if conn.pending:
                     log.debug("answer to %s not read in %.0f s, closing", conn.peer, self.write_timeout)
                     self._close(conn)
@@ -865,6 +877,8 @@ class HttpServer:
                     self._reject(conn, 408, "request head not received in time")
                 else:
                     self._close(conn)
+        if outdated:
+            log.info("closed %d idle connection(s) opened under the previous TLS settings", outdated)
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -901,7 +915,7 @@ class HttpServer:
 
     def _resume(self, conn: _Conn, keep: bool) -> None:
         """After an answer: wait for the next request on the connection, or close it."""
-        if not keep or self._stopping.is_set():
+        if not keep or self._stopping.is_set() or conn.context is not self._tls():
             self._close(conn)
             return
         now = time.monotonic()

@@ -207,6 +207,19 @@ class WebConfig:
             parts.append(f"basic auth ({len(self.auth.users)} users)")
         return ", ".join(parts)
 
+    def protections(self) -> frozenset[str]:
+        """What it asks of clients, by name: a reload that drops one of them is worth a warning."""
+        kept = set()
+        if self.ssl_context is not None:
+            kept.add("TLS")
+            if self.ssl_context.verify_mode == ssl.CERT_REQUIRED:
+                kept.add("client certificates")
+        if self.allowed_sans:
+            kept.add("client_allowed_sans")
+        if self.auth is not None:
+            kept.add("basic auth")
+        return frozenset(kept)
+
     def peer_allowed(self, peer_cert: Mapping[str, Any] | None) -> bool:
         """client_allowed_sans: a verified client certificate must name one of them."""
         if not self.allowed_sans:
