@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import http.client
 import logging
+import os
+import shutil
 import signal
 import socket
 import ssl
@@ -30,12 +32,14 @@ from test_daemon_http import (
     client_context,
     closed_within,
     get,
+    make_leaf,
     make_pki,
     raw,
     refused,
     web_config,
 )
 
+from rdma_exporter import daemon as daemon_module
 from rdma_exporter import httpserver, webconfig
 from rdma_exporter.config import EXIT_CONFIG, EXIT_UNAVAILABLE, ConfigError, exit_status
 from rdma_exporter.daemon import Response
@@ -908,3 +912,57 @@ def test_a_reload_applies_new_tls_settings_to_kept_alive_connections_and_warns_o
         running.log()
     )
     assert get(running.port, "/healthz", headers=basic("a", "a")).status == 200
+
+
+def test_a_renewed_certificate_is_served_without_a_signal(
+    daemon: Callable[[Path], RunningDaemon], certs: Pki, tmp_path: Path
+) -> None:
+    # Found by the security review: cert-manager renews a certificate into its Secret and the kubelet
+    # swaps the mounted files, but nobody sends a SIGHUP into a pod; the old certificate was served until a
+    # restart, and would have expired on every node at once.
+    pki = tmp_path / "pki"
+    shutil.copytree(certs.dir, pki)
+    make_leaf("renewed", "ca", "IP:127.0.0.1,DNS:localhost", "serverAuth", pki)
+    volume = tmp_path / "volume"  # as a Secret volume: tls.crt -> ..data/tls.crt, ..data -> a version dir
+    volume.mkdir()
+    versions = iter(range(100))
+
+    def publish(cert: str, key: str) -> None:
+        version = volume / f"..v{next(versions)}"
+        version.mkdir()
+        shutil.copy(pki / f"{cert}.crt", version / "tls.crt")
+        shutil.copy(pki / f"{key}.key", version / "tls.key")
+        (volume / "..data_tmp").symlink_to(version.name)
+        os.replace(volume / "..data_tmp", volume / "..data")  # the kubelet's atomic swap
+
+    def served() -> bytes:
+        with (
+            socket.create_connection(("127.0.0.1", running.port), timeout=5) as sock,
+            client_context(certs).wrap_socket(sock, server_hostname="127.0.0.1") as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+            assert der is not None
+            return der
+
+    def der(name: str) -> bytes:
+        return ssl.PEM_cert_to_DER_cert((pki / f"{name}.crt").read_text())
+
+    publish("server", "server")
+    for name in ("tls.crt", "tls.key"):
+        (volume / name).symlink_to(f"..data/{name}")
+    config = tmp_path / "web.yml"
+    config.write_text(f"tls_server_config:\n  cert_file: {volume / 'tls.crt'}\n  key_file: {volume / 'tls.key'}\n")
+    running = daemon(config)
+    assert served() == der("server")
+    publish("renewed", "renewed")
+    wait_until(lambda: served() == der("renewed"), 20)
+    assert f"TLS files changed ({volume / 'tls.crt'}, {volume / 'tls.key'}): reloading" in running.log()
+
+    # A rotation gone wrong (the key of another certificate) is rejected once; the running one stays.
+    publish("server", "renewed")
+    wait_until(lambda: "reload rejected" in running.log(), 20)
+    time.sleep(daemon_module.TLS_FILES_CHECK_SECONDS + 1)  # checked again meanwhile: not tried again
+    assert running.log().count("reload rejected") == 1
+    assert served() == der("renewed")
+    publish("server", "server")
+    wait_until(lambda: served() == der("server"), 20)

@@ -47,7 +47,7 @@ from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
 from .parse.reader import FileBudget
-from .webconfig import WebConfig, load_web_config
+from .webconfig import FileState, WebConfig, file_state, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +290,10 @@ def sd_notify(state: str, *, warn: bool = True) -> bool:
     return True
 
 
+# How often the TLS files are compared with what was loaded: a few stat calls, on the server's loop thread.
+TLS_FILES_CHECK_SECONDS: Final = 5.0
+
+
 class Watchdog:
     """systemd's watchdog (WatchdogSec=): WATCHDOG=1 at half its interval, sent from the HTTP server's loop,
     so a loop that stopped turning (a deadlock) gets the process killed and restarted. Device reads stuck
@@ -462,6 +466,9 @@ class Daemon:
     def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
         self._reload_source = reload
         self._reload_lock = threading.Lock()
+        self._watchdog = Watchdog.from_environment()
+        self._next_tls_check = 0.0
+        self._tls_tried: tuple[FileState, ...] = ()  # the TLS files' states a reload was last started for
         budget = FileBudget(raise_fd_limit(config.max_open_files))
         self.reads = DeviceReads(WorkerPool(parallelism=config.read_threads), budget)
         web = load_web_config(config.web_config_file)
@@ -478,7 +485,7 @@ class Daemon:
             peer_allowed=lambda cert: self.exporter.serving.web.peer_allowed(cert),
             headers=lambda: self.exporter.serving.web.headers,
             costly=self.exporter.costly,
-            tick=Watchdog.from_environment().tick,
+            tick=self._tick,
             max_connections=connection_cap(),
         )
         log.info(
@@ -498,6 +505,28 @@ class Daemon:
         class_dir = config.sysfs / CLASS_DIR
         if not class_dir.is_dir():
             log.warning("no %s: no RDMA devices to export (RDMA modules not loaded?)", class_dir)
+
+    def _tick(self, now: float) -> None:
+        """Each quarter second on the HTTP server's loop thread: the watchdog, and the TLS files."""
+        self._watchdog.tick(now)
+        if now >= self._next_tls_check:
+            self._next_tls_check = now + TLS_FILES_CHECK_SECONDS
+            self._check_tls_files()
+
+    def _check_tls_files(self) -> None:
+        """Reload once the certificate, key or client CA differ from what was loaded. cert-manager renews
+        a certificate into its Secret and the kubelet swaps the mounted files, and nobody sends a SIGHUP
+        into a pod: served until a restart, the old certificate would expire on every node at once."""
+        web = self.exporter.serving.web
+        changed = web.tls_files_changed()
+        if not changed or self._reload_source is None:
+            return
+        states = tuple(file_state(path) for path, _ in web.tls_files)
+        if states == self._tls_tried:
+            return  # a reload for these files was rejected (logged): wait for the next change
+        self._tls_tried = states
+        log.info("TLS files changed (%s): reloading", ", ".join(str(path) for path in changed))
+        threading.Thread(target=self.reload, name="reload", daemon=True).start()
 
     def reload(self) -> bool:
         """Re-read the config (and web config) file; anything invalid keeps the running config."""

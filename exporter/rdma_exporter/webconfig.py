@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import re
 import secrets
 import ssl
@@ -184,6 +185,20 @@ class BasicAuth:
         return ok
 
 
+# A file's identity and version: device, inode, mtime and size, through symlinks; None if it cannot be
+# stat'ed. A Secret volume's update swaps a symlink, which changes the inode behind the same path.
+FileState = tuple[int, int, int, int] | None
+TlsFiles = tuple[tuple[Path, FileState], ...]
+
+
+def file_state(path: Path) -> FileState:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
 @dataclass
 class WebConfig:
     """What the server needs: an SSL context (None: plain HTTP), users, extra response headers."""
@@ -194,6 +209,12 @@ class WebConfig:
     allowed_sans: frozenset[str] = frozenset()
     source: str = ""
     empty: bool = False  # the file held no document (empty, or only comments): see Daemon._reload
+    tls_files: TlsFiles = ()  # certificate, key and client CA files, each with its state when loaded
+
+    def tls_files_changed(self) -> tuple[Path, ...]:
+        """The TLS files that are not what was loaded: replaced (cert-manager, kubelet's swap of a
+        Secret volume), rewritten or removed."""
+        return tuple(path for path, state in self.tls_files if file_state(path) != state)
 
     @property
     def scheme(self) -> str:
@@ -362,14 +383,17 @@ def _no_passphrase() -> bytes:
     raise _EncryptedKey
 
 
-def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str]]:
+def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str], TlsFiles]:
+    """The SSL context, the allowed SANs, and the files loaded with what they were before loading."""
     body = _mapping(source, "tls_server_config", section, _TLS_KEYS, _REFUSED_TLS_KEYS)
     if not body:
-        return None, frozenset()
+        return None, frozenset(), ()
     if "cert_file" not in body or "key_file" not in body:
         raise ConfigError(source, "tls_server_config", "cert_file and key_file are both required for TLS")
     cert = _file(source, "tls_server_config.cert_file", body["cert_file"], base)
     key_file = _file(source, "tls_server_config.key_file", body["key_file"], base)
+    # Taken before they are loaded: a file replaced meanwhile shows as changed at the next check.
+    files = [(cert, file_state(cert)), (key_file, file_state(key_file))]
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     # No session tickets: OpenSSL encrypts them with a key made once per context, kept for the life of
     # the process, so one memory dump would unlock every resumed session since start-up (Go rotates its
@@ -428,6 +452,7 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
         if ca is None:
             raise ConfigError(source, "tls_server_config.client_ca_file", f"required with client_auth_type {auth_type}")
         ca_path = _file(source, "tls_server_config.client_ca_file", ca, base)
+        files.append((ca_path, file_state(ca_path)))
         try:
             context.load_verify_locations(cafile=ca_path)
         except ssl.SSLError as exc:
@@ -445,7 +470,7 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
     if sans and context.verify_mode == ssl.CERT_NONE:
         raise ConfigError(source, "tls_server_config.client_allowed_sans", "needs verified client certificates")
     # An IP written any other way (upper case, uncompressed) still names the same address.
-    return context, frozenset(sans) | {_ip_text(s) for s in sans}
+    return context, frozenset(sans) | {_ip_text(s) for s in sans}, tuple(files)
 
 
 def _users(source: str, body: Any) -> BasicAuth | None:
@@ -520,7 +545,7 @@ def load_web_config(path: Path | None) -> WebConfig:
     document = read_yaml_file(path)
     top = _mapping(source, "", document, _TOP_KEYS)
     base = path.parent
-    context, sans = _tls(source, top.get("tls_server_config"), base)
+    context, sans, tls_files = _tls(source, top.get("tls_server_config"), base)
     http = _mapping(source, "http_server_config", top.get("http_server_config"), _HTTP_KEYS)
     if http.get("http2") is not None:
         # Ignored (this server speaks HTTP/1.1), but typed as exporter-toolkit types it: a value node_exporter
@@ -533,4 +558,5 @@ def load_web_config(path: Path | None) -> WebConfig:
         allowed_sans=sans,
         source=source,
         empty=document is None,
+        tls_files=tls_files,
     )
