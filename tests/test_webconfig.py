@@ -163,6 +163,17 @@ def test_users_hashed_at_different_costs_are_warned_about(tmp_path: Path, caplog
     assert "different bcrypt costs (4, 5)" in caplog.text
 
 
+def test_bcrypt_costs_outside_10_to_14_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Security review: cost 4 was taken in silence, though the web config is often world-readable; a high
+    # cost makes every unremembered login wait seconds on the one bcrypt lane.
+    users(tmp_path, advised=bcrypt_hash("a", 10))
+    assert "bcrypt cost" not in caplog.text
+    users(tmp_path, cheap=bcrypt_hash("a", 4))
+    assert "hashes at bcrypt cost 4 are quick to crack from a copy of the file; hash at 10 to 14" in caplog.text
+    users(tmp_path, slow=hash_claiming_cost(15))
+    assert "hashes at bcrypt cost 15 make each login check take seconds" in caplog.text
+
+
 def users(tmp_path: Path, **hashes: str) -> BasicAuth:
     text = "basic_auth_users:\n" + "".join(f"  {user}: '{hashed}'\n" for user, hashed in hashes.items())
     auth = load_web_config(web_config(tmp_path, text)).auth

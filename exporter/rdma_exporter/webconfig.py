@@ -86,6 +86,7 @@ TOOLKIT_HEADERS: Final[dict[str, tuple[str, ...]]] = {
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*\Z")
 _BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}\Z")  # \Z: no final newline
 _BCRYPT_COSTS: Final = range(4, 32)  # what bcrypt (here and in Go) can check; other costs never match
+_BCRYPT_ADVISED: Final = range(10, 15)  # costs accepted without a warning: about 0.07 to 1 s a check
 # Checked for unknown users too, so response time does not reveal which user names exist. Only its salt
 # and digest are used: BasicAuth puts the configured cost in front (a well-formed hash, matching nothing).
 _DUMMY_HASH: Final = b"$2b$10$BBbAEHokxkprkXcs7WUUru5P5E2RDe7zZ9AZPgszTXaqI0AjY5KpS"
@@ -510,6 +511,22 @@ def _users(source: str, body: Any) -> BasicAuth | None:
             "%s: basic_auth_users hashes have different bcrypt costs (%s): a wrong password for a user with a "
             "lower cost is answered faster, which tells that the user exists; hash every user at one cost",
             source, ", ".join(map(str, costs)),
+        )
+    if costs and costs[0] < _BCRYPT_ADVISED.start:
+        # Accepted as exporter-toolkit accepts it, but the web config is often world-readable (DynamicUser
+        # without a credential): a cheap hash in a leaked copy gives up its password quickly.
+        log.warning(
+            "%s: basic_auth_users hashes at bcrypt cost %d are quick to crack from a copy of the file; hash "
+            "at %d to %d (htpasswd -nBC 12 USER)",
+            source, costs[0], _BCRYPT_ADVISED.start, _BCRYPT_ADVISED.stop - 1,
+        )
+    if costs and costs[-1] >= _BCRYPT_ADVISED.stop:
+        # Every login that is not remembered, and every unknown user, is checked at this cost, one at a
+        # time: past 14 a check takes seconds and the lane's queue fills.
+        log.warning(
+            "%s: basic_auth_users hashes at bcrypt cost %d make each login check take seconds, one at a time; "
+            "hash at %d to %d",
+            source, costs[-1], _BCRYPT_ADVISED.start, _BCRYPT_ADVISED.stop - 1,
         )
     return BasicAuth(users)
 
