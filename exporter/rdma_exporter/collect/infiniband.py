@@ -168,8 +168,9 @@ _PMA_HELP: Final[dict[str, str]] = {
     "transmit_packets": "Packets transmitted on all VLs.",
     "receive_packets": "Packets received on all VLs.",
     "transmit_wait": "Ticks during which the port had data to send but sent none, for lack of flow-control "
-    "credits or of arbitration. The tick length is the device's; the shipped rules take NVIDIA's "
-    "Quantum-generation tick, the time to send 8 bytes at the link rate.",
+    "credits or of arbitration. The tick length is the device's; the shipped rules take the tick NVIDIA "
+    "documents for its Quantum switch ASICs, the time to send 8 bytes at the link rate, which no HCA "
+    "documentation confirms: on an HCA port the ratio they record is an estimate.",
     "transmit_unicast_packets": "Unicast packets transmitted.",
     "receive_unicast_packets": "Unicast packets received.",
     "transmit_multicast_packets": "Multicast packets transmitted.",
