@@ -18,6 +18,7 @@ import queue
 import re
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import ssl
@@ -37,6 +38,7 @@ import bcrypt
 import pytest
 
 from rdma_exporter import __version__, httpserver, webconfig
+from rdma_exporter import daemon as daemon_module
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerPool
@@ -2467,6 +2469,39 @@ def test_a_reload_applies_the_read_settings_and_keeps_what_is_bound_at_start_up(
             daemon.hotplug.stop()
         root.setLevel(level)
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+
+def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on_a_new_change(
+    tree: Path, tmp_path: Path, pki: Pki
+) -> None:
+    """The reload may be rejected for the main config file (being edited), not the certificate: tried again
+    every TLS_RELOAD_RETRY_SECONDS while the files differ, or at once when they change again."""
+    key = tmp_path / "tls.key"
+    shutil.copy(pki.server_key, key)
+    web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {key}\n")
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
+    daemon = Daemon(config, reload=lambda: config)
+    attempts: list[float] = []
+    daemon.reload = lambda: attempts.append(time.monotonic()) or False  # type: ignore[method-assign]
+    try:
+        daemon._check_tls_files(1000.0)
+        assert attempts == []  # unchanged
+        os.utime(key, ns=(0, 10**9))  # rewritten
+        daemon._check_tls_files(1000.0)
+        wait_until(lambda: len(attempts) == 1, 10)
+        daemon._check_tls_files(1000.0 + daemon_module.TLS_FILES_CHECK_SECONDS)
+        daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS - 1)
+        time.sleep(0.2)
+        assert len(attempts) == 1  # rejected, and the files are as they were then
+        daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS)
+        wait_until(lambda: len(attempts) == 2, 10)
+        os.utime(key, ns=(0, 2 * 10**9))  # changed again: at once
+        daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS + 1)
+        wait_until(lambda: len(attempts) == 3, 10)
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
 
 
 def test_a_device_filter_that_matches_no_device_is_warned_of_at_start_and_on_reload(

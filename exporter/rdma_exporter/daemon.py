@@ -292,6 +292,9 @@ def sd_notify(state: str, *, warn: bool = True) -> bool:
 
 # How often the TLS files are compared with what was loaded: a few stat calls, on the server's loop thread.
 TLS_FILES_CHECK_SECONDS: Final = 5.0
+# A reload for changed TLS files that was rejected is tried again after this long while they stay changed:
+# the main config file may have been the one at fault, and the new certificate must not wait for a signal.
+TLS_RELOAD_RETRY_SECONDS: Final = 300.0
 
 
 class Watchdog:
@@ -468,7 +471,8 @@ class Daemon:
         self._reload_lock = threading.Lock()
         self._watchdog = Watchdog.from_environment()
         self._next_tls_check = 0.0
-        self._tls_tried: tuple[FileState, ...] = ()  # the TLS files' states a reload was last started for
+        # The TLS files' states a reload was last started for, and when (monotonic).
+        self._tls_tried: tuple[tuple[FileState, ...], float] = ((), -math.inf)
         budget = FileBudget(raise_fd_limit(config.max_open_files))
         self.reads = DeviceReads(WorkerPool(parallelism=config.read_threads), budget)
         web = load_web_config(config.web_config_file)
@@ -511,9 +515,9 @@ class Daemon:
         self._watchdog.tick(now)
         if now >= self._next_tls_check:
             self._next_tls_check = now + TLS_FILES_CHECK_SECONDS
-            self._check_tls_files()
+            self._check_tls_files(now)
 
-    def _check_tls_files(self) -> None:
+    def _check_tls_files(self, now: float) -> None:
         """Reload once the certificate, key or client CA differ from what was loaded. cert-manager renews
         a certificate into its Secret and the kubelet swaps the mounted files, and nobody sends a SIGHUP
         into a pod: served until a restart, the old certificate would expire on every node at once."""
@@ -522,9 +526,10 @@ class Daemon:
         if not changed or self._reload_source is None:
             return
         states = tuple(file_state(path) for path, _ in web.tls_files)
-        if states == self._tls_tried:
-            return  # a reload for these files was rejected (logged): wait for the next change
-        self._tls_tried = states
+        tried, when = self._tls_tried
+        if states == tried and now - when < TLS_RELOAD_RETRY_SECONDS:
+            return  # a reload for these files was rejected (logged): not again at once
+        self._tls_tried = states, now
         log.info("TLS files changed (%s): reloading", ", ".join(str(path) for path in changed))
         threading.Thread(target=self.reload, name="reload", daemon=True).start()
 
