@@ -42,7 +42,7 @@ from rdma_exporter import daemon as daemon_module
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerPool
-from rdma_exporter.config import EXIT_CONFIG, EXIT_UNAVAILABLE, Config
+from rdma_exporter.config import EXIT_CONFIG, EXIT_UNAVAILABLE, Config, ConfigError
 from rdma_exporter.daemon import (
     FD_RESERVE,
     OWN_FDS,
@@ -2482,7 +2482,7 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
     daemon = Daemon(config, reload=lambda: config)
     attempts: list[float] = []
-    daemon.reload = lambda: attempts.append(time.monotonic()) or False  # type: ignore[method-assign]
+    daemon.reload = lambda **_: attempts.append(time.monotonic()) or False  # type: ignore[method-assign]
     try:
         daemon._check_tls_files(1000.0)
         assert attempts == []  # unchanged
@@ -2498,6 +2498,42 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
         os.utime(key, ns=(0, 2 * 10**9))  # changed again: at once
         daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS + 1)
         wait_until(lambda: len(attempts) == 3, 10)
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+
+
+def test_renewed_tls_files_reload_the_web_config_alone_and_unchanged_ones_keep_the_context(
+    tree: Path, tmp_path: Path, pki: Pki
+) -> None:
+    """Diff review: a renewal reloaded everything, so a main config file caught mid-edit blocked the new
+    certificate (and an edit was taken at a renewal, unasked). And every SIGHUP built a new SSL context,
+    which closed every kept-alive connection even when TLS had not changed."""
+    key = tmp_path / "tls.key"
+    shutil.copy(pki.server_key, key)
+    web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {key}\n")
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
+    main_file: list[Config | ConfigError] = [config]
+
+    def source() -> Config:
+        if isinstance(main_file[0], ConfigError):
+            raise main_file[0]
+        return main_file[0]
+
+    daemon = Daemon(config, reload=source)
+    try:
+        started = daemon.exporter.serving
+        assert daemon.reload()  # nothing changed: the same context, so no connection is closed
+        assert daemon.exporter.serving.web.ssl_context is started.web.ssl_context
+        main_file[0] = ConfigError("rdma-exporter.yml", "log.level", "expected one of debug, info, warn, error")
+        assert not daemon.reload()  # a SIGHUP now is refused for the main file
+        before = daemon.exporter.serving
+        os.utime(key, ns=(0, 10**9))  # the key renewed
+        assert daemon.reload(web_only=True)
+        after = daemon.exporter.serving
+        assert after.web.ssl_context is not before.web.ssl_context
+        assert after.config is before.config and after.collector is before.collector
     finally:
         daemon.server.shutdown(grace=0)
         if daemon.hotplug is not None:

@@ -530,20 +530,62 @@ class Daemon:
         if states == tried and now - when < TLS_RELOAD_RETRY_SECONDS:
             return  # a reload for these files was rejected (logged): not again at once
         self._tls_tried = states, now
-        log.info("TLS files changed (%s): reloading", ", ".join(str(path) for path in changed))
-        threading.Thread(target=self.reload, name="reload", daemon=True).start()
+        log.info("TLS files changed (%s): reloading the web config", ", ".join(str(path) for path in changed))
+        threading.Thread(target=self.reload, kwargs={"web_only": True}, name="reload", daemon=True).start()
 
-    def reload(self) -> bool:
-        """Re-read the config (and web config) file; anything invalid keeps the running config."""
+    def reload(self, *, web_only: bool = False) -> bool:
+        """Re-read the config (and web config) file, or with `web_only` the web config file alone;
+        anything invalid keeps the running config."""
         if self._reload_source is None:
             log.warning("SIGHUP: nothing to reload (started without a config source)")
             return False
         with self._reload_lock:
             sd_notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
             try:
-                return self._reload()
+                return self._reload_web() if web_only else self._reload()
             finally:
                 sd_notify("READY=1")
+
+    def _load_web(self, path: Path | None, old: WebConfig) -> WebConfig:
+        """The web config a reload takes (ConfigError if none), with what it can keep of the running one."""
+        web = load_web_config(path)
+        # A file that config management has truncated and not yet written: taking it would drop every
+        # setting in it, TLS and users among them. One that was empty already is fine.
+        if web.empty and not (old.empty and old.source == web.source):
+            raise ConfigError(web.source, "(file)", EMPTY_ON_RELOAD)
+        if web.auth is not None and old.auth is not None:
+            web.auth.remember_from(old.auth)  # no bcrypt wait for Prometheus after a reload
+        if web.same_tls(old):
+            # The same context: connections kept alive under it stay open (HttpServer closes those of a
+            # replaced one), so a reload for the log level costs Prometheus no new handshake.
+            web.ssl_context = old.ssl_context
+        return web
+
+    def _warn_of_dropped_protections(self, old: WebConfig, web: WebConfig) -> None:
+        dropped = old.protections() - web.protections()
+        if dropped:
+            # Taken, as the file says, but not in silence: an edit that lost a section opens the port.
+            log.warning(
+                "reload: %s no longer asks for %s; served without from now on",
+                web.source or "the configuration (no web config file)", ", ".join(sorted(dropped)),
+            )
+
+    def _reload_web(self) -> bool:
+        """For renewed TLS files: the web config file only. The main config file may be mid-edit, and
+        a certificate renewal must neither take that edit nor wait for it."""
+        old = self.exporter.serving
+        try:
+            web = self._load_web(old.config.web_config_file, old.web)
+        except ConfigError as exc:
+            log.error("web config reload rejected, keeping the running one: %s", exc)
+            return False
+        except Exception:
+            log.exception("web config reload failed, keeping the running one")
+            return False
+        self._warn_of_dropped_protections(old.web, web)
+        self.exporter.serving = replace(old, web=web)
+        log.info("reloaded %s (%s)", web.source, web.describe())
+        return True
 
     def _reload(self) -> bool:
         assert self._reload_source is not None
@@ -558,15 +600,11 @@ class Daemon:
                 if getattr(config, name) != getattr(old.config, name)
             ]
             config = replace(config, **{name: getattr(old.config, name) for name, _ in bound})
-            web = load_web_config(config.web_config_file)
             # A file that config management has truncated and not yet written: taking it would drop every
-            # setting in it, a web config's TLS and users among them. One that was empty already is fine.
+            # setting in it. One that was empty already is fine.
             if config.config_file_empty and not old.config.config_file_empty:
                 raise ConfigError(str(config.config_file), "(file)", EMPTY_ON_RELOAD)
-            if web.empty and not (old.web.empty and old.web.source == web.source):
-                raise ConfigError(web.source, "(file)", EMPTY_ON_RELOAD)
-            if web.auth is not None and old.web.auth is not None:
-                web.auth.remember_from(old.web.auth)  # no bcrypt wait for Prometheus after a reload
+            web = self._load_web(config.web_config_file, old.web)
             udev = self.hotplug is not None and self.hotplug.running
             collector = build_collector(config, reads=self.reads, rescan_each_scrape=not udev)
         except ConfigError as exc:
@@ -577,13 +615,7 @@ class Daemon:
             return False
         for name, value in bound:
             log.warning("reload: %s changed to %s; restart to apply it", name, value)
-        dropped = old.web.protections() - web.protections()
-        if dropped:
-            # Taken, as the file says, but not in silence: an edit that lost a section opens the port.
-            log.warning(
-                "reload: %s no longer asks for %s; served without from now on",
-                web.source or "the configuration (no web config file)", ", ".join(sorted(dropped)),
-            )
+        self._warn_of_dropped_protections(old.web, web)
         logging.getLogger().setLevel(logging_level(config.log_level))
         # The pool is shared across reloads; surplus threads exit as they finish their jobs.
         self.reads.pool.parallelism = config.read_threads

@@ -863,10 +863,18 @@ class HttpServer:
         context = self._tls()
         outdated = 0
         for conn in list(self._conns.values()):
-            if conn.context is not context and id(conn) not in self._busy and not conn.pending and not conn.started:
+            if (
+                conn.context is not context
+                and not conn.first  # has had an answer: idle between requests, as a kept-alive one is
+                and not conn.started
+                and id(conn) not in self._busy
+                and not conn.pending
+            ):
                 # Certificates and client_allowed_sans are checked at the handshake only: a kept-alive
                 # connection would go on under the old TLS settings (or none) as long as it is used.
-                # One with a request on its way is closed once answered (_resume).
+                # One with a request on its way, or none yet (in its handshake, or just accepted), is
+                # closed once answered (_resume): a client retries a request on a reused connection
+                # that closed, not on a new one (Go's http.Transport).
                 self._close(conn)
                 outdated += 1
             elif id(conn) not in self._busy and now >= conn.deadline:
@@ -994,7 +1002,15 @@ class HttpServer:
         except Exception:
             log.exception("handling %s %s failed", request.method, request.path)
             response = text_response(500, "internal error, see the exporter log", close=True)
-        keep = request.keep_alive and not response.close and not conn.eof and not self._stopping.is_set()
+        # A connection accepted under TLS settings a reload has replaced is closed after this answer
+        # (_resume): say so, rather than keep-alive.
+        keep = (
+            request.keep_alive
+            and not response.close
+            and not conn.eof
+            and not self._stopping.is_set()
+            and conn.context is self._tls()
+        )
         head = render_response(response, head_only=True, keep_alive=keep, extra=self._headers())
         parts = (head,) if request.method == "HEAD" else (head, *response.parts)
         outgoing = Outgoing(parts)

@@ -186,9 +186,10 @@ class BasicAuth:
         return ok
 
 
-# A file's identity and version: device, inode, mtime and size, through symlinks; None if it cannot be
-# stat'ed. A Secret volume's update swaps a symlink, which changes the inode behind the same path.
-FileState = tuple[int, int, int, int] | None
+# A file's identity and version: device, inode, mtime, ctime and size, through symlinks; None if it cannot
+# be stat'ed. A Secret volume's update swaps a symlink, which changes the inode behind the same path; a
+# chmod or chown after a `mv` (a key first unreadable to the exporter) changes only the ctime.
+FileState = tuple[int, int, int, int, int] | None
 TlsFiles = tuple[tuple[Path, FileState], ...]
 
 
@@ -197,7 +198,7 @@ def file_state(path: Path) -> FileState:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
 @dataclass
@@ -211,6 +212,12 @@ class WebConfig:
     source: str = ""
     empty: bool = False  # the file held no document (empty, or only comments): see Daemon._reload
     tls_files: TlsFiles = ()  # certificate, key and client CA files, each with its state when loaded
+    tls_settings: tuple[str, str] = ("", "")  # the tls_server_config section as written, and its base
+
+    def same_tls(self, other: WebConfig) -> bool:
+        """Whether `other` was loaded from the same TLS settings and files, unchanged in between: its SSL
+        context can serve for this one."""
+        return self.tls_settings == other.tls_settings and self.tls_files == other.tls_files
 
     def tls_files_changed(self) -> tuple[Path, ...]:
         """The TLS files that are not what was loaded: replaced (cert-manager, kubelet's swap of a
@@ -576,4 +583,5 @@ def load_web_config(path: Path | None) -> WebConfig:
         source=source,
         empty=document is None,
         tls_files=tls_files,
+        tls_settings=(str(base), repr(top.get("tls_server_config"))),
     )
