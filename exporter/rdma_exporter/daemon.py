@@ -47,7 +47,7 @@ from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
 from .parse.reader import FileBudget
-from .webconfig import FileState, WebConfig, file_state, load_web_config
+from .webconfig import FileState, WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -522,10 +522,10 @@ class Daemon:
         a certificate into its Secret and the kubelet swaps the mounted files, and nobody sends a SIGHUP
         into a pod: served until a restart, the old certificate would expire on every node at once."""
         web = self.exporter.serving.web
-        changed = web.tls_files_changed()
+        states = web.tls_file_states()  # each file stat'ed once a check
+        changed = web.tls_files_changed(states)
         if not changed or self._reload_source is None:
             return
-        states = tuple(file_state(path) for path, _ in web.tls_files)
         tried, when = self._tls_tried
         if states == tried and now - when < TLS_RELOAD_RETRY_SECONDS:
             return  # a reload for these files was rejected (logged): not again at once

@@ -219,10 +219,15 @@ class WebConfig:
         context can serve for this one."""
         return self.tls_settings == other.tls_settings and self.tls_files == other.tls_files
 
-    def tls_files_changed(self) -> tuple[Path, ...]:
+    def tls_file_states(self) -> tuple[FileState, ...]:
+        """The TLS files' states now, in the order of `tls_files`."""
+        return tuple(file_state(path) for path, _ in self.tls_files)
+
+    def tls_files_changed(self, states: tuple[FileState, ...] | None = None) -> tuple[Path, ...]:
         """The TLS files that are not what was loaded: replaced (cert-manager, kubelet's swap of a
-        Secret volume), rewritten or removed."""
-        return tuple(path for path, state in self.tls_files if file_state(path) != state)
+        Secret volume), rewritten or removed. `states`: from `tls_file_states`, if the caller has them."""
+        now = self.tls_file_states() if states is None else states
+        return tuple(path for (path, loaded), state in zip(self.tls_files, now, strict=True) if state != loaded)
 
     @property
     def scheme(self) -> str:
