@@ -2504,6 +2504,43 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
             daemon.hotplug.stop()
 
 
+def test_a_tls_file_check_blocked_in_the_kernel_holds_up_no_answer(
+    tree: Path, tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stat of the TLS files that hangs (an NFS-mounted /etc whose server went away) ran on the server's
+    loop thread and stopped every answer; now it holds its own thread, and no second check piles up."""
+    web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
+    daemon = Daemon(config, reload=lambda: config)
+    release = threading.Event()
+    checks: list[str] = []
+
+    def hung_stat(self: webconfig.WebConfig) -> tuple[webconfig.FileState, ...]:
+        checks.append(threading.current_thread().name)
+        release.wait(30)
+        return tuple(loaded for _, loaded in self.tls_files)
+
+    monkeypatch.setattr(webconfig.WebConfig, "tls_file_states", hung_stat)
+    monkeypatch.setattr(daemon_module, "TLS_FILES_CHECK_SECONDS", 0.1)
+    loop = threading.Thread(target=daemon.server.serve_forever, daemon=True)
+    loop.start()
+    try:
+        wait_until(lambda: checks, 10)
+        started = time.monotonic()
+        assert get(daemon.server.port, "/healthz", context=client_context(pki), timeout=5).status == 200
+        assert time.monotonic() - started < 2
+        time.sleep(1)  # ten check periods with the first check still blocked
+        assert checks == ["tls-check"]
+        release.set()
+        wait_until(lambda: len(checks) >= 2, 10)  # checked again once it returned
+    finally:
+        release.set()
+        daemon.server.shutdown(grace=0)
+        loop.join(10)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+
+
 def test_renewed_tls_files_reload_the_web_config_alone_and_unchanged_ones_keep_the_context(
     tree: Path, tmp_path: Path, pki: Pki
 ) -> None:

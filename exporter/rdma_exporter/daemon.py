@@ -290,7 +290,7 @@ def sd_notify(state: str, *, warn: bool = True) -> bool:
     return True
 
 
-# How often the TLS files are compared with what was loaded: a few stat calls, on the server's loop thread.
+# How often the TLS files are compared with what was loaded: a few stat calls, on a thread of their own.
 TLS_FILES_CHECK_SECONDS: Final = 5.0
 # A reload for changed TLS files that was rejected is tried again after this long while they stay changed:
 # the main config file may have been the one at fault, and the new certificate must not wait for a signal.
@@ -471,6 +471,7 @@ class Daemon:
         self._reload_lock = threading.Lock()
         self._watchdog = Watchdog.from_environment()
         self._next_tls_check = 0.0
+        self._tls_checker: threading.Thread | None = None
         # The TLS files' states a reload was last started for, and when (monotonic).
         self._tls_tried: tuple[tuple[FileState, ...], float] = ((), -math.inf)
         budget = FileBudget(raise_fd_limit(config.max_open_files))
@@ -513,9 +514,18 @@ class Daemon:
     def _tick(self, now: float) -> None:
         """Each quarter second on the HTTP server's loop thread: the watchdog, and the TLS files."""
         self._watchdog.tick(now)
-        if now >= self._next_tls_check:
+        if now >= self._next_tls_check and self.exporter.serving.web.tls_files:
             self._next_tls_check = now + TLS_FILES_CHECK_SECONDS
-            self._check_tls_files(now)
+            # Not on this thread: a stat on a hung file system (an NFS-mounted /etc) would stop every
+            # answer and the watchdog. A check still blocked is not joined by another.
+            checker = self._tls_checker
+            if checker is None or not checker.is_alive():
+                checker = threading.Thread(target=self._check_tls_files, args=(now,), name="tls-check", daemon=True)
+                self._tls_checker = checker
+                try:
+                    checker.start()
+                except RuntimeError as exc:  # out of tasks (TasksMax=): the next check tries again
+                    log.warning("cannot start the TLS file check: %s", exc)
 
     def _check_tls_files(self, now: float) -> None:
         """Reload once the certificate, key or client CA differ from what was loaded. cert-manager renews
