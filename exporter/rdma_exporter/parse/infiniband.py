@@ -145,6 +145,10 @@ _DATA_COUNTERS: Final = frozenset({"port_xmit_data", "port_rcv_data"})
 # counters, which count 8-byte flits (hfi1 mad.c pma_get_ib_portcounters_ext).
 IB_DATA_WORD_BYTES: Final = 4
 OPA_FLIT_BYTES: Final = 8
+# hfi1 lists these two but has no such counters: it answers a constant 0 (kernel commit b8d114ebb6fb, which
+# added its counters/). Exported, that 0 reads as a link without symbol errors; not exported, the
+# dashboards show no value and the error alerts use the counters hfi1 does keep.
+OPA_CONSTANT_ZERO: Final = frozenset({"symbol_error", "VL15_dropped"})
 # counters/ file -> the counters_ext/ file holding the same PMA field in 64 bits. Where both exist the
 # 64-bit one is the counter: the other is neither read nor exported (it stops at 2^32-1, a false
 # saturation verdict and a flat rate).
@@ -395,9 +399,12 @@ def read_port_info(
     *,
     data_word_bytes: int = IB_DATA_WORD_BYTES,
     single_port: bool,
+    omni_path: bool = False,
 ) -> PortInfo:
     port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
     counter_files = list_dir(port_dir / "counters", reader)
+    if omni_path:
+        counter_files = [name for name in counter_files if name not in OPA_CONSTANT_ZERO]
     ext_listing = list_dir(port_dir / "counters_ext", reader)
     # A 64-bit counters_ext/ file replaces its counters/ twin only if it answers now: an HCA without
     # extended counters may list them and fail each read (EINVAL), and then the 32-bit value is all there
@@ -506,7 +513,9 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
             continue
         numbers.append(number)
     ports = [
-        read_port_info(sys_root, name, number, reader, data_word_bytes=word_bytes, single_port=len(numbers) == 1)
+        read_port_info(
+            sys_root, name, number, reader, data_word_bytes=word_bytes, single_port=len(numbers) == 1, omni_path=is_opa
+        )
         for number in sorted(numbers)
     ]
     netdevs = _netdev_identities(sys_root, ports, reader)
