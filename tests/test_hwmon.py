@@ -49,7 +49,8 @@ def identity_of(pci: Path) -> tuple[HwmonIdentity | None, SysfsReader]:
 
 @pytest.mark.parametrize(
     ("text", "celsius"),
-    [("61250", 61.25), ("0", 0.0), ("-5000", -5.0), ("250000", 250.0), ("8191875", None), ("-61000", None),
+    [("61250", 61.25), ("0", 0.0), ("-5000", -5.0), ("250000", 250.0), ("8191875", None), ("-60000", -60.0),
+     ("-61000", None),
      ("", None), ("61.5", None), ("+61000", None), ("0x10", None), ("1" * 11, None), ("61000\n", None)],
 )  # fmt: skip
 def test_parse_millidegrees(text: str, celsius: float | None) -> None:

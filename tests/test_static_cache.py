@@ -224,6 +224,39 @@ def test_invalidation_during_a_static_read_is_not_undone_by_it(tmp_path: Path) -
     assert inventory.cached() == {}
 
 
+def test_a_read_from_before_an_invalidation_stays_out_after_the_name_left_and_came_back(tmp_path: Path) -> None:
+    # A uevent invalidates mlx5_0 while its static read runs; then a listing without it prunes its epoch,
+    # and it comes back with the same identity (the same link target and inode: a fixture's plain
+    # directory, or a kernel before 4.14). The pruned epoch starts again at 0, so the late store of the
+    # pre-event read must still be refused, or it would be served until the next resync (mutation review).
+    root = build_tree(tmp_path / "t", spec_for_devices(2))
+    inventory = Inventory(root, rescan_each_scrape=True, clock=FakeClock())
+    before = {entry.name: entry for entry in inventory.scan(ReadErrors())}["mlx5_0"]
+    stale = read_device_info(root, "mlx5_0", SysfsReader("mlx5_0", ReadErrors()))
+    inventory.invalidate("mlx5_0")
+    link = root / "class" / "infiniband" / "mlx5_0"
+    target = os.readlink(link)
+    link.unlink()
+    inventory.scan(ReadErrors())
+    link.symlink_to(target)
+    assert [entry.name for entry in inventory.scan(ReadErrors())] == ["mlx5_0", "mlx5_1"]
+    inventory.store(before, stale)
+    assert "mlx5_0" not in inventory.cached()
+
+
+def test_a_class_entry_that_is_no_directory_is_no_device(tmp_path: Path) -> None:
+    # A stray file under class/infiniband, or a link to one, is not a device: listed, it would be a
+    # phantom device whose every read fails and is counted (mutation review).
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    class_dir = root / "class" / "infiniband"
+    (tmp_path / "stray").write_text("x\n")
+    (class_dir / "mlx5_8").write_text("x\n")
+    (class_dir / "mlx5_9").symlink_to(tmp_path / "stray")
+    errors = ReadErrors()
+    assert [entry.name for entry in Inventory(root).scan(errors)] == ["mlx5_0"]
+    assert not errors.counts
+
+
 def test_rescan_mode_rereads_a_device_that_was_removed_and_came_back(tmp_path: Path) -> None:
     # A driver reload re-creates the device under the same name and the same link target: the listing in
     # between, without it, must have dropped its static info, even though 300 s have not passed.
