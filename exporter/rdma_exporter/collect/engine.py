@@ -483,8 +483,7 @@ class RdmaCollector(Collector):
             if not complete and now >= rnd.deadline:
                 # Nobody waits any longer: drop jobs that never started, and let the pool replace
                 # threads blocked in the kernel.
-                for job in rnd.jobs.values():
-                    self.reads.give_up(job)
+                self.reads.give_up(list(rnd.jobs.values()))
             tally = _Tally(rnd, [source.name for source in self.sources])
             for entry in rnd.entries:
                 skipped = rnd.skipped.get(entry.name)

@@ -214,23 +214,27 @@ class WorkerPool:
             if self._queue:
                 self._wake()
 
-    def abandon(self, job: DeviceJob) -> None:
-        """A scrape stopped waiting for `job`: drop it if it has not started, else let another thread in."""
+    def abandon(self, *jobs: DeviceJob) -> None:
+        """A scrape stopped waiting for `jobs`: drop those not started, and let another thread in for each
+        running one. All under one lock: a thread let in for the first must not take a queued job that the
+        same scrape is giving up on (it would read a device nobody waits for, and the log would call the
+        read running when it was queued)."""
+        cancelled: list[DeviceJob] = []
         with self._cond:
-            if job.done.is_set() or job.abandoned:
-                return
-            if not job.running:
-                try:
-                    self._queue.remove(job)
-                except ValueError:
-                    return
-                cancel = True
-            else:
-                job.abandoned = True
-                self._abandoned += 1
-                self._wake()
-                cancel = False
-        if cancel:
+            for job in jobs:
+                if job.done.is_set() or job.abandoned:
+                    continue
+                if not job.running:
+                    try:
+                        self._queue.remove(job)
+                    except ValueError:
+                        continue
+                    cancelled.append(job)
+                else:
+                    job.abandoned = True
+                    self._abandoned += 1
+            self._wake()
+        for job in cancelled:
             job.cancel()
 
     def _wake(self) -> None:
@@ -408,10 +412,11 @@ class DeviceReads:
         for files in closing:
             files.close()
 
-    def give_up(self, job: DeviceJob) -> None:
-        if not job.abandoned:  # the first time only: its end must close the episode whose start was logged
-            job.blocked_in = READS_NETDEV if job.device_reads_done else READS_DEVICE
-        self.pool.abandon(job)
+    def give_up(self, jobs: Collection[DeviceJob]) -> None:
+        for job in jobs:
+            if not job.abandoned:  # the first time only: its end must close the episode whose start was logged
+                job.blocked_in = READS_NETDEV if job.device_reads_done else READS_DEVICE
+        self.pool.abandon(*jobs)
 
     def _finished(self, job: DeviceJob) -> None:
         with self._lock:
