@@ -26,7 +26,7 @@ from rdma_exporter.config import parse_config
 from rdma_exporter.daemon import build_collector, build_registry
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import PROMETHEUS_RELEASES, BackgroundRuns, PrometheusRelease, selected_params
+from conftest import EARLY_BATCHES, PROMETHEUS_RELEASES, BatchRun, GatedRuns, PrometheusRelease
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
@@ -129,19 +129,31 @@ def test_promtool_check_rules(release: PrometheusRelease) -> None:
     assert "FAILED" not in result.stdout + result.stderr
 
 
+def _promtool_batch(items: list[pytest.Function], scratch: Path) -> list[BatchRun]:
+    """The `promtool test rules` runs of the two tests below, started in the background as the session
+    starts (conftest.EARLY_BATCHES): promtool keeps about one core busy, and these runs are a third of
+    the suite's CPU time."""
+    selected = [item for item in items if hasattr(item, "callspec")]
+    runs: list[BatchRun] = []
+    for item in selected:
+        if item.originalname == "test_promtool_unit_tests":
+            test_file: Path = item.callspec.params["test_file"]
+            runs.append((("unit", test_file.name), _run_unit_tests, (test_file,)))
+    for item in selected:
+        if item.originalname == "test_rules_keep_clusters_apart":
+            test_file: Path = item.callspec.params["test_file"]
+            runs.append((("clusters", test_file.name), _run_in_two_clusters, (test_file, scratch / test_file.stem)))
+    return runs
+
+
+EARLY_BATCHES[__name__] = _promtool_batch
+
+
 @pytest.fixture(scope="module")
-def promtool_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundRuns]:
-    """The `promtool test rules` runs of the two tests below, two at a time: promtool keeps about one
-    core busy, the CI machine has two, and these runs were a third of the suite's time."""
-    scratch = tmp_path_factory.mktemp("promtool")
-    with BackgroundRuns(workers=2) as runs:
-        for params in selected_params(request, "test_promtool_unit_tests"):
-            test_file = params["test_file"]
-            runs.submit(("unit", test_file.name), _run_unit_tests, test_file)
-        for params in selected_params(request, "test_rules_keep_clusters_apart"):
-            test_file = params["test_file"]
-            runs.submit(("clusters", test_file.name), _run_in_two_clusters, test_file, scratch / test_file.stem)
-        yield runs
+def promtool_runs(early_batches: GatedRuns) -> GatedRuns:
+    """The runs of _promtool_batch, two at a time from now on (one at a time before this module)."""
+    early_batches.widen()
+    return early_batches
 
 
 # Each unit test file runs under both Prometheus lines: 3.x no longer counts a sample exactly at a
@@ -158,7 +170,7 @@ def _run_unit_tests(test_file: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
-def test_promtool_unit_tests(test_file: Path, promtool_runs: BackgroundRuns) -> None:
+def test_promtool_unit_tests(test_file: Path, promtool_runs: GatedRuns) -> None:
     """Every unit test file as written, under the 2.x line (the 3.x line: test_rules_keep_clusters_apart)."""
     result = promtool_runs.result(("unit", test_file.name))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -289,7 +301,7 @@ def _run_in_two_clusters(test_file: Path, scratch: Path) -> tuple[int, subproces
 
 
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=lambda p: p.name)
-def test_rules_keep_clusters_apart(test_file: Path, promtool_runs: BackgroundRuns) -> None:
+def test_rules_keep_clusters_apart(test_file: Path, promtool_runs: GatedRuns) -> None:
     """The unit tests again with every input series in two clusters whose node names repeat. Each
     record and alert must carry `cluster` through, or Alertmanager's grouping and inhibitions
     (equal: [cluster, ...]) and the cluster-level records lose it (a `by (...)` or one-to-one `on (...)`
