@@ -190,14 +190,13 @@ def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
 def selected_params(request: pytest.FixtureRequest, test_name: str) -> list[dict[str, Any]]:
     """The parameters of every selected run of the requesting module's test `test_name`, in the order
     pytest runs them."""
-    return [
-        item.callspec.params
-        for item in request.session.items
-        if isinstance(item, pytest.Function)
-        and item.module is request.module
-        and item.originalname == test_name
-        and hasattr(item, "callspec")
-    ]
+    items = [item for item in request.session.items if isinstance(item, pytest.Function)]
+    return params_of([item for item in items if item.module is request.module], test_name)
+
+
+def params_of(items: Iterable[pytest.Function], test_name: str) -> list[dict[str, Any]]:
+    """The parameters of the runs of test `test_name` among `items`, in their order."""
+    return [item.callspec.params for item in items if item.originalname == test_name and hasattr(item, "callspec")]
 
 
 class BackgroundRuns:

@@ -26,7 +26,7 @@ from rdma_exporter.config import parse_config
 from rdma_exporter.daemon import build_collector, build_registry
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import EARLY_BATCHES, PROMETHEUS_RELEASES, BatchRun, GatedRuns, PrometheusRelease
+from conftest import EARLY_BATCHES, PROMETHEUS_RELEASES, BatchRun, GatedRuns, PrometheusRelease, params_of
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
@@ -133,16 +133,13 @@ def _promtool_batch(items: list[pytest.Function], scratch: Path) -> list[BatchRu
     """The `promtool test rules` runs of the two tests below, started in the background as the session
     starts (conftest.EARLY_BATCHES): promtool keeps about one core busy, and these runs are a third of
     the suite's CPU time."""
-    selected = [item for item in items if hasattr(item, "callspec")]
     runs: list[BatchRun] = []
-    for item in selected:
-        if item.originalname == "test_promtool_unit_tests":
-            test_file: Path = item.callspec.params["test_file"]
-            runs.append((("unit", test_file.name), _run_unit_tests, (test_file,)))
-    for item in selected:
-        if item.originalname == "test_rules_keep_clusters_apart":
-            test_file: Path = item.callspec.params["test_file"]
-            runs.append((("clusters", test_file.name), _run_in_two_clusters, (test_file, scratch / test_file.stem)))
+    for params in params_of(items, "test_promtool_unit_tests"):
+        test_file = params["test_file"]
+        runs.append((("unit", test_file.name), _run_unit_tests, (test_file,)))
+    for params in params_of(items, "test_rules_keep_clusters_apart"):
+        test_file = params["test_file"]
+        runs.append((("clusters", test_file.name), _run_in_two_clusters, (test_file, scratch / test_file.stem)))
     return runs
 
 
