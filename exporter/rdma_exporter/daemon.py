@@ -530,7 +530,8 @@ class Daemon:
     def _check_tls_files(self, now: float) -> None:
         """Reload once the certificate, key or client CA differ from what was loaded. cert-manager renews
         a certificate into its Secret and the kubelet swaps the mounted files, and nobody sends a SIGHUP
-        into a pod: served until a restart, the old certificate would expire on every node at once."""
+        into a pod: served until a restart, the old certificate would expire on every node at once.
+        Runs on the tls-check thread (_tick), which also does the reload: no check starts meanwhile."""
         web = self.exporter.serving.web
         states = web.tls_file_states()  # each file stat'ed once a check
         changed = web.tls_files_changed(states)
@@ -541,7 +542,7 @@ class Daemon:
             return  # a reload for these files was rejected (logged): not again at once
         self._tls_tried = states, now
         log.info("TLS files changed (%s): reloading the web config", ", ".join(str(path) for path in changed))
-        threading.Thread(target=self.reload, kwargs={"web_only": True}, name="reload", daemon=True).start()
+        self.reload(web_only=True)
 
     def reload(self, *, web_only: bool = False) -> bool:
         """Re-read the config (and web config) file, or with `web_only` the web config file alone;
