@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rdma_exporter import __version__, cli
+from rdma_exporter import config as config_module
 from rdma_exporter.cli import LogfmtFormatter, build_parser, resolve_config, use_sample_tree
 from rdma_exporter.config import (
     DEFAULT_PORT,
@@ -24,6 +26,7 @@ from rdma_exporter.config import (
     Config,
     ConfigError,
     check_listen,
+    exit_status,
     load_config_file,
 )
 
@@ -92,6 +95,9 @@ def write(tmp_path: Path, text: str) -> Path:
         ("web:\n  listen_address: '[10.0.0.1]:9883'\n", "web.listen_address", "host '[10.0.0.1]' is neither"),
         ("web:\n  listen_address: '::1:9883'\n", "web.listen_address", "host '::1' is neither"),
         ("web:\n  listen_address: '10.0.0.256:9883'\n", "web.listen_address", "host '10.0.0.256' is neither"),
+        # Over 253 characters: no resolver takes it; it passed --check-config and failed to bind (mutation review).
+        ("web:\n  listen_address: '" + ".".join(["a" * 60] * 5) + ":9883'\n", "web.listen_address",
+         "is neither an IP address"),
         ("web:\n  telemetry_path: /\n", "web.telemetry_path", "other than / and /healthz, got '/'"),
         # Routed as sent and without its query: it would pass start-up, then every scrape would get 404, as
         # Prometheus percent-encodes the space, the é and the % (operator review, then the diff review).
@@ -171,6 +177,24 @@ def test_an_unreadable_config_file_is_named_with_the_reason(tmp_path: Path, name
     # A file not there yet (config management writes it after the unit starts) is worth a restart.
     assert result.returncode == (EXIT_UNAVAILABLE if name else EXIT_CONFIG)
     assert result.stderr == f"rdma-exporter: invalid configuration: {path}: (file): cannot read: {reason}\n"
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM])
+def test_a_config_file_the_exporter_may_not_read_is_unavailable_not_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    # Root's tests never see EACCES from chmod: the read is refused here. Permissions that config
+    # management fixes after the unit starts are worth a restart, as a file not there yet (mutation review).
+    path = write(tmp_path, "log:\n  level: info\n")
+
+    def refused(*args: object) -> bytes:
+        raise PermissionError(code, os.strerror(code))
+
+    monkeypatch.setattr(config_module, "read_regular_file", refused)
+    with pytest.raises(ConfigError) as info:
+        load_config_file(path)
+    assert exit_status(info.value) == EXIT_UNAVAILABLE
+    assert str(info.value) == f"{path}: (file): cannot read: {os.strerror(code)}"
 
 
 def test_a_config_path_that_is_a_directory_leaves_no_descriptor_open(tmp_path: Path) -> None:
@@ -566,9 +590,12 @@ ALIAS_BOMB = "basic_auth_users:\n  a:\n    - &a [lol, lol, lol, lol, lol, lol, l
         # YAML 1.1 octal: the flag reads --web.read-threads=010 as 10, the file read 8 (config review).
         ("web:\n  read_threads: 010\n", "line 2, column 17",
          "invalid YAML: 010 starts with 0, which YAML reads as an octal number (8): write it without"),
+        # YAML 1.1 drops underscores before it reads the octal: 0_10 is 8 as well (mutation review).
+        ("web:\n  read_threads: 0_10\n", "line 2, column 17",
+         "invalid YAML: 0_10 starts with 0, which YAML reads as an octal number (8): write it without"),
     ],
     ids=["flow", "control-character", "tab", "impossible-date", "5001-digit-integer", "alias-bomb", "deep-nesting",
-         "recursive-alias", "octal"],
+         "recursive-alias", "octal", "octal-with-underscore"],
 )
 def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: str, key: str, reason: str) -> None:
     from rdma_exporter.webconfig import load_web_config

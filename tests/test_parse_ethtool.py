@@ -178,6 +178,12 @@ def test_read_stats_file(tmp_path: Path) -> None:
     with pytest.raises(EthtoolError) as directory:
         read_stats_file(tmp_path, "adir")
     assert directory.value.reason == REASON_IO
+    # A capture of garbage alone (`ethtool -S ... 2>&1` saving an error text): each line is counted as
+    # malformed, not taken for a driver without statistics (mutation review).
+    (tmp_path / "eth0").write_text("no stats available\n")
+    bad: list[str] = []
+    assert read_stats_file(tmp_path, "eth0", bad) == {}
+    assert bad == ["no stats available"]
     # Names no netdev can have never leave the capture directory, even where the path they make exists.
     captures = tmp_path / "captures"
     captures.mkdir()
