@@ -1060,27 +1060,31 @@ def test_bond_without_lower_links_is_read_by_one_device(tmp_path: Path, monkeypa
     check_unique_and_promtool(text)
 
 
-def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_path: Path) -> None:
-    # A two-port function (ConnectX-3: one PCI function, mlx4_0 with ports 1 and 2, dev_port 0 and 1)
-    # whose netdevs are bonded without a RoCE LAG: the bond's address GIDs go to the active slave's port
-    # only. eth1 is still port 2's netdev: its link state must join port 2, which lost its link, and
-    # not make port 1 look down beside its up eth0.
+def _two_port_mlx4(root: Path, gids: tuple[list[str], list[str]], slaves: list[str]) -> None:
+    """A two-port function (ConnectX-3: one PCI function, mlx4_0 with ports 1 and 2, dev_port 0 and 1,
+    eth0 with carrier and eth1 without), its ports' GID netdevs and a bond0 of `slaves`, no RoCE LAG."""
     fn = f"{PCI}/0000:3b:00.0"
     rdma = f"{fn}/infiniband/mlx4_0"
     for i in (0, 1):
         net = f"{fn}/net/eth{i}"
-        write_files(tmp_path, {f"{net}/operstate": "up\n", f"{net}/carrier": f"{1 - i}\n", f"{net}/mtu": "1500\n",
-                               f"{net}/dev_port": f"{i}\n"})  # fmt: skip
-        symlink(tmp_path, f"{net}/device", fn)
-        symlink(tmp_path, f"class/net/eth{i}", net)
+        write_files(root, {f"{net}/operstate": "up\n", f"{net}/carrier": f"{1 - i}\n", f"{net}/mtu": "1500\n",
+                           f"{net}/dev_port": f"{i}\n"})  # fmt: skip
+        symlink(root, f"{net}/device", fn)
+        symlink(root, f"class/net/eth{i}", net)
         port = f"{rdma}/ports/{i + 1}"
-        write_files(tmp_path, {f"{port}/link_layer": "Ethernet\n", f"{port}/state": "4: ACTIVE\n",
-                               f"{port}/phys_state": "5: LinkUp\n"})  # fmt: skip
-        gids = ["eth0", "eth0", "bond0"] if i == 0 else ["eth1", "eth1"]
-        write_files(tmp_path, {f"{port}/gid_attrs/ndevs/{n}": f"{name}\n" for n, name in enumerate(gids)})
-    symlink(tmp_path, f"{rdma}/device", fn)
-    symlink(tmp_path, "class/infiniband/mlx4_0", rdma)
-    _bond(tmp_path, "bond0", ["eth0", "eth1"])
+        write_files(root, {f"{port}/link_layer": "Ethernet\n", f"{port}/state": "4: ACTIVE\n",
+                           f"{port}/phys_state": "5: LinkUp\n"})  # fmt: skip
+        write_files(root, {f"{port}/gid_attrs/ndevs/{n}": f"{name}\n" for n, name in enumerate(gids[i])})
+    symlink(root, f"{rdma}/device", fn)
+    symlink(root, "class/infiniband/mlx4_0", rdma)
+    _bond(root, "bond0", slaves)
+
+
+def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_path: Path) -> None:
+    # Netdevs of a two-port function bonded without a RoCE LAG: the bond's address GIDs go to the active
+    # slave's port only. eth1 is still port 2's netdev: its link state must join port 2, which lost its
+    # link, and not make port 1 look down beside its up eth0.
+    _two_port_mlx4(tmp_path, (["eth0", "eth0", "bond0"], ["eth1", "eth1"]), ["eth0", "eth1"])
     metrics, nics, text = scrape_lag(tmp_path, nics=("eth0", "eth1"))
     ports = {dict(ls)["netdev"]: dict(ls)["port"] for (n, ls) in metrics if n == "rdma_netdev_up"}
     assert ports == {"eth0": "1", "bond0": "1", "eth1": "2"}
@@ -1092,6 +1096,18 @@ def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_pat
     assert value(metrics, "rdma_netdev_carrier", device="mlx4_0", port="1", netdev="eth0") == 1
     slaves = {dict(ls)["slave"] for (n, ls) in metrics if n == "rdma_netdev_bond_slave_info"}
     assert slaves == {"eth0", "eth1"}
+    check_unique_and_promtool(text)
+
+
+def test_a_slave_reached_only_through_a_bond_on_port_2_joins_port_2(tmp_path: Path) -> None:
+    # Port 2's GIDs name only its bond: the slave found through it is port 2's, in its netdev and its
+    # ethtool series alike, or the joins with rdma_port_* put port 2's link on port 1 (mutation review).
+    _two_port_mlx4(tmp_path, (["eth0", "eth0"], ["bond0", "bond0"]), ["eth1"])
+    metrics, _, text = scrape_lag(tmp_path, nics=("eth0", "eth1"))
+    ports = {dict(ls)["netdev"]: dict(ls)["port"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert ports == {"eth0": "1", "bond0": "2", "eth1": "2"}
+    ethtool_ports = {dict(ls)["netdev"]: dict(ls)["port"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
+    assert ethtool_ports == {"eth0": "1", "eth1": "2"}
     check_unique_and_promtool(text)
 
 
