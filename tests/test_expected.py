@@ -468,6 +468,11 @@ def test_the_whole_list_has_the_same_limit_as_one_range() -> None:
     ranges = ", ".join(f"'d{n}_[0-4095]'" for n in range(250))
     with pytest.raises(ConfigError, match=r"ports\[0\]\.devices\[1\]: more than 4096 expected ports in all"):
         parse(f"collector: {{expected: {{ports: [{{devices: [{ranges}]}}]}}}}")
+    # The name one past the limit is the one named, in an entry that reached exactly the limit.
+    one_entry = parse("collector: {expected: {ports: [{devices: ['d[1-4096]']}]}}")
+    assert len(one_entry.collector_settings["expected"]["ports"]) == 4096
+    with pytest.raises(ConfigError, match=r"ports\[0\]\.devices\[1\]: more than 4096 expected ports in all"):
+        parse("collector: {expected: {ports: [{devices: ['d[1-4096]', mlx5_0]}]}}")
 
 
 def test_every_pcie_link_the_collector_reports_can_be_expected() -> None:
@@ -696,6 +701,24 @@ def test_an_address_two_devices_share_goes_to_a_read_device_then_the_first_by_na
     # Excluded (devices.exclude), the sub device gives way whatever its name.
     assert expected_rates({"a_smi": source.read_excluded("0000:18:00.0"), "mlx5_0": read}) == on_parent
     assert expected_rates({"mlx5_0": read, "a_smi": source.read_excluded("0000:18:00.0")}) == on_parent
+
+
+def test_a_function_with_its_own_rdma_device_is_not_taken_by_a_renamed_lag_device() -> None:
+    """rdma-core renames mlx5_bond_0 to rocep59s0f0, which cannot be told from a plain device by name, so
+    its bond slave's function 0000:3b:00.1 counts as its own. When that function still has its own RDMA
+    device, the expectation by that address is that device's, not the bond's."""
+    source = ExpectedSource([ExpectedPort("", 1, rate_bytes_per_second=2.5e10, pci_address="0000:3b:00.1")])
+    results = {
+        "rocep59s0f0": ("0000:3b:00.0", frozenset({1}), frozenset({"0000:3b:00.1"})),
+        "rocep59s0f1": ("0000:3b:00.1", frozenset({1}), frozenset()),
+    }
+    family = "rdma_expected_port_rate_bytes_per_second"
+    rates = {(labels, v) for name, labels, v in exposed(source, results) if name == family}
+    assert rates == {(("rocep59s0f1", "1"), 2.5e10)}
+    # Without a device of its own, the function is the LAG device's.
+    del results["rocep59s0f1"]
+    rates = {(labels, v) for name, labels, v in exposed(source, results) if name == family}
+    assert rates == {(("rocep59s0f0", "1"), 2.5e10)}
 
 
 def test_a_port_expected_by_name_and_by_address_is_exported_once() -> None:
