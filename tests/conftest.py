@@ -323,6 +323,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def accept_backlog(port: int) -> int:
+    """Connections the kernel has completed on the IPv4 listener of `port` that the server has not
+    accept()ed yet (a listener's rx_queue in /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rpartition(":")[2], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+            return int(fields[4].partition(":")[2], 16)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
 def distinct_free_ports(count: int) -> list[int]:
     """`count` different loopback ports free right now: free_port() twice can give one port twice, as the
     socket is closed before the next is asked for (about 1 in 5,000 triples; flaky-test review)."""
