@@ -244,6 +244,25 @@ def test_bond_with_two_slaves(tmp_path: Path) -> None:
     assert errors.total() == 0
 
 
+def test_a_bond_lists_at_most_64_slaves(tmp_path: Path) -> None:
+    """64 names (a large bond) are its slaves; a 65th makes the list garbage (counted), and the slaves of
+    the static read are kept rather than a list nothing bounds."""
+    bond_tree(tmp_path)
+    identity = read_netdev_identity(tmp_path, "bond0", SysfsReader("bond0"))
+    assert identity is not None and identity.bond_slaves == ("ens1f0np0", "ens1f1np1")
+    names = [f"eth{n}" for n in range(64)]
+    slaves = tmp_path / "class/net/bond0/bonding/slaves"
+    slaves.write_text(" ".join(names) + "\n")
+    reader = SysfsReader("bond0")
+    state = read_netdev_state(tmp_path, identity, reader)
+    assert state is not None and state.bond_slaves == tuple(names) and reasons(reader) == {}
+    slaves.write_text(" ".join([*names, "eth64"]) + "\n")
+    reader = SysfsReader("bond0")
+    state = read_netdev_state(tmp_path, identity, reader)
+    assert state is not None and state.bond_slaves == ("ens1f0np0", "ens1f1np1")
+    assert reasons(reader) == {REASON_MALFORMED: 1}
+
+
 # --- RDMA port -> netdevs ------------------------------------------------------------------------------
 
 PF0 = "devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
