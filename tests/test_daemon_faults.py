@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -15,15 +16,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 
+from rdma_exporter.collect import readers
 from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, Source
 from rdma_exporter.collect.engine import RdmaCollector, _Round
 from rdma_exporter.collect.readers import DeviceJob, DeviceReads, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector, build_registry, build_sources
 from rdma_exporter.parse.infiniband import DeviceInfo
-from rdma_exporter.parse.reader import FileBudget, SysfsReader
+from rdma_exporter.parse.reader import FileBudget, OpenFiles, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
 from conftest import RefusingReads, Took, prometheus_text, samples, timed, wait_until
@@ -271,8 +274,6 @@ def test_a_hang_after_a_slow_episode_is_logged_once_it_is_a_hang(
 ) -> None:
     """The quiet period after a slow read's lines must not hide the stuck HCA that follows: it was never
     logged, not even when the quiet period ended, as its episode had begun inside it (final review)."""
-    from rdma_exporter.collect import readers
-
     monkeypatch.setattr(readers, "HUNG_READ_SECONDS", 1.0)
     root = make_tree(tmp_path, 2)
     path = device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data"
@@ -1475,7 +1476,7 @@ def test_scrapes_sharing_a_round_count_a_device_timing_out_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Three replicas timing out on one stuck device are one missed read, not three.
-    from rdma_exporter.collect import engine, readers
+    from rdma_exporter.collect import engine
 
     root = make_tree(tmp_path, 2)
     source = HeldSource(frozenset({"mlx5_1"}))
@@ -1537,3 +1538,100 @@ def test_a_pool_thread_stays_while_jobs_are_queued_whether_surplus_or_idle() -> 
         for gate in gates:
             gate.set()
     wait_until(lambda: all(job.done.is_set() for job in jobs), timeout=10.0)
+
+
+def test_a_device_job_is_done_before_its_round_is_told_it_ended() -> None:
+    # The scrape that all_done wakes judges each job by job.done: a job not done yet is reported blocked
+    # (rdma_exporter_device_read_blocked_seconds, a warning) and the round's families are not cached.
+    reads = DeviceReads(WorkerPool())
+    gate = threading.Event()
+    done_when_told: list[bool] = []
+    holder: list[DeviceJob] = []
+    job, new = reads.start(
+        "/x/d", "d", lambda job: gate.wait(30), on_round_done=lambda: done_when_told.append(holder[0].done.is_set())
+    )
+    holder.append(job)
+    gate.set()
+    wait_until(lambda: done_when_told, timeout=10.0)
+    assert new and done_when_told == [True]
+
+
+def test_a_netdev_stall_is_timed_from_the_stuck_reads_start_on_every_scrape(tmp_path: Path, fifos: Fifos) -> None:
+    # reads="netdev" is how long the stuck netdev read has been running: it grows from scrape to scrape,
+    # not from the start of each device-only job that reads the device beside it.
+    root, collector = sample_collector(tmp_path / "t", 1.5)
+    fifos.make(netdev_file(root, STALLED_NETDEVS["mlx5_8"], "speed"))
+    timed_scrape(collector)  # the full job blocks in its netdev reads; the scrape waits its 1.5 s deadline
+    time.sleep(0.5)
+    metrics, _ = timed_scrape(collector)  # a device-only job reads mlx5_8 beside the stuck one
+    assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="netdev") >= 1.9
+
+
+def test_a_device_only_job_beside_a_stalled_netdev_read_keeps_no_files(
+    tmp_path: Path, fifos: Fifos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A device's kept files are its full job's, and that job is blocked in a netdev read: the device-only
+    # job beside it must not use them (nor begin() or close() them under the stuck read).
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    root, collector = sample_collector(tmp_path / "t", 1.5, reads)
+    fifos.make(netdev_file(root, STALLED_NETDEVS["mlx5_8"], "speed"))
+    timed_scrape(collector)  # the full job blocks in its netdev reads
+    asked: list[str] = []
+    real = reads.files
+
+    def files(key: str, *, verify: bool) -> OpenFiles:
+        asked.append(key)
+        return real(key, verify=verify)
+
+    monkeypatch.setattr(reads, "files", files)
+    for _ in range(2):
+        metrics, _ = timed_scrape(collector)
+        assert value(metrics, "rdma_port_state_id", device="mlx5_8", port="1") == 4
+    assert [key for key in asked if key.endswith("/mlx5_1")]  # the other devices' full jobs keep theirs
+    assert not [key for key in asked if key.endswith("/mlx5_8")]
+
+
+def test_the_hung_read_threshold_is_the_unresponsive_alerts() -> None:
+    # A read blocked HUNG_READ_SECONDS is logged as a hang "whatever the quiet period" because that is when
+    # RdmaDeviceUnresponsive pages: the log and the page must agree on what a hang is.
+    rules = yaml.safe_load((Path(__file__).parents[1] / "rules" / "rdma-alerts.rules.yml").read_text())
+    expr = next(
+        rule["expr"]
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "RdmaDeviceUnresponsive"
+    )
+    threshold = re.search(r"\[5m\]\)\)\s*>\s*(\d+)", expr)
+    assert threshold is not None, expr
+    assert float(threshold.group(1)) == readers.HUNG_READ_SECONDS
+
+
+def test_a_device_blocked_again_within_its_quiet_period_is_logged_once_the_period_is_over(
+    tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Blocked again soon after a logged episode: a debug line only, but the episode is not "reported", so
+    # a device still missing its deadline once the quiet period is over gets its warning then.
+    root = make_tree(tmp_path, 2)
+    path = device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data"
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8), FileBudget(0))  # each scrape opens the file anew
+    collector = collector_for(root, 0.5, reads)
+    caplog.set_level(logging.DEBUG, logger="rdma_exporter")
+
+    def scrape(blocked: bool) -> None:
+        fifo = fifos.make(path) if blocked else None
+        timed_scrape(collector)
+        if fifo is not None:
+            fifos.release(fifo, b"1\n")
+        wait_until(lambda: reads.outstanding() == 0)
+
+    scrape(True)  # logged
+    scrape(False)  # the episode ends
+    scrape(True)  # blocked again within the quiet period: debug only
+    monkeypatch.setattr(readers, "BLOCKED_LOG_QUIET_SECONDS", 0.0)  # the quiet period is over
+    scrape(True)  # still missing its deadline: logged again
+    starts = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.getMessage().startswith("device mlx5_1: no answer before the scrape")
+    ]
+    assert len(starts) == 2, starts
