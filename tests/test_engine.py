@@ -722,3 +722,31 @@ def test_udev_mode_relists_after_a_device_vanished_under_its_read(tmp_path: Path
     metrics = scrape(rdma)
     assert metrics[("rdma_exporter_devices", ())] == 1
     assert ("x_value", (("device", "mlx5_1"),)) not in metrics
+
+
+def test_a_skipped_device_is_timed_from_its_reads_start_not_from_its_submission(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, in the scrape after: mlx5_1's read still runs, so it is skipped, and its blocked seconds
+    # still count from when the read began (60 s ago), not from when its job was queued (100 s ago).
+    first = standin.gates["mlx5_0"] = threading.Event()
+    standin.gates["mlx5_1"] = threading.Event()
+    clock = PausedClock()
+    monkeypatch.setattr(engine, "time", clock)
+    monkeypatch.setattr(readers, "time", clock)
+    # One thread until mlx5_1 is abandoned, which lets a second in for the next scrape's mlx5_0.
+    rdma = collector(tmp_path, standin, parallelism=1, hard_max=2, stuck_after=1000.0)
+    thread = threading.Thread(target=lambda: scrape(rdma, 100.0))
+    thread.start()
+    wait_until(lambda: "mlx5_0" in standin.reading, 10)
+    clock.advance(40.0)
+    first.set()
+    wait_until(lambda: "mlx5_1" in standin.reading, 10)
+    clock.advance(60.0)
+    thread.join(30)
+    metrics = scrape(rdma, 100.0)
+    assert metrics[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),))] == 1
+    blocked = ("rdma_exporter_device_read_blocked_seconds", (("device", "mlx5_1"), ("reads", "device")))
+    assert metrics[blocked] == 60.0
+    standin.release()
+    wait_until(lambda: rdma.reads.outstanding() == 0, 10)  # ended on the paused clock
