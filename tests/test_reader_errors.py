@@ -459,3 +459,12 @@ def test_a_file_broken_again_within_its_quiet_period_beside_a_logged_episode_is_
     collector.gather()
     said = read_error_lines(caplog)
     assert len(said) == 1 and ", also: " in said[0][1] and str(a) in said[0][1], said
+
+
+def test_a_line_naming_exactly_as_many_files_as_it_may_says_no_more() -> None:
+    from rdma_exporter.collect.engine import _some_files
+
+    files = {f"/sys/f{n}": f"f{n}: bad" for n in range(LOGGED_FILES)}
+    assert _some_files(files) == "; ".join(files[path] for path in sorted(files))
+    files["/sys/g"] = "g: bad"
+    assert _some_files(files).endswith(" (and 1 more)")
