@@ -606,12 +606,17 @@ def test_capture_read_errors_name_the_capture_file(tree: Path, caplog: pytest.Lo
     missing.unlink()
     garbage = tree / "ethtool" / ROCE["mlx5_9"]
     garbage.write_text(garbage.read_text() + "     half a line\n")
-    with caplog.at_level(logging.DEBUG, logger="rdma_exporter.collect.engine"):
+    with caplog.at_level(logging.DEBUG, logger="rdma_exporter"):
         Exporter(tree / "sys", tree / "ethtool").scrape()
     logged = {r.getMessage() for r in caplog.records if r.getMessage().startswith("read error [ethtool]")}
     assert len(logged) == 2
     assert f"read error [ethtool] mlx5_8 missing: {missing}: No such file or directory" in logged  # path once
     assert any(m.startswith(f"read error [ethtool] mlx5_9 malformed: {garbage}: ") for m in logged)
+    # The engine's episode lines name sysfs files only: the missing capture has the ethtool collector's own
+    # warning, and a malformed line is not worth one (the rest of the capture is kept).
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [m for _, m in said if m.startswith("read errors ")], said
+    assert [level for level, m in said if m.startswith(f"ethtool statistics of {ROCE['mlx5_8']} ")] == ["INFO"]
 
 
 def test_an_ethtool_read_that_fails_is_logged_once_per_episode(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
