@@ -314,6 +314,15 @@ def test_invalid_read_threads_flag(value: str) -> None:
     assert info.value.key == "--web.read-threads"
 
 
+@pytest.mark.parametrize("flag", ["--web.read-threads", "--read.max-open-files", "--web.scrape-timeout"])
+def test_a_flag_that_yaml_would_read_as_a_switch_is_reported_as_typed(flag: str) -> None:
+    # YAML reads `true` as a boolean, which no number setting takes: the message quotes what was typed,
+    # not Python's True, which no one typed on the command line.
+    with pytest.raises(ConfigError) as info:
+        resolve_config(build_parser().parse_args([flag, "true"]))
+    assert (info.value.key, info.value.reason.endswith("got 'true'")) == (flag, True), info.value.reason
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "setting", "expected"),
     [
