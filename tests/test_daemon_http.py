@@ -728,6 +728,24 @@ def test_a_rounds_encoded_bodies_are_reused_then_dropped_with_the_round() -> Non
     assert exporter._encoded == (None, {})
 
 
+def test_a_new_round_is_encoded_anew_while_the_last_rounds_answer_is_still_being_sent() -> None:
+    # The bodies cached for a round are dropped when its families are freed, which is usually before the
+    # next round; but a slow client still holds the last round's answer (and families) when the next
+    # round comes: that scrape must get its own round's text, not the body cached for the last one.
+    spec = MetricSpec("x_value", "gauge", "A value.", ())
+    collector = OneRound()
+    exporter = Exporter(Serving(Config(), collector, WebConfig()))  # type: ignore[arg-type]
+    for value in (1, 2):
+        families = collector.families = CountedRenders()
+        families.add(spec, (), value)
+        for encoding in ("identity", "gzip"):
+            response = exporter.handle(Request("GET", "/metrics", "HTTP/1.1", {"accept-encoding": encoding}))
+            body = response.body if isinstance(response.body, bytes) else b"".join(response.body)
+            text = gzip.decompress(body) if encoding == "gzip" else body
+            assert f"x_value {value}.0\n".encode() in text, (value, encoding)
+        assert families.renders == 1
+
+
 def test_a_scrapes_rows_live_until_its_answer_is_sent_and_no_longer(tree: Path) -> None:
     # Neither the collector nor the body cache keeps a finished scrape's families until the next scrape,
     # where the clean-up after the answer could not return their memory. The answer holds them until it is
