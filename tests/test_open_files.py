@@ -470,13 +470,36 @@ def test_settled_tree_sees_files_replaced_between_scrapes(tmp_path: Path) -> Non
 def test_fd_limit_is_raised_to_fit_the_kept_files() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))  # systemd's default soft limit
         room = raise_fd_limit(100)
         now, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         assert room == 100 and now >= 100 + FD_RESERVE
         if hard != resource.RLIM_INFINITY:
+            # Asking past the hard limit raises the soft one to it, instead of failing to raise it at all.
             assert raise_fd_limit(hard) == hard - FD_RESERVE  # capped by the hard limit, minus the reserve
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_fd_limits_below_the_reserve_leave_no_kept_files_and_one_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A container's hard limit of 100 cannot be raised: no file is kept (not a negative budget) and one
+    # connection at a time is served (not none). Exactly the reserve is room for every connection.
+    from rdma_exporter import daemon
+    from rdma_exporter.httpserver import MAX_CONNECTIONS
+
+    limits = [100, 100]
+
+    def setrlimit(which: int, pair: tuple[int, int]) -> None:
+        if pair[0] > limits[1]:
+            raise ValueError("not allowed to raise maximum limit")
+        limits[0] = pair[0]
+
+    monkeypatch.setattr(daemon.resource, "getrlimit", lambda which: tuple(limits))
+    monkeypatch.setattr(daemon.resource, "setrlimit", setrlimit)
+    assert (daemon.raise_fd_limit(500), daemon.connection_cap()) == (0, 1)
+    limits[:] = [FD_RESERVE, FD_RESERVE]
+    assert daemon.connection_cap() == MAX_CONNECTIONS
 
 
 def test_large_answers_return_freed_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -676,6 +699,18 @@ with tempfile.TemporaryDirectory() as tmp:
     libc.fclose(stream)
     print(one, open(path).read().count("<heap nr="))
 """
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("MALLOC_ARENA_MAX", "4"), ("GLIBC_TUNABLES", "glibc.malloc.check=0:glibc.malloc.arena_max=4")],
+)
+def test_an_operators_own_arena_setting_is_kept(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    # The environment variable or the glibc tunable, whichever the unit's Environment= sets, wins.
+    from rdma_exporter import daemon
+
+    monkeypatch.setenv(variable, value)
+    assert daemon.use_one_malloc_arena() is False
 
 
 def test_threads_share_one_malloc_arena() -> None:
