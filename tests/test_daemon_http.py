@@ -2919,6 +2919,9 @@ def test_the_watchdog_is_for_its_own_process_and_warns_once(
             watchdog.tick(5.0)
             watchdog.tick(5.5)  # not yet due
             assert notify.recv(4096) == b"WATCHDOG=1"
+            notify.setblocking(False)
+            with pytest.raises(BlockingIOError):  # one notification an interval, not one a tick
+                notify.recv(4096)
     assert [r.getMessage() for r in caplog.records][1:] == [
         "systemd watchdog notifications are getting through again"
     ]
