@@ -20,8 +20,12 @@ from rdma_exporter.parse.reader import (
     OpenFiles,
     ReadErrors,
     SysfsReader,
+    exists,
+    is_dir,
     link_name,
     list_dir,
+    pci_function,
+    stat_of,
 )
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
@@ -468,3 +472,59 @@ def test_a_line_naming_exactly_as_many_files_as_it_may_says_no_more() -> None:
     assert _some_files(files) == "; ".join(files[path] for path in sorted(files))
     files["/sys/g"] = "g: bad"
     assert _some_files(files).endswith(" (and 1 more)")
+
+
+def test_a_failed_path_holding_a_colon_and_space_is_logged_whole() -> None:
+    # ReadErrors.failed names every failed file for the log; a fixture or bind-mount path may itself hold
+    # ": ", so the path the reader passes is the key, not the detail cut at its first ": ".
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors)
+    for name in ("a: b/rate", "a: c/rate"):
+        reader.fail("io", name, "Input/output error")
+    assert list(errors.failed[("mlx5_0", "io")]) == ["a: b/rate", "a: c/rate"]
+
+
+def test_a_device_recreated_under_its_name_reads_again_what_the_old_one_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # adopt() forgets the refusals of the device directory before a driver reload as well as its answers:
+    # the new firmware may give a counter the old one refused, and must not wait out the old minute for it.
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    (counters / "VL15_dropped").write_text("3\n")
+    kept = OpenFiles(FileBudget(8))
+    kept.adopt(1)
+    refusing = RefusingReads(monkeypatch, errno.EINVAL, {"/VL15_dropped"})
+    assert SysfsReader("mlx5_0", ReadErrors(), kept).uints(str(counters), ["VL15_dropped"]) == {}
+    refusing.refused = set()
+    kept.adopt(1)  # the same directory (a resync): still left out for the minute
+    assert SysfsReader("mlx5_0", ReadErrors(), kept).uints(str(counters), ["VL15_dropped"]) == {}
+    kept.adopt(2)  # re-created: a new directory inode
+    errors = ReadErrors()
+    assert SysfsReader("mlx5_0", errors, kept).uints(str(counters), ["VL15_dropped"]) == {"VL15_dropped": 3}
+    assert errors.total() == 0
+
+
+def test_a_path_through_a_file_or_into_a_link_loop_is_absent_not_an_error(tmp_path: Path) -> None:
+    # stat() answers ENOTDIR for a path through a file and ELOOP for a link that leads back to itself:
+    # like ENOENT, facts about the path (a class entry mid-removal), not failed reads to count.
+    (tmp_path / "rate").write_text("100 Gb/sec (4X EDR)\n")
+    os.symlink("loop", tmp_path / "loop")
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors)
+    assert stat_of(tmp_path / "rate" / "counters", reader) is None
+    assert not exists(tmp_path / "loop", reader) and not is_dir(tmp_path / "loop" / "ports", reader)
+    assert errors.total() == 0
+
+
+def test_a_device_link_to_something_other_than_a_pci_function_is_no_pci_function(tmp_path: Path) -> None:
+    # hns_roce of HiSilicon's Hip06/Hip07 sits on a platform device, not a PCI function: its name would
+    # be a wrong pci label, and its directory has no PCIe attributes to read.
+    platform = tmp_path / "devices" / "platform" / "HISI00D1:00"
+    function = tmp_path / "devices" / "pci0000:00" / "0000:3b:00.1"
+    for target, device in ((platform, "hns_0"), (function, "mlx5_0")):
+        target.mkdir(parents=True)
+        (tmp_path / device).mkdir()
+        os.symlink(target, tmp_path / device / "device")
+    assert pci_function(tmp_path / "hns_0") is None
+    assert pci_function(tmp_path / "mlx5_0") == function
