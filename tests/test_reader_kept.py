@@ -202,3 +202,39 @@ def test_the_budget_is_never_exceeded_by_racing_takers() -> None:
     assert budget.used == 2
     budget.give(1)
     assert budget.take() and not budget.take()
+
+
+def test_a_full_budget_keeps_its_files_across_scrapes(tmp_path: Path) -> None:
+    # begin() gives files back only when the budget was lowered below what is kept (a reload); a budget
+    # used exactly to its limit is the steady state of a large node, not a reason to reopen every file.
+    for name in ("a", "b"):
+        (tmp_path / name).write_text("1\n")
+    budget = FileBudget(2)
+    files = OpenFiles(budget)
+    SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["a", "b"])
+    kept = dict(files.trusted(str(tmp_path)) or {})
+    assert len(kept) == 2 and budget.used == 2
+    files.begin()
+    assert files.trusted(str(tmp_path)) == kept and budget.used == 2
+    budget.limit = 1  # a reload lowered it: everything is given back, reopened within the new limit
+    files.begin()
+    assert len(files) == 0 and budget.used == 0
+
+
+def test_a_young_directory_is_not_settled_by_a_begin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A directory counts as settled only once its mtime is two seconds old: a file replaced within the
+    # same tick before that leaves the mtime as it was, and only the per-read st_nlink check notices.
+    path = tmp_path / "symbol_error"
+    path.write_text("1\n")
+    files = OpenFiles(FileBudget(8), verify=True)
+    files.begin()
+    recorded = time.time_ns() - 1_000_000_000
+    monkeypatch.setattr(time, "time_ns", lambda: recorded + 1_000_000_000)  # the mtime is one second old
+    os.utime(tmp_path, ns=(recorded, recorded))
+    assert SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["symbol_error"]) == {"symbol_error": 1}
+    files.begin()  # not settled yet
+    replacement = tmp_path / "new"
+    replacement.write_text("2\n")
+    os.replace(replacement, path)
+    os.utime(tmp_path, ns=(recorded, recorded))  # the same tick as when the file was kept
+    assert SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["symbol_error"]) == {"symbol_error": 2}
