@@ -259,3 +259,23 @@ def test_a_hwmon_device_registered_again_is_found_by_the_next_scrape(tmp_path: P
     (hwmon_dir.with_name("hwmon12") / "temp1_input").write_text("57125\n")
     assert temperatures() == {}
     assert temperatures() == {"asic": 57.125, "Module0": 41.0}
+
+
+@pytest.mark.parametrize(
+    "text", ["0" * 6 + "61000", "1" * 5000, "-" + "0" * 4400 + "1"], ids=["zero-padded", "5000-digits", "4401-digits"]
+)
+def test_a_reading_of_more_digits_than_a_sensor_prints_is_no_temperature(text: str) -> None:
+    # Ten digits bound what int() is given: it refuses over 4300 digits with a ValueError (a traceback,
+    # not a malformed reading), and zero-padding is no number hwmon prints.
+    assert parse_millidegrees(text) is None
+
+
+def test_channels_numbered_zero_or_with_a_leading_zero_are_no_channels(tmp_path: Path) -> None:
+    # hwmon numbers temp channels from 1 and prints no leading zero: temp01_input beside temp1_input would
+    # be channel 1 read a second time, temp0_input no channel the driver made.
+    directory = write_hwmon(tmp_path, 1, {1: {"label": "asic", "input": "50000"}})
+    (directory / "temp0_input").write_text("40000\n")
+    (directory / "temp01_input").write_text("41000\n")
+    identity, reader = identity_of(tmp_path)
+    assert identity is not None and reader.errors.total() == 0
+    assert [(s.sensor, s.input_path.rsplit("/", 1)[1]) for s in identity.sensors] == [("asic", "temp1_input")]
