@@ -6,11 +6,12 @@ import os
 import resource
 from pathlib import Path
 
+import pytest
 from prometheus_client import ProcessCollector
 
 from rdma_exporter.collect.process import OPEN_FDS_MAX_AGE_SECONDS, ProcessMetrics
 from rdma_exporter.daemon import node_boot_time
-from rdma_exporter.parse.process import parse_proc_stat
+from rdma_exporter.parse.process import parse_proc_stat, read_process_stat
 
 from conftest import samples
 
@@ -65,3 +66,28 @@ def test_an_unreadable_proc_leaves_the_values_out(tmp_path: Path) -> None:
     found = samples(ProcessMetrics(0.0, tmp_path / "none").families().render_text().decode())
     assert set(found) == {("process_max_fds", ())}
     assert os.path.exists("/proc/self/stat")  # the other tests read the real one
+
+
+def test_a_stat_line_that_ends_at_rss_is_enough() -> None:
+    # rss (field 24) is the last field read: a line that stops there still has every value.
+    line = "4242 (a) S 1 4242 4242 0 -1 4194560 10 0 0 0 250 50 0 0 20 0 3 0 1000 181510144 8076\n"
+    stat = parse_proc_stat(line, boot_time=0, ticks_per_second=100, page_size=4096)
+    assert stat is not None and stat.resident_bytes == 8076 * 4096
+    assert parse_proc_stat(line.rsplit(" ", 1)[0], 0, 100, 4096) is None
+
+
+def test_a_command_name_that_is_not_utf8_does_not_cost_the_values(tmp_path: Path) -> None:
+    # comm is whatever bytes the executable's name or prctl(PR_SET_NAME) gave: the numbers after it are
+    # still read, not a UnicodeDecodeError out of the scrape.
+    (tmp_path / "self").mkdir()
+    line = b"4242 (rdma\xff\xfe) S 1 4242 4242 0 -1 4194560 10 0 0 0 250 50 0 0 20 0 3 0 1000 181510144 8076 x\n"
+    (tmp_path / "self" / "stat").write_bytes(line)
+    stat = read_process_stat(tmp_path, boot_time=0)
+    assert stat is not None and stat.virtual_bytes == 181510144
+
+
+def test_an_unlimited_open_file_limit_has_no_max_fds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RLIM_INFINITY is -1 in Python: exported, it would read as a limit below any fd count (an alert).
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    found = samples(ProcessMetrics(node_boot_time()).families().render_text().decode())
+    assert ("process_max_fds", ()) not in found and ("process_open_fds", ()) in found
