@@ -2522,6 +2522,26 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
             daemon.hotplug.stop()
 
 
+def test_the_tls_files_are_checked_every_check_period_not_every_tick(tree: Path, tmp_path: Path, pki: Pki) -> None:
+    # The server's loop ticks four times a second; the files are stat'ed once a TLS_FILES_CHECK_SECONDS.
+    web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
+    daemon = Daemon(config, reload=lambda: config)
+    checks: list[float] = []
+    daemon._check_tls_files = checks.append  # type: ignore[method-assign]
+    try:
+        period = daemon_module.TLS_FILES_CHECK_SECONDS
+        for tick in range(int(period * 4) * 2 + 1):
+            daemon._tick(1000.0 + tick / 4)
+            if daemon._tls_checker is not None:
+                daemon._tls_checker.join(10)  # done before the next tick, as a check that does not hang is
+        assert checks == [1000.0, 1000.0 + period, 1000.0 + 2 * period]
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+
+
 def test_a_tls_file_check_blocked_in_the_kernel_holds_up_no_answer(
     tree: Path, tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
