@@ -783,6 +783,7 @@ class FakeRouteSocket:
     def __init__(self) -> None:
         self.items: queue.Queue[bytes | BaseException] = queue.Queue()
         self.timeout: float | None = None
+        self.closed = False
 
     def settimeout(self, timeout: float) -> None:
         self.timeout = timeout
@@ -797,7 +798,7 @@ class FakeRouteSocket:
         return item
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def name_indexes(monkeypatch: pytest.MonkeyPatch, indexes: dict[int, str]) -> None:
@@ -844,6 +845,19 @@ def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monk
         assert fw_of(collector, "mlx5_2") == "99.2.0"
     finally:
         monitor.stop()
+
+
+def test_stop_ends_the_address_watch_and_closes_its_socket(tree: Path) -> None:
+    # The rtnetlink socket is the monitor's own (open_address_socket): stop() must not leak it.
+    collector = udev_collector(tree)
+    route = FakeRouteSocket()
+    monitor = HotplugMonitor(
+        FakeMonitor(), "kernel", lambda: collector.inventory, addresses=route, sys_root=tree  # type: ignore[arg-type]
+    )
+    monitor.start()
+    monitor.stop()
+    assert route.closed
+    wait_until(lambda: not monitor.running, UEVENT_DEADLINE)
 
 
 def test_a_failed_rtnetlink_socket_ends_the_address_watch_with_one_error(
@@ -989,6 +1003,29 @@ def test_a_flood_of_address_changes_on_one_netdev_is_logged_at_info_once_a_minut
         f"address add on {other}: refreshing device mlx5_2",
         f"address del on {netdev}: refreshing device mlx5_1",
     ]
+
+
+def test_the_address_log_throttle_forgets_netdevs_quiet_for_a_minute(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """VLANs come and go, each with its addresses: the throttle forgets the netdevs whose last info line
+    is over a minute old once it remembers 256, so its memory stays bounded."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, sys_root=tree)
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    net = tree / "class" / "net"
+    clock = [1000.0]
+    monkeypatch.setattr(hotplug, "log_clock", lambda: clock[0])
+    for vlan in range(1, 301):
+        upper = net / f"{netdev}.{vlan}"
+        upper.mkdir()
+        os.symlink(f"../{netdev}", upper / f"lower_{netdev}")
+        fw_of(collector, "mlx5_1")  # a scrape between changes: each one has a cache to refresh
+        monitor.handle_address("add", upper.name)
+        clock[0] += 1.0  # a new VLAN a second
+    assert monitor.events == 300
+    assert len(monitor._address_logged) <= 256
 
 
 def test_an_address_change_is_applied_again_once_the_gid_table_settled(
