@@ -2544,6 +2544,26 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
             daemon.hotplug.stop()
 
 
+def test_a_web_only_reload_that_drops_a_protection_warns_of_it(
+    tree: Path, tmp_path: Path, pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The reload a certificate renewal starts reads the web config file again, and takes it as written: an
+    # edit there that lost client certificates opens the port as a SIGHUP's reload would, and is said so.
+    tls = f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+    web = web_config(tmp_path, tls + f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n")
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
+    daemon = Daemon(config, reload=lambda: config)
+    try:
+        web.write_text(tls)
+        with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+            assert daemon.reload(web_only=True)
+        assert f"reload: {web} no longer asks for client certificates; served without from now on" in caplog.text
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+
+
 def test_the_tls_files_are_checked_every_check_period_not_every_tick(tree: Path, tmp_path: Path, pki: Pki) -> None:
     # The server's loop ticks four times a second; the files are stat'ed once a TLS_FILES_CHECK_SECONDS.
     web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
