@@ -661,18 +661,19 @@ def test_a_skipped_device_is_evaluated_on_the_static_info_its_stuck_job_read(
     assert metrics[("x_present", (("device", "mlx5_1"),))] == 1
 
 
-def test_a_blocked_read_is_timed_from_its_start_not_from_its_submission(
-    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # rdma_exporter_device_read_blocked_seconds is how long the read has been running: the time its job
-    # spent queued behind another device's job is no part of it. One reader thread, so mlx5_1 waits for
-    # mlx5_0; the engine's clock moves only when the test says.
+BLOCKED_MLX5_1 = ("rdma_exporter_device_read_blocked_seconds", (("device", "mlx5_1"), ("reads", "device")))
+
+
+def scrape_with_mlx5_1_queued_40_s_then_read_60_s(
+    rdma: RdmaCollector, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> Samples:
+    """One scrape with a 100 s deadline on one reader thread: mlx5_1's job waits 40 s behind mlx5_0's,
+    then its read runs the last 60 s and does not end. The engine's clock moves only when the test says."""
     first = standin.gates["mlx5_0"] = threading.Event()
     standin.gates["mlx5_1"] = threading.Event()
     clock = PausedClock()
     monkeypatch.setattr(engine, "time", clock)
     monkeypatch.setattr(readers, "time", clock)  # the jobs' start times: one clock with the round's
-    rdma = collector(tmp_path, standin, parallelism=1, hard_max=1)
     result: list[Samples] = []
     thread = threading.Thread(target=lambda: result.append(scrape(rdma, 100.0)))
     thread.start()
@@ -682,8 +683,16 @@ def test_a_blocked_read_is_timed_from_its_start_not_from_its_submission(
     wait_until(lambda: "mlx5_1" in standin.reading, 10)
     clock.advance(60.0)  # the scrape's deadline: mlx5_1's read has been running for 60 s
     thread.join(30)
-    blocked = ("rdma_exporter_device_read_blocked_seconds", (("device", "mlx5_1"), ("reads", "device")))
-    assert result[0][blocked] == 60.0
+    return result[0]
+
+
+def test_a_blocked_read_is_timed_from_its_start_not_from_its_submission(
+    tmp_path: Path, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rdma_exporter_device_read_blocked_seconds is how long the read has been running: the time its job
+    # spent queued behind another device's job is no part of it.
+    rdma = collector(tmp_path, standin, parallelism=1, hard_max=1)
+    assert scrape_with_mlx5_1_queued_40_s_then_read_60_s(rdma, standin, monkeypatch)[BLOCKED_MLX5_1] == 60.0
 
 
 def test_a_scrape_ending_exactly_at_its_deadline_drops_the_jobs_that_never_started(
@@ -729,24 +738,11 @@ def test_a_skipped_device_is_timed_from_its_reads_start_not_from_its_submission(
 ) -> None:
     # As above, in the scrape after: mlx5_1's read still runs, so it is skipped, and its blocked seconds
     # still count from when the read began (60 s ago), not from when its job was queued (100 s ago).
-    first = standin.gates["mlx5_0"] = threading.Event()
-    standin.gates["mlx5_1"] = threading.Event()
-    clock = PausedClock()
-    monkeypatch.setattr(engine, "time", clock)
-    monkeypatch.setattr(readers, "time", clock)
     # One thread until mlx5_1 is abandoned, which lets a second in for the next scrape's mlx5_0.
     rdma = collector(tmp_path, standin, parallelism=1, hard_max=2, stuck_after=1000.0)
-    thread = threading.Thread(target=lambda: scrape(rdma, 100.0))
-    thread.start()
-    wait_until(lambda: "mlx5_0" in standin.reading, 10)
-    clock.advance(40.0)
-    first.set()
-    wait_until(lambda: "mlx5_1" in standin.reading, 10)
-    clock.advance(60.0)
-    thread.join(30)
+    scrape_with_mlx5_1_queued_40_s_then_read_60_s(rdma, standin, monkeypatch)
     metrics = scrape(rdma, 100.0)
     assert metrics[("rdma_exporter_device_scrape_skipped", (("device", "mlx5_1"),))] == 1
-    blocked = ("rdma_exporter_device_read_blocked_seconds", (("device", "mlx5_1"), ("reads", "device")))
-    assert metrics[blocked] == 60.0
+    assert metrics[BLOCKED_MLX5_1] == 60.0
     standin.release()
     wait_until(lambda: rdma.reads.outstanding() == 0, 10)  # ended on the paused clock
