@@ -986,9 +986,13 @@ def test_a_renewed_certificate_is_served_without_a_signal(
     assert served() == der("server")
     publish("renewed", "renewed")
     wait_until(lambda: served() == der("renewed"), 20)
-    assert f"TLS files changed ({volume / 'tls.crt'}, {volume / 'tls.key'}): reloading the web config" in (
-        running.log()
-    )
+    # Both files as a rule; the key alone when the kubelet's swap fell between the check's stat of the
+    # certificate and of the key (seen once under load): the reload reads both either way.
+    said = running.log()
+    assert any(
+        f"TLS files changed ({changed}): reloading the web config" in said
+        for changed in (f"{volume / 'tls.crt'}, {volume / 'tls.key'}", f"{volume / 'tls.key'}")
+    ), said
 
     # A rotation gone wrong (the key of another certificate) is rejected once; the running one stays.
     publish("server", "renewed")
