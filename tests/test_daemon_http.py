@@ -2511,6 +2511,18 @@ def test_a_reload_applies_the_read_settings_and_keeps_what_is_bound_at_start_up(
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
 
 
+@contextlib.contextmanager
+def in_process_daemon(config: Config, reload: Callable[[], Config]) -> Iterator[Daemon]:
+    """A Daemon built in this process, its server never run: bound, and closed with its monitor after."""
+    daemon = Daemon(config, reload=reload)
+    try:
+        yield daemon
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+
+
 def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on_a_new_change(
     tree: Path, tmp_path: Path, pki: Pki
 ) -> None:
@@ -2520,10 +2532,9 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
     shutil.copy(pki.server_key, key)
     web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {key}\n")
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
-    daemon = Daemon(config, reload=lambda: config)
-    attempts: list[float] = []
-    daemon.reload = lambda **_: attempts.append(time.monotonic()) or False  # type: ignore[method-assign]
-    try:
+    with in_process_daemon(config, reload=lambda: config) as daemon:
+        attempts: list[float] = []
+        daemon.reload = lambda **_: attempts.append(time.monotonic()) or False  # type: ignore[method-assign]
         daemon._check_tls_files(1000.0)
         assert attempts == []  # unchanged
         os.utime(key, ns=(0, 10**9))  # rewritten
@@ -2538,10 +2549,6 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
         os.utime(key, ns=(0, 2 * 10**9))  # changed again: at once
         daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS + 1)
         wait_until(lambda: len(attempts) == 3, 10)
-    finally:
-        daemon.server.shutdown(grace=0)
-        if daemon.hotplug is not None:
-            daemon.hotplug.stop()
 
 
 def test_a_web_only_reload_that_drops_a_protection_warns_of_it(
@@ -2552,36 +2559,26 @@ def test_a_web_only_reload_that_drops_a_protection_warns_of_it(
     tls = f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
     web = web_config(tmp_path, tls + f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n")
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
-    daemon = Daemon(config, reload=lambda: config)
-    try:
+    with in_process_daemon(config, reload=lambda: config) as daemon:
         web.write_text(tls)
         with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
             assert daemon.reload(web_only=True)
         assert f"reload: {web} no longer asks for client certificates; served without from now on" in caplog.text
-    finally:
-        daemon.server.shutdown(grace=0)
-        if daemon.hotplug is not None:
-            daemon.hotplug.stop()
 
 
 def test_the_tls_files_are_checked_every_check_period_not_every_tick(tree: Path, tmp_path: Path, pki: Pki) -> None:
     # The server's loop ticks four times a second; the files are stat'ed once a TLS_FILES_CHECK_SECONDS.
     web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
-    daemon = Daemon(config, reload=lambda: config)
-    checks: list[float] = []
-    daemon._check_tls_files = checks.append  # type: ignore[method-assign]
-    try:
+    with in_process_daemon(config, reload=lambda: config) as daemon:
+        checks: list[float] = []
+        daemon._check_tls_files = checks.append  # type: ignore[method-assign]
         period = daemon_module.TLS_FILES_CHECK_SECONDS
         for tick in range(int(period * 4) * 2 + 1):
             daemon._tick(1000.0 + tick / 4)
             if daemon._tls_checker is not None:
                 daemon._tls_checker.join(10)  # done before the next tick, as a check that does not hang is
         assert checks == [1000.0, 1000.0 + period, 1000.0 + 2 * period]
-    finally:
-        daemon.server.shutdown(grace=0)
-        if daemon.hotplug is not None:
-            daemon.hotplug.stop()
 
 
 def test_a_tls_file_check_blocked_in_the_kernel_holds_up_no_answer(
@@ -2638,8 +2635,7 @@ def test_renewed_tls_files_reload_the_web_config_alone_and_unchanged_ones_keep_t
             raise main_file[0]
         return main_file[0]
 
-    daemon = Daemon(config, reload=source)
-    try:
+    with in_process_daemon(config, reload=source) as daemon:
         started = daemon.exporter.serving
         assert daemon.reload()  # nothing changed: the same context, so no connection is closed
         assert daemon.exporter.serving.web.ssl_context is started.web.ssl_context
@@ -2651,10 +2647,6 @@ def test_renewed_tls_files_reload_the_web_config_alone_and_unchanged_ones_keep_t
         after = daemon.exporter.serving
         assert after.web.ssl_context is not before.web.ssl_context
         assert after.config is before.config and after.collector is before.collector
-    finally:
-        daemon.server.shutdown(grace=0)
-        if daemon.hotplug is not None:
-            daemon.hotplug.stop()
 
 
 def test_a_device_filter_that_matches_no_device_is_warned_of_at_start_and_on_reload(
@@ -2676,8 +2668,7 @@ def test_a_device_filter_that_matches_no_device_is_warned_of_at_start_and_on_rel
         caplog.clear()
         return found
 
-    daemon = Daemon(config, reload=lambda: next(configs))
-    try:
+    with in_process_daemon(config, reload=lambda: next(configs)) as daemon:
         assert warnings() == [
             "devices.exclude 'mlx5' matches none of the 3 RDMA devices present (mlx5_0, mlx5_1, mlx5_2): it "
             "must match a whole name, as mlx5_bond_.* does"
@@ -2688,10 +2679,6 @@ def test_a_device_filter_that_matches_no_device_is_warned_of_at_start_and_on_rel
         assert [w.split(" matches")[0] for w in warnings()] == ["devices.include 'mlx5_*'"]
         assert daemon.reload()
         assert warnings() == []
-    finally:
-        daemon.server.shutdown(grace=0)
-        if daemon.hotplug is not None:
-            daemon.hotplug.stop()
 
 
 def test_a_reload_keeps_prometheus_remembered(tree: Path, tmp_path: Path) -> None:
@@ -2700,19 +2687,14 @@ def test_a_reload_keeps_prometheus_remembered(tree: Path, tmp_path: Path) -> Non
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web = web_config(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
-    daemon = Daemon(config, reload=lambda: config)
-    header = basic("prometheus", "s3cret")["Authorization"]
-    try:
+    with in_process_daemon(config, reload=lambda: config) as daemon:
+        header = basic("prometheus", "s3cret")["Authorization"]
         before = daemon.exporter.serving.web.auth
         assert before is not None and before.check(header)
         assert daemon.reload()
         after = daemon.exporter.serving.web.auth
         assert after is not None and after is not before
         assert not after.needs_bcrypt(header)
-    finally:
-        daemon.server.shutdown(grace=0)
-        if daemon.hotplug is not None:
-            daemon.hotplug.stop()
 
 
 def test_sigusr1_and_sigusr2_are_logged_and_ignored(start: Callable[..., RunningDaemon], tree: Path) -> None:
