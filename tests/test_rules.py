@@ -22,6 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_exporter import metricsdoc
+from rdma_exporter.collect import readers
 from rdma_exporter.config import parse_config
 from rdma_exporter.daemon import build_collector, build_registry
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
@@ -377,6 +378,15 @@ def test_every_record_is_unit_tested_with_samples() -> None:
             pending |= set().union(*(read_in(expr) for expr in expressions[name]))
     checked |= through_alerts
     assert sorted(set(expressions) - checked) == []
+
+
+def test_the_hung_read_threshold_is_the_unresponsive_alerts() -> None:
+    # A read blocked HUNG_READ_SECONDS is logged as a hang "whatever the quiet period" because that is when
+    # RdmaDeviceUnresponsive pages: the log and the page must agree on what a hang is.
+    (expr,) = [rule["expr"] for rule in alerts() if rule["alert"] == "RdmaDeviceUnresponsive"]
+    threshold = re.search(r"\[5m\]\)\)\s*>\s*(\d+)", expr)
+    assert threshold is not None, expr
+    assert float(threshold.group(1)) == readers.HUNG_READ_SECONDS
 
 
 # --- alert metadata ---------------------------------------------------------------------------------
