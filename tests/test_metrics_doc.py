@@ -74,3 +74,61 @@ def test_no_exported_label_is_one_the_scrape_or_alerting_owns() -> None:
             declared.setdefault(name, set()).update(label for label, _value in labels)
     found = {name: sorted(labels & OWNED_ELSEWHERE) for name, labels in declared.items() if labels & OWNED_ELSEWHERE}
     assert not found, f"rename these labels: {found}"
+
+
+# METRICS.md's table read back, so the checks below compare the code with what an operator reads.
+_ROW = re.compile(r"^\| `([^`]+)` \| (\w+) \| ([^|]*) \|", re.M)
+
+
+def _documented_rows() -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """METRICS.md's rows: name -> (type, labels, optional labels), read back from the table."""
+    rows = {}
+    for name, kind, cell in _ROW.findall(METRICS_MD.read_text()):
+        fixed, _, optional = cell.partition("; also ")
+        rows[name] = (kind, tuple(re.findall(r"`(\w+)`", fixed)), tuple(re.findall(r"`(\w+)`", optional)))
+    return rows
+
+
+def test_declared_labels_are_the_documented_rows() -> None:
+    # The tests of rules and dashboards trust declared_labels() as "what METRICS.md declares": the same
+    # families (label-less, self-monitoring and <counter> ones included) and the same fixed labels.
+    assert declared_labels() == {name: labels for name, (_, labels, _) in _documented_rows().items()}
+
+
+def test_exported_types_and_labels_are_the_documented_ones(tmp_path: Path) -> None:
+    # Per-file families (<counter>) get their MetricSpec at scrape time, not from the documented one.
+    text = scrape(build_tree(tmp_path / "t", SAMPLE_SPEC), ethtool_dir=tmp_path / "t" / "ethtool")
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    rows = _documented_rows()
+    patterns = [(family_pattern(name), row) for name, row in rows.items() if "<counter>" in name]
+    wrong = []
+    for (name, labels), _ in samples(text).items():
+        kind, fixed, optional = rows.get(name) or next(row for p, row in patterns if p.fullmatch(name))
+        names = {label for label, _value in labels}
+        if types[name] != ("gauge" if kind == "info" else kind) or not set(fixed) <= names <= {*fixed, *optional}:
+            wrong.append((name, types[name], sorted(names), kind, fixed))
+    assert not wrong, f"exposition and METRICS.md disagree: {sorted(set(map(str, wrong)))[:5]}"
+
+
+# Documented families neither the sample tree nor a golden file serves: each is tested elsewhere or
+# needs what the goldens lack (an expectations file, the daemon's process collector, a bond, a global
+# pause driver). A family documented but served nowhere (renamed, no longer emitted) fails here.
+NOT_IN_GOLDENS = {
+    "rdma_exporter_device_excluded", "rdma_exporter_device_scrape_skipped", "process_cpu_seconds_total",
+    "process_resident_memory_bytes", "process_virtual_memory_bytes", "process_start_time_seconds",
+    "process_open_fds", "process_max_fds", "rdma_ethtool_global_pause_frames_total",
+    "rdma_ethtool_global_pause_duration_seconds_total", "rdma_ethtool_global_pause_transitions_total",
+    "rdma_ethtool_device_out_of_buffer_total", "rdma_ethtool_stat_<counter>_total", "rdma_expected_port_info",
+    "rdma_expected_port_rate_bytes_per_second", "rdma_expected_port_link_width_lanes",
+    "rdma_expected_netdev_speed_bytes_per_second", "rdma_expected_pcie_link_speed_transfers_per_second",
+    "rdma_expected_pcie_link_width_lanes", "rdma_expected_device_present", "rdma_expected_port_present",
+    "rdma_expected_pci_device_present", "rdma_netdev_bond_slave_info",
+}  # fmt: skip
+
+
+def test_every_documented_family_is_served_or_listed(tmp_path: Path) -> None:
+    texts = [scrape(build_tree(tmp_path / "t", SAMPLE_SPEC), ethtool_dir=tmp_path / "t" / "ethtool")]
+    texts += [path.read_text() for path in (Path(__file__).resolve().parent / "golden").glob("*.prom")]
+    served = {name for text in texts for name in re.findall(r"^# TYPE (\S+)", text, re.M)}
+    unserved = {name for name in _documented_rows() if not any(family_pattern(name).fullmatch(s) for s in served)}
+    assert unserved == NOT_IN_GOLDENS
