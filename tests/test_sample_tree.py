@@ -288,6 +288,7 @@ def test_vfs_and_down_port(with_vfs: Path) -> None:
         assert (vf / "physfn").resolve(strict=True) == pf
         assert read(vf / "device") == "0x101e" and read(vf / "vendor") == "0x15b3"
         assert read(vf / "current_link_speed") == "Unknown"  # a VF has no link of its own
+        assert read(vf / "current_link_width") == read(vf / "max_link_width") == "0"
         assert not (vf / "aer_dev_correctable").exists()
         assert (vf / "infiniband" / f"mlx5_{2 + n}").is_dir()
         assert (vf / "net" / f"ibp24s0v{n}").is_dir()
@@ -483,7 +484,7 @@ def test_cli_seed_changes_identities_and_counters(tmp_path: Path, capsys: pytest
     build_tree(tmp_path / "two", dataclasses.replace(spec_for_devices(1), seed=2))
     build_tree(tmp_path / "one", spec_for_devices(1))
     assert snapshot(tmp_path / "cli") == snapshot(tmp_path / "two")
-    for rel in ("node_guid", "ports/1/counters/port_xmit_data"):
+    for rel in ("node_guid", "ports/1/counters/port_xmit_data", "ports/1/sm_lid"):
         one, two = (read(tmp_path / t / "sys/class/infiniband/mlx5_0" / rel) for t in ("one", "two"))
         assert one != two, rel
 
@@ -499,3 +500,59 @@ def test_vfs_sit_on_their_pfs_numa_node(tmp_path: Path) -> None:
     }
     assert len(numa) == 5 and all(vf == pf for vf, pf in numa.values())
     assert numa["mlx5_9"] == ("1", "1")  # the VF of mlx5_4
+
+
+def test_bluefields_beyond_three_cards_wrap_into_domain_0001(tmp_path: Path) -> None:
+    # 15 = 8 IB + 7 RoCE functions; cards 0-2 fill domain 0000, the fourth wraps into 0001.
+    sys_root = build_tree(tmp_path, spec_for_devices(15))
+    addrs = [(sys_root / f"class/infiniband/mlx5_{i}/device").resolve().name for i in range(8, 15)]
+    assert addrs == ["0000:dc:00.0", "0000:dc:00.1", "0000:e8:00.0", "0000:e8:00.1",
+                     "0000:f4:00.0", "0000:f4:00.1", "0001:dc:00.0"]
+    assert (sys_root / "class/net/enP1p220s0f0np0").is_dir()
+
+
+def test_vf_addresses_follow_sriov_offset_and_stride(with_vfs: Path) -> None:
+    # lspci/udev compute VF n at PF devfn + offset + n * stride on the PF's bus.
+    pf = (with_vfs / "sys/class/infiniband/mlx5_0/device").resolve()
+    off, stride = int(read(pf / "sriov_offset")), int(read(pf / "sriov_stride"))
+    dom, bus, _ = pf.name.split(":")
+    for n in range(int(read(pf / "sriov_numvfs"))):
+        devfn = off + n * stride  # the PF is 00.0
+        assert (pf / f"virtfn{n}").resolve().name == f"{dom}:{bus}:{devfn >> 3:02x}.{devfn & 7}"
+
+
+def test_vf_rdma_device_identifies_as_a_vf(with_vfs: Path) -> None:
+    # A VF is an MT4126 with admin-assigned b8ce:f604 GUIDs, not a copy of its CX-7 PF.
+    vf, pf = (with_vfs / "sys/class/infiniband" / n for n in ("mlx5_2", "mlx5_0"))
+    assert read(vf / "hca_type") == "MT4126" and read(pf / "hca_type") == "MT4129"
+    assert read(vf / "node_guid").startswith("b8ce:f604:")
+    assert read(pf / "node_guid").startswith("b8ce:f603:")
+
+
+def test_vfs_carry_a_slice_of_their_pfs_traffic(with_vfs: Path) -> None:
+    # The benchmark's 32/128-device trees are mostly VFs; a VF must not look like a whole NDR port.
+    def xmit(i: int) -> int:
+        return int(read(with_vfs / f"sys/class/infiniband/mlx5_{i}/ports/1/counters/port_xmit_data"))
+
+    assert max(xmit(i) for i in range(2, 8)) < min(xmit(0), xmit(1))
+
+
+def test_down_port_carries_every_link_loss_counter(with_vfs: Path) -> None:
+    # A lost link leaves symbol/receive errors and failed + flushed QPs, not just link_downed.
+    port = with_vfs / "sys/class/infiniband/mlx5_1/ports/1"
+    for name in ("link_downed", "symbol_error", "port_rcv_errors", "local_link_integrity_errors",
+                 "port_xmit_discards"):
+        assert int(read(port / "counters" / name)) > 0, name
+    for name in ("local_ack_timeout_err", "req_cqe_error", "req_cqe_flush_error", "resp_cqe_flush_error"):
+        assert int(read(port / "hw_counters" / name)) > 0, name
+
+
+def test_roce_faults_reach_every_counter_they_name(tmp_path: Path) -> None:
+    # The degraded link stalls writes as well as reads; CRC errors are netdev rx_errors too.
+    build_tree(tmp_path, TreeSpec(degraded_pcie=("mlx5_8", "mlx5_9"), down_ports=("mlx5_9",)))
+    down = ethtool_stats(tmp_path / "ethtool/enp220s0f1np1")
+    for name in ("tx_pci_signal_integrity", "outbound_pci_stalled_wr_events"):
+        assert down[name] > 0, name
+    stats = tmp_path / "sys/class/net/enp220s0f1np1/statistics"
+    assert read(stats / "rx_errors") == read(stats / "rx_crc_errors") == str(down["rx_crc_errors_phy"])
+    assert down["rx_crc_errors_phy"] > 0
