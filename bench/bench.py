@@ -104,6 +104,7 @@ STATE_FILES: Final = frozenset(
         "sm_sl",
         "lid_mask_count",
         "operstate",
+        "flags",
         "carrier",
         "speed",
         "duplex",

@@ -48,7 +48,7 @@ def test_statistics_help_covers_exactly_the_files_a_real_kernel_has() -> None:
 def test_captured_veth_is_up_with_carrier(rxe: Path) -> None:
     # The baseline the edits below start from.
     got = netdev_series(samples(scrape(rxe)))
-    assert (got["rdma_netdev_up"], got["rdma_netdev_carrier"]) == (1, 1)
+    assert (got["rdma_netdev_up"], got["rdma_netdev_admin_up"], got["rdma_netdev_carrier"]) == (1, 1, 1)
     assert got["rdma_netdev_speed_bytes_per_second"] == 10_000e6 / 8
 
 
@@ -59,17 +59,19 @@ def test_any_operstate_but_up_is_0(rxe: Path, operstate: str) -> None:
     (rxe / VETH / "carrier").write_text("0\n")
     got = netdev_series(samples(scrape(rxe)))
     assert (got["rdma_netdev_up"], got["rdma_netdev_carrier"]) == (0, 0)
+    assert got["rdma_netdev_admin_up"] == 1  # a lost link, not one set down
 
 
 def test_administratively_down_netdev_has_no_carrier_or_speed(rxe: Path) -> None:
     # `ip link set veth0 down`: carrier, speed and duplex have no value (EINVAL on a live kernel, which the
     # reader treats as it treats an absent file). No carrier series: 0 would claim a cable problem.
     (rxe / VETH / "operstate").write_text("down\n")
+    (rxe / VETH / "flags").write_text("0x1002\n")  # the captured 0x1003 less IFF_UP
     for name in ("carrier", "speed", "duplex"):
         (rxe / VETH / name).unlink()
     metrics = samples(scrape(rxe))
     got = netdev_series(metrics)
-    assert got["rdma_netdev_up"] == 0
+    assert (got["rdma_netdev_up"], got["rdma_netdev_admin_up"]) == (0, 0)
     assert "rdma_netdev_carrier" not in got and "rdma_netdev_speed_bytes_per_second" not in got
     assert got["rdma_netdev_mtu_bytes"] == 1500
     assert not [k for k in metrics if k[0] == "rdma_exporter_file_read_errors_total"]

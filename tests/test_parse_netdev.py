@@ -46,6 +46,7 @@ def test_procfs_eth0_capture() -> None:
     assert reader.errors.total() == 0
     assert (dev.ifindex, dev.type, dev.mtu, dev.address) == (2, 1, 1500, "01:01:01:01:01:01")
     assert (dev.operstate, dev.carrier, dev.duplex) == ("up", True, "full")
+    assert dev.admin_up is True  # flags 0x1303
     assert (dev.carrier_changes, dev.carrier_up_count, dev.carrier_down_count) == (2, 1, 1)
     assert dev.speed_bps == 1_000_000_000
     assert dev.statistics == {}  # the capture has no statistics/ directory
@@ -151,6 +152,24 @@ def test_a_speed_the_kernel_cannot_print_is_malformed(tmp_path: Path, text: str)
     dev = read_netdev(tmp_path, "ens1f0np0", reader)
     assert dev is not None and dev.speed_bps is None
     assert reasons(reader) == {REASON_MALFORMED: 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "admin_up", "malformed"),
+    # "%#x" prints 0 without its prefix. Anything else the kernel cannot print is counted, and tells
+    # nothing: read as "not up" it would hide the difference between a lost link and one set down.
+    [("0x1003\n", True, 0), ("0x1002\n", False, 0), ("0\n", False, 0), ("0x9\n", True, 0), (None, None, 0),
+     ("4099\n", None, 1), ("0x\n", None, 1), ("0X1003\n", None, 1), ("up\n", None, 1), ("0x1_003\n", None, 1),
+     ("0x1" + "0" * 40 + "\n", None, 1)],
+)  # fmt: skip
+def test_admin_state_from_flags(tmp_path: Path, text: str | None, admin_up: bool | None, malformed: int) -> None:
+    write_files(tmp_path, {"class/net/ens1f0np0/operstate": "down\n"})
+    if text is not None:
+        write_files(tmp_path, {"class/net/ens1f0np0/flags": text})
+    reader = SysfsReader("ens1f0np0")
+    dev = read_netdev(tmp_path, "ens1f0np0", reader)
+    assert dev is not None and dev.admin_up is admin_up
+    assert reasons(reader) == ({REASON_MALFORMED: 1} if malformed else {})
 
 
 @pytest.mark.parametrize(
@@ -506,6 +525,7 @@ def test_admin_down_attributes_answer_einval_which_is_no_value(tmp_path: Path, m
             "class/net/ens1f0np0/speed": "",
             "class/net/ens1f0np0/duplex": "",
             "class/net/ens1f0np0/mtu": "4200\n",
+            "class/net/ens1f0np0/flags": "0x1002\n",  # IFF_BROADCAST | IFF_MULTICAST, IFF_UP cleared
             f"{PF0}/net/ens1f0np0/dev_port": "0\n",
             "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0": "ens1f0np0\n",
             "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/1": "",
@@ -528,6 +548,7 @@ def test_admin_down_attributes_answer_einval_which_is_no_value(tmp_path: Path, m
     assert (dev.operstate, dev.carrier, dev.speed_bps, dev.duplex, dev.mtu, dev.address) == (
         "down", None, None, None, 4200, None
     )  # fmt: skip
+    assert dev.admin_up is False
     assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader, single_port=True) == ["ens1f0np0"]
     assert reader.errors.total() == 0
 

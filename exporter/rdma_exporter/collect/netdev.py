@@ -82,6 +82,13 @@ UP: Final = MetricSpec(
     "1 if the netdev's operstate is up, 0 for any other state (down, lowerlayerdown, dormant, unknown...).",
     LABELS,
 )
+ADMIN_UP: Final = MetricSpec(
+    "rdma_netdev_admin_up",
+    "gauge",
+    "1 if the netdev is administratively up (IFF_UP in flags), 0 if it was set down (ip link set down). "
+    "A RoCE port reads DOWN both when its link is lost and when its netdev was set down; this tells which.",
+    LABELS,
+)
 CARRIER: Final = MetricSpec(
     "rdma_netdev_carrier",
     "gauge",
@@ -165,7 +172,7 @@ STATISTICS_DYNAMIC: Final = DynamicMetricSpec(
     "RoCE netdevs and RoCE LAG bonds always; IPoIB interfaces only with collector.netdev.ipoib_statistics.",
     LABELS,
 )
-_LINK_SPECS: Final = (UP, CARRIER, CARRIER_CHANGES, CARRIER_UP, CARRIER_DOWN, SPEED, MTU)
+_LINK_SPECS: Final = (UP, ADMIN_UP, CARRIER, CARRIER_CHANGES, CARRIER_UP, CARRIER_DOWN, SPEED, MTU)
 _FIXED_NAMES: Final = frozenset(spec.name for spec in _LINK_SPECS)
 
 
@@ -201,6 +208,8 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
     labels = [device, str(port), netdev.name]
     if netdev.operstate is not None:
         out.add(UP, labels, 1 if netdev.operstate == "up" else 0)
+    if netdev.admin_up is not None:
+        out.add(ADMIN_UP, labels, 1 if netdev.admin_up else 0)
     if netdev.carrier is not None:
         out.add(CARRIER, labels, 1 if netdev.carrier else 0)
     if netdev.carrier_changes is not None:

@@ -57,6 +57,7 @@ class Netdev:
     type: int | None  # ARPHRD_*: 1 Ethernet, 32 InfiniBand (IPoIB)
     address: str | None
     operstate: str | None  # RFC 2863 as the kernel prints it: up, down, lowerlayerdown, dormant, unknown...
+    admin_up: bool | None  # IFF_UP of `flags`: False once `ip link set <netdev> down`, whatever the link does
     carrier: bool | None  # None while administratively down: the kernel has no answer then
     carrier_changes: int | None
     carrier_up_count: int | None  # kernels >= 4.16
@@ -129,6 +130,24 @@ def _operstate(path: str | Path, reader: SysfsReader) -> str | None:
         reader.fail(REASON_MALFORMED, path, f"not an operstate: {text[:40]!r}")
         return None
     return text
+
+
+# net-sysfs.c prints dev->flags with "%#x": 0x1003, and a bare 0 when no flag is set.
+_FLAGS_TEXT: Final = re.compile(r"(?:0x[0-9a-f]{1,8}|0)\Z")
+IFF_UP: Final = 0x1
+
+
+def _admin_up(path: str | Path, reader: SysfsReader) -> bool | None:
+    """Whether an administrator has the netdev up. Separate from operstate: a RoCE port reads DOWN and
+    Disabled both when its cable is pulled and when someone set its netdev down, and only this tells
+    the two apart."""
+    text = reader.text(path, optional=True)
+    if text is None:
+        return None
+    if not _FLAGS_TEXT.match(text):
+        reader.fail(REASON_MALFORMED, path, f"not netdev flags: {text[:40]!r}")
+        return None
+    return bool(int(text, 16) & IFF_UP)
 
 
 def _carrier(path: str | Path, reader: SysfsReader) -> bool | None:
@@ -298,6 +317,7 @@ def read_netdev_state(
         type=identity.type,
         address=identity.address,
         operstate=_operstate(f"{net_dir}/operstate", reader),
+        admin_up=_admin_up(f"{net_dir}/flags", reader),
         carrier=_carrier(f"{net_dir}/carrier", reader),
         carrier_changes=reader.uint(f"{net_dir}/carrier_changes", optional=True),
         carrier_up_count=reader.uint(f"{net_dir}/carrier_up_count", optional=True),
