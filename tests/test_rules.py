@@ -74,6 +74,7 @@ PER_NODE_ALERTS = {"RdmaDeviceFirmwareMismatch"}  # one ticket per node and boar
 # Alerts on a state rather than a quantity: their value is 1 and the description names the state.
 STATE_ALERTS = {
     "RdmaPortDown",
+    "RdmaRocePortAdminDown",
     "RdmaPortVanished",
     "RdmaExpectedDeviceMissing",
     "RdmaExpectedPortMissing",
