@@ -160,6 +160,7 @@ def test_a_speed_the_kernel_cannot_print_is_malformed(tmp_path: Path, text: str)
     # nothing: read as "not up" it would hide the difference between a lost link and one set down.
     [("0x1003\n", True, 0), ("0x1002\n", False, 0), ("0\n", False, 0), ("0x9\n", True, 0), (None, None, 0),
      ("4099\n", None, 1), ("0x\n", None, 1), ("0X1003\n", None, 1), ("up\n", None, 1), ("0x1_003\n", None, 1),
+     ("0x0\n", None, 1), ("0x01003\n", None, 1),
      ("0x1" + "0" * 40 + "\n", None, 1)],
 )  # fmt: skip
 def test_admin_state_from_flags(tmp_path: Path, text: str | None, admin_up: bool | None, malformed: int) -> None:

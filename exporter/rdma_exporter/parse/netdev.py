@@ -132,8 +132,8 @@ def _operstate(path: str | Path, reader: SysfsReader) -> str | None:
     return text
 
 
-# net-sysfs.c prints dev->flags with "%#x": 0x1003, and a bare 0 when no flag is set.
-_FLAGS_TEXT: Final = re.compile(r"(?:0x[0-9a-f]{1,8}|0)\Z")
+# net-sysfs.c prints dev->flags, an unsigned int, with "%#x": 0x1003, and a bare 0 when no flag is set.
+_FLAGS_TEXT: Final = re.compile(r"(?:0x[1-9a-f][0-9a-f]{0,7}|0)\Z")
 IFF_UP: Final = 0x1
 
 
