@@ -1050,10 +1050,12 @@ def node_detail() -> Json:
         (state_timeline(
             "Physical port state",
             "Physical state of each port over time: LinkUp is healthy; Polling means no peer (cable, switch "
-            "port), Disabled is administrative, LinkErrorRecovery is a link retraining.",
+            "port), LinkErrorRecovery is a link retraining. Disabled is administrative on InfiniBand; on a RoCE "
+            "port (mlx5) it is any link down, a pulled cable or a netdev set down alike (rdma_netdev_admin_up "
+            "tells which: RdmaRocePortAdminDown).",
             targets((sel("rdma_port_physical_state_id"), dp)),
             value_mappings(PHYSICAL_STATES),
-            alerts=["RdmaPortDown", "RdmaPortLinkErrorRecovery"],
+            alerts=["RdmaPortDown", "RdmaPortLinkErrorRecovery", "RdmaRocePortAdminDown"],
         ), 12, 8),
         (table(
             "Link rate and width",
