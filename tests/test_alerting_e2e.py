@@ -365,6 +365,16 @@ def _fault_scenario(tmp_path: Path, webhook: Webhook, release: PrometheusRelease
         # held back by it.
         (asic,) = (ports / "mlx5_2/device").glob("hwmon/hwmon*/temp1_input")
         write_attr(asic, "106000")
+        # mlx5_8: `ip link set enp220s0f0np0 down`. mlx5 shows its RoCE port DOWN / Disabled as for a
+        # pulled cable; the netdev loses IFF_UP, and carrier, speed and duplex have no value (EINVAL).
+        # No page: RdmaRocePortAdminDown starts its hour instead.
+        write_attr(ports / "mlx5_8/ports/1/state", "1: DOWN")
+        write_attr(ports / "mlx5_8/ports/1/phys_state", "3: Disabled")
+        roce_netdev = sys_root / "class/net/enp220s0f0np0"
+        write_attr(roce_netdev / "operstate", "down")
+        write_attr(roce_netdev / "flags", "0x1002")
+        for name in ("carrier", "speed", "duplex"):
+            (roce_netdev / name).resolve().unlink()
 
         def delivered() -> bool:
             procs.check_alive()
@@ -377,6 +387,11 @@ def _fault_scenario(tmp_path: Path, webhook: Webhook, release: PrometheusRelease
             ) in ticket
 
         wait_for("the fault notifications", delivered)
+        # mlx5_8 went down with mlx5_0, whose page has gone out: it is not even pending, and its ticket is
+        # (its hour, 2 minutes here, is still running).
+        assert find(prometheus_alerts(prom_url), alertname="RdmaPortDown", device="mlx5_8") == []
+        set_down = find(prometheus_alerts(prom_url), alertname="RdmaRocePortAdminDown")
+        assert [(a["labels"]["device"], a["state"]) for a in set_down] == [("mlx5_8", "pending")]
 
         # Labels: the cluster from Prometheus' external labels, the port, the severity that routed it.
         instance = f"127.0.0.1:{exporter_port}"
