@@ -10,7 +10,7 @@ import pytest
 from rdma_exporter.metricsdoc import declared_labels, main, render
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import family_pattern, samples, scrape
+from conftest import GOLDEN, family_pattern, samples, scrape
 
 METRICS_MD = Path(__file__).resolve().parent.parent / "METRICS.md"
 
@@ -19,9 +19,15 @@ def test_metrics_md_is_current() -> None:
     assert METRICS_MD.read_text() == render(), "regenerate: python -m rdma_exporter.metricsdoc > METRICS.md"
 
 
-def test_every_exported_family_is_documented(tmp_path: Path) -> None:
-    sys_root = build_tree(tmp_path / "t", SAMPLE_SPEC)
-    exported = {name for name, _ in samples(scrape(sys_root, ethtool_dir=tmp_path / "t" / "ethtool"))}
+@pytest.fixture(scope="module")
+def sample_scrape(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One scrape of the sample tree, for the checks below that compare it with METRICS.md."""
+    dest = tmp_path_factory.mktemp("sample")
+    return scrape(build_tree(dest, SAMPLE_SPEC), ethtool_dir=dest / "ethtool")
+
+
+def test_every_exported_family_is_documented(sample_scrape: str) -> None:
+    exported = {name for name, _ in samples(sample_scrape)}
     documented = render()
     patterns = [family_pattern(p) for p in re.findall(r"\| `([a-z0-9_<>]+)` \|", documented)]
     undocumented = sorted(name for name in exported if not any(p.fullmatch(name) for p in patterns))
@@ -44,7 +50,7 @@ def test_the_documented_scrape_drop_keeps_every_series_a_rule_or_dashboard_reads
     found = re.search(r"regex: (\S+)\n\s+action: drop", section)
     assert found, "the drop snippet is gone from docs/operations.md"
     drop = re.compile(found.group(1))
-    golden = (Path(__file__).resolve().parent / "golden" / "sample-8hca.prom").read_text()
+    golden = (GOLDEN / "sample-8hca.prom").read_text()
     names = {line.split("{", 1)[0].split(" ", 1)[0] for line in golden.splitlines() if not line.startswith("#")}
     dropped = {name for name in names if drop.fullmatch(name)}
     statistics = {name for name in names if re.fullmatch(r"rdma_netdev_(?!carrier)[a-z_]+_total", name)}
@@ -69,7 +75,7 @@ def test_no_exported_label_is_one_the_scrape_or_alerting_owns() -> None:
     # per key.
     declared = {name: set(labels) for name, labels in declared_labels().items()}
     assert len(declared) > 100 and declared["rdma_pcie_aer_errors_total"] == {"device", "error_class", "type"}
-    for path in sorted((Path(__file__).resolve().parent / "golden").glob("*.prom")):
+    for path in sorted(GOLDEN.glob("*.prom")):
         for (name, labels), _ in samples(path.read_text()).items():
             declared.setdefault(name, set()).update(label for label, _value in labels)
     found = {name: sorted(labels & OWNED_ELSEWHERE) for name, labels in declared.items() if labels & OWNED_ELSEWHERE}
@@ -95,9 +101,9 @@ def test_declared_labels_are_the_documented_rows() -> None:
     assert declared_labels() == {name: labels for name, (_, labels, _) in _documented_rows().items()}
 
 
-def test_exported_types_and_labels_are_the_documented_ones(tmp_path: Path) -> None:
+def test_exported_types_and_labels_are_the_documented_ones(sample_scrape: str) -> None:
     # Per-file families (<counter>) get their MetricSpec at scrape time, not from the documented one.
-    text = scrape(build_tree(tmp_path / "t", SAMPLE_SPEC), ethtool_dir=tmp_path / "t" / "ethtool")
+    text = sample_scrape
     types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
     rows = _documented_rows()
     patterns = [(family_pattern(name), row) for name, row in rows.items() if "<counter>" in name]
@@ -126,9 +132,8 @@ NOT_IN_GOLDENS = {
 }  # fmt: skip
 
 
-def test_every_documented_family_is_served_or_listed(tmp_path: Path) -> None:
-    texts = [scrape(build_tree(tmp_path / "t", SAMPLE_SPEC), ethtool_dir=tmp_path / "t" / "ethtool")]
-    texts += [path.read_text() for path in (Path(__file__).resolve().parent / "golden").glob("*.prom")]
+def test_every_documented_family_is_served_or_listed(sample_scrape: str) -> None:
+    texts = [sample_scrape, *(path.read_text() for path in GOLDEN.glob("*.prom"))]
     served = {name for text in texts for name in re.findall(r"^# TYPE (\S+)", text, re.M)}
     unserved = {name for name in _documented_rows() if not any(family_pattern(name).fullmatch(s) for s in served)}
     assert unserved == NOT_IN_GOLDENS
