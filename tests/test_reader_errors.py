@@ -109,6 +109,22 @@ def test_a_non_decimal_attribute_is_parsed_in_its_base(tmp_path: Path) -> None:
     assert errors.counts == {("mlx5_0", "malformed"): 1}
 
 
+def test_parsed_counts_text_its_parser_refuses_and_nothing_else(tmp_path: Path) -> None:
+    # The one path every checked attribute (state, rate, speed, carrier, flags...) takes.
+    (tmp_path / "carrier").write_text("1\n")
+    (tmp_path / "speed").write_text("fast\n")
+    flags = {"0": False, "1": True}.get
+    errors = ReadErrors()
+    reader = SysfsReader("mlx5_0", errors)
+    assert reader.parsed(tmp_path / "carrier", flags, "0 or 1") is True
+    assert reader.parsed(tmp_path / "speed", flags, "0 or 1") is None
+    assert reader.parsed(tmp_path / "duplex", flags, "0 or 1", optional=True) is None  # absent: no error
+    assert errors.counts == {("mlx5_0", "malformed"): 1}
+    assert errors.last[("mlx5_0", "malformed")] == f"{tmp_path / 'speed'}: not 0 or 1: 'fast'"
+    assert reader.parsed(tmp_path / "duplex", flags, "0 or 1") is None  # absent and required: missing
+    assert errors.counts == {("mlx5_0", "malformed"): 1, ("mlx5_0", "missing"): 1}
+
+
 def test_a_driver_link_with_a_trailing_slash_names_the_driver(tmp_path: Path) -> None:
     (tmp_path / "drivers" / "mlx5_core").mkdir(parents=True)
     os.symlink("drivers/mlx5_core/", tmp_path / "driver")

@@ -81,13 +81,10 @@ _NO_READING_ERRNOS: Final = frozenset({errno.ENODATA})
 
 
 def _celsius(path: str, reader: SysfsReader, *, optional: bool = False) -> float | None:
-    text = reader.text(path, optional=optional, absent_errnos=_NO_READING_ERRNOS)
-    if text is None:
-        return None
-    celsius = parse_millidegrees(text)
-    if celsius is None:
-        reader.fail(REASON_MALFORMED, path, f"not a temperature in millidegrees Celsius: {text[:40]!r}")
-    return celsius
+    return reader.parsed(
+        path, parse_millidegrees, "a temperature in millidegrees Celsius",
+        optional=optional, absent_errnos=_NO_READING_ERRNOS,
+    )
 
 
 def _hwmon_dirs(pci_dir: Path, reader: SysfsReader) -> list[str]:

@@ -348,14 +348,12 @@ _NUMA_NODE: Final = re.compile(r"^(?:-1|[0-9]{1,9})$")
 
 def _numa_node(path: Path, reader: SysfsReader) -> int | None:
     """The PCI function's NUMA node; None for -1 (NUMA_NO_NODE, not an error) and for garbage (counted)."""
-    text = reader.text(path, optional=True)
-    if text is None:
-        return None
-    if not _NUMA_NODE.match(text):
-        reader.fail(REASON_MALFORMED, path, f"not a NUMA node: {text[:40]!r}")
-        return None
-    node = int(text)
-    return node if node >= 0 else None
+    node = reader.parsed(path, _numa_number, "a NUMA node", optional=True)
+    return node if node is not None and node >= 0 else None
+
+
+def _numa_number(text: str) -> int | None:
+    return int(text) if _NUMA_NODE.match(text) else None
 
 
 def pci_address_of(sys_root: Path, name: str) -> str | None:
@@ -465,11 +463,7 @@ _LINK_LAYER: Final = re.compile(r"InfiniBand|Ethernet|Unknown|Unspecified")  # l
 
 def label_text(path: Path, reader: SysfsReader, form: re.Pattern[str] = _LABEL_TEXT) -> str | None:
     """An optional attribute that is exported as a label value, if it has the form the kernel gives it."""
-    text = reader.text(path, optional=True)
-    if text is None or form.fullmatch(text):
-        return text
-    reader.fail(REASON_MALFORMED, path, f"not a label value: {text[:40]!r}")
-    return None
+    return reader.parsed(path, lambda text: text if form.fullmatch(text) else None, "a label value", optional=True)
 
 
 def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceInfo:
@@ -579,12 +573,8 @@ def _netdev_identities(sys_root: Path, ports: list[PortInfo], reader: SysfsReade
 def _read_state(path: str, reader: SysfsReader, names: dict[int, str]) -> tuple[int, str] | None:
     # The spec's name for a known number, whatever the kernel printed (one spelling per state across
     # drivers and kernels); the kernel's only for a number the spec does not name.
-    text = reader.text(path)
-    if text is None:
-        return None
-    parsed = parse_state(text)
+    parsed = reader.parsed(path, parse_state, "a '<id>: <name>' state")
     if parsed is None:
-        reader.fail(REASON_MALFORMED, path, f"not a '<id>: <name>' state: {text[:40]!r}")
         return None
     number, name = parsed
     return number, names.get(number, name)
@@ -597,11 +587,7 @@ def read_port_snapshot(device_dir: str | Path, info: PortInfo, reader: SysfsRead
     snapshot.phys_state = _read_state(f"{port_dir}/phys_state", reader, PHYS_STATES)
     # Upstream rate_show() answers EINVAL while the port has no valid width (no cable or module in
     # the cage): no rate, not a broken file.
-    rate_text = reader.text(f"{port_dir}/rate", absent_errnos=_NO_RATE_ERRNOS)
-    if rate_text is not None:
-        snapshot.rate = parse_rate(rate_text)
-        if snapshot.rate is None:
-            reader.fail(REASON_MALFORMED, f"{port_dir}/rate", f"unrecognised rate: {rate_text[:40]!r}")
+    snapshot.rate = reader.parsed(f"{port_dir}/rate", parse_rate, "a rate", absent_errnos=_NO_RATE_ERRNOS)
     if info.link_layer != "Ethernet":
         # RoCE ports have no subnet manager; their lid files read 0 and mean nothing.
         # lid_show() prints "0x%x": a decimal, octal or binary literal there is not a kernel value.

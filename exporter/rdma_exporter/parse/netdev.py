@@ -106,13 +106,7 @@ def parse_speed(text: str) -> int | None:
 
 
 def _speed(path: str | Path, reader: SysfsReader) -> int | None:
-    text = _no_value_attr(path, reader)
-    if text is None:
-        return None
-    mbps = _speed_number(text)
-    if mbps is None:
-        reader.fail(REASON_MALFORMED, path, f"not a speed in Mb/s: {text[:40]!r}")
-        return None
+    mbps = reader.parsed(path, _speed_number, "a speed in Mb/s", optional=True, absent_errnos=NO_VALUE_ERRNOS)
     return _bits_per_second(mbps)
 
 
@@ -123,13 +117,7 @@ OPERSTATES: Final = frozenset({"unknown", "notpresent", "down", "lowerlayerdown"
 def _operstate(path: str | Path, reader: SysfsReader) -> str | None:
     """A state the kernel can print, else None: garbage says nothing about the link, and read as "not up"
     it would export a link-down."""
-    text = reader.text(path, optional=True)
-    if text is None:
-        return None
-    if text not in OPERSTATES:
-        reader.fail(REASON_MALFORMED, path, f"not an operstate: {text[:40]!r}")
-        return None
-    return text
+    return reader.parsed(path, lambda text: text if text in OPERSTATES else None, "an operstate", optional=True)
 
 
 # net-sysfs.c prints dev->flags, an unsigned int, with "%#x": 0x1003, and a bare 0 when no flag is set.
@@ -141,23 +129,18 @@ def _admin_up(path: str | Path, reader: SysfsReader) -> bool | None:
     """Whether an administrator has the netdev up. Separate from operstate: a RoCE port reads DOWN and
     Disabled both when its cable is pulled and when someone set its netdev down, and only this tells
     the two apart."""
-    text = reader.text(path, optional=True)
-    if text is None:
-        return None
-    if not _FLAGS_TEXT.match(text):
-        reader.fail(REASON_MALFORMED, path, f"not netdev flags: {text[:40]!r}")
-        return None
-    return bool(int(text, 16) & IFF_UP)
+    return reader.parsed(path, _iff_up, "netdev flags", optional=True)
+
+
+def _iff_up(flags: str) -> bool | None:
+    return bool(int(flags, 16) & IFF_UP) if _FLAGS_TEXT.match(flags) else None
+
+
+_CARRIER: Final = {"0": False, "1": True}
 
 
 def _carrier(path: str | Path, reader: SysfsReader) -> bool | None:
-    text = _no_value_attr(path, reader)
-    if text is None:
-        return None
-    if text not in ("0", "1"):
-        reader.fail(REASON_MALFORMED, path, f"carrier is not 0/1: {text[:40]!r}")
-        return None
-    return text == "1"
+    return reader.parsed(path, _CARRIER.get, "a carrier of 0 or 1", optional=True, absent_errnos=NO_VALUE_ERRNOS)
 
 
 def _ecn_layout(ecn_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int, str], ...]:

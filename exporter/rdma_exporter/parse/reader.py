@@ -19,7 +19,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
+
+_Parsed = TypeVar("_Parsed")
 
 # Largest value a kernel counter file can hold (u64). Anything larger is garbage, not a counter.
 U64_MAX: Final = 2**64 - 1
@@ -452,6 +454,25 @@ class SysfsReader:
         """
         raw = self._raw(path, optional, absent_errnos)
         return None if raw is None else self._decode(path, raw)
+
+    def parsed(
+        self,
+        path: str | os.PathLike[str],
+        parse: Callable[[str], _Parsed | None],
+        what: str,
+        *,
+        optional: bool = False,
+        absent_errnos: Collection[int] = (),
+    ) -> _Parsed | None:
+        """What `parse` makes of the file's text (read as `text` reads it). Text that `parse` refuses
+        (None) is counted as malformed, "not <what>", and gives None as an absent file does."""
+        text = self.text(path, optional=optional, absent_errnos=absent_errnos)
+        if text is None:
+            return None
+        value = parse(text)
+        if value is None:
+            self.fail(REASON_MALFORMED, path, f"not {what}: {text[:40]!r}")
+        return value
 
     def _raw(
         self, path: str | os.PathLike[str], optional: bool, absent_errnos: Collection[int], counter: bool = False
