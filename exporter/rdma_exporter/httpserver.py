@@ -336,7 +336,7 @@ class Outgoing:
 
 class _Conn:
     __slots__ = (
-        "buffer", "client", "context", "costly", "deadline", "eof", "first", "handshaking", "keep", "last_active",
+        "buffer", "client", "context", "costly", "deadline", "first", "handshaking", "keep", "last_active",
         "peer", "pending", "pending_bytes", "searched", "sock", "started",
     )
 
@@ -352,7 +352,6 @@ class _Conn:
         self.searched = 0  # leading bytes of buffer that hold no end of a head
         self.handshaking = handshaking
         self.started = False  # bytes of the current request have arrived
-        self.eof = False  # the client half-closed: answer what it sent, then close
         self.last_active = now
         self.deadline = deadline
         self.pending: Outgoing | None = None  # the rest of an answer the loop thread is writing
@@ -757,17 +756,17 @@ class HttpServer:
                 self._close(conn)
                 return
             if not data:
-                conn.eof = True
-                break
+                # The client closed before its head was whole (the loop reads only then): nothing to
+                # answer. A client that closes after a whole request is answered, and its next read
+                # here finds the end with an empty buffer.
+                self._close(conn)
+                return
             now = time.monotonic()
             if not conn.started:
                 conn.started = True
                 conn.deadline = now + self.head_timeout
             conn.last_active = now
             conn.buffer += data
-        if conn.eof and conn.head_end() < 0:
-            self._close(conn)
-            return
         self._dispatch(conn)
 
     def _dispatch(self, conn: _Conn) -> None:
@@ -1007,7 +1006,6 @@ class HttpServer:
         keep = (
             request.keep_alive
             and not response.close
-            and not conn.eof
             and not self._stopping.is_set()
             and conn.context is self._tls()
         )
