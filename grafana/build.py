@@ -126,6 +126,8 @@ NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)
 # whose link_layer read failed has no rdma_port_info and may be the one paging.
 NOT_ETHERNET = f"unless {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
+# A port's link drops in the trailing hour, from its best-informed source, as the link alerts read them.
+LINK_DROPS = f"max without (source, netdev) ({sel('instance_device_port:rdma_port_link_down_events:increase1h')})"
 PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~"pending|firing"')
 
 
@@ -848,16 +850,15 @@ def fabric_overview() -> Json:
         (timeseries(
             "Link drops in the last hour",
             "Link-down events of all selected ports over the trailing hour (IB link_downed, RoCE carrier and "
-            "PHY link-down events, the best-informed source per port), how many ports dropped at least twice "
+            "PHY link-down events, the best-informed source per port; a RoCE port set down and up counts), how "
+            "many ports dropped at least twice, not counting the times a RoCE port's netdevs were set down "
             "(RdmaPortLinkFlapping, critical), and link error recoveries (retrains that kept the link up; "
             "RdmaPortLinkErrorRecovery above 10 an hour on one port). SR-IOV virtual functions are left out, as "
             "the alerts leave them: a VF shares its PF's link, whose drops are counted once.",
             "none",
-            targets((f"sum(max without (source, netdev) "
-                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) {NOT_VF})",
-                     "link drops"),
-                    (f"sum(max without (source, netdev) "
-                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) >= bool 2 {NOT_VF})",
+            targets((f"sum({LINK_DROPS} {NOT_VF})", "link drops"),
+                    (f"sum(({LINK_DROPS} - {ON_PORT} {sel('instance_device_port:rdma_netdev_admin_downs:1h')} "
+                     f"or {LINK_DROPS}) >= bool 2 {NOT_VF})",
                      "ports flapping"),
                     (f"sum({sel('instance_device_port:rdma_port_link_error_recovery:increase1h')} {NOT_VF})",
                      "link error recoveries")),
@@ -1190,7 +1191,7 @@ def node_detail() -> Json:
             "the interval is 1. Carrier changes count on RoCE netdevs only, as the alerts count them (an IPoIB "
             "interface's carrier also follows `ip link set down`). RdmaPortLinkDowned and RdmaPortLinkFlapping "
             "count drops over the trailing hour (one drop: a ticket; two or more: flapping, a page), as the fabric "
-            "overview's link drops do.",
+            "overview's link drops do, leaving out those of a RoCE port whose netdevs were set down.",
             "cps",
             targets((rate("rdma_port_link_downed_total"), f"{dp} link downed"),
                     (rate("rdma_port_link_error_recovery_total"), f"{dp} error recovery"),
