@@ -857,8 +857,8 @@ def fabric_overview() -> Json:
             "the alerts leave them: a VF shares its PF's link, whose drops are counted once.",
             "none",
             targets((f"sum({LINK_DROPS} {NOT_VF})", "link drops"),
-                    (f"sum(({LINK_DROPS} - {ON_PORT} group_left () {sel('instance_device_port:rdma_netdev_admin_downs:1h')} "
-                     f"or {LINK_DROPS}) >= bool 2 {NOT_VF})",
+                    (f"sum(({LINK_DROPS} - {ON_PORT} group_left () "
+                     f"{sel('instance_device_port:rdma_netdev_admin_downs:1h')} or {LINK_DROPS}) >= bool 2 {NOT_VF})",
                      "ports flapping"),
                     (f"sum({sel('instance_device_port:rdma_port_link_error_recovery:increase1h')} {NOT_VF})",
                      "link error recoveries")),
