@@ -126,8 +126,6 @@ NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)
 # whose link_layer read failed has no rdma_port_info and may be the one paging.
 NOT_ETHERNET = f"unless {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
-# A port's link drops in the trailing hour, from its best-informed source, as the link alerts read them.
-LINK_DROPS = f"max without (source, netdev) ({sel('instance_device_port:rdma_port_link_down_events:increase1h')})"
 PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~"pending|firing"')
 
 
@@ -856,9 +854,10 @@ def fabric_overview() -> Json:
             "RdmaPortLinkErrorRecovery above 10 an hour on one port). SR-IOV virtual functions are left out, as "
             "the alerts leave them: a VF shares its PF's link, whose drops are counted once.",
             "none",
-            targets((f"sum({LINK_DROPS} {NOT_VF})", "link drops"),
-                    (f"sum(({LINK_DROPS} - {ON_PORT} group_left () "
-                     f"{sel('instance_device_port:rdma_netdev_admin_downs:1h')} or {LINK_DROPS}) >= bool 2 {NOT_VF})",
+            targets((f"sum(max without (source, netdev) "
+                     f"({sel('instance_device_port:rdma_port_link_down_events:increase1h')}) {NOT_VF})",
+                     "link drops"),
+                    (f"sum({sel('instance_device_port:rdma_port_link_drops:1h')} >= bool 2 {NOT_VF})",
                      "ports flapping"),
                     (f"sum({sel('instance_device_port:rdma_port_link_error_recovery:increase1h')} {NOT_VF})",
                      "link error recoveries")),
