@@ -1058,6 +1058,13 @@ def test_implausible_stat_count_is_refused_before_allocating() -> None:
     assert kernel.calls == [ETHTOOL_GSSET_INFO]
 
 
+def test_the_largest_accepted_stat_count_fits_the_memory_limit() -> None:
+    # A read holds the name buffer (with its headroom) more than once at its peak: at the old ceiling of
+    # 1 << 20 that was 64 MB a copy, and the process reached 268 MB, past the shipped 256 MB limits.
+    names_buffer = 2 * ethtool.MAX_STATS * ethtool.ETH_GSTRING_LEN
+    assert names_buffer <= 8 << 20
+
+
 def test_value_count_beyond_the_buffer_is_an_io_error_not_a_crash() -> None:
     # A count past our buffer cannot be unpacked; it must surface as EthtoolError like every other fault.
     kernel = LyingKernel(3, 10**6)

@@ -63,8 +63,12 @@ _GSTATS_HEADER: Final = 8
 # struct ifreq is 40 bytes on 64-bit (16-byte name + 24-byte union); the kernel copies all of it in.
 _IFREQ_SIZE: Final = 40
 
-# Far above any real NIC (mlx5 with 256 channels has ~20k); a larger count is a broken driver.
-MAX_STATS: Final = 1 << 20
+# Six times any real NIC (mlx5 with 256 channels has ~20k); a larger count is a broken driver. Not higher:
+# a read's peak memory grows with the count (buffers with headroom, names read twice), and a driver
+# answering 10**6 took the process from 17 to 268 MB (207 MB with the names copied once), near or past
+# the unit's MemoryMax and the DaemonSet's limit of 256 MB: the OOM killer would take every metric with
+# it. At this ceiling, 42 MB (an ioctl answering the count, measured with ru_maxrss).
+MAX_STATS: Final = 1 << 17
 # A capture of ~20k stats is about 1 MB of text; a file far past that is not an `ethtool -S` capture.
 MAX_CAPTURE_BYTES: Final = 16 << 20
 # We pass the count we expect in GSTRINGS/GSTATS. Kernels with the Dec 2025 fix ("ethtool: Avoid
@@ -247,7 +251,8 @@ def _read_strings(call: EthtoolCall, ifname: str, expected: int, capacity: int) 
     (length,) = struct.unpack_from("=I", buffer, 8)
     if length > capacity:
         raise EthtoolError(ifname, REASON_IO, f"stat set grew from <={capacity} to {length} strings mid-read")
-    return buffer.tobytes()[_GSTRINGS_HEADER : _GSTRINGS_HEADER + length * ETH_GSTRING_LEN]
+    # Copy the names only, not the whole buffer with its headroom first.
+    return bytes(memoryview(buffer)[_GSTRINGS_HEADER : _GSTRINGS_HEADER + length * ETH_GSTRING_LEN])
 
 
 def _names(table: bytes) -> list[str]:
@@ -619,7 +624,8 @@ def generic_key(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     (also `priN` and `priority_N`) and `laneN`/`lane_N` anywhere become priority and lane. The rest is
     snake_cased (see infiniband.metric_fragment) and the key is `stat_` + the stripped dimensions in a fixed
     order (`priority_`, `lane_`, `queue_`, `channel_`) + rest, with `all_` before a rest that starts with
-    one of those words (or `all`), so no two names share a key.
+    one of those words (or `all`). Names that differ only in where a dimension stands (`rx_prio0_foo`,
+    `rx_foo_prio0`) share a key; `curate_counted` keeps the first.
     Naming the dimensions in the key keeps per-queue series out of the family of the port-wide total, so
     a key's label names never vary: direction (always present, "" when the name has none) then the
     dimensions named in the key. Indices beyond the bounds stay in the name.
