@@ -568,7 +568,8 @@ def assert_only_mlx5_8_lost(metrics: Sample, baseline: Sample, left: Mapping[str
 
 @pytest.mark.parametrize(
     ("code", "reason"),
-    [(errno.EOPNOTSUPP, "unsupported"), (errno.ENODEV, "missing"), (errno.EPERM, "permission"), (errno.EIO, "io")],
+    # ENODEV for a netdev that sysfs still lists: the ioctl's network namespace is not the host's (below).
+    [(errno.EOPNOTSUPP, "unsupported"), (errno.ENODEV, "io"), (errno.EPERM, "permission"), (errno.EIO, "io")],
 )
 def test_ioctl_failure_costs_one_netdev(tree: Path, metrics: Sample, code: int, reason: str) -> None:
     exporter = Exporter(tree / "sys")
@@ -582,6 +583,41 @@ def test_ioctl_failure_costs_one_netdev(tree: Path, metrics: Sample, code: int, 
     again = exporter.scrape()
     assert series(again, "rdma_ethtool_") == series(metrics, "rdma_ethtool_")
     assert read_errors(again, "ethtool") == {("mlx5_8", reason): 1}
+
+
+def test_netdev_the_ioctl_cannot_find_is_an_error_while_sysfs_lists_it(
+    tree: Path, metrics: Sample, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container without host networking: sysfs shows the host's netdevs, the ioctl looks in another
+    namespace. That is a warning and an `io` read error (RdmaExporterReadErrors), not a netdev gone."""
+    exporter = Exporter(tree / "sys")
+    nics = exporter.ethtool.call = fake_nics(tree)
+    del nics.stats[ROCE["mlx5_8"]]  # this namespace has no such interface
+    with caplog.at_level(logging.INFO, logger="rdma_exporter"):
+        got = exporter.scrape()
+    assert_only_mlx5_8_lost(got, metrics)
+    assert read_errors(got, "ethtool") == {("mlx5_8", "io"): 1}
+    warned = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and ROCE["mlx5_8"] in r.getMessage()
+    ]
+    assert len(warned) == 1 and "network namespace" in warned[0]
+
+
+def test_netdev_removed_before_its_ioctl_is_missing(tree: Path, metrics: Sample) -> None:
+    exporter = Exporter(tree / "sys")
+    nics = fake_nics(tree)
+    gone = tree / "sys" / "class" / "net" / ROCE["mlx5_8"]
+
+    def unplug_then_call(ifname: str, buffer: array) -> None:
+        if ifname == ROCE["mlx5_8"] and os.path.lexists(gone):
+            gone.unlink()  # the netdev goes between the listing and its ioctl
+            del nics.stats[ifname]
+        nics(ifname, buffer)
+
+    exporter.ethtool.call = unplug_then_call
+    got = exporter.scrape()
+    assert read_errors(got, "ethtool") == {("mlx5_8", "missing"): 1}
+    assert {dict(ls)["netdev"] for _, ls in series(got, "rdma_ethtool_")} == {ROCE["mlx5_9"]}
 
 
 def test_stat_set_changing_size_between_calls_costs_one_netdev(tree: Path, metrics: Sample) -> None:

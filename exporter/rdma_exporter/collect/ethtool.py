@@ -311,7 +311,7 @@ class EthtoolSource:
             if name in done:
                 continue
             done.add(name)
-            read = self._read_netdev(device.name, name, reader)
+            read = self._read_netdev(device.name, name, reader, locality)
             if read is not None:
                 self.seen.add(device.name, name)
                 netdevs.append((number, name, *read))
@@ -333,7 +333,7 @@ class EthtoolSource:
             )
 
     def _read_netdev(
-        self, device: str, name: str, reader: SysfsReader
+        self, device: str, name: str, reader: SysfsReader, locality: Locality
     ) -> tuple[tuple[CuratedStat, ...], int] | None:
         where: str | Path = f"SIOCETHTOOL {name}" if self.ethtool_dir is None else self.ethtool_dir / name
         reader.at = where
@@ -347,6 +347,16 @@ class EthtoolSource:
                 raw = read_stats_ioctl(name, call=self.call)
             curated, over_limit = curate_counted(raw, self.extra_patterns)
         except EthtoolError as exc:
+            if exc.reason == REASON_MISSING and self.ethtool_dir is None and locality.exists(name):
+                # The ioctl looks the name up in this process's network namespace, sysfs lists the host's:
+                # a netdev sysfs still lists that the ioctl cannot find is not gone, the exporter runs in
+                # another namespace (a container without host networking). As "missing" it was logged at
+                # info and no alert saw it, while every PFC, pause and PHY series of the node was absent.
+                exc = EthtoolError(
+                    name, REASON_IO,
+                    f"{exc.detail}, yet sysfs lists it: is the exporter outside the host's network namespace "
+                    "(hostNetwork: true, docker --network host)?",
+                )
             reader.fail(exc.reason, where, exc.detail)
             # The engine's read-error lines name sysfs files only: an ioctl or a capture file is logged
             # here, once per episode, or every PFC series of a port could vanish with nothing in the log.
