@@ -603,7 +603,7 @@ def test_netdev_the_ioctl_cannot_find_is_an_error_while_sysfs_lists_it(
     assert len(warned) == 1 and "network namespace" in warned[0]
 
 
-def test_netdev_removed_before_its_ioctl_is_missing(tree: Path, metrics: Sample) -> None:
+def test_netdev_removed_before_its_ioctl_is_missing(tree: Path) -> None:
     exporter = Exporter(tree / "sys")
     nics = fake_nics(tree)
     gone = tree / "sys" / "class" / "net" / ROCE["mlx5_8"]
