@@ -53,6 +53,9 @@ from typing import Any, Final, NamedTuple
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "exporter"))
+sys.path.insert(0, str(ROOT / "bench"))  # also when the tests load this file by its path
+
+from traffic import Traffic  # noqa: E402
 
 from rdma_exporter.sample_tree import SAMPLE_SPEC, TreeSpec, build_tree, spec_for_devices  # noqa: E402
 
@@ -653,6 +656,8 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
     dest = workdir / f"tree-{tree.name}"
     sys_root = build_tree(dest, tree.spec)
     ethtool_dir = dest / "ethtool" if (dest / "ethtool").is_dir() else None
+    # Before each warm-up and timed round, not inside a scrape's time: both exporters see the same values.
+    traffic = Traffic(sys_root, ethtool_dir, COUNTER_DIRS) if args.traffic else None
     checkpoints = (args.memory_scrapes // 2, args.memory_scrapes) if memory_tree and args.memory_scrapes else ()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "exporter"), env.get("PYTHONPATH")]))
@@ -682,6 +687,8 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
             exporter.start()
         log(f"tree {tree.name} ({tree.devices} devices): warm-up")
         for _ in range(args.warmup):
+            if traffic is not None:
+                traffic.advance()
             for exporter in exporters:
                 exporter.scrape()
 
@@ -689,6 +696,8 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
         latencies: dict[str, list[float]] = {e.name: [] for e in exporters}
         cpu_before = {e.name: cpu_seconds(e.pid) for e in exporters}
         for i in range(args.scrapes):
+            if traffic is not None:
+                traffic.advance()
             # Alternate who goes first so that neither always scrapes right after the other.
             for exporter in exporters if i % 2 == 0 else exporters[::-1]:
                 latencies[exporter.name].append(exporter.scrape())
@@ -750,7 +759,13 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
         "fabric_series": ours["fabric_series"] / max(node["fabric_series"], 1),
         "cpu_per_scrape": ours["cpu_ms_per_scrape"] / node["cpu_ms_per_scrape"] if node["cpu_ms_per_scrape"] else None,
     }
-    return {"tree": tree.name, "devices": tree.devices, "exporters": results, "ours_over_node_exporter": ratio}
+    return {
+        "tree": tree.name,
+        "devices": tree.devices,
+        "exporters": results,
+        "ours_over_node_exporter": ratio,
+        "traffic_files": len(traffic) if traffic is not None else None,
+    }
 
 
 # --- report ------------------------------------------------------------------------------------------
@@ -883,7 +898,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['machine']['cpu_model']}, {report['machine']['nproc']} CPUs, Python "
         f"{report['machine']['python']}, kernel {report['machine']['kernel']}, {report['machine']['node_exporter']}; "
         f"{report['settings']['scrapes']} timed scrapes per exporter and tree, requests as --accept "
-        f"{report['settings']['accept']}; exporter at commit "
+        f"{report['settings']['accept']}"
+        f"{', counters moving between rounds (--traffic)' if report['settings'].get('traffic') else ''}"
+        f"; exporter at commit "
         f"{(report['source']['commit'] or 'unknown')[:12]}"
         f"{' with uncommitted changes in exporter/' if report['source']['exporter_dirty'] else ''}.",
         "",
@@ -1026,6 +1043,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="request headers: 'text' (default) or 'prometheus', what a Prometheus server sends (OpenMetrics, gzip)",
     )
+    parser.add_argument(
+        "--traffic",
+        action="store_true",
+        help="before each warm-up and timed round, rewrite every non-zero counter file and ethtool capture value\n"
+        "to a larger number and move each temperature (bench/traffic.py), as on a node under load; the traced\n"
+        "and memory-run scrapes read the tree as it is then",
+    )
     parser.add_argument("--no-strace", dest="strace", action="store_false", help="do not count opened files")
     parser.add_argument("--node-exporter", default=None, help="node_exporter binary (default: found on PATH)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed for start-up and each scrape")
@@ -1114,6 +1138,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_tree": memory_tree.name,
             "quick": quick,
             "accept": args.accept,
+            "traffic": args.traffic,
             "ours_flags": args.ours_flag,
             "node_exporter_flags": args.node_exporter_flag,
         },

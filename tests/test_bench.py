@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
     require_binary("strace")
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--devices", "1", "--json", str(out)],
+        [sys.executable, str(BENCH), "--quick", "--devices", "1", "--traffic", "--json", str(out)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -78,6 +79,8 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
     assert {"nproc", "cpu_model", "python", "kernel", "node_exporter"} <= report["machine"].keys()
     (tree,) = report["trees"]
     assert tree["tree"] == "1" and tree["devices"] == 1
+    assert report["settings"]["traffic"] is True and tree["traffic_files"] > 0
+    assert "counters moving between rounds (--traffic)" in result.stdout
     assert set(tree["exporters"]) == {"rdma_exporter", "node_exporter"}
     for name, measured in tree["exporters"].items():
         assert measured.keys() >= EXPORTER_KEYS, name
@@ -333,6 +336,40 @@ def test_the_most_reads_of_a_counter_file_is_a_scrape_s_not_an_average_and_faile
     assert counts["state"] == 1 and counts["outside_scrapes"] == 1 and counts["kept_open_reads"] == 5 / 3
     assert counts["counter"] == 2 / 3 and counts["directory"] == 0 and counts["failed"] == 1
     assert counts["sysfs_total"] == pytest.approx(2 / 3 + 1)
+
+
+def test_traffic_moves_non_zero_counters_in_place_and_leaves_zeros_and_settings(tmp_path: Path) -> None:
+    bench = _bench_module()
+    sys_root = bench.build_tree(tmp_path, bench.SAMPLE_SPEC)
+    traffic = bench.Traffic(sys_root, tmp_path / "ethtool", bench.COUNTER_DIRS)
+    port = sys_root / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    data = port / "counters" / "port_xmit_data"
+    quiet = port / "counters" / "symbol_error"
+    lifespan = port / "hw_counters" / "lifespan"
+    capture = tmp_path / "ethtool" / "enp220s0f0np0"
+    temperature = next((sys_root / "class" / "hwmon").glob("*/temp1_input"))
+    before = {path: path.read_text() for path in (data, quiet, lifespan, capture, temperature)}
+    assert int(before[data]) > 0 and before[quiet] == "0\n"
+    inode = data.stat().st_ino
+    fd = os.open(data, os.O_RDONLY)  # as the exporter keeps it
+    try:
+        seen = [int(os.pread(fd, 64, 0))]
+        for _ in range(2):
+            traffic.advance()
+            seen.append(int(os.pread(fd, 64, 0)))
+    finally:
+        os.close(fd)
+    assert seen[0] < seen[1] < seen[2] and data.stat().st_ino == inode and traffic.temperatures
+    assert quiet.read_text() == before[quiet] and lifespan.read_text() == before[lifespan]
+    assert temperature.read_text() == before[temperature]  # up a degree, and back after the second round
+
+    def capture_values(text: str) -> dict[str, int]:
+        return {k.strip(): int(v) for k, v in (line.rsplit(": ", 1) for line in text.splitlines()[1:])}
+
+    old, new = capture_values(before[capture]), capture_values(capture.read_text())
+    assert old.keys() == new.keys()
+    assert all(new[k] > v if v else new[k] == 0 for k, v in old.items())
+    assert len(traffic) == len(traffic.counters) + len(traffic.temperatures) + 2
 
 
 def test_hw_counters_lifespan_is_a_setting_read_as_state_not_a_counter(tmp_path: Path) -> None:
