@@ -6,10 +6,12 @@ Both must stay the same text, for every fixture tree and for any help, label val
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import example, given
@@ -23,6 +25,7 @@ from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree, spe
 
 from conftest import CAPTURED_TREES, SYSFS_FIXTURES, prometheus_text
 
+ROOT = Path(__file__).resolve().parent.parent
 # The trees of test_golden.py.
 GENERATED_TREES = {"sample-8hca": SAMPLE_SPEC, "healthy-8hca": HEALTHY_SPEC}
 
@@ -47,6 +50,37 @@ def test_render_text_matches_generate_latest(tree: str, tmp_path: Path) -> None:
         }
         series = text.count(b"\n") - 2 * len(families)
         assert len(collector.prefixes) == len(label_sets) <= series
+
+
+def _traffic_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("traffic", ROOT / "bench" / "traffic.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_families_whose_samples_moved_are_written_again_and_the_rest_reused(tmp_path: Path) -> None:
+    # The texts kept from one render to the next against prometheus_client's fresh text of the same
+    # families, while the sample tree's counters move as on a busy node (bench --traffic).
+    root = build_tree(tmp_path, SAMPLE_SPEC)
+    traffic = _traffic_module().Traffic(root, tmp_path / "ethtool", {"counters", "hw_counters", "statistics"})
+    collector = build_collector(replace(Config(), sysfs=root, ethtool_dir=tmp_path / "ethtool"))
+    last: dict[bytes, bytes] = {}
+    for _ in range(4):
+        families = collector.gather()
+        chunks = families.render_chunks()
+        assert b"".join(chunks) == prometheus_text(families)
+        by_family = {chunk.split(b" ", 3)[2]: chunk for chunk in chunks}  # "# HELP <name> ..."
+        if last:
+            reused = [key for key, chunk in by_family.items() if last.get(key) is chunk]
+            # Most families hold what they held (states, speeds, error counters at 0); the data counters
+            # do not, and their families are written again with the new values.
+            assert len(by_family) / 2 < len(reused) < len(by_family)
+            moved = b"rdma_port_transmit_data_bytes_total"
+            assert by_family[moved] is not last[moved]
+        last = by_family
+        traffic.advance()
 
 
 def test_series_prefixes_forget_label_sets_no_longer_written() -> None:
@@ -272,3 +306,36 @@ LINT_SAFE_CASES = [
 @pytest.mark.parametrize(("key", "kind", "safe"), LINT_SAFE_CASES, ids=[case[0] for case in LINT_SAFE_CASES])
 def test_lint_safe_rewrites(key: str, kind: str, safe: str) -> None:
     assert lint_safe(key, kind) == safe
+
+
+def test_unchanged_families_reuse_their_text_and_changed_ones_are_written_again() -> None:
+    spec = MetricSpec("x_things", "gauge", "Things.", ("device",))
+    other = MetricSpec("x_others_total", "counter", "Others.", ("device",))
+    prefixes = SeriesPrefixes()
+
+    def render(rows: dict[str, float], others: float) -> tuple[bytes, ...]:
+        families = FamilySet(prefixes)
+        for device, value in rows.items():
+            families.add(spec, [device], value)
+        families.add(other, ["mlx5_0"], others)
+        return families.render_chunks()
+
+    first = render({"mlx5_0": 1, "mlx5_1": 2}, 5)
+    again = render({"mlx5_0": 1, "mlx5_1": 2}, 6)
+    assert again[0] is first[0]  # unchanged: the same bytes, not written again
+    assert again[1].endswith(b'x_others_total{device="mlx5_0"} 6.0\n')
+    assert render({"mlx5_0": 1, "mlx5_1": 3}, 6)[0].endswith(b'x_things{device="mlx5_1"} 3.0\n')
+    assert render({"mlx5_0": 1}, 6)[0].endswith(b'x_things{device="mlx5_0"} 1.0\n')  # a device gone
+    assert render({"mlx5_1": 1}, 6)[0].endswith(b'x_things{device="mlx5_1"} 1.0\n')  # same values, other labels
+    # Rows added after a render are not covered by the text written before them.
+    families = FamilySet(prefixes)
+    families.add(spec, ["mlx5_1"], 1)
+    families.add(other, ["mlx5_0"], 6)
+    families.render_chunks()
+    families.add(spec, ["mlx5_2"], 1)
+    assert families.render_chunks()[0].endswith(b'x_things{device="mlx5_1"} 1.0\nx_things{device="mlx5_2"} 1.0\n')
+    # Another spec of the same name (a new help text) is written with its own header.
+    renamed = MetricSpec("x_things", "gauge", "Other things.", ("device",))
+    families = FamilySet(prefixes)
+    families.add(renamed, ["mlx5_2"], 1)
+    assert families.render_chunks()[0].startswith(b"# HELP x_things Other things.\n")

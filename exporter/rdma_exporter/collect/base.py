@@ -183,6 +183,10 @@ def _label_text(order: tuple[tuple[int, str], ...], labels: tuple[str, ...]) -> 
     return f"{{{pairs}}} "
 
 
+# What a family's chunk was written from: its spec, a copy of its label rows and of its values.
+_Written = tuple[MetricSpec, list[tuple[str, ...]], list[float], bytes]
+
+
 class SeriesPrefixes:
     """The `{labels} ` text of each label set, kept from one render to the next.
 
@@ -193,6 +197,12 @@ class SeriesPrefixes:
     are gone (a removed device) are dropped within that many scrapes; the renders in between only look
     texts up, with no per-series bookkeeping. Renders may overlap: texts are a pure function of their
     key, and the rebuilt cache is swapped in whole (atomic under the GIL).
+
+    It also keeps each family's chunk of the last render with what it was written from, so a family
+    whose samples did not change since (link states, speeds, PCIe and AER counts, error counters that
+    stay at 0: most families between two scrapes, even on a busy node) costs a comparison of two lists
+    instead of a line per series. Equal values give the same text, but for a zero's sign (0.0 == -0.0):
+    a gauge flipping between them keeps the sign it was first written with until its family changes.
     """
 
     PRUNE_EVERY: Final = 32
@@ -200,9 +210,32 @@ class SeriesPrefixes:
     def __init__(self) -> None:
         self._by_layout: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], str]] = {}
         self._renders = 0
+        # Family name -> what its chunk was written from at the last render, and the chunk: a family whose
+        # spec, label values and values are all equal to those is written as the same bytes (FamilySet.
+        # render_chunks). Replaced whole by each render, so families that are gone go with it.
+        self._chunks: dict[str, _Written] = {}
 
     def __len__(self) -> int:
         return sum(len(texts) for texts in self._by_layout.values())
+
+
+def _keep_texts(
+    order: tuple[tuple[int, str], ...],
+    label_rows: list[tuple[str, ...]],
+    previous: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], str]],
+    by_layout: dict[tuple[tuple[int, str], ...], dict[tuple[str, ...], str]],
+) -> None:
+    """Carry the texts of `label_rows` from the cache being replaced into the one a pruning render builds."""
+    known = previous.get(order)
+    if not known:
+        return
+    texts = by_layout.get(order)
+    if texts is None:
+        texts = by_layout[order] = {}
+    for labels in label_rows:
+        text = known.get(labels)
+        if text is not None:
+            texts[labels] = text
 
 
 class FamilySet:
@@ -257,9 +290,19 @@ class FamilySet:
         # A pruning render fills a new cache with the texts it uses (from the old one where it can).
         prune = cache._renders % SeriesPrefixes.PRUNE_EVERY == 1
         by_layout = {} if prune else previous
+        last = cache._chunks
+        written: dict[str, _Written] = {}
         for spec, label_rows, values in self._rows.values():
-            header, order = _layout(spec)
             name = spec.name
+            before = last.get(name)
+            # Values first: where a family changed, they differ and the comparison stops early.
+            if before is not None and before[2] == values and before[1] == label_rows and before[0] == spec:
+                written[name] = before
+                chunks.append(before[3])
+                if prune:  # its label sets are still written: their texts stay in the rebuilt cache
+                    _keep_texts(_layout(spec)[1], label_rows, previous, by_layout)
+                continue
+            header, order = _layout(spec)
             texts = by_layout.get(order)
             if texts is None:
                 texts = by_layout[order] = {}
@@ -279,7 +322,11 @@ class FamilySet:
                 else:
                     append(f"{name}{text}{format_value(value)}\n")
             # One family at a time: the peak is one family's lines, not the whole scrape's twice over.
-            chunks.append("".join(lines).encode("utf-8"))
+            chunk = "".join(lines).encode("utf-8")
+            # Copies: rows added to this FamilySet after the render must not match the chunk written now.
+            written[name] = (spec, label_rows[:], values[:], chunk)
+            chunks.append(chunk)
+        cache._chunks = written
         if prune:
             cache._by_layout = by_layout
         return tuple(chunks)

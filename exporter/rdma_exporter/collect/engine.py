@@ -30,9 +30,10 @@ reader threads and each device's outstanding jobs: `readers.py`):
   completes, and scrapes that kept joining it would keep getting its old values.
 
 Every family is built anew from the scrape's reads, so a device or port that disappears simply stops
-being exported (no stale series). What is kept between scrapes is there to read less or log less, never
+being exported (no stale series). What is kept between scrapes is there to read, write or log less, never
 to fill in a value: the static inventory, the cumulative error counts, the kept file descriptors and
-which counter files answered, rendered label texts, and the log throttles.
+which counter files answered, rendered label texts and each family's last text (sent again only while
+its samples are all equal to those it was written from), and the log throttles.
 """
 
 from __future__ import annotations
