@@ -83,6 +83,28 @@ def test_families_whose_samples_moved_are_written_again_and_the_rest_reused(tmp_
         traffic.advance()
 
 
+def test_a_family_set_rendered_again_after_more_rows_or_in_a_new_scrape_is_written_as_it_now_is() -> None:
+    # The kept rows are copies: the FamilySet's own lists grow after its first render.
+    spec = MetricSpec("x_things", "gauge", "Things.", ("device",))
+    prefixes = SeriesPrefixes()
+    families = FamilySet(prefixes)
+    families.add(spec, ["mlx5_0"], 1)
+    assert b"".join(families.render_chunks()) == prometheus_text(families)
+    families.add(spec, ["mlx5_1"], 2)
+    assert b"".join(families.render_chunks()) == prometheus_text(families)
+    again = FamilySet(prefixes)
+    again.add(spec, ["mlx5_0"], 1)
+    assert b"".join(again.render_chunks()) == prometheus_text(again)
+
+
+def test_a_new_help_text_under_the_same_name_and_samples_is_written_with_its_own_header() -> None:
+    prefixes = SeriesPrefixes()
+    for help_text in ("Things.", "Things, counted again."):
+        families = FamilySet(prefixes)
+        families.add(MetricSpec("x_things", "gauge", help_text, ("device",)), ["mlx5_0"], 1)
+        assert families.render_chunks()[0].startswith(f"# HELP x_things {help_text}\n".encode())
+
+
 def test_series_prefixes_forget_label_sets_no_longer_written() -> None:
     spec = MetricSpec("x_things", "gauge", "Things.", ("device",))
     prefixes = SeriesPrefixes()
