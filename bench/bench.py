@@ -729,6 +729,8 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
             log(f"tree {tree.name}: memory run up to scrape {args.memory_scrapes}")
             for exporter in exporters:
                 while exporter.scrapes < args.memory_scrapes:
+                    if traffic is not None:
+                        traffic.advance()
                     exporter.scrape()
         for exporter in exporters:
             memory: dict[str, Any] = {"rss_mb_end": rss_bytes(exporter.pid) / 2**20, "scrapes": exporter.scrapes}
@@ -1046,9 +1048,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--traffic",
         action="store_true",
-        help="before each warm-up and timed round, rewrite every non-zero counter file and ethtool capture value\n"
-        "to a larger number and move each temperature (bench/traffic.py), as on a node under load; the traced\n"
-        "and memory-run scrapes read the tree as it is then",
+        help="before each warm-up and timed round and each memory-run scrape, rewrite every non-zero file under\n"
+        "counters/, counters_ext/, hw_counters/ and statistics/ and every ethtool capture value to a larger\n"
+        "number and move each temperature (bench/traffic.py), as on a node under load; the traced scrapes\n"
+        "read the tree as it is then",
     )
     parser.add_argument("--no-strace", dest="strace", action="store_false", help="do not count opened files")
     parser.add_argument("--node-exporter", default=None, help="node_exporter binary (default: found on PATH)")

@@ -3,9 +3,10 @@
 A generated tree holds the same values for the whole run, which a real node never does: its data,
 packet, CNP and ECN counters move every second, and its temperatures wander. An exporter that kept
 anything keyed on what it read (a parsed capture, the text of a family) would look cheaper on a
-still tree than on a node. `Traffic.advance` rewrites, in place, every counter file whose value is not
-zero, and every non-zero `ethtool -S` capture value, to a larger number, and moves each temperature
-reading by a degree: counters that are zero (the error counters of a healthy port) stay zero, as they do on
+still tree than on a node. `Traffic.advance` rewrites, in place, every non-zero file under `counters/`,
+`counters_ext/`, `hw_counters/` or `statistics/`, and every non-zero `ethtool -S` capture value, to a
+larger number, and moves each temperature reading by a degree (AER counts and carrier changes stay, as
+on a node whose links hold): counters that are zero (the error counters of a healthy port) stay zero, as they do on
 a healthy node under load. Files are written in place (same inode) so that a kept-open file reads the
 new value, as a kept sysfs file does.
 """
@@ -85,8 +86,12 @@ def _read_uint(path: str) -> int | None:
 
 
 def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    # Over the old text, then cut to length: the file never reads empty (a truncate first would leave it
+    # so for a moment). The bench writes between rounds only; this is for any reader that overlaps.
+    fd = os.open(path, os.O_WRONLY)
     try:
-        os.write(fd, text.encode())
+        data = text.encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
