@@ -3,12 +3,11 @@
 A generated tree holds the same values for the whole run, which a real node never does: its data,
 packet, CNP and ECN counters move every second, and its temperatures wander. An exporter that kept
 anything keyed on what it read (a parsed capture, the text of a family) would look cheaper on a
-still tree than on a node. `Traffic.advance` rewrites, in place, every non-zero file under `counters/`,
+still tree than on a node. `Traffic.advance` rewrites every non-zero file under `counters/`,
 `counters_ext/`, `hw_counters/` or `statistics/`, and every non-zero `ethtool -S` capture value, to a
-larger number, and moves each temperature reading by a degree (AER counts and carrier changes stay, as
-on a node whose links hold): counters that are zero (the error counters of a healthy port) stay zero, as they do on
-a healthy node under load. Files are written in place (same inode) so that a kept-open file reads the
-new value, as a kept sysfs file does.
+larger number, and moves each temperature reading by a degree. What a healthy node under load keeps
+still stays still: zero counters (a healthy port's errors), AER counts and carrier changes. Files are
+written in place (same inode), so that a kept-open file reads the new value, as a kept sysfs file does.
 """
 
 from __future__ import annotations

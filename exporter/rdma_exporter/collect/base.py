@@ -183,7 +183,7 @@ def _label_text(order: tuple[tuple[int, str], ...], labels: tuple[str, ...]) -> 
     return f"{{{pairs}}} "
 
 
-# What a family's chunk was written from: its spec, a copy of its label rows and of its values.
+# A family's chunk and what it was written from: its spec, a copy of its label rows and of its values.
 _Written = tuple[MetricSpec, list[tuple[str, ...]], list[float], bytes]
 
 
