@@ -1140,6 +1140,25 @@ def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_pat
     check_unique_and_promtool(text)
 
 
+def test_each_device_keeps_its_netdevs_stat_names_between_scrapes_until_it_is_forgotten(tmp_path: Path) -> None:
+    # The second scrape reads the values and then the names once (3 ioctls, not 4), with the same series.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0"])
+    exporter = Exporter(tmp_path)
+    nics = exporter.ethtool.call = FakeNics({"ens1f0np0": STATS})
+
+    def ethtool_series() -> Sample:
+        return {k: v for k, v in exporter.scrape().items() if k[0].startswith("rdma_ethtool_")}
+
+    first = ethtool_series()
+    assert nics.calls["ens1f0np0"] == 4
+    assert ethtool_series() == first
+    assert nics.calls["ens1f0np0"] == 4 + 3
+    assert len(first) == 5  # three curated stats, the curated count and the extras over the limit
+    exporter.ethtool.forget_device("mlx5_0")
+    ethtool_series()
+    assert nics.calls["ens1f0np0"] == 4 + 3 + 4  # a new reader starts from nothing
+
+
 def test_a_slave_reached_only_through_a_bond_on_port_2_joins_port_2(tmp_path: Path) -> None:
     # Port 2's GIDs name only its bond: the slave found through it is port 2's, in its netdev and its
     # ethtool series alike, or the joins with rdma_port_* put port 2's link on port 1 (mutation review).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
 import json
 import os
 import re
@@ -36,11 +37,14 @@ from rdma_exporter.parse.ethtool import (
     CuratedStat,
     EthtoolError,
     GuardedMemory,
+    StatNames,
+    StatSetReader,
     _decide,
     curate,
     curate_counted,
     generic_key,
     parse_stats_text,
+    read_stat_set,
     read_stats_file,
     read_stats_ioctl,
 )
@@ -793,6 +797,67 @@ def test_ioctl_matches_ethtool_in_a_namespace(veth_netns: str) -> None:
     }  # fmt: skip
 
 
+def test_a_stat_set_reader_keeps_the_names_of_the_netdevs_it_is_told_to() -> None:
+    kernel = FakeKernel([WITH_PFC], [0])
+    stat_reader = StatSetReader()
+    for name in ("eth0", "eth1", "eth0", "eth1"):
+        assert stat_reader.read(name, kernel) == dict(WITH_PFC)
+    assert kernel.calls == (FULL_READ * 2) + (GSSET_INFO_GSTATS_GSTRINGS * 2)
+    kernel.calls.clear()
+    stat_reader.retain({"eth1"})
+    stat_reader.read("eth0", kernel)
+    stat_reader.read("eth1", kernel)
+    assert kernel.calls == FULL_READ + GSSET_INFO_GSTATS_GSTRINGS
+
+
+def test_guarded_memory_is_unmapped_when_dropped_unclosed() -> None:
+    # A reload drops the ethtool source with its kept socket and never closes it.
+    memory = GuardedMemory()
+    assert memory.place(array("B", [1]) * 100) is not None
+    base, span = memory._base, memory._span
+    assert base is not None
+    del memory
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        assert not any(int(line.split("-", 1)[0], 16) == base for line in maps), f"{base:#x}+{span} still mapped"
+
+
+KEPT_NAMES_IN_NETNS = """
+import json, subprocess, sys
+from rdma_exporter.parse.ethtool import SocketEthtool, parse_stats_text, read_stat_set
+ifname = sys.argv[1]
+out = []
+with SocketEthtool() as sock:
+    calls = []
+    def call(name, buffer):
+        calls.append(buffer[0])
+        sock(name, buffer)
+    known = None
+    for rx, tx in ((3, 1), (3, 1), (1, 8)):
+        subprocess.run(["ethtool", "-L", ifname, "rx", str(rx), "tx", str(tx)], check=True)
+        calls.clear()
+        stats, known = read_stat_set(ifname, known, call=call)
+        shown = parse_stats_text(subprocess.run(["ethtool", "-S", ifname], capture_output=True, text=True).stdout)
+        out.append({"stats": list(stats.items()), "shown": list(shown.items()), "calls": len(calls)})
+print(json.dumps(out))
+"""
+
+
+def test_kept_names_on_a_real_veth_whose_channels_change_to_as_many_stats(veth_netns: str) -> None:
+    # veth has 7 stats per rx queue and 2 per tx queue: 3 rx + 1 tx and 1 rx + 8 tx channels both give 24,
+    # under other names. The kernel's own set swap, same size, read with the names kept from before it.
+    run("ip", "-n", veth_netns, "link", "add", "ra", "numrxqueues", "4", "numtxqueues", "9", "type", "veth",
+        "peer", "name", "rb", "numrxqueues", "9", "numtxqueues", "4")  # fmt: skip
+    reads = json.loads(in_netns(veth_netns, sys.executable, "-c", KEPT_NAMES_IN_NETNS, "ra").stdout)
+    for read in reads:
+        assert read["stats"] == read["shown"]
+    assert [read["calls"] for read in reads] == [4, 3, 3 + 3]  # cold; names kept; kept names no longer fit
+    assert len(reads[0]["stats"]) == len(reads[2]["stats"]) == 24
+    assert "tx_queue_7_xdp_xmit" in dict(reads[2]["stats"])
+    assert "rx_queue_2_drops" in dict(reads[0]["stats"])
+    assert "rx_queue_2_drops" not in dict(reads[2]["stats"])
+
+
 # --- SIOCETHTOOL against a scripted kernel -------------------------------------------------------------
 
 
@@ -983,6 +1048,67 @@ def test_duplicate_and_padded_names_follow_the_text_rules() -> None:
     got = read_stats_ioctl("eth0", call=FakeKernel([stats], [0]))
     text = "NIC statistics:\n" + "".join(f"     {n}: {v}\n" for n, v in stats)
     assert got == parse_stats_text(text) == {"a": 1, "b": 2}
+
+
+# --- reads that start from the names kept from the last one -------------------------------------------------
+
+GSSET_INFO_GSTATS_GSTRINGS = [ETHTOOL_GSSET_INFO, ETHTOOL_GSTATS, ETHTOOL_GSTRINGS]
+FULL_READ = [ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSTATS, ETHTOOL_GSTRINGS]
+
+
+def test_an_unchanged_set_is_read_with_its_names_read_once() -> None:
+    kernel = FakeKernel([WITH_PFC], [0])
+    cold, names = read_stat_set("eth0", None, call=kernel)
+    assert kernel.calls == FULL_READ
+    kernel.calls.clear()
+    again, kept = read_stat_set("eth0", names, call=kernel)
+    assert again == cold == dict(WITH_PFC)
+    assert kept is names
+    assert kernel.calls == GSSET_INFO_GSTATS_GSTRINGS
+
+
+def test_kept_names_of_a_set_since_replaced_by_one_of_the_same_size_are_not_used() -> None:
+    # PFC moved from priority 3 to 4 between two scrapes: same count, other names. PRIO4's values must not
+    # come out under the kept PRIO3 names.
+    _, names = read_stat_set("eth0", None, call=FakeKernel([PRIO3], [0]))
+    kernel = FakeKernel([PRIO4], [0])
+    stats, now = read_stat_set("eth0", names, call=kernel)
+    assert stats == dict(PRIO4)
+    assert now.names == ("rx_prio4_pause", "tx_prio4_pause")
+    assert kernel.calls == GSSET_INFO_GSTATS_GSTRINGS + FULL_READ[1:]
+
+
+def test_a_swap_between_the_kept_count_and_the_values_is_caught_by_the_names_after_them() -> None:
+    # The count sees PRIO3, as kept; the values and names after it see PRIO4.
+    _, names = read_stat_set("eth0", None, call=FakeKernel([PRIO3], [0]))
+    kernel = FakeKernel([PRIO3, PRIO4], [0, 1])
+    assert read_stat_set("eth0", names, call=kernel)[0] == dict(PRIO4)
+    # The swap after the values, seen by the names after them: not the kept names, so read again in full.
+    _, names = read_stat_set("eth0", None, call=FakeKernel([PRIO3], [0]))
+    kernel = FakeKernel([PRIO3, PRIO4], [0, 0, 1])
+    assert read_stat_set("eth0", names, call=kernel)[0] == dict(PRIO4)
+    assert kernel.calls == GSSET_INFO_GSTATS_GSTRINGS + FULL_READ[1:]
+    # A set swapped and swapped back between two reads of the names passes, kept names or not: a read of
+    # the names around the values cannot see it (the full read's check has the same limit).
+
+
+def test_kept_names_of_another_size_start_a_full_read() -> None:
+    _, names = read_stat_set("eth0", None, call=FakeKernel([BASE], [0]))
+    kernel = FakeKernel([WITH_PFC], [0])
+    stats, now = read_stat_set("eth0", names, call=kernel)
+    assert stats == dict(WITH_PFC)
+    assert len(now.names) == len(WITH_PFC)
+    assert kernel.calls == FULL_READ
+
+
+def test_kept_names_with_empty_and_repeated_names_follow_the_text_rules() -> None:
+    stats = [("a", 1), ("  b ", 2), ("a", 3), ("", 4)]
+    kernel = FakeKernel([stats], [0])
+    _, names = read_stat_set("eth0", None, call=kernel)
+    assert read_stat_set("eth0", names, call=kernel)[0] == {"a": 1, "b": 2}
+    unique = [("a", 1), ("b", 2)]
+    assert StatNames.decode(read_stat_set("eth0", None, call=FakeKernel([unique], [0]))[1].table).by_position
+    assert not names.by_position
 
 
 # --- boundaries the fixtures above do not reach ------------------------------------------------------------

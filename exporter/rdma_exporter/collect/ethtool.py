@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,9 +31,10 @@ from ..parse.ethtool import (
     CuratedStat,
     EthtoolCall,
     EthtoolError,
+    SocketEthtool,
+    StatSetReader,
     curate_counted,
     read_stats_file,
-    read_stats_ioctl,
 )
 from ..parse.infiniband import DeviceInfo
 from ..parse.netdev import Locality
@@ -244,6 +246,11 @@ class EthtoolSource:
         self._failures = FailureEpisodes()
         # (device, netdev) with extras over the limit: logged once per episode, which ends when they fit.
         self._over_limit = FailureEpisodes()
+        # Per device, its netdevs' stat names as last read through the ioctl: only that device's job uses its
+        # entry. The socket is the source's, opened at the first read.
+        self._stat_readers: dict[str, StatSetReader] = {}
+        self._socket: SocketEthtool | None = None
+        self._socket_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
@@ -283,6 +290,7 @@ class EthtoolSource:
 
     def forget_device(self, device: str) -> None:
         """The device is gone (engine): so are its netdevs' failure episodes and what was read of them."""
+        self._stat_readers.pop(device, None)
         self._failures.forget(device)
         self.seen.forget(device)
         self._over_limit.forget(device)
@@ -307,14 +315,21 @@ class EthtoolSource:
         # two-port function that is no RoCE LAG is in one port's GID table, and its other slave is the
         # other port's netdev.
         done: set[str] = set()
+        stat_reader = None
+        if self.ethtool_dir is None:
+            stat_reader = self._stat_readers.get(device.name)
+            if stat_reader is None:
+                stat_reader = self._stat_readers[device.name] = StatSetReader()
         for number, name in own + slaves:
             if name in done:
                 continue
             done.add(name)
-            read = self._read_netdev(device.name, name, reader, locality)
+            read = self._read_netdev(device.name, name, reader, locality, stat_reader)
             if read is not None:
                 self.seen.add(device.name, name)
                 netdevs.append((number, name, *read))
+        if stat_reader is not None:
+            stat_reader.retain(done)
         self._end_failures(device.name, done)
         self._over_limit.retain(device.name, done)
         self.seen.retain(device.name, done)
@@ -333,8 +348,15 @@ class EthtoolSource:
             )
 
     def _read_netdev(
-        self, device: str, name: str, reader: SysfsReader, locality: Locality
+        self,
+        device: str,
+        name: str,
+        reader: SysfsReader,
+        locality: Locality,
+        stat_reader: StatSetReader | None,
     ) -> tuple[tuple[CuratedStat, ...], int] | None:
+        """The netdev's curated stats and extras over the limit, or None if they cannot be read; through
+        `stat_reader` unless from a capture."""
         where: str | Path = f"SIOCETHTOOL {name}" if self.ethtool_dir is None else self.ethtool_dir / name
         reader.at = where
         try:
@@ -344,7 +366,8 @@ class EthtoolSource:
                 for line in malformed:
                     reader.fail(REASON_MALFORMED, where, f"not 'name: value': {line[:60]!r}")
             else:
-                raw = read_stats_ioctl(name, call=self.call)
+                assert stat_reader is not None  # read() gives one to every device it reads through the ioctl
+                raw = stat_reader.read(name, self.call or self._ioctl_socket())
             curated, over_limit = curate_counted(raw, self.extra_patterns)
         except EthtoolError as exc:
             if exc.reason == REASON_MISSING and self.ethtool_dir is None and locality.exists(name):
@@ -381,6 +404,17 @@ class EthtoolSource:
             self._log_over_limit(device, name, over_limit)
             return tuple(curated), over_limit
         return None
+
+    def _ioctl_socket(self) -> SocketEthtool | None:
+        """The socket all devices' jobs read through, opened once; None if it cannot be (read_stat_set then
+        tries its own, and fails with the reason)."""
+        with self._socket_lock:
+            if self._socket is None:
+                try:
+                    self._socket = SocketEthtool()
+                except OSError:
+                    return None
+            return self._socket
 
     def _log_over_limit(self, device: str, name: str, over_limit: int) -> None:
         if not over_limit:
