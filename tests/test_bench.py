@@ -1,5 +1,5 @@
 """Smoke tests of bench/bench.py (one quick run on a 1-device tree, checking the report's shape only),
-bench/microbench.py and bench/attack.py.
+bench/microbench.py, bench/attack.py and bench/ethtool_ioctl.py.
 
 Timings depend on the machine, so nothing here asserts a number; bench/RESULTS.md records a real run.
 """
@@ -24,6 +24,7 @@ BENCH = ROOT / "bench" / "bench.py"
 ATTACK = ROOT / "bench" / "attack.py"
 MICROBENCH = ROOT / "bench" / "microbench.py"
 RULES_COST = ROOT / "bench" / "rules_cost.py"
+ETHTOOL_IOCTL = ROOT / "bench" / "ethtool_ioctl.py"
 # The runs RULES-COST.md reports, before and after each change, and how far samples fell at least.
 RULES_COST_RUNS = (
     (ROOT / "bench" / "rules-cost-before.json", ROOT / "bench" / "rules-cost-after.json", 0.5),
@@ -129,6 +130,25 @@ def test_microbench_runs_every_phase_on_a_small_tree(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| read: infiniband |" in result.stdout and "| text_render |" in result.stdout
+
+
+def test_ethtool_ioctl_run_reads_real_veths_in_its_own_namespace(tmp_path: Path) -> None:
+    for tool in ("ip", "ethtool", "prometheus-node-exporter"):
+        require_binary(tool)
+    out = tmp_path / "ethtool.json"
+    result = subprocess.run(
+        [sys.executable, str(ETHTOOL_IOCTL), "--queues", "4,16", "--reads", "3", "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["netdevs"]
+    # veth: peer_ifindex, then 7 stats per rx queue and 2 per tx queue.
+    assert [row["stats"] for row in rows] == [1 + 9 * 4, 1 + 9 * 16]
+    for row in rows:
+        assert row["cold_ms"] > 0 and row["kept_ms"] > 0
+        assert row["node_exporter_series"] >= row["stats"]  # node_exporter exports every stat
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert "rdma-bench-ethtool-" not in namespaces
 
 
 def test_attack_run_reports_a_remembered_prometheus_answered_through_a_flood(tmp_path: Path) -> None:
