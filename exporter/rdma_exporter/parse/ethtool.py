@@ -184,7 +184,9 @@ class SocketEthtool:
     """The real `EthtoolCall`: SIOCETHTOOL on a datagram socket in the caller's network namespace.
 
     Calls from several threads take turns, as the kernel's RTNL lock makes them do anyway: they share the
-    guarded memory, which is kept (mapped anew for each read, it cost 0.25 ms a read of 3,457 stats).
+    guarded memory, which is kept (mapped anew for each read, it cost 0.25 ms a read of 3,457 stats). So a
+    call stuck in the kernel holds the others here, where the RTNL lock it holds or waits for would hold
+    them in the kernel.
     """
 
     def __init__(self) -> None:
