@@ -12,6 +12,7 @@ netdev with 60 channels) and, inside it, times per netdev (median of --reads):
          scrape read every netdev before a0a6aed
   kept   StatSetReader.read on a kept socket and curation, as the ethtool source reads now
 
+both with the daemon's malloc settings (its pinned mmap threshold makes each large buffer a fresh mapping),
 and, if node_exporter is installed, its ethtool collector scraping the same netdevs (p50 over --reads
 scrapes, and the series it exports), against the same node_exporter with no collector. `--exporter DIR`
 measures another checkout's exporter/ directory (one without StatSetReader gives the cold column only).
@@ -100,6 +101,11 @@ def measure_inside(
 ) -> list[dict[str, Any]]:
     """Runs in the namespace: one row per netdev."""
     sys.path.insert(0, exporter)
+    # As the daemon runs: buffers of 128 KB or more (a name table of 4,096 stats and up) get mappings of
+    # their own, faulted in for each read; without this glibc soon serves them from the heap, for free.
+    daemon = importlib.import_module("rdma_exporter.daemon")
+    for pin in ("fix_mmap_threshold", "use_one_malloc_arena"):
+        getattr(daemon, pin, lambda: None)()
     ethtool = importlib.import_module("rdma_exporter.parse.ethtool")
     curate, cold_read = ethtool.curate_counted, ethtool.read_stats_ioctl
     rows = []
