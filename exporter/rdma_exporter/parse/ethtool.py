@@ -298,8 +298,8 @@ class StatNames:
     """A netdev's stat-name table as the kernel wrote it, and the names decoded from it.
 
     Kept between scrapes by the caller: a driver answers the same table every time (mlx5 with many channels:
-    thousands of names, a 100 KB table whose decoding cost more than the ioctls), and a table equal to the
-    kept one needs neither decoding nor the second name read (read_stat_set).
+    thousands of names, a 100 KB table whose decoding cost about as much as the ioctls), and a table equal
+    to the kept one needs neither decoding nor the second name read (read_stat_set).
     """
 
     table: bytes
