@@ -588,6 +588,28 @@ def test_curate_plan_agrees_with_deciding_each_name(stats: dict[str, int]) -> No
             assert curate(stats, patterns) == curate_one_by_one(stats, patterns)
 
 
+@given(
+    st.dictionaries(
+        st.lists(name_parts, min_size=1, max_size=6).map("_".join), st.integers(0, 2**64 - 1), max_size=30
+    )
+)
+@settings(deadline=None)
+def test_curating_from_kept_names_agrees_with_curating_the_dict(stats: dict[str, int]) -> None:
+    # What the ioctl path exports (positions planned once per set of names) against what the capture
+    # path exports from a {name: value} dict, for the same stats.
+    names = StatNames(b"", tuple(stats), by_position=True)
+    for patterns in ((), (re.compile("rx"),)):
+        for _ in range(2):  # the second call runs from the kept plan
+            assert names.curate(tuple(stats.values()), patterns) == curate_counted(stats, patterns)
+
+
+def test_curating_names_that_do_not_pair_by_position_keeps_the_text_rules() -> None:
+    names = StatNames(b"", ("rx_discards_phy", "", "rx_discards_phy", "tx_pause_ctrl_phy"), by_position=False)
+    curated, over_limit = names.curate((1, 2, 3, 4))
+    assert [(c.source, c.value) for c in curated] == [("rx_discards_phy", 1), ("tx_pause_ctrl_phy", 4)]
+    assert over_limit == 0
+
+
 # Random text almost never holds a `name: value` line; these lines are shaped like ethtool's, with what
 # a broken capture could put in the name and the value, so that the checks below see parsed stats.
 stats_line_like = st.builds(

@@ -365,10 +365,11 @@ class EthtoolSource:
                 raw = read_stats_file(self.ethtool_dir, name, malformed)
                 for line in malformed:
                     reader.fail(REASON_MALFORMED, where, f"not 'name: value': {line[:60]!r}")
+                curated, over_limit = curate_counted(raw, self.extra_patterns)
             else:
                 assert stat_reader is not None  # read() gives one to every device it reads through the ioctl
-                raw = stat_reader.read(name, self.call or self._ioctl_socket())
-            curated, over_limit = curate_counted(raw, self.extra_patterns)
+                call = self.call or self._ioctl_socket()
+                curated, over_limit = stat_reader.read_curated(name, self.extra_patterns, call)
         except EthtoolError as exc:
             if exc.reason == REASON_MISSING and self.ethtool_dir is None and locality.exists(name):
                 # The ioctl looks the name up in this process's network namespace, sysfs lists the host's:

@@ -28,7 +28,7 @@ import sys
 import threading
 from array import array
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Final, Literal
@@ -293,6 +293,9 @@ def _read_values(call: EthtoolCall, ifname: str, expected: int, capacity: int) -
     return struct.unpack_from(f"={count}Q", buffer, _GSTATS_HEADER)
 
 
+_PositionPlan = tuple[tuple[tuple[int, str, tuple[tuple[str, str], ...], "Kind", float, str], ...], int]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class StatNames:
     """A netdev's stat-name table as the kernel wrote it, and the names decoded from it.
@@ -305,6 +308,9 @@ class StatNames:
     table: bytes
     names: tuple[str, ...]
     by_position: bool  # no empty and no repeated name: the values pair with the names by position alone
+    # Per extra_patterns: (position, key, labels, kind, scale, name) of each stat to export, and the extras
+    # over the limit. Written by the one job that reads this netdev.
+    _curation: dict[tuple[re.Pattern[str], ...], _PositionPlan] = field(default_factory=dict, repr=False)
 
     @classmethod
     def decode(cls, table: bytes) -> StatNames:
@@ -314,6 +320,27 @@ class StatNames:
             for start in range(0, len(table), ETH_GSTRING_LEN)
         )
         return cls(table, names, "" not in names and len(set(names)) == len(names))
+
+    def curate(
+        self, values: Sequence[int], extra_patterns: Sequence[re.Pattern[str]] = ()
+    ) -> tuple[list[CuratedStat], int]:
+        """curate_counted(self.pair(values), extra_patterns), without building the {name: value} dict of
+        every stat first (0.53 ms at 10,001 stats, for the hundred or so curated)."""
+        if not self.by_position:
+            return curate_counted(self.pair(values), extra_patterns)
+        patterns = tuple(extra_patterns)
+        planned = self._curation.get(patterns)
+        if planned is None:
+            # Values read through the ioctl are u64 (struct "Q"): no value drops a name from the plan.
+            plan, over_limit = _plan(self.names, patterns)
+            position = {name: i for i, name in enumerate(self.names)}
+            steps = tuple((position[name], key, labels, kind, scale, name) for name, key, labels, kind, scale in plan)
+            planned = self._curation[patterns] = (steps, over_limit)
+        steps, over_limit = planned
+        curated = [
+            CuratedStat(key, values[at], labels, kind, scale, name) for at, key, labels, kind, scale, name in steps
+        ]
+        return curated, over_limit
 
     def pair(self, values: Sequence[int]) -> dict[str, int]:
         """{name: value}; same rules as parse_stats_text, so the ioctl and fixture paths give equal dicts."""
@@ -340,7 +367,16 @@ def read_stat_set(
     ifname: str, known: StatNames | None, *, call: EthtoolCall | None = None, max_attempts: int = DEFAULT_ATTEMPTS
 ) -> tuple[dict[str, int], StatNames]:
     """`ethtool -S ifname` as {name: value}, in the driver's order, and the names it was read with, which
-    the caller passes back as `known` next time.
+    the caller passes back as `known` next time (read_stat_values, paired)."""
+    values, names = read_stat_values(ifname, known, call=call, max_attempts=max_attempts)
+    return names.pair(values), names
+
+
+def read_stat_values(
+    ifname: str, known: StatNames | None, *, call: EthtoolCall | None = None, max_attempts: int = DEFAULT_ATTEMPTS
+) -> tuple[tuple[int, ...], StatNames]:
+    """`ethtool -S ifname`'s values, in the driver's order, and the names they were read with, which the
+    caller passes back as `known` next time.
 
     The stat set is dynamic (mlx5 adds per-priority pause counters when PFC is enabled and per-channel
     ones when channels are added), so the count is read, then the names, then the values, then the names
@@ -379,7 +415,7 @@ def read_stat_set(
                     and len(values) == count
                     and _read_strings(call, ifname, count, capacity) == known.table
                 ):
-                    return known.pair(values), known
+                    return values, known
                 known = None  # changed: the full read below, this attempt and any after it
             table = _read_strings(call, ifname, count, capacity)
             if table is None or len(table) != count * ETH_GSTRING_LEN:
@@ -396,8 +432,7 @@ def read_stat_set(
             if _read_strings(call, ifname, count, capacity) != table:
                 seen.append(f"{count} strings replaced by as many others")
                 continue
-            names = StatNames.decode(table)
-            return names.pair(values), names
+            return values, StatNames.decode(table)
         raise EthtoolError(ifname, REASON_IO, f"stat set changed on every attempt: {', '.join(seen)}")
     finally:
         if owned is not None:
@@ -414,8 +449,19 @@ class StatSetReader:
 
     def read(self, ifname: str, call: EthtoolCall | None = None) -> dict[str, int]:
         """`ethtool -S ifname` as {name: value}; raises EthtoolError as read_stat_set."""
-        stats, self._names[ifname] = read_stat_set(ifname, self._names.get(ifname), call=call)
-        return stats
+        values, names = self._read(ifname, call)
+        return names.pair(values)
+
+    def read_curated(
+        self, ifname: str, extra_patterns: Sequence[re.Pattern[str]] = (), call: EthtoolCall | None = None
+    ) -> tuple[list[CuratedStat], int]:
+        """curate_counted(self.read(ifname, call), extra_patterns), curated from the kept names."""
+        values, names = self._read(ifname, call)
+        return names.curate(values, extra_patterns)
+
+    def _read(self, ifname: str, call: EthtoolCall | None) -> tuple[tuple[int, ...], StatNames]:
+        values, self._names[ifname] = read_stat_values(ifname, self._names.get(ifname), call=call)
+        return values, self._names[ifname]
 
     def retain(self, ifnames: Collection[str]) -> None:
         """Forget the names of netdevs not in `ifnames`."""
