@@ -453,19 +453,16 @@ class StatSetReader:
 
     def read(self, ifname: str, call: EthtoolCall | None = None) -> dict[str, int]:
         """`ethtool -S ifname` as {name: value}; raises EthtoolError as read_stat_set."""
-        values, names = self._read(ifname, call)
-        return names.pair(values)
+        stats, self._names[ifname] = read_stat_set(ifname, self._names.get(ifname), call=call)
+        return stats
 
     def read_curated(
         self, ifname: str, extra_patterns: Sequence[re.Pattern[str]] = (), call: EthtoolCall | None = None
     ) -> tuple[list[CuratedStat], int]:
         """curate_counted(self.read(ifname, call), extra_patterns), curated from the kept names."""
-        values, names = self._read(ifname, call)
+        values, names = read_stat_values(ifname, self._names.get(ifname), call=call)
+        self._names[ifname] = names
         return names.curate(values, extra_patterns)
-
-    def _read(self, ifname: str, call: EthtoolCall | None) -> tuple[tuple[int, ...], StatNames]:
-        values, self._names[ifname] = read_stat_values(ifname, self._names.get(ifname), call=call)
-        return values, self._names[ifname]
 
     def retain(self, ifnames: Collection[str]) -> None:
         """Forget the names of netdevs not in `ifnames`."""
