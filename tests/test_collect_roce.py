@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rdma_exporter.collect import ethtool as ethtool_collector
 from rdma_exporter.collect import netdev as netdev_collector
 from rdma_exporter.collect.base import FamilySet, ScrapeContext
 from rdma_exporter.collect.ethtool import (
@@ -1157,6 +1158,50 @@ def test_each_device_keeps_its_netdevs_stat_names_between_scrapes_until_it_is_fo
     exporter.ethtool.forget_device("mlx5_0")
     ethtool_series()
     assert nics.calls["ens1f0np0"] == 4 + 3 + 4  # a new reader starts from nothing
+
+
+def test_a_netdev_that_leaves_its_device_is_read_from_nothing_when_it_comes_back(tmp_path: Path) -> None:
+    # The names kept for a netdev go with it (StatSetReader.retain): kept for every netdev a device ever
+    # had, a node whose VFs or bonds come and go would hold a name table for each (mutation review).
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0"])
+    exporter = Exporter(tmp_path)
+    nics = exporter.ethtool.call = FakeNics({"ens1f0np0": STATS})
+    link = tmp_path / "class/net/ens1f0np0"
+    target = link.readlink()
+    exporter.scrape()
+    link.unlink()
+    exporter.scrape()
+    assert nics.calls["ens1f0np0"] == 4  # gone: not read
+    link.symlink_to(target)
+    series = exporter.scrape()
+    assert nics.calls["ens1f0np0"] == 4 + 4
+    assert value(series, "rdma_ethtool_pfc_pause_frames_total", device="mlx5_0", port="1", netdev="ens1f0np0",
+                 direction="rx", priority="3") == 7  # fmt: skip
+
+
+def test_every_source_reads_through_one_process_socket_across_reloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reload builds new sources; a socket of their own left the old one to the garbage collector, with a
+    # ResourceWarning, at every SIGHUP. The process's socket serves the new sources as it served the old.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0"])
+    nics = FakeNics({"ens1f0np0": STATS})
+    opened: list[FakeNics] = []
+
+    def open_socket() -> FakeNics:
+        opened.append(nics)
+        return nics
+
+    monkeypatch.setattr(ethtool_collector, "_socket", None)
+    monkeypatch.setattr(ethtool_collector, "SocketEthtool", open_socket)
+    monkeypatch.setattr(ethtool_collector, "live_sysfs", lambda root: True)
+    for _ in range(2):  # the running sources, then those a reload builds
+        exporter = Exporter(tmp_path)
+        for _ in range(2):
+            assert value(exporter.scrape(), "rdma_ethtool_pfc_pause_frames_total", device="mlx5_0", port="1",
+                         netdev="ens1f0np0", direction="rx", priority="3") == 7  # fmt: skip
+    assert len(opened) == 1
+    assert nics.calls["ens1f0np0"] == 2 * (4 + 3)
 
 
 def test_a_slave_reached_only_through_a_bond_on_port_2_joins_port_2(tmp_path: Path) -> None:

@@ -57,6 +57,23 @@ NETDEV: Final = ("device", "port", "netdev")
 # More than this many extra patterns is a config mistake (one alternation is the way to say many names).
 MAX_EXTRA_PATTERNS: Final = 64
 
+_socket: SocketEthtool | None = None
+_socket_lock = threading.Lock()
+
+
+def ioctl_socket() -> SocketEthtool | None:
+    """The socket every source reads SIOCETHTOOL through, opened at the first read and kept for the life of
+    the process: a socket per source left the old one to the garbage collector at every reload. None if it
+    cannot be opened (read_stat_values then tries its own, and fails with the reason)."""
+    global _socket
+    with _socket_lock:
+        if _socket is None:
+            try:
+                _socket = SocketEthtool()
+            except OSError:
+                return None
+        return _socket
+
 
 def check_extra_stats(source: str, key: str, value: Any) -> tuple[re.Pattern[str], ...]:
     """Validator of `collector.ethtool.extra_stats`: a list of regexes searched in the ethtool names."""
@@ -247,10 +264,8 @@ class EthtoolSource:
         # (device, netdev) with extras over the limit: logged once per episode, which ends when they fit.
         self._over_limit = FailureEpisodes()
         # Per device, its netdevs' stat names as last read through the ioctl: only that device's job uses its
-        # entry. The socket is the source's, opened at the first read.
+        # entry. The socket they are read through is the process's (ioctl_socket).
         self._stat_readers: dict[str, StatSetReader] = {}
-        self._socket: SocketEthtool | None = None
-        self._socket_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], ethtool_dir: Path | None = None) -> EthtoolSource:
@@ -368,7 +383,7 @@ class EthtoolSource:
                 curated, over_limit = curate_counted(raw, self.extra_patterns)
             else:
                 assert stat_reader is not None  # read() gives one to every device it reads through the ioctl
-                call = self.call or self._ioctl_socket()
+                call = self.call or ioctl_socket()
                 curated, over_limit = stat_reader.read_curated(name, self.extra_patterns, call)
         except EthtoolError as exc:
             if exc.reason == REASON_MISSING and self.ethtool_dir is None and locality.exists(name):
@@ -405,17 +420,6 @@ class EthtoolSource:
             self._log_over_limit(device, name, over_limit)
             return tuple(curated), over_limit
         return None
-
-    def _ioctl_socket(self) -> SocketEthtool | None:
-        """The socket all devices' jobs read through, opened once; None if it cannot be (read_stat_set then
-        tries its own, and fails with the reason)."""
-        with self._socket_lock:
-            if self._socket is None:
-                try:
-                    self._socket = SocketEthtool()
-                except OSError:
-                    return None
-            return self._socket
 
     def _log_over_limit(self, device: str, name: str, over_limit: int) -> None:
         if not over_limit:
