@@ -26,6 +26,7 @@ from rdma_exporter.collect import ethtool as collect_ethtool
 from rdma_exporter.parse import ethtool
 from rdma_exporter.parse.ethtool import (
     CURATED_HELP,
+    DEFAULT_ATTEMPTS,
     ETH_GSTRING_LEN,
     ETHTOOL_GDRVINFO,
     ETHTOOL_GSSET_INFO,
@@ -1168,6 +1169,17 @@ def test_a_swap_between_the_kept_count_and_the_values_is_caught_by_the_names_aft
     assert kernel.calls == GSSET_INFO_GSTATS_GSTRINGS + FULL_READ[1:]
     # A set swapped and swapped back between two reads of the names passes, kept names or not: a read of
     # the names around the values cannot see it (the full read's check has the same limit).
+
+
+def test_kept_names_that_failed_once_are_not_tried_again_on_the_next_attempts() -> None:
+    # A set swapping back and forth (PFC moving between priorities): after the kept check has failed, each
+    # further attempt is a full read. Trying the weaker kept check again would give it a fresh chance to
+    # meet the kept names at the wrong moment, and PRIO4's values would come out under PRIO3's names.
+    _, names = read_stat_set("eth0", None, call=FakeKernel([PRIO3], [0]))
+    kernel = FakeKernel([PRIO3, PRIO4], [(call // 2) % 2 for call in range(40)])
+    with pytest.raises(EthtoolError, match="changed on every attempt"):
+        read_stat_set("eth0", names, call=kernel)
+    assert kernel.calls == GSSET_INFO_GSTATS_GSTRINGS + FULL_READ[1:] + FULL_READ * (DEFAULT_ATTEMPTS - 1)
 
 
 def test_kept_names_of_another_size_start_a_full_read() -> None:
