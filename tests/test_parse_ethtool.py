@@ -834,7 +834,7 @@ def test_a_stat_set_reader_keeps_the_names_of_the_netdevs_it_is_told_to() -> Non
 
 
 def test_guarded_memory_is_unmapped_when_dropped_unclosed() -> None:
-    # A reload drops the ethtool source with its kept socket and never closes it.
+    # A SocketEthtool dropped without close() (the collector's is the process's, but a caller's own may be).
     memory = GuardedMemory()
     assert memory.place(array("B", [1]) * 100) is not None
     base, span = memory._base, memory._span

@@ -162,7 +162,7 @@ class GuardedMemory:
             self._base, self._span = None, 0
 
     def __del__(self) -> None:
-        self.close()  # a source dropped by a reload is never closed: its mapping goes with it
+        self.close()  # a SocketEthtool dropped without close() (a caller's own): its mapping goes with it
 
 
 def _load_libc() -> ctypes.CDLL | None:
