@@ -22,7 +22,7 @@ from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec,
 from rdma_exporter.collect.engine import RdmaCollector, _Round
 from rdma_exporter.collect.readers import DeviceJob, DeviceReads, WorkerPool
 from rdma_exporter.config import Config
-from rdma_exporter.daemon import build_collector, build_registry, build_sources
+from rdma_exporter.daemon import ReloadRequests, build_collector, build_registry, build_sources
 from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import FileBudget, OpenFiles, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
@@ -1618,3 +1618,95 @@ def test_a_device_blocked_again_within_its_quiet_period_is_logged_once_the_perio
         if r.levelno == logging.WARNING and r.getMessage().startswith("device mlx5_1: no answer before the scrape")
     ]
     assert len(starts) == 2, starts
+
+
+def test_a_reload_thread_that_cannot_start_is_started_by_a_later_tick_and_runs_what_was_asked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Out of tasks (TasksMax=) when the server starts: SIGHUPs queue, the warning is logged once, and the
+    server loop's next ticks start the thread once tasks are free again."""
+    ran: list[int] = []
+    reloads = ReloadRequests(lambda: ran.append(1))
+    before = set(threading.enumerate())
+    start = threading.Thread.start
+    refusals = 2
+
+    def refuse_twice(thread: threading.Thread) -> None:
+        nonlocal refusals
+        if thread.name == "reload" and refusals:
+            refusals -= 1
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_twice)
+    with caplog.at_level(logging.INFO, logger="rdma_exporter.daemon"):
+        reloads.ensure_running()
+        reloads.request()
+        reloads.request()
+        reloads.ensure_running()  # a tick, still out of tasks
+        assert ran == []
+        reloads.ensure_running()
+        wait_until(lambda: ran == [1])
+        reloads.ensure_running()  # running: no second thread
+    said = [record.getMessage() for record in caplog.records]
+    assert said == [
+        "cannot start the reload thread (can't start new thread); reloads wait until it starts",
+        "reload thread started",
+    ]
+    assert [thread.name for thread in set(threading.enumerate()) - before] == ["reload"]
+    reloads.stop()
+    wait_until(lambda: not set(threading.enumerate()) - before)
+
+
+def test_requests_during_a_reload_are_one_more_reload_and_none_runs_after_stop() -> None:
+    running = threading.Event()
+    release = threading.Event()
+    ran: list[int] = []
+
+    def slow_reload() -> None:
+        running.set()
+        release.wait(10)
+        ran.append(1)
+
+    reloads = ReloadRequests(slow_reload)
+    before = set(threading.enumerate())
+    reloads.ensure_running()
+    reloads.request()
+    assert running.wait(5)
+    for _ in range(10):
+        reloads.request()
+    running.clear()
+    release.set()
+    wait_until(lambda: len(ran) == 2)
+    time.sleep(0.1)
+    assert len(ran) == 2  # the ten queued during the first made one more, not ten
+
+    release.clear()
+    running.clear()
+    reloads.request()
+    assert running.wait(5)
+    reloads.request()  # queued behind a running reload when the exporter stops: not run
+    reloads.stop()
+    reloads.ensure_running()  # a tick after stop() starts nothing
+    release.set()
+    wait_until(lambda: not set(threading.enumerate()) - before)
+    assert len(ran) == 3
+
+
+def test_a_reload_that_raises_leaves_the_thread_answering(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+
+    def broken_then_fine() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("unforeseen")
+
+    reloads = ReloadRequests(broken_then_fine)
+    reloads.ensure_running()
+    with caplog.at_level(logging.ERROR, logger="rdma_exporter.daemon"):
+        reloads.request()
+        wait_until(lambda: len(calls) == 1)
+        reloads.request()
+        wait_until(lambda: len(calls) == 2)
+    assert [record.getMessage() for record in caplog.records] == ["reload failed"]
+    reloads.stop()

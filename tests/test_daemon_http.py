@@ -2759,6 +2759,96 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     assert daemon.stop() == 0
 
 
+# The stack each new thread maps (glibc takes RLIMIT_STACK), set for the daemon below so that an address
+# space capped a few MiB above its size leaves no room for one more thread, whatever the runner's ulimit.
+THREAD_STACK: Final = 8 * 2**20
+
+
+def tasks_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_a_sighup_when_no_thread_can_start_still_reloads(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
+) -> None:
+    """The handler used to start a thread per SIGHUP. Once none could start (the unit's TasksMax=128
+    reached), its RuntimeError left the handler through the server loop and the exporter exited 1 (daemon
+    review, stop 70). Here no thread can start: the address space is capped 5 MiB above what is mapped."""
+    config = tmp_path / "rdma-exporter.yml"
+    config.write_text('devices:\n  exclude: "mlx5_1"\n')
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    resource.setrlimit(resource.RLIMIT_STACK, (THREAD_STACK, hard))
+    try:
+        daemon = start("--path.sysfs", str(tree), "--config.file", str(config))
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
+    wait_until(lambda: f", config file {config}, web config file none" in daemon.log(), timeout=20)
+
+    def devices() -> float:
+        return samples(get(daemon.port).body.decode())[("rdma_exporter_devices", ())]
+
+    assert devices() == 2  # the HTTP workers and readers are started by now
+    config.write_text('devices:\n  exclude: "mlx5_[12]"\n')
+    pid = daemon.proc.pid
+    with open(f"/proc/{pid}/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.prlimit(pid, resource.RLIMIT_AS, (mapped + 5 * 2**20, resource.RLIM_INFINITY))
+    try:
+        daemon.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "reloaded" in daemon.log() or daemon.proc.poll() is not None, timeout=20)
+        assert daemon.proc.poll() is None, daemon.log()
+    finally:
+        if daemon.proc.poll() is None:
+            resource.prlimit(pid, resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert devices() == 1
+    assert daemon.stop() == 0
+
+
+def test_a_burst_of_sighups_is_answered_by_one_thread_and_sigterm_waits_for_a_running_reload(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
+) -> None:
+    """Each SIGHUP used to start a thread that waited on the reload lock: 60 of them against a slow reload
+    left 71 threads and minutes of queued reloads. And the exit did not wait for a running reload: a
+    daemon thread inside bcrypt at interpreter exit aborts the process (exit 134, a failed stop for
+    systemd). Daemon review, stop 70."""
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    # A reload checks each hash's salt with bcrypt (about 1 ms each): a reload of a second or more.
+    web.write_text("basic_auth_users:\n" + "".join(f"  u{i}: '{hashed}'\n" for i in range(1500)))
+    config = tmp_path / "rdma-exporter.yml"
+    settings = f'web:\n  config_file: {web}\ndevices:\n  exclude: "mlx5_1"\n'
+    config.write_text(settings)
+    daemon = start("--path.sysfs", str(tree), "--config.file", str(config))
+    wait_until(lambda: f", config file {config}, web config file {web}" in daemon.log(), timeout=30)
+
+    def devices() -> float:
+        reply = get(daemon.port, headers=basic("u0", "pw"))
+        return samples(reply.body.decode())[("rdma_exporter_devices", ())]
+
+    assert devices() == 2
+    pid = daemon.proc.pid
+    before = peak = tasks_of(pid)
+    for sent in range(30):
+        if sent == 15:  # taken by the reload that answers the signals queued behind the first one
+            config.write_text(settings.replace("mlx5_1", "mlx5_[12]"))
+        daemon.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.01)
+        peak = max(peak, tasks_of(pid))
+    assert peak <= before, f"{peak} threads after a burst of SIGHUPs, {before} before"
+    wait_until(lambda: daemon.log().count("reloaded") >= 2, timeout=60)
+    assert devices() == 1
+
+    said = len(daemon.log())
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "received SIGHUP" in daemon.log()[said:])
+    time.sleep(0.2)  # inside the reload's bcrypt checks
+    assert daemon.stop() == 0, daemon.log()
+    lines = daemon.log()[said:].splitlines()
+    assert "reloaded" in lines[-2] and lines[-1].endswith("msg=stopped"), lines
+    # Two reloads answered the burst (the first signal's, and one for all those queued during it).
+    assert daemon.log().count("reloaded") == 3, daemon.log()
+
+
 def test_a_reload_refuses_an_empty_file_that_start_up_takes_as_the_defaults(
     start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ import html
 import logging
 import math
 import os
+import queue
 import re
 import resource
 import signal
@@ -297,6 +298,69 @@ TLS_FILES_CHECK_SECONDS: Final = 5.0
 TLS_RELOAD_RETRY_SECONDS: Final = 300.0
 
 
+# How long the exit waits, after the HTTP server's own grace, for a reload that is still running: a daemon
+# thread inside bcrypt when the interpreter exits aborts the process (SIGABRT, a failed stop for systemd).
+# The unit's TimeoutStopSec=20s covers the grace (scrape deadline + 2 s) and this.
+RELOAD_STOP_WAIT_SECONDS: Final = 5.0
+
+
+class ReloadRequests:
+    """The reloads SIGHUP asks for, run one at a time on one thread that lives as long as the server.
+
+    The signal handler only queues: SimpleQueue.put is reentrant, so a second SIGHUP may interrupt the
+    first put. Starting a thread per signal (as before) failed with RuntimeError once the unit's TasksMax
+    was reached, and that error left the handler through the server loop and ended the process; a burst of
+    signals also left one thread each waiting on the reload lock. Requests that come while a reload runs
+    are answered by one more reload, which reads the files as they are by then.
+    """
+
+    def __init__(self, reload: Callable[[], object]) -> None:
+        self._reload = reload
+        self._requests: queue.SimpleQueue[bool] = queue.SimpleQueue()  # True: reload; False: stop
+        self._thread: threading.Thread | None = None
+        self._start_failed = False
+        self._stopping = False
+
+    def request(self) -> None:
+        self._requests.put(True)
+
+    def ensure_running(self) -> None:
+        """Start the thread if it is not running: at serve() and at each tick of the server loop, so a
+        start that failed (out of tasks) is tried again, and queued requests wait for it."""
+        if self._stopping or (self._thread is not None and self._thread.is_alive()):
+            return
+        thread = threading.Thread(target=self._run, name="reload", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:
+            if not self._start_failed:
+                log.warning("cannot start the reload thread (%s); reloads wait until it starts", exc)
+            self._start_failed = True
+            return
+        if self._start_failed:
+            log.info("reload thread started")
+        self._start_failed = False
+        self._thread = thread
+
+    def _run(self) -> None:
+        while self._requests.get():
+            while True:  # the requests queued meanwhile: one reload answers them all
+                try:
+                    if not self._requests.get_nowait():
+                        return
+                except queue.Empty:
+                    break
+            try:
+                self._reload()
+            except Exception:  # the thread must outlive a reload that fails in a way nobody foresaw
+                log.exception("reload failed")
+
+    def stop(self) -> None:
+        """Run no queued reload, and start no thread again."""
+        self._stopping = True
+        self._requests.put(False)
+
+
 class Watchdog:
     """systemd's watchdog (WatchdogSec=): WATCHDOG=1 at half its interval, sent from the HTTP server's loop,
     so a loop that stopped turning (a deadlock) gets the process killed and restarted. Device reads stuck
@@ -469,6 +533,7 @@ class Daemon:
     def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
         self._reload_source = reload
         self._reload_lock = threading.Lock()
+        self.reloads = ReloadRequests(self.reload)
         self._watchdog = Watchdog.from_environment()
         self._next_tls_check = 0.0
         self._tls_checker: threading.Thread | None = None
@@ -512,8 +577,10 @@ class Daemon:
             log.warning("no %s: no RDMA devices to export (RDMA modules not loaded?)", class_dir)
 
     def _tick(self, now: float) -> None:
-        """Each quarter second on the HTTP server's loop thread: the watchdog, and the TLS files."""
+        """Each quarter second on the HTTP server's loop thread: the watchdog, the reload thread, and the
+        TLS files."""
         self._watchdog.tick(now)
+        self.reloads.ensure_running()
         if now >= self._next_tls_check and self.exporter.serving.web.tls_files:
             self._next_tls_check = now + TLS_FILES_CHECK_SECONDS
             # Not on this thread: a stat on a hung file system (an NFS-mounted /etc) would stop every
@@ -649,7 +716,7 @@ class Daemon:
 
         def on_hup(signum: int, frame: FrameType | None) -> None:
             log.info("received SIGHUP, reloading")
-            threading.Thread(target=self.reload, name="reload", daemon=True).start()
+            self.reloads.request()
 
         def on_unused(signum: int, frame: FrameType | None) -> None:
             # Their default action ends the process, without a line: a `kill -USR1` meant for log
@@ -661,17 +728,22 @@ class Daemon:
         signal.signal(signal.SIGHUP, on_hup)
         signal.signal(signal.SIGUSR1, on_unused)
         signal.signal(signal.SIGUSR2, on_unused)
+        self.reloads.ensure_running()
         sd_notify("READY=1")
         if take_early_sighup():  # sent while starting: the files may have changed since they were read
             on_hup(signal.SIGHUP, None)
         try:
             self.server.serve_forever()
         finally:
+            self.reloads.stop()
             if self.hotplug is not None:
                 self.hotplug.stop()
         # Requests being answered may finish (a scrape takes at most its deadline); reads blocked in the
         # kernel are daemon threads and do not hold the exit.
         self.server.shutdown(grace=self.exporter.serving.config.scrape_timeout + 2.0)
+        # A reload still running (SIGHUP's, or the TLS check's) is waited for, and none starts after.
+        if not self._reload_lock.acquire(timeout=RELOAD_STOP_WAIT_SECONDS):
+            log.warning("a reload is still running after %.0f s; stopping without it", RELOAD_STOP_WAIT_SECONDS)
         log.info("stopped")
         return 0
 
