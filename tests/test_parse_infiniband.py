@@ -351,6 +351,24 @@ def test_no_pma_device_keeps_its_other_values() -> None:
     assert values[read_errors_key("i40iw0", "unsupported")] == 17
 
 
+def test_a_no_pma_device_is_counted_once_a_minute_not_at_every_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its counter files say "N/A (no PMA)" at every read for as long as the device exists: counted at every
+    # scrape, that was 17 more errors every 15 s (core review, stop 70), where an errno refusal is counted
+    # once a minute.
+    now = [1000.0]
+    monkeypatch.setattr(reader_module, "refusal_clock", lambda: now[0])
+    collector = build_collector(replace(Config(), sysfs=SYSFS_FIXTURES / "prometheus-node_exporter" / "sys"))
+    unsupported = read_errors_key("i40iw0", "unsupported")
+    port = (("device", "i40iw0"), ("port", "1"))
+    for _ in range(4):
+        values = _scrape(collector)
+        assert values[unsupported] == 17
+        assert values[("rdma_port_state_id", port)] == 4
+        now[0] += 15.0
+    now[0] = 1000.0 + 60.0
+    assert _scrape(collector)[unsupported] == 2 * 17
+
+
 def test_removed_ports_dir_costs_only_that_device(captured_copy) -> None:  # type: ignore[no-untyped-def]
     root = captured_copy("leptonai-gpud-h100")
     shutil.rmtree(root / "class/infiniband/mlx5_6/ports")

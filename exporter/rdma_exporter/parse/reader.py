@@ -500,7 +500,7 @@ class SysfsReader:
             self.fail(reason_for_errno(exc.errno), path, exc.strerror or str(exc))
             return None
 
-    def _decode(self, path: str | os.PathLike[str], raw: bytes) -> str | None:
+    def _decode(self, path: str | os.PathLike[str], raw: bytes, counter: bool = False) -> str | None:
         if len(raw) >= _READ_LIMIT:  # the read stopped at the limit: no attribute is this long
             self.fail(REASON_MALFORMED, path, f"{_READ_LIMIT} bytes or more: not a sysfs attribute")
             return None
@@ -510,8 +510,18 @@ class SysfsReader:
             self.fail(REASON_MALFORMED, path, "not UTF-8 text")
             return None
         if value == NO_PMA:
-            # Pre-4.20 kernels print this for every PMA counter of a device without a PMA agent.
-            self.fail(REASON_UNSUPPORTED, path, NO_PMA)
+            # Pre-4.20 kernels print this for every PMA counter of a device without a PMA agent, at every
+            # read, for as long as the device exists: a counter file's is counted once and the file left out
+            # of the reads for REFUSAL_RETRY_SECONDS, as an errno refusal is, not counted at every scrape.
+            if counter and self.memory is not None:
+                where = os.fspath(path)
+                self.memory.refuse(where)
+                if self.files is not None:
+                    directory, _, name = where.rpartition("/")
+                    self.files.forget(directory, name)  # else its kept read would come before the refusal
+                self.fail(REASON_UNSUPPORTED, path, f"{NO_PMA}; tried again in a minute")
+            else:
+                self.fail(REASON_UNSUPPORTED, path, NO_PMA)
             return None
         return value
 
@@ -531,13 +541,19 @@ class SysfsReader:
         raw = self._raw(path, optional, absent_errnos, counter)
         if raw is None:
             return None
+        return self._uint_of(path, raw, base=base, prefix=prefix, counter=counter)
+
+    def _uint_of(
+        self, path: str | os.PathLike[str], raw: bytes, *, base: int = 10, prefix: str = "", counter: bool = False
+    ) -> int | None:
+        """`uint` of the bytes `raw` read from `path`, counting what is wrong with them."""
         # Fast path for the common case, a plain decimal counter ("123\n"); int() itself would also
         # accept signs, underscores and surrounding blanks, which the slow path rejects or tolerates.
         if base == 10 and raw[-1:] == b"\n" and raw[:-1].isdigit() and len(raw) <= U64_DIGITS + 1:
             number = int(raw)
             if number <= U64_MAX:
                 return number
-        value = self._decode(path, raw)
+        value = self._decode(path, raw, counter)
         if value is None:
             return None
         parsed = parse_uint(value, base=base, prefix=prefix)
@@ -583,6 +599,14 @@ class SysfsReader:
                         values[name] = number
                         fast += 1
                         continue
+                if raw and len(raw) < _SMALL_READ:
+                    # Read whole, but not a plain decimal ("N/A (no PMA)", a sign, garbage): judged from this
+                    # read. Through uint() it would be read again, a second firmware query on mlx5.
+                    fast += 1
+                    value = self._uint_of(f"{directory}/{name}", raw, counter=True)
+                    if value is not None:
+                        values[name] = value
+                    continue
             if refused:
                 since = refused.get(name)
                 if since is not None:
