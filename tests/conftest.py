@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_exporter.collect.base import FamilySet
+from rdma_exporter.collect.readers import DeviceReads, shared_reads
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
 
@@ -156,7 +157,10 @@ def scrape(sys_root: Path, config: Config | None = None, **overrides: object) ->
     from dataclasses import replace
 
     config = replace(config or Config(), sysfs=sys_root, **overrides)  # type: ignore[arg-type]
-    families = build_collector(config).gather()
+    # Its own kept files and refusal records, as a fresh process has: with the process's, a counter file
+    # another test's scrape of the same tree refused in the last minute would be left out, uncounted.
+    reads = DeviceReads(shared_reads().pool)
+    families = build_collector(config, reads=reads).gather()
     text = families.render_text()
     assert text == prometheus_text(families), "the daemon's writer differs from prometheus_client's"
     return text.decode()

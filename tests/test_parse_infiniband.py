@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rdma_exporter.collect.engine import RdmaCollector
+from rdma_exporter.collect.readers import DeviceReads, shared_reads
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
 from rdma_exporter.parse import reader as reader_module
@@ -357,7 +358,9 @@ def test_a_no_pma_device_is_counted_once_a_minute_not_at_every_scrape(monkeypatc
     # once a minute.
     now = [1000.0]
     monkeypatch.setattr(reader_module, "refusal_clock", lambda: now[0])
-    collector = build_collector(replace(Config(), sysfs=SYSFS_FIXTURES / "prometheus-node_exporter" / "sys"))
+    config = replace(Config(), sysfs=SYSFS_FIXTURES / "prometheus-node_exporter" / "sys")
+    # Records of its own: the process's may hold this tree's refusals from another test, on the real clock.
+    collector = build_collector(config, reads=DeviceReads(shared_reads().pool))
     unsupported = read_errors_key("i40iw0", "unsupported")
     port = (("device", "i40iw0"), ("port", "1"))
     for _ in range(4):
