@@ -534,6 +534,7 @@ class Daemon:
         self._reload_source = reload
         self._reload_lock = threading.Lock()
         self.reloads = ReloadRequests(self.reload)
+        self._stopping = threading.Event()  # set once the server has stopped: a reload still running gives up
         self._watchdog = Watchdog.from_environment()
         self._next_tls_check = 0.0
         self._tls_checker: threading.Thread | None = None
@@ -626,7 +627,7 @@ class Daemon:
 
     def _load_web(self, path: Path | None, old: WebConfig) -> WebConfig:
         """The web config a reload takes (ConfigError if none), with what it can keep of the running one."""
-        web = load_web_config(path)
+        web = load_web_config(path, self._stopping)
         # A file that config management has truncated and not yet written: taking it would drop every
         # setting in it, TLS and users among them. One that was empty already is fine.
         if web.empty and not (old.empty and old.source == web.source):
@@ -736,6 +737,7 @@ class Daemon:
             self.server.serve_forever()
         finally:
             self.reloads.stop()
+            self._stopping.set()
             if self.hotplug is not None:
                 self.hotplug.stop()
         # Requests being answered may finish (a scrape takes at most its deadline); reads blocked in the

@@ -486,7 +486,7 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
     return context, frozenset(sans) | {_ip_text(s) for s in sans}, tuple(files)
 
 
-def _users(source: str, body: Any) -> BasicAuth | None:
+def _users(source: str, body: Any, stop: threading.Event | None = None) -> BasicAuth | None:
     if body is None:
         return None
     if not isinstance(body, Mapping) or not body:
@@ -505,6 +505,9 @@ def _users(source: str, body: Any) -> BasicAuth | None:
                 source, f"basic_auth_users.{user}",
                 f"bcrypt cost must be {_BCRYPT_COSTS.start}..{_BCRYPT_COSTS.stop - 1}",
             )
+        if stop is not None and stop.is_set():
+            # The exporter is exiting: a thread inside bcrypt at interpreter exit aborts the process.
+            raise ConfigError(source, f"basic_auth_users.{user}", "not checked: the exporter is stopping")
         # A hash of the right shape can still have a salt bcrypt refuses: its user would get 401 on every
         # login with nothing logged. Checked at cost 4 (the salt's validity does not depend on the cost,
         # and BasicAuth splices a cost onto the dummy the same way): a real cost of 31 would take hours.
@@ -566,8 +569,9 @@ def _headers(source: str, body: Mapping[str, Any]) -> dict[str, str]:
     return result
 
 
-def load_web_config(path: Path | None) -> WebConfig:
-    """Parse and check the whole file: certificates are loaded now, so a bad one stops start-up."""
+def load_web_config(path: Path | None, stop: threading.Event | None = None) -> WebConfig:
+    """Parse and check the whole file: certificates are loaded now, so a bad one stops start-up. Once
+    `stop` is set, the users' hashes are not checked further (ConfigError): a reload at exit."""
     if path is None:
         return WebConfig()
     source = str(path)
@@ -582,7 +586,7 @@ def load_web_config(path: Path | None) -> WebConfig:
         check_bool(source, "http_server_config.http2", http["http2"])
     return WebConfig(
         ssl_context=context,
-        auth=_users(source, top.get("basic_auth_users")),
+        auth=_users(source, top.get("basic_auth_users"), stop),
         headers=_headers(source, http),
         allowed_sans=sans,
         source=source,
