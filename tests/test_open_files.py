@@ -25,6 +25,7 @@ from prometheus_client import generate_latest
 from rdma_exporter.collect.readers import DeviceJob, DeviceReads, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import FD_RESERVE, build_collector, build_registry, raise_fd_limit
+from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.reader import (
     FileBudget,
     OpenFiles,
@@ -198,6 +199,39 @@ def test_uints_fast_path_and_fallback_agree(tmp_path: Path, monkeypatch: pytest.
     assert reader.uints(str(tmp_path), sorted(contents)) == expected
     assert reader.files_read == len(preads) == len(set(preads)) == len(contents) - 1
     assert kept_errors.counts == {("d", "malformed"): 4}
+
+
+def test_a_refusal_by_a_device_only_job_holds_for_the_job_that_keeps_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The device-only job (beside a full job stuck in its netdev reads) records its refusals in the full
+    # job's OpenFiles but may not close that job's files. The full job's kept read came before its refusal
+    # check, so it read the file again, counted it again and restarted the minute (review, stop 71).
+    now = [1000.0]
+    monkeypatch.setattr(reader_module, "refusal_clock", lambda: now[0])
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    (counters / "port_rcv_data").write_text("5\n")
+    files = OpenFiles(FileBudget(16))
+    assert SysfsReader("d", ReadErrors(), files).uints(str(counters), ["port_rcv_data"]) == {"port_rcv_data": 5}
+    assert len(files) == 1
+    with open(counters / "port_rcv_data", "r+") as file:  # the same inode: the kept fd reads this
+        file.write("N/A (no PMA)\n")
+    now[0] += 15.0
+    device_only = ReadErrors()
+    assert SysfsReader("d", device_only, memory=files).uints(str(counters), ["port_rcv_data"]) == {}
+    assert device_only.counts == {("d", "unsupported"): 1}
+    now[0] += 15.0
+    full = ReadErrors()
+    reader = SysfsReader("d", full, files)
+    assert reader.uints(str(counters), ["port_rcv_data"]) == {}
+    assert (full.counts, reader.files_read, len(files)) == ({}, 0, 0)  # not read, and the kept file closed
+    # Back to numbers: read again once the minute from the refusal is over, not before.
+    (counters / "port_rcv_data").write_text("7\n")
+    now[0] = 1015.0 + 59.9
+    assert SysfsReader("d", ReadErrors(), files).uints(str(counters), ["port_rcv_data"]) == {}
+    now[0] = 1015.0 + 60.0
+    assert SysfsReader("d", ReadErrors(), files).uints(str(counters), ["port_rcv_data"]) == {"port_rcv_data": 7}
 
 
 def test_sysfs_mount_points() -> None:

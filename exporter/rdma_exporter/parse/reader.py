@@ -580,6 +580,16 @@ class SysfsReader:
         now = refusal_clock() if refused else 0.0
         fast = 0
         for name in names:
+            if refused:
+                since = refused.get(name)
+                if since is not None:
+                    if now - since < REFUSAL_RETRY_SECONDS:
+                        # Counted when it refused (COUNTER_REFUSALS, N/A (no PMA)). Before the kept read: a
+                        # device-only job may have refused a file that this job keeps open.
+                        if fds is not None and name in fds and files is not None:
+                            files.forget(directory, name)
+                        continue
+                    refused.pop(name, None)  # another job of the device may have retried it
             fd = fds.get(name) if fds is not None else None
             if fd is not None and files is not None:
                 try:
@@ -607,12 +617,6 @@ class SysfsReader:
                     if value is not None:
                         values[name] = value
                     continue
-            if refused:
-                since = refused.get(name)
-                if since is not None:
-                    if now - since < REFUSAL_RETRY_SECONDS:
-                        continue  # counted when it refused (COUNTER_REFUSALS)
-                    refused.pop(name, None)  # another job of the device may have retried it
             value = self.uint(f"{directory}/{name}", counter=True)
             self.at = directory  # the fast reads that follow are the directory's again, not that file's
             if value is not None:
