@@ -319,7 +319,8 @@ class ReloadRequests:
         self._requests: queue.SimpleQueue[bool] = queue.SimpleQueue()  # True: reload; False: stop
         self._thread: threading.Thread | None = None
         self._start_failed = False
-        self._stopping = False
+        # Set by stop(): no thread starts again, and a reload still running gives up (load_web_config).
+        self.stopping = threading.Event()
 
     def request(self) -> None:
         self._requests.put(True)
@@ -327,7 +328,7 @@ class ReloadRequests:
     def ensure_running(self) -> None:
         """Start the thread if it is not running: at serve() and at each tick of the server loop, so a
         start that failed (out of tasks) is tried again, and queued requests wait for it."""
-        if self._stopping or (self._thread is not None and self._thread.is_alive()):
+        if self.stopping.is_set() or (self._thread is not None and self._thread.is_alive()):
             return
         thread = threading.Thread(target=self._run, name="reload", daemon=True)
         try:
@@ -356,8 +357,8 @@ class ReloadRequests:
                 log.exception("reload failed")
 
     def stop(self) -> None:
-        """Run no queued reload, and start no thread again."""
-        self._stopping = True
+        """Run no queued reload, start no thread again, and end a running reload early."""
+        self.stopping.set()
         self._requests.put(False)
 
 
@@ -534,7 +535,6 @@ class Daemon:
         self._reload_source = reload
         self._reload_lock = threading.Lock()
         self.reloads = ReloadRequests(self.reload)
-        self._stopping = threading.Event()  # set once the server has stopped: a reload still running gives up
         self._watchdog = Watchdog.from_environment()
         self._next_tls_check = 0.0
         self._tls_checker: threading.Thread | None = None
@@ -627,7 +627,7 @@ class Daemon:
 
     def _load_web(self, path: Path | None, old: WebConfig) -> WebConfig:
         """The web config a reload takes (ConfigError if none), with what it can keep of the running one."""
-        web = load_web_config(path, self._stopping)
+        web = load_web_config(path, self.reloads.stopping)  # the TLS check's reloads too
         # A file that config management has truncated and not yet written: taking it would drop every
         # setting in it, TLS and users among them. One that was empty already is fine.
         if web.empty and not (old.empty and old.source == web.source):
@@ -737,7 +737,6 @@ class Daemon:
             self.server.serve_forever()
         finally:
             self.reloads.stop()
-            self._stopping.set()
             if self.hotplug is not None:
                 self.hotplug.stop()
         # Requests being answered may finish (a scrape takes at most its deadline); reads blocked in the
