@@ -514,11 +514,7 @@ class SysfsReader:
             # read, for as long as the device exists: a counter file's is counted once and the file left out
             # of the reads for REFUSAL_RETRY_SECONDS, as an errno refusal is, not counted at every scrape.
             if counter and self.memory is not None:
-                where = os.fspath(path)
-                self.memory.refuse(where)
-                if self.files is not None:
-                    directory, _, name = where.rpartition("/")
-                    self.files.forget(directory, name)  # else its kept read would come before the refusal
+                self.memory.refuse(os.fspath(path))  # uints() closes its kept file at the next read
                 self.fail(REASON_UNSUPPORTED, path, f"{NO_PMA}; tried again in a minute")
             else:
                 self.fail(REASON_UNSUPPORTED, path, NO_PMA)
@@ -569,8 +565,9 @@ class SysfsReader:
         through `uint`, which handles and counts it.
 
         A file that fails with COUNTER_REFUSALS and has never given a value through the device's kept
-        files is counted as unsupported and left out of the reads for REFUSAL_RETRY_SECONDS, then tried
-        again. One that did give a value is a fault: counted on every read.
+        files, or that says N/A (no PMA), is counted as unsupported and left out of the reads for
+        REFUSAL_RETRY_SECONDS, then tried again. One that did give a value and then fails is a fault:
+        counted on every read.
         """
         values: dict[str, int] = {}
         self.at = directory  # one store a directory, not one a file: the hot loop below stays as it is
@@ -584,9 +581,9 @@ class SysfsReader:
                 since = refused.get(name)
                 if since is not None:
                     if now - since < REFUSAL_RETRY_SECONDS:
-                        # Counted when it refused (COUNTER_REFUSALS, N/A (no PMA)). Before the kept read: a
-                        # device-only job may have refused a file that this job keeps open.
-                        if fds is not None and name in fds and files is not None:
+                        # Counted when it refused. Checked before the kept read: a file that answered N/A
+                        # (no PMA) stays open, here or in the full job beside a device-only job that refused it.
+                        if files is not None:
                             files.forget(directory, name)
                         continue
                     refused.pop(name, None)  # another job of the device may have retried it
