@@ -1072,6 +1072,42 @@ def test_bond_across_two_rdma_devices_is_read_by_one(tmp_path: Path) -> None:
     check_unique_and_promtool(text)
 
 
+@pytest.mark.parametrize(
+    ("mode", "gids_0", "gids_1"),
+    [
+        ("active-backup, the first card's link active", ["bond0", "bond0"], []),
+        ("active-backup, the second card's link active", [], ["bond0", "bond0"]),
+        ("802.3ad, both links active", ["bond0", "bond0"], ["bond0", "bond0"]),
+    ],
+)
+def test_a_bond_over_two_cards_keeps_each_cards_own_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, gids_0: list[str], gids_1: list[str]
+) -> None:
+    # Two single-port cards bonded without RoCE LAG, with GID tables as the kernel fills them
+    # (roce_gid_mgmt.c): a bond slave gets no GIDs of its own, an active slave's port lists the bond, an
+    # inactive one's lists nothing (the port falls back to its function's netdev). The bond is mlx5_0's
+    # (its first lower); mlx5_1's link is reached only through the bond, and (as a review found) it had no
+    # rdma_netdev_* series at all when its port listed the bond, so RdmaRocePortAdminDown and the link
+    # alerts could not see it.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", gids_0)
+    _function(tmp_path, "0000:5e:00.0", "ens2f0np0", "mlx5_1", gids_1)
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens2f0np0"])
+    reads = count_netdev_reads(monkeypatch)
+    metrics, nics, text = scrape_lag(tmp_path, nics=("ens1f0np0", "ens2f0np0"))
+    up = [dict(ls) for (n, ls) in metrics if n == "rdma_netdev_up"]
+    owners = {labels["netdev"]: (labels["device"], labels["port"]) for labels in up}
+    assert owners.get("ens1f0np0") == ("mlx5_0", "1"), mode
+    assert owners.get("ens2f0np0") == ("mlx5_1", "1"), mode
+    if gids_0:  # the bond's reader lists it: it is read there, once
+        assert owners.get("bond0") == ("mlx5_0", "1"), mode
+    assert all(count == 1 for count in reads.values()), reads
+    assert dict(nics.calls) == {"ens1f0np0": 4, "ens2f0np0": 4}
+    ethtool = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n.startswith("rdma_ethtool_")}
+    assert ethtool == {"ens1f0np0": "mlx5_0", "ens2f0np0": "mlx5_1"}
+    assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+    check_unique_and_promtool(text)
+
+
 def test_vlan_on_a_bond_is_read_by_the_device_under_the_bond(tmp_path: Path) -> None:
     # A VLAN on a bond over two NICs (bond0.100 -> bond0 -> enp1s0np0 and enp2s0np0) is followed down two
     # levels to the bond's first lower, here mlx5_1's netdev: mlx5_1 reads the bond and its VLAN, even

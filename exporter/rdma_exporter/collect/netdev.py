@@ -268,6 +268,7 @@ class NetdevSource:
         locality = Locality(ctx.sys_root, device.name, reader)
         done: set[str] = set()
         netdevs: list[tuple[int, Netdev]] = []
+        foreign_bonds: list[tuple[int, str]] = []  # bonds another device reads, over links of this one
 
         def visit(port: int, name: str) -> Netdev | None:
             if name in done:
@@ -277,6 +278,8 @@ class NetdevSource:
                 self.seen.check_vanished(locality, device.name, name, reader)
                 return None
             if not locality.is_local(name):
+                if locality.is_bond(name):
+                    foreign_bonds.append((port, name))
                 return None  # another RDMA device reads it
             # Static attributes come from the device's cached info; a netdev that appeared since it was
             # read (no uevent seen) has its identity read now.
@@ -302,6 +305,12 @@ class NetdevSource:
         # slave is the other port's netdev, whose series must join that port.
         for number, bond in bonds:
             for slave in bond.bond_slaves:
+                visit(number, slave)
+        # A bond over two RDMA devices' netdevs (two cards, no RoCE LAG) is read by its first lower's
+        # device. The kernel gives a slave no GIDs of its own, so the other device's port lists only the
+        # bond, and its own link is reached through it: without this, that link had no series at all.
+        for number, name in foreign_bonds:
+            for slave in locality.bond_slaves(name):
                 visit(number, slave)
         self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
