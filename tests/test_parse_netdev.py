@@ -326,6 +326,7 @@ def test_a_gid_entry_not_named_by_a_number_is_skipped(tmp_path: Path) -> None:
             "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/\u00b2": "eth2\n",
         },
     )
+    symlink(tmp_path, "class/net/eth10/lower_bond0", "class/net/bond0")  # a VLAN on the bond
     reader = SysfsReader("mlx5_bond_0")
     assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["bond0", "eth10"]
 
@@ -417,6 +418,7 @@ def test_roce_lag_over_a_team_keeps_the_physical_netdev(tmp_path: Path) -> None:
                            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/0": "team0\n",
                            "class/infiniband/mlx5_bond_0/ports/1/gid_attrs/ndevs/1": "team0\n"})  # fmt: skip
     symlink(tmp_path, "class/net/ens1f0np0/master", "class/net/team0")
+    symlink(tmp_path, "class/net/team0/lower_ens1f0np0", "class/net/ens1f0np0")
     rdma_device(tmp_path, "mlx5_bond_0")
     reader = SysfsReader("mlx5_bond_0")
     assert rdma_port_netdevs(tmp_path, "mlx5_bond_0", 1, reader, single_port=True) == ["team0", "ens1f0np0"]
@@ -506,6 +508,9 @@ def test_gid_entries_in_numeric_order_and_bad_names(tmp_path: Path) -> None:
             f"{ndevs}/x": "eth9\n",  # not a GID index: no entry of the table, and no reason to fail the port
         },
     )
+    symlink(tmp_path, "class/net/eth2", f"{PF0}/net/eth2")
+    for vlan in ("eth2.100", "eth2.200"):
+        symlink(tmp_path, f"class/net/{vlan}/lower_eth2", "class/net/eth2")
     reader = SysfsReader("mlx5_2")
     # Numeric GID order (a plain sort would put 10 before 2): own netdev first, then the VLAN uppers.
     assert rdma_port_netdevs(tmp_path, "mlx5_2", 1, reader, single_port=True) == ["eth2", "eth2.100", "eth2.200"]

@@ -118,7 +118,8 @@ PORT_SM_LID: Final = MetricSpec("rdma_port_sm_lid", "gauge", "LID of the port's 
 PORT_NETDEV: Final = MetricSpec(
     "rdma_port_netdev_info",
     "info",
-    "A network interface bound to the port (RoCE netdev or IPoIB interface).",
+    "A network interface bound to the port (RoCE netdev, its VLANs or bond, or IPoIB interface) in the "
+    "exporter's network namespace. Netdevs the GID table names from containers' namespaces are left out.",
     (*PORT, "netdev"),
 )
 PORT_GIDS: Final = MetricSpec(

@@ -395,7 +395,10 @@ def rdma_port_netdevs(
     its dev_port says.
     """
     device_dir = sys_root / IB_DIR / ib_device
-    gids = _gid_ndevs(device_dir / "ports" / str(port), reader)
+    # The GID table also names netdevs of containers' namespaces (a VF's net1 in a pod), and the host may
+    # have a netdev of the same name on another card: only this namespace's netdevs of this card count.
+    locality = Locality(sys_root, ib_device, reader)
+    gids = [name for name in _gid_ndevs(device_dir / "ports" / str(port), reader) if locality.on_card(name)]
     names = list(gids)
     by_name = lag_by_name(ib_device)
     for name in _function_ndevs(device_dir / "device" / "net", port, reader, single_port=single_port):
@@ -566,6 +569,22 @@ class Locality:
         # netdev of another card: GID tables also name netdevs of containers' namespaces, and the host may
         # have one of the same name (an SR-IOV VF's eth1 in a pod, the host's own eth1).
         return self._slot is None or _pci_slot(self._net + anchor) == self._slot
+
+    def on_card(self, name: str) -> bool:
+        """Whether netdev `name` is in this namespace and it, or a netdev it stacks on, is on the device's
+        PCI card; for a device of no PCI function (rxe, siw), whether it is in this namespace."""
+        if not self.exists(name):
+            return False
+        if self._slot is None:
+            return True
+        pending = [name]
+        for _ in range(MAX_STACK + 1):
+            if any(n in self._own or _pci_slot(self._net + n) == self._slot for n in pending):
+                return True
+            pending = [lower for n in pending for lower in self.lowers(n)]
+            if not pending:
+                break
+        return False
 
     @cached_property
     def _slot(self) -> str | None:
