@@ -1086,20 +1086,23 @@ def test_a_bond_over_two_cards_keeps_each_cards_own_link(
     # Two single-port cards bonded without RoCE LAG, with GID tables as the kernel fills them
     # (roce_gid_mgmt.c): a bond slave gets no GIDs of its own, an active slave's port lists the bond, an
     # inactive one's lists nothing (the port falls back to its function's netdev). The bond is mlx5_0's
-    # (its first lower); mlx5_1's link is reached only through the bond, and (as a review found) it had no
-    # rdma_netdev_* series at all when its port listed the bond, so RdmaRocePortAdminDown and the link
-    # alerts could not see it.
+    # (its first lower) unless mlx5_1's link is the active one; mlx5_1's link is reached only through the
+    # bond, and (as a review found) it had no rdma_netdev_* series at all when its port listed the bond,
+    # so RdmaRocePortAdminDown and the link alerts could not see it; nor had the bond.
     _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", gids_0)
     _function(tmp_path, "0000:5e:00.0", "ens2f0np0", "mlx5_1", gids_1)
     _bond(tmp_path, "bond0", ["ens1f0np0", "ens2f0np0"])
+    active = "ens1f0np0" if not gids_1 else "ens2f0np0" if not gids_0 else ""
+    write_files(tmp_path, {"devices/virtual/net/bond0/bonding/active_slave": f"{active}\n"})
     reads = count_netdev_reads(monkeypatch)
     metrics, nics, text = scrape_lag(tmp_path, nics=("ens1f0np0", "ens2f0np0"))
     up = [dict(ls) for (n, ls) in metrics if n == "rdma_netdev_up"]
     owners = {labels["netdev"]: (labels["device"], labels["port"]) for labels in up}
     assert owners.get("ens1f0np0") == ("mlx5_0", "1"), mode
     assert owners.get("ens2f0np0") == ("mlx5_1", "1"), mode
-    if gids_0:  # the bond's reader lists it: it is read there, once
-        assert owners.get("bond0") == ("mlx5_0", "1"), mode
+    # The bond is read once, by the device whose port lists it: the active link's in active-backup, else
+    # its first lower's.
+    assert owners.get("bond0") == ("mlx5_0" if gids_0 else "mlx5_1", "1"), mode
     # Each port still says it is bound to the bond: the bond stacks on a link of each card.
     bound = {(dict(ls)["device"], dict(ls)["netdev"]) for (n, ls) in metrics if n == "rdma_port_netdev_info"}
     assert {("mlx5_0", "bond0")} <= bound if gids_0 else ("mlx5_0", "bond0") not in bound, bound

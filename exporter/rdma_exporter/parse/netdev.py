@@ -489,11 +489,12 @@ class Locality:
     """Which netdevs one RDMA device reads: those whose physical netdev belongs to it.
 
     A netdev's physical netdev (its "anchor") is itself, or for an upper (bond, VLAN) the first of its
-    lower devices, followed down. The anchor is local to the RDMA devices on its PCI function
-    (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the second port of a RoCE LAG,
-    whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE) is local to every device
-    that reaches it from the same PCI card, or from no PCI function at all (rxe, siw). So a bond over the
-    netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only.
+    lower devices (an active-backup bond's active slave), followed down. The anchor is local to the RDMA
+    devices on its PCI function (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the
+    second port of a RoCE LAG, whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE)
+    is local to every device that reaches it from the same PCI card, or from no PCI function at all (rxe,
+    siw). So a bond over the netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only, or by mlx5_1 while its
+    link is the active one.
 
     One instance per device read. A bond's slave list is read once per instance, that is every scrape:
     enslaving and releasing send no uevent, so the device's cached static info would lag behind. (A
@@ -554,8 +555,17 @@ class Locality:
             lowers = self.lowers(name)
             if not lowers:
                 break
-            name = lowers[0]
+            name = self._active_slave(name, lowers) or lowers[0]
         return name
+
+    def _active_slave(self, name: str, lowers: list[str]) -> str | None:
+        """An active-backup bond's active slave. The kernel keeps such a bond's GIDs on the active slave's
+        RDMA device only, so that device reads the bond: by its first lower, a bond over two cards whose
+        second card's link was active was read by no device."""
+        if not self.is_bond(name):
+            return None
+        active = self._reader.text(f"{self._net}{name}/bonding/active_slave", optional=True)
+        return active if active in lowers else None
 
     def is_local(self, name: str) -> bool:
         anchor = self.anchor(name)
