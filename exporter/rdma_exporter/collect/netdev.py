@@ -306,9 +306,10 @@ class NetdevSource:
         for number, bond in bonds:
             for slave in bond.bond_slaves:
                 visit(number, slave)
-        # A bond over two RDMA devices' netdevs (two cards, no RoCE LAG) is read by its first lower's
-        # device. The kernel gives a slave no GIDs of its own, so the other device's port lists only the
-        # bond, and its own link is reached through it: without this, that link had no series at all.
+        # A bond over two RDMA devices' netdevs (two cards, no RoCE LAG) is read by one of them (its
+        # anchor's, parse.netdev.Locality). The kernel gives a slave no GIDs of its own, so the other
+        # device's port lists only the bond, and its own link is reached through it: without this, that
+        # link had no series at all.
         for number, name in foreign_bonds:
             for slave in locality.bond_slaves(name):
                 visit(number, slave)

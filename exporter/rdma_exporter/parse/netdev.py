@@ -510,6 +510,7 @@ class Locality:
         # The netdevs of the device's own PCI function are local without further reads.
         self._own = frozenset(list_dir(f"{root}/{IB_DIR}/{device}/device/net", reader))
         self._slaves: dict[str, list[str]] = {}
+        self._active: dict[str, str | None] = {}
         self._device_dir = f"{root}/{IB_DIR}/{device}"
 
     def net_dir(self, name: str) -> str:
@@ -562,9 +563,10 @@ class Locality:
         """An active-backup bond's active slave. The kernel keeps such a bond's GIDs on the active slave's
         RDMA device only, so that device reads the bond: by its first lower, a bond over two cards whose
         second card's link was active was read by no device."""
-        if not self.is_bond(name):
-            return None
-        active = self._reader.text(f"{self._net}{name}/bonding/active_slave", optional=True)
+        if name not in self._active:  # once per instance, as the slave list: anchor() runs per upper
+            path = f"{self._net}{name}/bonding/active_slave"
+            self._active[name] = self._reader.text(path, optional=True) if self.is_bond(name) else None
+        active = self._active[name]
         return active if active in lowers else None
 
     def is_local(self, name: str) -> bool:
