@@ -1115,6 +1115,33 @@ def test_a_bond_over_two_cards_keeps_each_cards_own_link(
     check_unique_and_promtool(text)
 
 
+def test_an_active_backup_bond_and_its_vlan_go_with_the_active_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernel moves an active-backup bond's GIDs (and its VLAN's) to the active slave's RDMA device:
+    # that device reads both, though the bond's first lower is mlx5_0's. The active slave is read once a
+    # scrape, not once for the bond and again for the VLAN stacked on it.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", [])
+    _function(tmp_path, "0000:5e:00.0", "ens2f0np0", "mlx5_1", ["bond0", "bond0", "bond0.100"])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens2f0np0"])
+    _vlan(tmp_path, "bond0.100", "bond0")
+    write_files(tmp_path, {"devices/virtual/net/bond0/bonding/active_slave": "ens2f0np0\n"})
+    active_reads: Counter[str] = Counter()
+    real_text = SysfsReader.text
+
+    def counting(self: SysfsReader, path: str | Path, *args: object, **kwargs: object) -> str | None:
+        if str(path).endswith("/bonding/active_slave"):
+            active_reads[self.device] += 1
+        return real_text(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(SysfsReader, "text", counting)
+    metrics, _, text = scrape_lag(tmp_path, nics=("ens1f0np0", "ens2f0np0"))
+    owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert owners == {"ens1f0np0": "mlx5_0", "ens2f0np0": "mlx5_1", "bond0": "mlx5_1", "bond0.100": "mlx5_1"}
+    assert active_reads == {"mlx5_1": 1}
+    check_unique_and_promtool(text)
+
+
 def test_vlan_on_a_bond_is_read_by_the_device_under_the_bond(tmp_path: Path) -> None:
     # A VLAN on a bond over two NICs (bond0.100 -> bond0 -> enp1s0np0 and enp2s0np0) is followed down two
     # levels to the bond's first lower, here mlx5_1's netdev: mlx5_1 reads the bond and its VLAN, even
