@@ -10,7 +10,7 @@ The ethtool collector uses the same rules.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -268,7 +268,7 @@ class NetdevSource:
         locality = Locality(ctx.sys_root, device.name, reader)
         done: set[str] = set()
         netdevs: list[tuple[int, Netdev]] = []
-        foreign_bonds: list[tuple[int, str]] = []  # bonds another device reads, over links of this one
+        bonds: list[tuple[int, Sequence[str]]] = []  # port, slaves: of the bonds reached, read here or not
 
         def visit(port: int, name: str) -> Netdev | None:
             if name in done:
@@ -278,8 +278,8 @@ class NetdevSource:
                 self.seen.check_vanished(locality, device.name, name, reader)
                 return None
             if not locality.is_local(name):
-                if locality.is_bond(name):
-                    foreign_bonds.append((port, name))
+                if locality.is_bond(name):  # read by another device, but its slaves may be this one's links
+                    bonds.append((port, locality.bond_slaves(name)))
                 return None  # another RDMA device reads it
             # Static attributes come from the device's cached info; a netdev that appeared since it was
             # read (no uevent seen) has its identity read now.
@@ -293,25 +293,20 @@ class NetdevSource:
                 netdevs.append((port, netdev))
             return netdev
 
-        bonds: list[tuple[int, Netdev]] = []
         for port in device.ports:
             for name in port.netdevs:
                 netdev = visit(port.number, name)
                 if netdev is not None and netdev.is_bond_master:
-                    bonds.append((port.number, netdev))
+                    bonds.append((port.number, netdev.bond_slaves))
         # RoCE LAG: the port maps to the bond; its slaves are the physical links. They are visited after
         # every port's own netdevs: a bond over both ports of a two-port function that is no RoCE LAG
         # (the RDMA device keeps both ports) is in the active slave's GID table only, and its other
-        # slave is the other port's netdev, whose series must join that port.
-        for number, bond in bonds:
-            for slave in bond.bond_slaves:
-                visit(number, slave)
-        # A bond over two RDMA devices' netdevs (two cards, no RoCE LAG) is read by one of them (its
-        # anchor's, parse.netdev.Locality). The kernel gives a slave no GIDs of its own, so the other
-        # device's port lists only the bond, and its own link is reached through it: without this, that
-        # link had no series at all.
-        for number, name in foreign_bonds:
-            for slave in locality.bond_slaves(name):
+        # slave is the other port's netdev, whose series must join that port. A bond over two RDMA
+        # devices' netdevs (two cards, no RoCE LAG) is read by one of them (its anchor's,
+        # parse.netdev.Locality), but the kernel gives a slave no GIDs of its own: the other device's port
+        # lists only the bond, and its own link is reached through it.
+        for number, slaves in bonds:
+            for slave in slaves:
                 visit(number, slave)
         self.seen.retain(device.name, done)
         netdevs.sort(key=lambda item: item[0])  # stable: port order, each port's netdevs as visited
