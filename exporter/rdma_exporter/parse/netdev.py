@@ -489,7 +489,8 @@ class Locality:
     """Which netdevs one RDMA device reads: those whose physical netdev belongs to it.
 
     A netdev's physical netdev (its "anchor") is itself, or for an upper (bond, VLAN) the first of its
-    lower devices (an active-backup bond's active slave), followed down. The anchor is local to the RDMA
+    lower devices on a PCI function with an RDMA device, else its first (an active-backup bond's active
+    slave), followed down. The anchor is local to the RDMA
     devices on its PCI function (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the
     second port of a RoCE LAG, whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE)
     is local to every device that reaches it from the same PCI card, or from no PCI function at all (rxe,
@@ -556,8 +557,19 @@ class Locality:
             lowers = self.lowers(name)
             if not lowers:
                 break
-            name = self._active_slave(name, lowers) or lowers[0]
+            name = self._active_slave(name, lowers) or self._first_with_rdma(lowers)
         return name
+
+    def _first_with_rdma(self, lowers: list[str]) -> str:
+        """The first lower on a PCI function with an RDMA device, else the first lower. Every device
+        picks the same one, so one device reads the upper: anchored on its first name instead, a bond
+        over an RDMA NIC and a plain NIC of another card was read by no device when the plain NIC's name
+        sorted first (review)."""
+        if len(lowers) > 1:
+            for lower in lowers:
+                if lower in self._own or list_dir(f"{self._net}{lower}/device/infiniband", self._reader):
+                    return lower
+        return lowers[0]
 
     def _active_slave(self, name: str, lowers: list[str]) -> str | None:
         """An active-backup bond's active slave. The kernel keeps such a bond's GIDs on the active slave's
