@@ -1172,6 +1172,66 @@ def test_bond_without_lower_links_is_read_by_one_device(tmp_path: Path, monkeypa
     check_unique_and_promtool(text)
 
 
+@pytest.mark.parametrize("plain", ["eth9", "enp94s0f0"], ids=["plain-nic-sorts-last", "plain-nic-sorts-first"])
+def test_a_bond_over_an_rdma_nic_and_a_plain_nic_of_another_card_is_the_rdma_devices(
+    tmp_path: Path, plain: str
+) -> None:
+    # A bond over mlx5_0's link and a NIC of another card with no RDMA device (802.3ad: no active slave to
+    # follow). mlx5_0 reads the bond whatever the names' order: anchored on the first name, the bond had
+    # no reader at all when the plain NIC's sorted first (review). The plain NIC is none of mlx5_0's: no
+    # series and no ioctl for it.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "ens1f0np0", "bond0"])
+    _function(tmp_path, "0000:5e:00.0", plain, None, [])
+    _bond(tmp_path, "bond0", sorted(["ens1f0np0", plain]))
+    metrics, nics, text = scrape_lag(tmp_path, nics=("ens1f0np0", plain))
+    owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert owners == {"ens1f0np0": "mlx5_0", "bond0": "mlx5_0"}
+    assert dict(nics.calls) == {"ens1f0np0": 4}
+    assert series(metrics, "rdma_exporter_file_read_errors_total") == set()
+    check_unique_and_promtool(text)
+
+
+def test_an_active_slave_that_is_no_slave_leaves_the_bond_with_its_first_lower(tmp_path: Path) -> None:
+    # bonding/active_slave naming a netdev that is not one of the bond's lowers (a stale or odd read) is
+    # not followed: it would anchor the bond on no device's link and the bond would lose its series.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["bond0", "bond0"])
+    _function(tmp_path, "0000:5e:00.0", "ens2f0np0", "mlx5_1", [])
+    _bond(tmp_path, "bond0", ["ens1f0np0", "ens2f0np0"])
+    write_files(tmp_path, {"devices/virtual/net/bond0/bonding/active_slave": "ens9f9\n"})
+    metrics, _, text = scrape_lag(tmp_path, nics=("ens1f0np0", "ens2f0np0"))
+    owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert owners == {"bond0": "mlx5_0", "ens1f0np0": "mlx5_0", "ens2f0np0": "mlx5_1"}
+    check_unique_and_promtool(text)
+
+
+def test_a_bonds_slave_list_is_read_once_per_device_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # bonding/slaves waits for the rtnl lock: without lower_* links, a device reaching a bond and a VLAN
+    # on it reads the list once for each source's locality (netdev, ethtool), not once per upper, and the
+    # device that reads the bond once more for the bond's own state.
+    _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_0", ["ens1f0np0", "ens1f0np0", "bond0", "bond0.100"])
+    _function(tmp_path, "0000:3b:00.1", "ens1f1np1", "mlx5_1", ["ens1f1np1", "ens1f1np1", "bond0", "bond0.100"])
+    _bond(tmp_path, "bond0", ["ens1f1np1", "ens1f0np0"])
+    _vlan(tmp_path, "bond0.100", "bond0")
+    for lower in (tmp_path / "devices/virtual/net/bond0").glob("lower_*"):
+        lower.unlink()
+    exporter = Exporter(tmp_path)
+    exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
+    exporter.text()  # the static reads
+    reads: Counter[str] = Counter()
+    real_text = SysfsReader.text
+
+    def counting(self: SysfsReader, path: str | Path, *args: object, **kwargs: object) -> str | None:
+        if str(path).endswith("/bonding/slaves"):
+            reads[self.device] += 1
+        return real_text(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SysfsReader, "text", counting)
+    metrics = samples(exporter.text())
+    owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
+    assert owners["bond0"] == owners["bond0.100"] == "mlx5_1"  # bonding/slaves names ens1f1np1 first
+    assert dict(reads) == {"mlx5_0": 2, "mlx5_1": 3}
+
+
 def _two_port_mlx4(root: Path, gids: tuple[list[str], list[str]], slaves: list[str]) -> None:
     """A two-port function (ConnectX-3: one PCI function, mlx4_0 with ports 1 and 2, dev_port 0 and 1,
     eth0 with carrier and eth1 without), its ports' GID netdevs and a bond0 of `slaves`, no RoCE LAG."""
@@ -1209,6 +1269,15 @@ def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_pat
     slaves = {dict(ls)["slave"] for (n, ls) in metrics if n == "rdma_netdev_bond_slave_info"}
     assert slaves == {"eth0", "eth1"}
     check_unique_and_promtool(text)
+
+
+def test_a_devices_netdev_series_are_written_in_port_order(tmp_path: Path) -> None:
+    # Port 1's netdev is a bond, read after the plain netdevs: its series still come before port 2's, so
+    # that a device's lines read port by port.
+    _two_port_mlx4(tmp_path, (["bond0", "bond0"], ["eth1", "eth1"]), ["eth0"])
+    _, _, text = scrape_lag(tmp_path, nics=("eth0", "eth1"))
+    ports = [m.group(1) for m in re.finditer(r'^rdma_netdev_up\{[^}]*port="(\d+)"', text, re.MULTILINE)]
+    assert len(ports) == 3 and ports == sorted(ports), ports
 
 
 def test_each_device_keeps_its_netdevs_stat_names_between_scrapes_until_it_is_forgotten(tmp_path: Path) -> None:
