@@ -52,6 +52,17 @@ def test_captured_veth_is_up_with_carrier(rxe: Path) -> None:
     assert got["rdma_netdev_speed_bytes_per_second"] == 10_000e6 / 8
 
 
+def test_soft_roce_over_a_nic_of_a_pci_function_reads_that_nic(rxe: Path) -> None:
+    # rxe0 over the NIC of a PCI function (an e1000 or virtio NIC of a VM rather than the capture's veth):
+    # the NIC has no RDMA device of its own and rxe0 is on no PCI card, so the NIC is rxe0's. Judged by
+    # card alone, it was on none of rxe0's and had no series.
+    function = rxe / "devices/pci0000:00/0000:00:03.0"
+    function.mkdir(parents=True)
+    (rxe / VETH / "device").symlink_to("../../../pci0000:00/0000:00:03.0")
+    got = netdev_series(samples(scrape(rxe)))
+    assert got["rdma_netdev_up"] == 1 and got["rdma_netdev_carrier"] == 1
+
+
 @pytest.mark.parametrize("operstate", ["lowerlayerdown", "dormant", "unknown", "notpresent", "testing"])
 def test_any_operstate_but_up_is_0(rxe: Path, operstate: str) -> None:
     # veth0 whose peer went down shows lowerlayerdown (it has a lower, its iflink); carrier is off then.

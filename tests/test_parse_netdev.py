@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,14 @@ from rdma_exporter.collect.netdev import expose_netdev
 from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.infiniband import read_device_info
 from rdma_exporter.parse.netdev import (
+    NetdevIdentity,
+    card_bond_slaves,
     parse_speed,
     rdma_port_netdevs,
     read_netdev,
     read_netdev_identity,
     read_netdev_state,
+    valid_ifname,
 )
 from rdma_exporter.parse.reader import REASON_MALFORMED, REASON_MISSING, ReadErrors, SysfsReader
 
@@ -374,6 +378,35 @@ def test_roce_lag_without_gid_table_is_told_by_the_card_not_the_name(
     assert reader.errors.total() == 0
 
 
+def test_a_renamed_device_bonded_with_a_plain_nic_of_another_card_keeps_its_own_netdev(tmp_path: Path) -> None:
+    # A renamed device (no mlx5_bond_N name to tell it) with no GID table to ask, whose netdev is bonded
+    # with a NIC of another card that has no RDMA device: no RoCE LAG folds a function of another card, so
+    # the port's netdev stays its own, not the bond.
+    shutil.copytree(GPUD_SYS / "class/infiniband/mlx5_bond_0", tmp_path / "class/infiniband/rocep59s0f0")
+    lag_card(tmp_path, None)
+    other = "devices/pci0000:00/0000:00:03.0/0000:5e:00.0"
+    shutil.rmtree(tmp_path / PF1)
+    (tmp_path / "class/net/ens1f1np1").unlink()
+    write_files(tmp_path, {f"{other}/net/ens1f1np1/dev_port": "0\n", f"{other}/net/ens1f1np1/operstate": "up\n"})
+    symlink(tmp_path, f"{other}/net/ens1f1np1/device", other)
+    symlink(tmp_path, f"{other}/net/ens1f1np1/master", "class/net/bond0")
+    symlink(tmp_path, "class/net/ens1f1np1", f"{other}/net/ens1f1np1")
+    rdma_device(tmp_path, "rocep59s0f0")
+    reader = SysfsReader("rocep59s0f0")
+    assert rdma_port_netdevs(tmp_path, "rocep59s0f0", 1, reader, single_port=True) == ["ens1f0np0"]
+    assert reader.errors.total() == 0
+
+
+def test_a_soft_roce_port_leaves_out_a_gid_netdev_of_another_namespace(captured_copy: Callable[[str], Path]) -> None:
+    # rxe0 is on no PCI card, so any netdev of this namespace may carry it; a GID entry naming a netdev
+    # this namespace does not have (a container's net1) is none of its netdevs.
+    root = captured_copy("debian-6.1-rxe")
+    write_files(root, {"devices/virtual/infiniband/rxe0/ports/1/gid_attrs/ndevs/2": "net1\n"})
+    reader = SysfsReader("rxe0")
+    assert rdma_port_netdevs(root, "rxe0", 1, reader, single_port=True) == ["veth0"]
+    assert reader.errors.total() == 0
+
+
 def test_gpud_capture_has_nothing_to_map() -> None:
     reader = SysfsReader("mlx5_bond_0")
     assert rdma_port_netdevs(GPUD_SYS, "mlx5_bond_0", 1, reader, single_port=True) == []
@@ -574,6 +607,19 @@ def test_bond_slaves_and_mode_are_state_not_identity(tmp_path: Path) -> None:
     assert reader.errors.total() == 0
 
 
+def test_a_bond_whose_slaves_were_all_released_has_none(tmp_path: Path) -> None:
+    # An empty bonding/slaves is a bond without slaves, not a failed read: the slaves of the static read
+    # must not stay in rdma_netdev_bond_slave_info.
+    bond_tree(tmp_path)
+    reader = SysfsReader("bond0")
+    identity = read_netdev_identity(tmp_path, "bond0", reader)
+    assert identity is not None and identity.bond_slaves == ("ens1f0np0", "ens1f1np1")
+    write_files(tmp_path, {"class/net/bond0/bonding/slaves": "\n"})
+    bond = read_netdev_state(tmp_path, identity, reader)
+    assert bond is not None and bond.bond_slaves == ()
+    assert reader.errors.total() == 0
+
+
 def test_a_failed_read_of_a_bonds_slaves_keeps_the_slaves_of_its_static_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -653,3 +699,34 @@ def test_a_one_port_devices_lone_netdev_is_its_own_whatever_dev_port_says(tmp_pa
     )
     info = read_device_info(tmp_path, "mlx5_3", SysfsReader("mlx5_3"))
     assert [(port.number, port.netdevs) for port in info.ports] == [(1, ("ens3np0",))]
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        ("a" * 15, True),  # IFNAMSIZ is 16 bytes with the terminating NUL
+        ("\u00e9" * 7, True),  # 14 bytes in UTF-8
+        ("a" * 16, False),
+        ("\u00e9" * 8, False),  # 8 characters, 16 bytes
+        ("eth0:1", False),  # an old alias label, never a netdev name
+        ("eth 0", False),
+        ("..", False),
+        ("", False),
+    ],
+)
+def test_a_netdev_name_is_what_the_kernel_could_name_one(name: str, valid: bool) -> None:
+    assert valid_ifname(name) is valid
+
+
+def _identity(name: str, pci_address: str | None, slaves: tuple[str, ...] = ()) -> NetdevIdentity:
+    return NetdevIdentity(name, None, 1, None, bool(slaves), slaves, None, pci_address=pci_address)
+
+
+def test_card_bond_slaves_are_the_other_functions_of_the_card_only() -> None:
+    netdevs = [
+        _identity("bond0", None, ("ens1f0np0", "ens1f1np1", "ens2f0np0")),
+        _identity("ens1f0np0", "0000:3b:00.0"),  # the device's own function
+        _identity("ens1f1np1", "0000:3b:00.1"),
+        _identity("ens2f0np0", "0000:5e:00.0"),  # another card
+    ]
+    assert card_bond_slaves("0000:3b:00.0", netdevs) == {"0000:3b:00.1": "ens1f1np1"}
