@@ -1070,3 +1070,98 @@ def test_an_address_change_is_applied_again_once_the_gid_table_settled(
         assert fw_of(collector, "mlx5_1") == "99.1.0"
     finally:
         monitor.stop()
+
+
+class TimedRouteSocket(FakeRouteSocket):
+    """A FakeRouteSocket that keeps every timeout the watch set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float] = []
+
+    def settimeout(self, timeout: float) -> None:
+        self.timeouts.append(timeout)
+        super().settimeout(timeout)
+
+
+def test_the_watch_wakes_for_a_settle_due_before_its_usual_second(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a change settling, the watch waits only until it is due, not its usual 1 s: the scrape that
+    comes in a late re-apply's extra second caches the old GID table. Told from the timeouts it sets, not
+    from timings, which a loaded machine stretches."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_1")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    name_indexes(monkeypatch, {7: netdev})
+    route = TimedRouteSocket()
+    monitor = HotplugMonitor(
+        FakeMonitor(), "kernel", lambda: collector.inventory, addresses=route,  # type: ignore[arg-type]
+        sys_root=tree, address_settle_seconds=0.3,
+    )  # fmt: skip
+    monitor.start()
+    try:
+        route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7))
+        assert monitor.wait_for_events(1, 5)
+        fw_of(collector, "mlx5_1")  # a scrape in between caches the device again: the re-apply has work
+        assert monitor.wait_for_events(2, 5)
+        assert any(0 <= timeout < 1.0 for timeout in route.timeouts), route.timeouts
+    finally:
+        monitor.stop()
+
+
+def test_an_address_change_that_cannot_be_applied_costs_that_change_only(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error applying one change is logged and the watch goes on: escaping, it ended the watch thread,
+    and every later change was ignored until a restart."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_1")
+    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    name_indexes(monkeypatch, {7: netdev})
+    calls = 0
+
+    def inventory() -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("inventory in the middle of a reload")
+        return collector.inventory
+
+    route = FakeRouteSocket()
+    monitor = HotplugMonitor(
+        FakeMonitor(), "kernel", inventory, addresses=route,  # type: ignore[arg-type]
+        sys_root=tree, address_settle_seconds=600,
+    )  # fmt: skip
+    monitor.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="rdma_exporter.hotplug"):
+            route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7))
+            wait_until(lambda: monitor.seen == 1, 5)
+            assert monitor.events == 0
+            assert any(f"cannot apply an address change on {netdev}" in r.getMessage() for r in caplog.records)
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+        route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7))
+        assert monitor.wait_for_events(1, 5)
+        assert fw_of(collector, "mlx5_1") == "99.0.0"
+    finally:
+        monitor.stop()
+
+
+def test_the_address_socket_watches_ipv4_and_ipv6_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RoCE v2 GIDs follow IPv6 addresses too (SLAAC, router advertisements): the socket joins both groups."""
+    bound: list[object] = []
+
+    class RecordingSocket:
+        def __init__(self, *args: object) -> None:
+            self.args = args
+
+        def bind(self, address: object) -> None:
+            bound.append(address)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(hotplug.socket, "socket", RecordingSocket)
+    route = hotplug.open_address_socket()
+    assert route is not None
+    assert route.args == (socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)  # type: ignore[attr-defined]
+    assert bound == [(0, 0x10 | 0x100)]  # RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR, linux/rtnetlink.h
