@@ -218,6 +218,12 @@ def test_parse_expands_and_converts_units() -> None:
             "collector.expected.ports[0].netdev_speed_gbps",
             "expected a number of Gb/s below 1e+12",
         ),
+        # The bound itself is refused (1.0e+12: YAML 1.1 reads a bare 1e12 as a string).
+        (
+            "ports: [{devices: mlx5_0, rate_gbps: 1.0e+12}]",
+            "collector.expected.ports[0].rate_gbps",
+            "expected a number of Gb/s below 1e+12",
+        ),
         # Zero is not a rate: a port expected at 0 b/s never alerts as below expectation.
         ("ports: [{devices: mlx5_0, rate_gbps: 0}]", "collector.expected.ports[0].rate_gbps", "positive number, got 0"),
         (
@@ -489,6 +495,8 @@ def test_port_4294967294_and_width_1_are_accepted() -> None:
     got = port.collector_settings["expected"]["ports"][0]
     assert (got.port, got.width, got.pcie_transfers_per_second) == (4294967294, 1, 2.5e9)
     assert parse("collector: {expected: {ports: [{devices: mlx5_0, port: 256}]}}")
+    just_below = parse("collector: {expected: {ports: [{devices: mlx5_0, rate_gbps: 999999999999.9}]}}")
+    assert just_below.collector_settings["expected"]["ports"][0].rate_bytes_per_second == 999999999999.9e9 / 8
 
 
 def test_empty_ports_list_expects_nothing() -> None:
@@ -701,6 +709,19 @@ def test_an_address_two_devices_share_goes_to_a_read_device_then_the_first_by_na
     # Excluded (devices.exclude), the sub device gives way whatever its name.
     assert expected_rates({"a_smi": source.read_excluded("0000:18:00.0"), "mlx5_0": read}) == on_parent
     assert expected_rates({"mlx5_0": read, "a_smi": source.read_excluded("0000:18:00.0")}) == on_parent
+
+
+def test_a_function_two_lag_devices_stand_for_goes_to_the_first_by_name() -> None:
+    """A function with no RDMA device of its own that two devices stand for (each lists it as folded in):
+    the expectation goes to the first by name, whatever order the devices are listed in."""
+    source = ExpectedSource([ExpectedPort("", 1, rate_bytes_per_second=2.5e10, pci_address="0000:3b:00.2")])
+    results = {
+        "rocep59s0f1": ("0000:3b:00.1", frozenset({1}), frozenset({"0000:3b:00.2"})),
+        "rocep59s0f0": ("0000:3b:00.0", frozenset({1}), frozenset({"0000:3b:00.2"})),
+    }
+    family = "rdma_expected_port_rate_bytes_per_second"
+    rates = {(labels, v) for name, labels, v in exposed(source, results) if name == family}
+    assert rates == {(("rocep59s0f0", "1"), 2.5e10)}
 
 
 def test_a_function_with_its_own_rdma_device_is_not_taken_by_a_renamed_lag_device() -> None:

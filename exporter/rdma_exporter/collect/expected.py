@@ -182,7 +182,7 @@ def _pci_addresses(source: str, key: str, value: Any) -> list[str]:
         text = address.strip().lower() if isinstance(address, str) else ""
         if _LSPCI_ADDRESS.match(text):
             text = "0000:" + text
-        if not PCI_ADDRESS.match(text) or text.endswith("\n"):
+        if not PCI_ADDRESS.match(text):  # stripped: no newline for `$` to match before
             reason = f"expected a PCI address domain:bus:device.function like 0000:17:00.0, got {address!r}"
             if isinstance(address, (int, float)):
                 reason += " (quote it: YAML reads an unquoted 17:00.0 as a base-60 number)"
