@@ -34,10 +34,12 @@ from rdma_exporter.parse.ethtool import (
     ETHTOOL_GSTRINGS,
     MAX_CAPTURE_BYTES,
     MAX_EXTRA_STATS,
+    MAX_STATS,
     MODULE_EVENTS,
     CuratedStat,
     EthtoolError,
     GuardedMemory,
+    SocketEthtool,
     StatNames,
     StatSetReader,
     _decide,
@@ -1431,3 +1433,90 @@ def test_extras_past_the_limit_are_counted_and_curated_names_are_not_limited() -
     assert over_limit == 5  # three flood names, x_lane_0 and the vport extra past the limit
     assert [c.source for c in curated if not c.key.startswith("stat_")] == ["rx_prio3_pause"]
     assert curate_counted(dict(list(flood.items())[:MAX_EXTRA_STATS]))[1] == 0
+
+
+# --- mutation review: EFAULT retries without a namespace, the guard page, odd kernel answers ---------------
+
+BIG = [(f"ch{i}_poll", i) for i in range(3000)]  # past any headroom: EFAULT on a kernel before Dec 2025
+
+
+def test_a_kept_names_read_whose_values_fault_is_read_again_in_full() -> None:
+    # The set grew past the headroom between two scrapes: the kept path's values read faults, and the
+    # netdev is read again from its names, not counted as a failure for the scrape.
+    _, names = read_stat_set("eth0", None, call=FakeKernel([BASE], [0]))
+    kernel = FakeKernel([BASE, BIG], [0, 1], honours_len=False, guarded=True)
+    assert read_stat_set("eth0", names, call=kernel)[0] == dict(BIG)
+
+
+def test_values_that_fault_after_the_names_were_read_are_read_again() -> None:
+    # GSSET_INFO and GSTRINGS see 3 stats, GSTATS 3000: the values read faults and the set is read again.
+    kernel = FakeKernel([BASE, BIG], [0, 0, 1], honours_len=False, guarded=True)
+    assert read_stats_ioctl("eth0", call=kernel) == dict(BIG)
+    assert kernel.calls.count(ETHTOOL_GSTATS) == 2
+
+
+def test_one_empty_name_without_repeats_is_not_paired_by_position() -> None:
+    stats, names = read_stat_set("eth0", None, call=FakeKernel([[("rx_crc_errors_phy", 1), ("", 2)]], [0]))
+    assert stats == {"rx_crc_errors_phy": 1}
+    assert not names.by_position
+
+
+def test_the_socket_hands_the_kernel_memory_that_ends_at_the_guard_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kernel writing past the buffer must fault on the PROT_NONE page, not write over the heap: the
+    # ioctl gets the guarded copy, and what it wrote comes back in the caller's buffer.
+    seen: list[int] = []
+
+    def fake_ioctl(fd: int, request: int, ifreq: bytearray, mutate: bool) -> int:
+        _, address = struct.unpack_from("16sP", ifreq, 0)
+        seen.append(address)
+        ctypes.memmove(address + 4, struct.pack("=I", 77), 4)  # the kernel answers n_stats
+        return 0
+
+    monkeypatch.setattr(ethtool.fcntl, "ioctl", fake_ioctl)
+    with SocketEthtool() as sock:
+        buffer = array("B", bytes(8 + 3 * 8))
+        struct.pack_into("=II", buffer, 0, ETHTOOL_GSTATS, 3)
+        sock("eth0", buffer)
+        memory = sock._memory
+        assert memory._base is not None
+        assert seen == [memory._base + memory._span - len(buffer)]
+        assert seen[0] != buffer.buffer_info()[0]
+    assert struct.unpack_from("=I", buffer, 4) == (77,)
+
+
+def test_max_stats_itself_is_accepted() -> None:
+    kernel = LyingKernel(MAX_STATS, MAX_STATS)  # every name empty: nothing to pair, but read
+    assert read_stats_ioctl("eth0", call=kernel, max_attempts=1) == {}
+    assert kernel.calls == [ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSTATS, ETHTOOL_GSTRINGS]
+
+
+class StringCountLiar:
+    """GSSET_INFO says 3; GSTRINGS claims one name more than its buffer holds, without faulting."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, ifname: str, buffer: array) -> None:
+        (cmd,) = struct.unpack_from("=I", buffer, 0)
+        self.calls.append(cmd)
+        if cmd == ETHTOOL_GSSET_INFO:
+            struct.pack_into("=QI", buffer, 8, 1 << 1, 3)
+        elif cmd == ETHTOOL_GSTRINGS:
+            struct.pack_into("=I", buffer, 8, 1028)  # capacity 3 + 1024 headroom, plus one
+
+
+def test_a_name_count_beyond_the_buffer_is_refused_at_once() -> None:
+    kernel = StringCountLiar()
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=kernel)
+    assert "grew from <=1027 to 1028 strings mid-read" in err.value.detail, err.value.detail
+    assert kernel.calls == [ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS]
+
+
+def test_a_cleared_stats_bit_is_no_stats_set_whatever_data_holds() -> None:
+    def kernel(ifname: str, buffer: array) -> None:
+        struct.pack_into("=QI", buffer, 8, 0, 5)  # ETH_SS_STATS cleared, a stale count left in data[0]
+
+    with pytest.raises(EthtoolError) as err:
+        read_stats_ioctl("eth0", call=kernel)
+    assert err.value.reason == REASON_UNSUPPORTED
