@@ -1272,12 +1272,14 @@ def test_bond_over_both_ports_of_one_device_keeps_each_slave_on_its_port(tmp_pat
 
 
 def test_a_devices_netdev_series_are_written_in_port_order(tmp_path: Path) -> None:
-    # Port 1's netdev is a bond, read after the plain netdevs: its series still come before port 2's, so
-    # that a device's lines read port by port.
+    # Port 1's netdev is a bond, read after the plain netdevs: its series (and its slave's ethtool series)
+    # still come before port 2's, so that a device's lines read port by port.
     _two_port_mlx4(tmp_path, (["bond0", "bond0"], ["eth1", "eth1"]), ["eth0"])
     _, _, text = scrape_lag(tmp_path, nics=("eth0", "eth1"))
     ports = [m.group(1) for m in re.finditer(r'^rdma_netdev_up\{[^}]*port="(\d+)"', text, re.MULTILINE)]
     assert len(ports) == 3 and ports == sorted(ports), ports
+    ports = [m.group(1) for m in re.finditer(r'^rdma_ethtool_curated_stats\{[^}]*port="(\d+)"', text, re.MULTILINE)]
+    assert len(ports) == 2 and ports == sorted(ports), ports
 
 
 def test_each_device_keeps_its_netdevs_stat_names_between_scrapes_until_it_is_forgotten(tmp_path: Path) -> None:
@@ -1445,6 +1447,14 @@ def test_extras_past_the_limit_are_counted_logged_once_and_not_exported(
         link.symlink_to(target)
         assert value(exporter.scrape(), "rdma_ethtool_extra_stats_over_limit", **port) == 10
         assert len(lines()) == 3
+        # So is a netdev that goes and comes back while its device stays.
+        net_link = tree / "sys" / "class" / "net" / netdev
+        net_target = net_link.readlink()
+        net_link.unlink()
+        assert value(exporter.scrape(), "rdma_ethtool_extra_stats_over_limit", **port) is None
+        net_link.symlink_to(net_target)
+        assert value(exporter.scrape(), "rdma_ethtool_extra_stats_over_limit", **port) == 10
+        assert len(lines()) == 4
     promtool_check_metrics(exporter.text())
 
 
@@ -1518,6 +1528,27 @@ def test_lint_safe_names_pass_the_promtool_unit_rules(key: str, kind: str) -> No
     # promtool keeps these endings for counters, histograms and summaries.
     assert kind == "counter" or not re.search(r"_(total|count|sum|bucket)$", name), name
     assert lint_safe(lint_safe(key, kind), kind) == lint_safe(key, kind)
+
+
+def test_a_stat_whose_labels_do_not_fit_its_family_is_left_out() -> None:
+    # A curated stat carries its family's labels; one that does not (a rule's mistake) is left out and not
+    # counted, rather than exported under a family whose other series have other labels.
+    stats = (
+        CuratedStat("pfc_pause_frames", 5, (("direction", "rx"), ("priority", "3")), "counter", 1.0, "rx_prio3_pause"),
+        CuratedStat("pfc_pause_frames", 9, (("direction", "rx"),), "counter", 1.0, "bogus"),  # no priority
+        CuratedStat("stat_x", 1, (("direction", "rx"),), "counter", 1.0, "rx_x"),
+        CuratedStat("stat_x", 2, (("direction", "rx"), ("queue", "1")), "counter", 1.0, "rx1_x"),
+    )
+    out = FamilySet()
+    EthtoolSource().expose({"mlx5_0": EthtoolReading(((1, "eth0", stats, 0),))}, out)
+    base = {"device": "mlx5_0", "port": "1", "netdev": "eth0"}
+    got = {(name, tuple(sorted(labels))): v for (name, labels), v in samples(render(out)).items()}
+    assert got == {
+        ("rdma_ethtool_pfc_pause_frames_total", tuple(sorted({**base, "direction": "rx", "priority": "3"}.items()))): 5,
+        ("rdma_ethtool_stat_x_total", tuple(sorted({**base, "direction": "rx"}.items()))): 1,
+        ("rdma_ethtool_curated_stats", tuple(sorted(base.items()))): 1,
+        ("rdma_ethtool_extra_stats_over_limit", tuple(sorted(base.items()))): 0,
+    }, got
 
 
 def test_awkward_extra_names_pass_promtool() -> None:
