@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -443,6 +444,44 @@ def test_numa_node(tmp_path: Path, content: str, numa: int | None, errors: int) 
     assert info.numa_node == numa
     assert tally.counts == ({("mlx5_0", "malformed"): errors} if errors else {})
     assert info.fw_ver is not None  # the rest of the device is still read
+
+
+@pytest.mark.parametrize("attribute", ["numa_node", "sriov_numvfs"])
+def test_pci_attributes_a_kernel_may_not_have_are_absent_not_errors(tmp_path: Path, attribute: str) -> None:
+    # numa_node exists only in a kernel built with CONFIG_NUMA, sriov_numvfs only on a function with the
+    # SR-IOV capability: their absence is no value, not a read error on every device.
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    pci_dir = (root / "class" / "infiniband" / "mlx5_0" / "device").resolve()
+    (pci_dir / attribute).unlink()
+    tally = ReadErrors()
+    info = read_device_info(root, "mlx5_0", SysfsReader("mlx5_0", tally))
+    assert getattr(info, attribute) is None
+    assert tally.counts == {}
+    assert not info.is_vf
+
+
+# node_type_show() (drivers/infiniband/core/sysfs.c) prints these; the label is the verbs name.
+@pytest.mark.parametrize(
+    ("text", "node_type"),
+    [
+        ("1: CA", "CA"),
+        ("2: switch", "Switch"),
+        ("3: router", "Router"),
+        ("4: RNIC", "RNIC"),
+        ("5: usNIC", "USNIC"),
+        ("6: usNIC UDP", "USNIC_UDP"),
+        ("7: unspecified", "UNSPECIFIED"),
+    ],
+)
+def test_node_type_label_is_the_verbs_name_whatever_the_kernel_prints(
+    captured_copy: Callable[[str], Path], text: str, node_type: str
+) -> None:
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/node_type").write_text(f"{text}\n")  # the capture has none
+    info = [dict(labels) for (name, labels) in samples(scrape(root)) if name == "rdma_device_info"]
+    assert {i["node_type"] for i in info if i["device"] == "mlx5_0"} == {node_type}
 
 
 NODE_EXPORTER = SYSFS_FIXTURES / "prometheus-node_exporter" / "sys"
