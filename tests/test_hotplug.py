@@ -776,6 +776,13 @@ def test_malformed_rtnetlink_messages_end_the_datagram_without_hanging_or_raisin
     assert hotplug.address_changes(short + rtnetlink_message(hotplug.RTM_NEWADDR, 9)) == [("add", 9)]
 
 
+def cached_with_netdev(tree: Path) -> tuple[RdmaCollector, str]:
+    """A collector that has read (and cached) every device once, and the netdev of mlx5_1's port."""
+    collector = udev_collector(tree)
+    fw_of(collector, "mlx5_0")
+    return collector, collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+
+
 class FakeRouteSocket:
     """Stands in for the rtnetlink socket: recv() returns queued datagrams, raises queued errors, and times
     out as the real one does when nothing is queued."""
@@ -815,9 +822,7 @@ def name_indexes(monkeypatch: pytest.MonkeyPatch, indexes: dict[int, str]) -> No
 def test_address_watch_survives_quiet_gone_netdevs_and_overflow(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A quiet second, a netdev gone before its index is named, or an overflowed socket must not end the
     watch: after any of them, GIDs would again follow addresses only at the 15-minute resync."""
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_0")
-    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    collector, netdev = cached_with_netdev(tree)
     name_indexes(monkeypatch, {7: netdev})
     route = FakeRouteSocket()
     # No settle re-apply within the test: each event counted is one a datagram's change made.
@@ -923,9 +928,7 @@ def test_a_refused_settimeout_ends_the_address_watch_with_one_error(
 def test_an_address_on_a_stack_of_uppers_refreshes_the_device_below(tree: Path) -> None:
     """A macvlan on a VLAN of the port's netdev (a container's address on a tagged RoCE port): its GID is
     the port's, two lower links down."""
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_0")
-    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    collector, netdev = cached_with_netdev(tree)
     net = tree / "class" / "net"
     for upper, lower in ((f"{netdev}.100", netdev), ("mv0", f"{netdev}.100")):
         (net / upper).mkdir()
@@ -1035,9 +1038,7 @@ def test_an_address_change_is_applied_again_once_the_gid_table_settled(
     in between cached the old GID table until the next event or the 15-minute resync. The watch applies
     each change once more after the settle time. (Static info read after the scrape stands in for the
     GID: fw_ver is re-read by the same invalidation, and fw_of shows it.)"""
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_0")
-    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    collector, netdev = cached_with_netdev(tree)
     name_indexes(monkeypatch, {7: netdev})
     route = FakeRouteSocket()
     settle = 1.0
@@ -1088,9 +1089,7 @@ def test_the_watch_wakes_for_a_settle_due_before_its_usual_second(tree: Path, mo
     """With a change settling, the watch waits only until it is due, not its usual 1 s: the scrape that
     comes in a late re-apply's extra second caches the old GID table. Told from the timeouts it sets, not
     from timings, which a loaded machine stretches."""
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_1")
-    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    collector, netdev = cached_with_netdev(tree)
     name_indexes(monkeypatch, {7: netdev})
     route = TimedRouteSocket()
     monitor = HotplugMonitor(
@@ -1113,9 +1112,7 @@ def test_an_address_change_that_cannot_be_applied_costs_that_change_only(
 ) -> None:
     """An error applying one change is logged and the watch goes on: escaping, it ended the watch thread,
     and every later change was ignored until a restart."""
-    collector = udev_collector(tree)
-    fw_of(collector, "mlx5_1")
-    netdev = collector.inventory.cached()["mlx5_1"].ports[0].netdevs[0]
+    collector, netdev = cached_with_netdev(tree)
     name_indexes(monkeypatch, {7: netdev})
     calls = 0
 
