@@ -488,14 +488,13 @@ def _pci_slot(device_dir: str) -> str | None:
 class Locality:
     """Which netdevs one RDMA device reads: those whose physical netdev belongs to it.
 
-    A netdev's physical netdev (its "anchor") is itself, or for an upper (bond, VLAN) the first of its
-    lower devices on a PCI function with an RDMA device, else its first (an active-backup bond's active
-    slave), followed down. The anchor is local to the RDMA
-    devices on its PCI function (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the
-    second port of a RoCE LAG, whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE)
-    is local to every device that reaches it from the same PCI card, or from no PCI function at all (rxe,
-    siw). So a bond over the netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only, or by mlx5_1 while its
-    link is the active one.
+    A netdev's physical netdev (its "anchor") is itself, or for an upper (bond, VLAN) one of its lower
+    devices, followed down: an active-backup bond's active slave, else the first lower on a PCI function
+    with an RDMA device, else the first lower. The anchor is local to the RDMA devices on its PCI function
+    (`class/net/<anchor>/device/infiniband/*`); an anchor with none there (the second port of a RoCE LAG,
+    whose RDMA device is folded into mlx5_bond_N, or the NIC under soft RoCE) is local to every device
+    that reaches it from the same PCI card, or from no PCI function at all (rxe, siw). So a bond over the
+    netdevs of mlx5_0 and mlx5_1 is read by mlx5_0 only, or by mlx5_1 while its link is the active one.
 
     One instance per device read. A bond's slave list is read once per instance, that is every scrape:
     enslaving and releasing send no uevent, so the device's cached static info would lag behind. (A
@@ -512,6 +511,7 @@ class Locality:
         self._own = frozenset(list_dir(f"{root}/{IB_DIR}/{device}/device/net", reader))
         self._slaves: dict[str, list[str]] = {}
         self._active: dict[str, str | None] = {}
+        self._rdma: dict[str, list[str]] = {}
         self._device_dir = f"{root}/{IB_DIR}/{device}"
 
     def net_dir(self, name: str) -> str:
@@ -567,7 +567,7 @@ class Locality:
         sorted first (review)."""
         if len(lowers) > 1:
             for lower in lowers:
-                if lower in self._own or list_dir(f"{self._net}{lower}/device/infiniband", self._reader):
+                if lower in self._own or self._rdma_devices(lower):
                     return lower
         return lowers[0]
 
@@ -585,7 +585,7 @@ class Locality:
         anchor = self.anchor(name)
         if anchor in self._own:
             return True
-        rdma = list_dir(f"{self._net}{anchor}/device/infiniband", self._reader)
+        rdma = self._rdma_devices(anchor)
         if rdma:
             return self._device in rdma
         # An anchor without an RDMA device: the second port of a RoCE LAG (folded into mlx5_bond_N, a
@@ -593,6 +593,14 @@ class Locality:
         # netdev of another card: GID tables also name netdevs of containers' namespaces, and the host may
         # have one of the same name (an SR-IOV VF's eth1 in a pod, the host's own eth1).
         return self._slot is None or _pci_slot(self._net + anchor) == self._slot
+
+    def _rdma_devices(self, name: str) -> list[str]:
+        """The RDMA devices on netdev `name`'s PCI function, listed once per instance: `is_local` asks
+        again for the anchor `_first_with_rdma` chose, and for every upper that shares an anchor."""
+        rdma = self._rdma.get(name)
+        if rdma is None:
+            rdma = self._rdma[name] = list_dir(f"{self._net}{name}/device/infiniband", self._reader)
+        return rdma
 
     def on_card(self, name: str) -> bool:
         """Whether netdev `name` is in this namespace and it, or a netdev it stacks on, is on the device's
