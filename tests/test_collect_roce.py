@@ -800,6 +800,20 @@ def count_netdev_reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return reads
 
 
+def count_text_reads(monkeypatch: pytest.MonkeyPatch, suffix: str) -> Counter[str]:
+    """How often each device's reader reads a file whose path ends in `suffix` from now on."""
+    reads: Counter[str] = Counter()
+    real_text = SysfsReader.text
+
+    def counting(self: SysfsReader, path: str | Path, *args: object, **kwargs: object) -> str | None:
+        if str(path).endswith(suffix):
+            reads[self.device] += 1
+        return real_text(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SysfsReader, "text", counting)
+    return reads
+
+
 def test_roce_lag_reads_each_slave_once_under_the_bond_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # mlx5_bond_0 sits on the first function; the second function has no RDMA device while bonded.
     _function(tmp_path, "0000:3b:00.0", "ens1f0np0", "mlx5_bond_0", ["bond0", "bond0"])
@@ -1126,15 +1140,7 @@ def test_an_active_backup_bond_and_its_vlan_go_with_the_active_link(
     _bond(tmp_path, "bond0", ["ens1f0np0", "ens2f0np0"])
     _vlan(tmp_path, "bond0.100", "bond0")
     write_files(tmp_path, {"devices/virtual/net/bond0/bonding/active_slave": "ens2f0np0\n"})
-    active_reads: Counter[str] = Counter()
-    real_text = SysfsReader.text
-
-    def counting(self: SysfsReader, path: str | Path, *args: object, **kwargs: object) -> str | None:
-        if str(path).endswith("/bonding/active_slave"):
-            active_reads[self.device] += 1
-        return real_text(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(SysfsReader, "text", counting)
+    active_reads = count_text_reads(monkeypatch, "/bonding/active_slave")
     metrics, _, text = scrape_lag(tmp_path, nics=("ens1f0np0", "ens2f0np0"))
     owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
     assert owners == {"ens1f0np0": "mlx5_0", "ens2f0np0": "mlx5_1", "bond0": "mlx5_1", "bond0.100": "mlx5_1"}
@@ -1217,15 +1223,7 @@ def test_a_bonds_slave_list_is_read_once_per_device_read(tmp_path: Path, monkeyp
     exporter = Exporter(tmp_path)
     exporter.ethtool.call = FakeNics(dict.fromkeys(("ens1f0np0", "ens1f1np1"), STATS))
     exporter.text()  # the static reads
-    reads: Counter[str] = Counter()
-    real_text = SysfsReader.text
-
-    def counting(self: SysfsReader, path: str | Path, *args: object, **kwargs: object) -> str | None:
-        if str(path).endswith("/bonding/slaves"):
-            reads[self.device] += 1
-        return real_text(self, path, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(SysfsReader, "text", counting)
+    reads = count_text_reads(monkeypatch, "/bonding/slaves")
     metrics = samples(exporter.text())
     owners = {dict(ls)["netdev"]: dict(ls)["device"] for (n, ls) in metrics if n == "rdma_netdev_up"}
     assert owners["bond0"] == owners["bond0.100"] == "mlx5_1"  # bonding/slaves names ens1f1np1 first
