@@ -1251,10 +1251,12 @@ def test_headroom_grows_with_a_large_stat_set() -> None:
 
 
 class LyingKernel:
-    """Answers GSSET_INFO with `count` and GSTRINGS/GSTATS with `reported` entries, writing none of them."""
+    """Answers GSSET_INFO with `count`, GSTRINGS with `strings` entries (default `count`) and GSTATS with
+    `reported`, writing none of them."""
 
-    def __init__(self, count: int, reported: int) -> None:
+    def __init__(self, count: int, reported: int, strings: int | None = None) -> None:
         self.count, self.reported = count, reported
+        self.strings = count if strings is None else strings
         self.calls: list[int] = []
 
     def __call__(self, ifname: str, buffer: array) -> None:
@@ -1263,7 +1265,7 @@ class LyingKernel:
         if cmd == ETHTOOL_GSSET_INFO:
             struct.pack_into("=QI", buffer, 8, 1 << 1, self.count)
         elif cmd == ETHTOOL_GSTRINGS:
-            struct.pack_into("=I", buffer, 8, self.count)  # the names themselves stay empty
+            struct.pack_into("=I", buffer, 8, self.strings)  # the names themselves stay empty
         elif cmd == ETHTOOL_GSTATS:
             struct.pack_into("=I", buffer, 4, self.reported)
 
@@ -1490,23 +1492,9 @@ def test_max_stats_itself_is_accepted() -> None:
     assert kernel.calls == [ETHTOOL_GSSET_INFO, ETHTOOL_GSTRINGS, ETHTOOL_GSTATS, ETHTOOL_GSTRINGS]
 
 
-class StringCountLiar:
-    """GSSET_INFO says 3; GSTRINGS claims one name more than its buffer holds, without faulting."""
-
-    def __init__(self) -> None:
-        self.calls: list[int] = []
-
-    def __call__(self, ifname: str, buffer: array) -> None:
-        (cmd,) = struct.unpack_from("=I", buffer, 0)
-        self.calls.append(cmd)
-        if cmd == ETHTOOL_GSSET_INFO:
-            struct.pack_into("=QI", buffer, 8, 1 << 1, 3)
-        elif cmd == ETHTOOL_GSTRINGS:
-            struct.pack_into("=I", buffer, 8, 1028)  # capacity 3 + 1024 headroom, plus one
-
-
 def test_a_name_count_beyond_the_buffer_is_refused_at_once() -> None:
-    kernel = StringCountLiar()
+    # GSTRINGS claims one name more than its buffer holds (3 + 1024 headroom), without faulting.
+    kernel = LyingKernel(3, 0, strings=1028)
     with pytest.raises(EthtoolError) as err:
         read_stats_ioctl("eth0", call=kernel)
     assert "grew from <=1027 to 1028 strings mid-read" in err.value.detail, err.value.detail
