@@ -1521,6 +1521,19 @@ def test_lint_safe_names_pass_the_promtool_unit_rules(key: str, kind: str) -> No
     assert lint_safe(lint_safe(key, kind), kind) == lint_safe(key, kind)
 
 
+# promtool's own list of unit abbreviations, each of which must be spelled out: the hypothesis test
+# above seldom draws a two-letter token such as `us`.
+PROMTOOL_ABBREVIATIONS = ("s", "ms", "us", "ns", "sec", "b", "kb", "mb", "gb", "tb", "pb", "m", "h", "d")
+
+
+@pytest.mark.parametrize("abbreviation", PROMTOOL_ABBREVIATIONS)
+@pytest.mark.parametrize("kind", ["counter", "gauge"])
+def test_every_unit_abbreviation_promtool_rejects_is_spelled_out(abbreviation: str, kind: str) -> None:
+    for key in (f"rx_{abbreviation}", f"{abbreviation}_latency", f"rx_{abbreviation}_lane_1"):
+        safe = lint_safe(key, kind)
+        assert not PROMTOOL_UNITS.search(safe), (key, safe)
+
+
 def test_a_stat_whose_labels_do_not_fit_its_family_is_left_out() -> None:
     # A curated stat carries its family's labels; one that does not (a rule's mistake) is left out and not
     # counted, rather than exported under a family whose other series have other labels.

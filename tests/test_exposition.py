@@ -16,8 +16,11 @@ from types import ModuleType
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from rdma_exporter.collect import base
 from rdma_exporter.collect.base import FamilySet, MetricSpec, SeriesPrefixes, _layout, format_value, label, lint_safe
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
@@ -361,3 +364,59 @@ def test_unchanged_families_reuse_their_text_and_changed_ones_are_written_again(
     families = FamilySet(prefixes)
     families.add(renamed, ["mlx5_2"], 1)
     assert families.render_chunks()[0].startswith(b"# HELP x_things Other things.\n")
+
+
+# _printable's ASCII fast path must hand the value back unchanged. The property test
+# test_escaping_and_values_match_prometheus_client cannot see a change to it: its reference,
+# prometheus_text(families), goes through FamilySet.__iter__, which runs the same _printable over labels
+# and help. Here the reference is prometheus_client's, built from the raw values.
+
+ascii_texts = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_size=12)
+
+
+@given(help_text=ascii_texts, values=st.lists(st.tuples(ascii_texts, ascii_texts), min_size=1, max_size=4, unique=True))
+def test_ascii_help_and_label_values_are_written_as_given(help_text: str, values: list[tuple[str, str]]) -> None:
+    spec = MetricSpec("x_things_total", "counter", help_text, ("device", "netdev"))
+    families = FamilySet()
+    reference = CounterMetricFamily("x_things", help_text, labels=("device", "netdev"))
+    for i, labels in enumerate(values):
+        families.add(spec, labels, i)
+        reference.add_metric(list(labels), i)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(type("C", (), {"collect": lambda self: [reference]})())
+    assert families.render_text() == generate_latest(registry)
+
+
+def test_surrounding_spaces_of_a_label_value_and_help_are_kept() -> None:
+    # The same, as one readable example: a label value is whatever the kernel or the config gave.
+    families = FamilySet()
+    families.add(MetricSpec("x_things", "gauge", " Things. ", ("device",)), [" mlx5_0 "], 1)
+    assert families.render_text() == (
+        b'# HELP x_things  Things. \n# TYPE x_things gauge\nx_things{device=" mlx5_0 "} 1.0\n'
+    )
+
+
+# A pruning render must look the old cache up and keep what it found there. Otherwise the output stays
+# right, but each label set's text is built again after every prune, which SeriesPrefixes exists to avoid,
+# and the cache no longer holds one text per label set written.
+
+
+def test_a_label_sets_text_is_built_once_across_pruning_renders(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[tuple[str, ...]] = []
+    label_text = base._label_text
+
+    def counting(order: tuple[tuple[int, str], ...], labels: tuple[str, ...]) -> str:
+        built.append(labels)
+        return label_text(order, labels)
+
+    monkeypatch.setattr(base, "_label_text", counting)
+    spec = MetricSpec("x_things_total", "counter", "Things.", ("device", "port"))
+    prefixes = SeriesPrefixes()
+    for render in range(2 * SeriesPrefixes.PRUNE_EVERY + 2):
+        families = FamilySet(prefixes)
+        for device in ("mlx5_0", "mlx5_1"):
+            families.add(spec, [device, "1"], render)  # values move: the family is written again each time
+        text = families.render_text().decode()
+        assert f'x_things_total{{device="mlx5_1",port="1"}} {render}.0' in text
+        assert len(prefixes) == 2, render
+    assert sorted(built) == [("mlx5_0", "1"), ("mlx5_1", "1")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,52 @@ def test_an_unlimited_open_file_limit_has_no_max_fds(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     found = samples(ProcessMetrics(node_boot_time()).families().render_text().decode())
     assert ("process_max_fds", ()) not in found and ("process_open_fds", ()) in found
+
+
+# Each value from its own field, exactly: resident and virtual size not swapped, CPU seconds not truncated,
+# the page size the system's (16K or 64K on some arm64 and ppc64 kernels). The comparison with
+# prometheus_client above has tolerances that a small process's RSS and VSZ and sub-second CPU time fit.
+
+
+def test_each_value_is_the_stat_line_field_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc = tmp_path / "proc"
+    (proc / "self" / "fd").mkdir(parents=True)
+    line = "4242 (rdma-exporter) S 1 4242 4242 0 -1 4194560 10 0 0 0 257 51 0 0 20 0 3 0 1234 181510144 8076 x\n"
+    (proc / "self" / "stat").write_text(line)
+    sysconf = os.sysconf
+    fake = {"SC_CLK_TCK": 100, "SC_PAGE_SIZE": 65536}  # an arm64 kernel with 64K pages
+    monkeypatch.setattr(os, "sysconf", lambda name: fake.get(name) or sysconf(name))
+    found = samples(ProcessMetrics(1_700_000_000.0, proc).families(now=0.0).render_text().decode())
+    assert found[("process_cpu_seconds_total", ())] == pytest.approx(3.08)
+    assert found[("process_resident_memory_bytes", ())] == 8076 * 65536
+    assert found[("process_virtual_memory_bytes", ())] == 181510144
+    assert found[("process_start_time_seconds", ())] == pytest.approx(1_700_000_012.34)
+
+
+# The soft open-file limit, which is what open() fails at (and what prometheus_client reports from
+# /proc/self/limits); the comparison above cannot tell it from the hard one where both are equal.
+
+
+def test_max_fds_is_the_soft_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 524288))
+    found = samples(ProcessMetrics(0.0).families().render_text().decode())
+    assert found[("process_max_fds", ())] == 1024
+
+
+# The open-fd count ages on the monotonic clock: on the wall clock an NTP step back would freeze the
+# count for as long as the step, and one forward would recount it on every scrape.
+
+
+def test_open_files_age_on_the_monotonic_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc = tmp_path / "proc"
+    (proc / "self" / "fd").mkdir(parents=True)
+    (proc / "self" / "fd" / "0").touch()
+    clocks = {"monotonic": 1000.0, "time": 1_700_000_000.0}
+    monkeypatch.setattr(time, "monotonic", lambda: clocks["monotonic"])
+    monkeypatch.setattr(time, "time", lambda: clocks["time"])
+    metrics = ProcessMetrics(0.0, proc)
+    assert samples(metrics.families().render_text().decode())[("process_open_fds", ())] == 1
+    (proc / "self" / "fd" / "1").touch()
+    clocks["time"] -= 3600  # the wall clock stepped back an hour; a minute passed
+    clocks["monotonic"] += 61
+    assert samples(metrics.families().render_text().decode())[("process_open_fds", ())] == 2
