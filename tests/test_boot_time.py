@@ -38,3 +38,13 @@ def test_a_reload_after_a_clock_step_keeps_the_boot_time(monkeypatch: pytest.Mon
     stepped = time.time() + 300
     monkeypatch.setattr(time, "time", lambda: stepped)
     assert build_collector(config).boot_time == first
+
+
+def test_boot_time_counts_the_time_the_node_was_suspended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLOCK_MONOTONIC stops while the node (or its VM) is suspended, CLOCK_BOOTTIME does not: a boot
+    time taken from the monotonic clock moves forward by every suspension, which the rules read as a
+    reboot, and disagrees with node_exporter's node_boot_time_seconds (btime)."""
+    clocks = {time.CLOCK_BOOTTIME: 5000.0, time.CLOCK_MONOTONIC: 3000.0}  # suspended for 2000 s
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)
+    monkeypatch.setattr(time, "clock_gettime", lambda clock: clocks[clock])
+    assert node_boot_time.__wrapped__() == 1_700_000_000 - 5000  # type: ignore[attr-defined]

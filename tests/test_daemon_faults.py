@@ -1710,3 +1710,20 @@ def test_a_reload_that_raises_leaves_the_thread_answering(caplog: pytest.LogCapt
         wait_until(lambda: len(calls) == 2)
     assert [record.getMessage() for record in caplog.records] == ["reload failed"]
     reloads.stop()
+
+
+def test_no_reload_thread_starts_again_once_stopped_even_after_the_last_one_ended() -> None:
+    """test_requests_during_a_reload_are_one_more_reload_and_none_runs_after_stop ticks while the old
+    thread is still alive, which starts nothing either way. Once it has ended, a tick must not start a
+    thread that would wait on the queue (and run a SIGHUP queued during shutdown) for good."""
+    ran: list[int] = []
+    reloads = ReloadRequests(lambda: ran.append(1))
+    before = set(threading.enumerate())
+    reloads.ensure_running()
+    reloads.stop()
+    wait_until(lambda: not set(threading.enumerate()) - before)
+    reloads.request()
+    reloads.ensure_running()  # a tick of a server loop still turning
+    time.sleep(0.2)
+    assert not set(threading.enumerate()) - before
+    assert ran == []

@@ -43,12 +43,14 @@ from rdma_exporter.collect.base import DynamicMetricSpec, FamilySet, MetricSpec,
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerPool
 from rdma_exporter.config import EXIT_CONFIG, EXIT_UNAVAILABLE, Config, ConfigError
+from rdma_exporter.configerror import ConfigUnavailable
 from rdma_exporter.daemon import (
     FD_RESERVE,
     OWN_FDS,
     Daemon,
     Exporter,
     Serving,
+    Watchdog,
     accepts_gzip,
     build_sources,
     parse_listen,
@@ -720,10 +722,14 @@ class OneRound:
 def test_a_rounds_encoded_bodies_are_reused_then_dropped_with_the_round() -> None:
     collector = OneRound()
     exporter = Exporter(Serving(Config(), collector, WebConfig()))  # type: ignore[arg-type]
-    for encoding in ("identity", "gzip", "identity", "gzip"):
-        exporter.handle(Request("GET", "/metrics", "HTTP/1.1", {"accept-encoding": encoding}))
+    bodies = [
+        exporter.handle(Request("GET", "/metrics", "HTTP/1.1", {"accept-encoding": encoding})).body
+        for encoding in ("identity", "gzip", "identity", "gzip")
+    ]
     # Rendered once: the gzip body is compressed from the plain chunks, so both encodings say the same.
     assert collector.families is not None and collector.families.renders == 1
+    # And compressed once: every scrape asks for gzip, and an HA pair's scrapes share a round.
+    assert isinstance(bodies[1], bytes) and bodies[3] is bodies[1]
     collector.families = None  # the round is over: its bodies must not outlive it until the next scrape
     assert exporter._encoded == (None, {})
 
@@ -3125,3 +3131,189 @@ def test_clients_that_pipeline_and_never_read_hold_a_bounded_kernel_send_buffer(
             for sock in clients:
                 reset(sock)
         wait_until(lambda: server.connections() == 0, 10)
+
+
+def test_the_landing_page_links_a_telemetry_path_with_an_ampersand_as_written() -> None:
+    """check_telemetry_path allows '&' (RFC 3986 sub-delims): unescaped, `&amp;` in the path would be
+    read by the browser as '&', and the landing page's link would lead to a 404."""
+    config = replace(Config(), telemetry_path="/m&amp;x")
+    exporter = Exporter(Serving(config, OneRound(), WebConfig()))  # type: ignore[arg-type]
+    page = exporter.handle(Request("GET", "/", "HTTP/1.1", {})).body
+    assert isinstance(page, bytes)
+    assert b'<a href="/m&amp;amp;x">/m&amp;amp;x</a>' in page
+
+
+def test_a_zero_watchdog_interval_sends_no_notifications(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """WATCHDOG_USEC=0 would be an interval of 0 s: a WATCHDOG=1 datagram on every tick of the server loop
+    (four a second) instead of none."""
+    monkeypatch.setenv("WATCHDOG_USEC", "0")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        assert Watchdog.from_environment().interval is None
+    assert "WATCHDOG_USEC='0' is not a number of microseconds" in caplog.text
+
+
+def test_an_include_matching_no_device_even_in_part_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The test beside it (mlx5_*) matches part of a name; an include for another vendor's devices
+    (bnxt_re.*) on a node with mlx5 ones matches none at all and serves nothing: said as well."""
+    class_dir = tmp_path / "class" / "infiniband"
+    class_dir.mkdir(parents=True)
+    for name in ("mlx5_0", "mlx5_1"):
+        (class_dir / name).mkdir()
+    config = replace(Config(), sysfs=tmp_path, device_include=re.compile("bnxt_re.*"))
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        daemon_module.warn_of_filters_matching_nothing(config)
+    assert [r.getMessage().split(" matches")[0] for r in caplog.records] == ["devices.include 'bnxt_re.*'"]
+
+
+def test_filters_are_not_warned_of_on_a_node_without_devices(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fleet-wide include on a node whose RDMA modules are loaded but has no device yet (all removed,
+    or SR-IOV VFs not created yet): the start-up line about no devices says it; not a filter warning too."""
+    (tmp_path / "class" / "infiniband").mkdir(parents=True)
+    config = replace(Config(), sysfs=tmp_path, device_include=re.compile("mlx5_.*"))
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        daemon_module.warn_of_filters_matching_nothing(config)
+    assert caplog.records == []
+
+
+def test_the_exit_waits_for_a_reload_still_running(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """test_a_burst_of_sighups_..._sigterm_waits_for_a_running_reload cannot tell: its reload gives up
+    within a millisecond of the stop. A reload that takes longer (a web config on a slow file system)
+    must still be waited for, or the interpreter exits under a daemon thread (SIGABRT, a failed stop)."""
+    monkeypatch.setattr(daemon_module.signal, "signal", lambda *args: None)  # leave pytest's handlers alone
+    monkeypatch.setattr(daemon_module, "take_early_sighup", lambda: False)
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+    daemon = Daemon(config, reload=lambda: config)
+    held = threading.Event()
+    finished: list[str] = []
+
+    def reload_in_progress() -> None:
+        with daemon._reload_lock:
+            held.set()
+            time.sleep(1.5)
+            finished.append("reload")
+
+    threading.Thread(target=reload_in_progress, daemon=True).start()
+    assert held.wait(5)
+    threading.Timer(0.3, daemon.server.stop).start()
+    with caplog.at_level(logging.INFO, logger="rdma_exporter.daemon"):
+        assert daemon.serve() == 0
+    finished.append("exit")
+    assert finished == ["reload", "exit"]
+    assert "a reload is still running" not in caplog.text
+
+
+def test_the_server_loops_tick_starts_a_reload_thread_that_could_not_start_at_serve(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ReloadRequests retries a failed start when asked (test_daemon_faults); the Daemon must ask on its
+    ticks, or a node out of tasks when the exporter started never reloads on SIGHUP until a restart."""
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+    asked: list[int] = []
+    daemon = Daemon(config, reload=lambda: asked.append(1) or config)
+    start = threading.Thread.start
+    refusals = 1
+
+    def refuse_once(thread: threading.Thread) -> None:
+        nonlocal refusals
+        if thread.name == "reload" and refusals:
+            refusals -= 1
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_once)
+    try:
+        daemon.reloads.ensure_running()  # what serve() does first: out of tasks
+        daemon.reloads.request()  # a SIGHUP
+        daemon._tick(time.monotonic())
+        wait_until(lambda: asked == [1], 10)
+    finally:
+        daemon.reloads.stop()
+        daemon.server.shutdown(grace=0)
+
+
+def test_a_reload_after_the_hard_fd_limit_was_raised_restores_the_connection_cap(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started under a hard limit of 200 (below FD_RESERVE): 200 - OWN_FDS = 72
+    connections at a time. The operator raises
+    the hard limit of the running process (prlimit --pid) and sends SIGHUP:
+    the reload raises the soft limit, and the server must take the full cap again, not stay at 72
+    (where a few idle clients crowd Prometheus out)."""
+    from rdma_exporter.httpserver import MAX_CONNECTIONS
+
+    limits = [200, 200]
+
+    def setrlimit(which: int, pair: tuple[int, int]) -> None:
+        if pair[0] > limits[1]:
+            raise ValueError("not allowed to raise maximum limit")
+        limits[0] = pair[0]
+
+    monkeypatch.setattr(daemon_module.resource, "getrlimit", lambda which: tuple(limits))
+    monkeypatch.setattr(daemon_module.resource, "setrlimit", setrlimit)
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+    daemon = Daemon(config, reload=lambda: config)
+    try:
+        assert daemon.server.max_connections == 200 - daemon_module.OWN_FDS
+        limits[1] = 1 << 20  # prlimit --pid ... --nofile=:1048576
+        assert daemon.reload()
+        assert limits[0] >= daemon_module.FD_RESERVE
+        assert daemon.server.max_connections == MAX_CONNECTIONS
+    finally:
+        daemon.server.shutdown(grace=0)
+
+
+@pytest.mark.parametrize("web_only", [False, True])
+def test_a_reload_failing_unforeseen_keeps_the_running_config_and_says_so(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, web_only: bool
+) -> None:
+    """A bug or an unexpected error in loading (not a ConfigError) is logged through the exporter's log
+    format with the running config kept, not raised: the TLS check's thread would die with a bare
+    traceback on stderr, outside the structured log the journal and alerts read."""
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+    daemon = Daemon(config, reload=lambda: config)
+    try:
+        running = daemon.exporter.serving
+
+        def broken(*args: object) -> None:
+            raise RuntimeError("unforeseen")
+
+        monkeypatch.setattr(daemon_module, "load_web_config", broken)
+        with caplog.at_level(logging.ERROR, logger="rdma_exporter.daemon"):
+            assert daemon.reload(web_only=web_only) is False
+        assert daemon.exporter.serving is running
+        assert "keeping the running" in caplog.text and "RuntimeError: unforeseen" in caplog.text
+    finally:
+        daemon.server.shutdown(grace=0)
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (ConfigError("/etc/rdma-exporter/web.yml", "tls_server_config.key_file", "does not match"), EXIT_CONFIG),
+        (ConfigUnavailable("/etc/rdma-exporter/web.yml", "tls_server_config.cert_file", "missing"), EXIT_UNAVAILABLE),
+    ],
+)
+def test_a_web_config_the_daemon_refuses_exits_with_the_status_systemd_reads(
+    monkeypatch: pytest.MonkeyPatch, error: ConfigError, status: int
+) -> None:
+    """cli.main checks the web config first, so test_invalid_web_config_stops_startup never reaches run()'s
+    own check. A file changed in between (cert-manager writing the Secret as the pod starts) is refused
+    by Daemon: an invalid one must exit 2, which the unit's RestartPreventExitStatus=2 does not restart
+    in a loop; a missing one 1, restarted until the certificate is issued."""
+
+    def daemon(*args: object) -> None:
+        raise error
+
+    monkeypatch.setattr(daemon_module, "Daemon", daemon)
+    monkeypatch.setattr(daemon_module, "fix_mmap_threshold", lambda: True)
+    monkeypatch.setattr(daemon_module, "use_one_malloc_arena", lambda: True)
+    assert daemon_module.run(Config()) == status

@@ -1162,3 +1162,27 @@ def test_the_address_socket_watches_ipv4_and_ipv6_changes(monkeypatch: pytest.Mo
     assert route is not None
     assert route.args == (socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)  # type: ignore[attr-defined]
     assert bound == [(0, 0x10 | 0x100)]  # RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR, linux/rtnetlink.h
+
+
+def test_a_daemon_without_uevents_sees_new_devices_before_and_after_a_reload(tree: Path) -> None:
+    """No uevents (a tree that is not the kernel's sysfs, a container, a refused uevent socket): the Daemon's
+    collector must rescan on every scrape, and so must the one a SIGHUP builds, or an HCA or VF that
+    appears is never served until a restart. test_rescan_mode_sees_devices_without_events checks the
+    collector build_collector makes; this checks the ones the Daemon makes."""
+    link = tree / "class" / "infiniband" / "mlx5_3"
+    target = os.readlink(link)
+    link.unlink()
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+    daemon = Daemon(config, reload=lambda: config)
+    try:
+        assert daemon.hotplug is None  # rescan mode
+        assert devices_of(daemon.exporter.serving.collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}
+        link.symlink_to(target)
+        assert "mlx5_3" in devices_of(daemon.exporter.serving.collector)
+        link.unlink()
+        assert daemon._reload()
+        assert devices_of(daemon.exporter.serving.collector) == {"mlx5_0", "mlx5_1", "mlx5_2"}
+        link.symlink_to(target)  # appears after the reload, without an event
+        assert "mlx5_3" in devices_of(daemon.exporter.serving.collector)
+    finally:
+        daemon.server.shutdown(grace=0)

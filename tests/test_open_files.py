@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import gc
+import logging
 import os
 import resource
 import subprocess
@@ -22,9 +23,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+from rdma_exporter import daemon as daemon_module
 from rdma_exporter.collect.readers import DeviceJob, DeviceReads, WorkerPool
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import FD_RESERVE, build_collector, build_registry, raise_fd_limit
+from rdma_exporter.httpserver import Response
 from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.reader import (
     FileBudget,
@@ -789,3 +792,44 @@ def test_a_failing_close_costs_neither_the_read_nor_the_budget(
     assert len(closed) == 1 and len(files) == 3 and budget.used == 3
     files.close()  # every directory's fds, though each close reports an error
     assert len(closed) == 4 and len(files) == 0 and budget.used == 0
+
+
+def test_an_unreadable_fd_limit_keeps_room_for_the_reserve(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A seccomp filter refusing prlimit64: the limit is taken as systemd's 1024, and the kept files must
+    leave FD_RESERVE of it for connections and the daemon's own descriptors, or EMFILE on accept."""
+
+    def refuse(which: int) -> tuple[int, int]:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(daemon_module.resource, "getrlimit", refuse)
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.daemon"):
+        room = daemon_module.raise_fd_limit(1000)
+    assert room == daemon_module.ASSUMED_FD_LIMIT - daemon_module.FD_RESERVE
+    assert "cannot read the open-file limit" in caplog.text
+
+
+def test_a_large_scrapes_answer_is_followed_by_a_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node with many devices answers with a megabyte or more (sample tree with 16 devices and VFs):
+    after such an answer freed memory is returned, whatever the exact threshold."""
+    calls: list[int] = []
+    monkeypatch.setattr(daemon_module, "_TRIM", lambda: calls.append(1))
+    daemon_module.release_memory(Response(200, b"x" * (1024 * 1024), "text/plain"))
+    assert calls == [1]
+
+
+def test_run_sets_the_allocator_up_before_the_daemon_starts_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests of fix_mmap_threshold and use_one_malloc_arena call them directly; nothing checked that
+    run() calls them, and before the first thread starts (an arena setting applies to new threads only)."""
+    calls: list[str] = []
+    monkeypatch.setattr(daemon_module, "fix_mmap_threshold", lambda: calls.append("mmap") or True)
+    monkeypatch.setattr(daemon_module, "use_one_malloc_arena", lambda: calls.append("arena") or True)
+
+    def daemon(*args: object) -> None:
+        calls.append("daemon")
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(daemon_module, "Daemon", daemon)
+    assert daemon_module.run(Config()) == 1
+    assert calls == ["mmap", "arena", "daemon"]
