@@ -533,6 +533,21 @@ class RefusingReads:
                 raise OSError(self.code, os.strerror(self.code))
 
 
+def refuse_reload_thread_starts(monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+    """The first `times` starts of the reload thread fail as under TasksMax= ("can't start new thread")."""
+    start = threading.Thread.start
+    refusals = times
+
+    def refusing(thread: threading.Thread) -> None:
+        nonlocal refusals
+        if thread.name == "reload" and refusals:
+            refusals -= 1
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refusing)
+
+
 def fail_pread(monkeypatch: pytest.MonkeyPatch, code: int, on: Callable[[int], bool] = lambda fd: True) -> list[int]:
     """Make os.pread raise OSError(code) for the fds `on` picks (every one by default), as a failing sysfs
     attribute (EIO) or a removed kernfs node (ENODEV) does; the other reads go through. Returns the fd of

@@ -27,7 +27,7 @@ from rdma_exporter.parse.infiniband import DeviceInfo
 from rdma_exporter.parse.reader import FileBudget, OpenFiles, SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree, spec_for_devices
 
-from conftest import RefusingReads, Took, prometheus_text, samples, timed, wait_until
+from conftest import RefusingReads, Took, prometheus_text, refuse_reload_thread_starts, samples, timed, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -1628,17 +1628,7 @@ def test_a_reload_thread_that_cannot_start_is_started_by_a_later_tick_and_runs_w
     ran: list[int] = []
     reloads = ReloadRequests(lambda: ran.append(1))
     before = set(threading.enumerate())
-    start = threading.Thread.start
-    refusals = 2
-
-    def refuse_twice(thread: threading.Thread) -> None:
-        nonlocal refusals
-        if thread.name == "reload" and refusals:
-            refusals -= 1
-            raise RuntimeError("can't start new thread")
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", refuse_twice)
+    refuse_reload_thread_starts(monkeypatch, 2)
     with caplog.at_level(logging.INFO, logger="rdma_exporter.daemon"):
         reloads.ensure_running()
         reloads.request()

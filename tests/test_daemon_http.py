@@ -80,7 +80,16 @@ from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import WebConfig, load_web_config
 
-from conftest import free_port, make_ca, make_leaf, require_binary, samples, timed, wait_until
+from conftest import (
+    free_port,
+    make_ca,
+    make_leaf,
+    refuse_reload_thread_starts,
+    require_binary,
+    samples,
+    timed,
+    wait_until,
+)
 
 # --- helpers ----------------------------------------------------------------------------------------------
 
@@ -3219,17 +3228,7 @@ def test_the_server_loops_tick_starts_a_reload_thread_that_could_not_start_at_se
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
     asked: list[int] = []
     daemon = Daemon(config, reload=lambda: asked.append(1) or config)
-    start = threading.Thread.start
-    refusals = 1
-
-    def refuse_once(thread: threading.Thread) -> None:
-        nonlocal refusals
-        if thread.name == "reload" and refusals:
-            refusals -= 1
-            raise RuntimeError("can't start new thread")
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", refuse_once)
+    refuse_reload_thread_starts(monkeypatch, 1)
     try:
         daemon.reloads.ensure_running()  # what serve() does first: out of tasks
         daemon.reloads.request()  # a SIGHUP
