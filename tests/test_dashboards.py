@@ -1766,3 +1766,376 @@ def test_pfc_panels_judge_each_hca_by_its_own_day_when_a_reload_swaps_the_names(
         checks.append((f'count(ALERTS{{alertname="{alert}", alertstate="firing", device="mlx5_1"}})', "40m", 1.0))
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, "\n".join(problems)
+
+
+# --- what the panels compute, beyond parsing and returning data (a mutation review of build.py) -----------
+
+
+def urls(node: Any) -> Iterator[str]:
+    """Every "url" string anywhere in a dashboard (panel links, field links in overrides, data links)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("url"), str):
+            yield node["url"]
+        for value in node.values():
+            yield from urls(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from urls(value)
+
+
+# Catches (node_link -> /d/rdma-fabric-overview/...) and (top-ten bars pass
+# var-instance=${__field.labels.device}): the drill-down from a row or bar must open the node page, on the
+# instance of what was clicked. test_drill_down_links_keep_the_selection_the_row_does_not_set only checks
+# that *some* var-instance is passed and that the target exists.
+def test_drill_downs_open_the_node_page_of_the_clicked_instance() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for url in urls(load(path)):
+            if not url.startswith("/d/") or "var-instance=" not in url:
+                continue
+            assert url.startswith("/d/rdma-node-detail/"), f"{path.stem}: instance drill-down to another page: {url}"
+            (value,) = re.findall(r"var-instance=([^&]*)", url)
+            assert re.fullmatch(r"\$\{__(?:field\.labels|data\.fields)\.instance\}", value), (
+                f"{path.stem}: var-instance is not the clicked instance: {url}"
+            )
+            checked += 1
+    assert checked >= 3
+
+
+# Catches (the alertname column's field link loses ".md"): test_runbook_links_resolve only reads the
+# panels' own "links", not the per-field links in overrides, so a runbook URL there was never checked.
+def test_every_runbook_url_anywhere_resolves() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for url in urls(load(path)):
+            if not url.startswith(RUNBOOK_URL):
+                continue
+            name = url[len(RUNBOOK_URL) :]
+            assert name.endswith(".md"), f"{path.stem}: runbook link without .md: {url}"
+            if "${" not in name:
+                assert (RUNBOOK_DIR / name).is_file(), url
+            else:  # a field link: the alertname of the row
+                assert name == "${__data.fields.alertname}.md", url
+            checked += 1
+    assert checked >= 20
+
+
+# Catches (the device variable runs label_values(rdma_port_info{...}, port): the Device drop-down lists
+# port numbers and $device then matches no device). test_template_variables checks the selector and the
+# chain, not which label is listed.
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_each_variable_lists_its_own_label(path: Path) -> None:
+    for variable in load(path)["templating"]["list"][1:]:
+        match = LABEL_VALUES.match(variable["query"])
+        assert match and match["label"] == variable["name"], f"{variable['name']}: lists {match and match['label']}"
+
+
+# Catches (job variable from label_values(up, job)): All of job is the jobs listed (no allValue), so the
+# list must hold only jobs that scrape rdma-exporter, or the instance list and the exporter panels fill with
+# every other job Prometheus scrapes.
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
+def test_job_variable_lists_rdma_exporter_jobs_only(path: Path) -> None:
+    (job,) = [v for v in load(path)["templating"]["list"] if v["name"] == "job"]
+    match = LABEL_VALUES.match(job["query"])
+    assert match
+    names = {s.name for s in selectors(match["selector"])}
+    assert names and all(name.startswith("rdma_exporter_") for name in names), job["query"]
+
+
+def target_units(item: dict[str, Any]) -> dict[str, str]:
+    """refId -> the unit Grafana draws that query's values in: the default, or an override that matches the
+    query by name (its legend, or the column a table renames its value to) or by refId."""
+    tgts = item["targets"]
+    units = {t["refId"]: item["fieldConfig"]["defaults"]["unit"] for t in tgts}
+    renames: dict[str, str] = {}
+    for transformation in item.get("transformations", []):
+        if transformation["id"] == "organize":
+            renames = transformation["options"].get("renameByName", {})
+    for override in item["fieldConfig"]["overrides"]:
+        matcher = override["matcher"]
+        for prop in override["properties"]:
+            if prop["id"] != "unit":
+                continue
+            for tgt in tgts:
+                names = {tgt["legendFormat"], renames.get(f"Value #{tgt['refId']}")}
+                if len(tgts) == 1:
+                    names.add(renames.get("Value"))
+                if (matcher["id"] == "byName" and matcher["options"] in names) or (
+                    matcher["id"] == "byFrameRefID" and matcher["options"] == tgt["refId"]
+                ):
+                    units[tgt["refId"]] = prop["value"]
+    return units
+
+
+# Catches (fabric "RDMA throughput" tx without * 8 in a bps panel: an 8x too low number), (node "Link
+# rate and width" Rate column without * 8, a 400 Gb/s port shown as 50 Gb/s), ("Throughput per cluster"
+# in Bps while the query is in bits: 8x too high) and (PCIe "Speed" column without / 1e9 under the
+# "GT/s" suffix: 32000000000 GT/s). The series are in bytes and transfers per second; the units are bits
+# per second and GT/s.
+def test_units_match_the_scale_of_the_query() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            units = target_units(item)
+            for tgt in item["targets"]:
+                where, unit, expr = f"{path.stem} / {item['title']} / {tgt['refId']}", units[tgt["refId"]], tgt["expr"]
+                bits = re.search(r"\*\s*8\b", expr) is not None
+                assert (unit == "bps") == bits, f"{where}: unit {unit!r}, query {'in bits' if bits else 'not * 8'}"
+                reads_bytes = any("bytes" in s.name and not s.presence for s in selectors(expr))
+                if reads_bytes and unit not in ("percentunit", "none"):
+                    assert bits, f"{where}: bytes drawn as {unit!r}"
+                if "transfers_per_second" in expr and unit != "none":
+                    assert unit == "suffix: GT/s" and "/ 1e9" in expr, f"{where}: {unit!r} of {expr}"
+                checked += 1
+    assert checked >= 100
+
+
+# Catches (PCIe outbound stalls in "percent": the 0..1 ratio drawn as 0.5 % instead of 50 %). No series
+# of the exporter or the rules is a percentage: every share is a 0..1 ratio (percentunit).
+def test_no_panel_draws_a_ratio_as_percent() -> None:
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            assert "percent" not in target_units(item).values(), f"{path.stem} / {item['title']}: percent"
+
+
+DIRECTION_WORDS = {
+    "tx": re.compile(r"transmit|_tx_|_out_"),
+    "rx": re.compile(r"receive|_rx_|_in_"),
+}
+
+
+# Catches (node "Throughput per port" legends tx/rx swapped), (fabric "Utilisation" tx computed from
+# the receive record) and ("Throughput per rail" rx line reading the transmit record): a line named tx
+# must read transmit series only, rx receive series only.
+def test_tx_and_rx_lines_read_their_direction() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                words = set(re.findall(r"\b(tx|rx)\b", tgt["legendFormat"]))
+                if len(words) != 1:
+                    continue
+                (word,) = words
+                other = "rx" if word == "tx" else "tx"
+                read = {s.name for s in selectors(tgt["expr"]) if not s.presence}
+                where = f"{path.stem} / {item['title']} / {tgt['refId']}"
+                assert any(DIRECTION_WORDS[word].search(n) for n in read), f"{where}: {word} reads {sorted(read)}"
+                assert not any(DIRECTION_WORDS[other].search(n) for n in read), f"{where}: {word} reads {sorted(read)}"
+                checked += 1
+    assert checked >= 10
+
+
+# Catches (fabric "Alerts firing": the "critical" query counts severity="warning"): a query of ALERTS
+# narrowed to one severity is named after that severity.
+def test_alert_counts_by_severity_are_named_after_it() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                for s in selectors(tgt["expr"]):
+                    if s.name == "ALERTS" and s.matchers.get("severity", ("", ""))[0] == "=":
+                        assert tgt["legendFormat"] == s.matchers["severity"][1], f"{item['title']} {tgt['refId']}"
+                        checked += 1
+    assert checked >= 2
+
+
+# Catches (Exporter up: 1 mapped to "down") and (ECN enabled: 1 mapped to "disabled"): every 0/1 gauge
+# the panels map (up, collector success, ECN enabled) is healthy at 1.
+def test_boolean_value_mappings_are_healthy_at_one() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            for mapping in item["fieldConfig"]["defaults"].get("mappings", []):
+                options = mapping["options"]
+                if set(options) != {"0", "1"}:
+                    continue
+                assert options["1"]["color"] == "green" and options["0"]["color"] != "green", item["title"]
+                assert options["1"]["text"] in ("up", "ok", "enabled"), item["title"]
+                checked += 1
+    assert checked >= 3
+
+
+def panel_expr(stem: str, title: str, ref: str = "A") -> str:
+    """One query of a panel with its variables on All, as Grafana sends it."""
+    board = load(GRAFANA / "dashboards" / f"{stem}.json")
+    item = next(item for item in panels(board) if item["title"] == title)
+    tgt = next(tgt for tgt in item["targets"] if tgt["refId"] == ref)
+    return substitute(tgt["expr"], board["templating"]["list"])
+
+
+# One promtool scenario on the series the fleet panels read (alert states and recording rules), checking
+# what the panels compute, not only that they parse and return something:
+# - (Ports down counts firing only): a port whose RdmaPortDown is pending (its first 2 minutes down) is
+#   down, as the description says ("pending or firing"); both dashboards' "Ports down" show 2, not 1.
+# - (fabric "Alerts firing" critical reads warning) and (node "Alerts firing" counts pending):
+#   one critical and two warning alerts firing, one pending.
+# - (links_below's others keep width, so SR-IOV VFs' width shortfalls are counted): a VF reporting
+#   its PF's narrow link is not a link below expected, as RdmaPortRateBelowExpected leaves it out.
+# - (ports flapping at one drop) and (link drops summed over sources, one drop counted twice):
+#   a port whose one drop two sources saw, and a port that dropped twice.
+# - (most congested nodes: bottomk): six nodes, the five most congested shown.
+# - (hottest HCA sensors: temperature plus the threshold): 80 °C under a 90 °C threshold is -10.
+# - ("Top InfiniBand ports by credit wait" without NOT_ETHERNET): a RoCE port's credit wait is not
+#   ranked. The end-to-end test cannot see this: the sample tree's RoCE ports have no transmit-wait series.
+def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
+    node = 'job="rdma-exporter", instance="n1:9883"'
+
+    def alert(name: str, state: str, severity: str, device: str) -> str:
+        return (f'ALERTS{{{node}, alertname="{name}", alertstate="{state}", severity="{severity}", '
+                f'device="{device}", port="1"}}')  # fmt: skip
+
+    below = "instance_device:rdma_link_below_expected:ratio"
+    events = "instance_device_port:rdma_port_link_down_events:increase1h"
+    series = {
+        alert("RdmaPortDown", "pending", "critical", "mlx5_0"): "1x10",
+        alert("RdmaPortDown", "firing", "critical", "mlx5_1"): "1x10",
+        alert("RdmaPortReceiveErrors", "firing", "warning", "mlx5_2"): "1x10",
+        alert("RdmaPortTransmitDiscards", "firing", "warning", "mlx5_2"): "1x10",
+        # A VF (mlx5_8) reports its PF's width; a PF (mlx5_3) trained below its expected rate.
+        f'{below}{{{node}, device="mlx5_8", port="1", problem="width", reference="expected"}}': "0.5x10",
+        f'rdma_device_sriov_virtual_function{{{node}, device="mlx5_8"}}': "1x10",
+        f'{below}{{{node}, device="mlx5_3", port="1", problem="rate", reference="expected"}}': "0.5x10",
+        f'rdma_device_sriov_virtual_function{{{node}, device="mlx5_3"}}': "0x10",
+        # mlx5_4: one drop seen by link_downed and the PHY counter; mlx5_5: two drops.
+        f'{events}{{{node}, device="mlx5_4", port="1", source="link_downed"}}': "1x10",
+        f'{events}{{{node}, device="mlx5_4", port="1", netdev="eth4", source="link_down_events_phy"}}': "1x10",
+        f'{events}{{{node}, device="mlx5_5", port="1", source="link_downed"}}': "2x10",
+        f'rdma_device_temperature_celsius{{{node}, device="mlx5_0", sensor="asic"}}': "80x10",
+        f'rdma_device_temperature_critical_celsius{{{node}, device="mlx5_0", sensor="asic"}}': "90x10",
+    }
+    # Credit wait of an InfiniBand port and of a RoCE port (PFC, not credits, throttles RoCE).
+    wait = "instance_device_port:rdma_port_transmit_wait:ratio_rate5m"
+    for device, layer in (("mlx5_6", "InfiniBand"), ("mlx5_7", "Ethernet")):
+        series[f'{wait}{{{node}, device="{device}", port="1"}}'] = "0.5x10"
+        series[f'rdma_port_info{{{node}, device="{device}", port="1", link_layer="{layer}"}}'] = "1x10"
+    for k in range(1, 7):
+        series[f'instance:rdma_port_transmit_wait:max_ratio_rate5m{{job="rdma-exporter", instance="c{k}:9883"}}'] = (
+            f"{k / 10}x10"
+        )
+    overview, node_page = "fabric-overview", "node-detail"
+
+    def firing(severity: str) -> str:
+        return f'(count(ALERTS{{alertname=~"Rdma.*", alertstate="firing", severity=~"{severity}"}}) or vector(0))'
+
+    checks = [
+        (f"sum({panel_expr(overview, 'Ports down')})", "5m", 2.0),
+        (f"sum({panel_expr(node_page, 'Ports down')})", "5m", 2.0),
+        # The rules fire alerts of their own on these series: compare with ALERTS as it is.
+        (f"sum({panel_expr(overview, 'Alerts firing', 'A')}) - {firing('critical')}", "5m", 0.0),
+        (f"sum({panel_expr(overview, 'Alerts firing', 'B')}) - {firing('warning')}", "5m", 0.0),
+        (f"sum({panel_expr(node_page, 'Alerts firing')}) - {firing('.+')}", "5m", 0.0),
+        (f"({firing('critical')} >= bool 1) + ({firing('warning')} >= bool 2)", "5m", 2.0),  # both levels fire
+        (f"sum({panel_expr(overview, 'Links below expected', 'A')})", "5m", 1.0),
+        (f"count({panel_expr(overview, 'Links below expected rate, width or PCIe')})", "5m", 1.0),
+        (f"sum({panel_expr(overview, 'Link drops in the last hour', 'A')})", "5m", 3.0),
+        (f"sum({panel_expr(overview, 'Link drops in the last hour', 'B')})", "5m", 1.0),
+        # c1..c6 at 0.1..0.6 and n1 at 0.5 (its ports' record): the five highest end at 0.3.
+        (f"min({panel_expr(overview, 'Most congested nodes (InfiniBand)')})", "5m", 0.3),
+        (f"sum({panel_expr(overview, 'Hottest HCA sensors')})", "5m", -10.0),
+        (f"count({panel_expr(overview, 'Top InfiniBand ports by credit wait')})", "5m", 1.0),
+    ]
+    problems = promtool_checks(tmp_path, series, checks)
+    assert not problems, "\n".join(problems)
+
+
+KEEPS_ETHERNET = re.compile(r'\band on \([^)]*\) rdma_port_info\{[^}]*link_layer="Ethernet"[^}]*\}')
+DROPS_ETHERNET = re.compile(r'\bunless on \([^)]*\) rdma_port_info\{[^}]*link_layer="Ethernet"[^}]*\}')
+
+
+# Catches ("RoCE throughput" tx `unless` instead of `and` the Ethernet ports: the RoCE stat shows the
+# InfiniBand ports' traffic and none of RoCE's), (RoCE "Out of buffer" RDMA queues of InfiniBand ports
+# only) and (node "Link events" carrier changes of IPoIB netdevs instead of RoCE ones).
+# test_roce_panels_read_no_infiniband_port and the carrier lint accept any rdma_port_info{link_layer=
+# "Ethernet"} selector read for its presence, `unless` as well as `and`.
+def test_roce_queries_keep_the_ethernet_ports() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                expr, where = tgt["expr"], f"{path.stem} / {item['title']} / {tgt['refId']}"
+                if path.stem == "roce-congestion":
+                    assert not DROPS_ETHERNET.search(expr), f"{where}: leaves the RoCE ports out"
+                if "rdma_netdev_carrier_down_changes_total" in expr or (
+                    path.stem == "roce-congestion" and "rdma_port_info" in expr and "link_layer" in expr
+                ):
+                    assert KEEPS_ETHERNET.search(expr), f"{where}: does not keep the Ethernet ports"
+                    checked += 1
+    assert checked >= 4
+
+
+# Catches (bytes_rate: `ip4 + ip6 or ip4 or ip6` -> `ip4 or ip6`): an irdma port that carries RoCEv2 over
+# IPv4 and IPv6 counts its bytes in two counters; the node's throughput is their sum, as the throughput
+# records compute it, not the IPv4 half. The sample tree has no irdma port, so end to end never sees it.
+def test_throughput_adds_both_ip_families_of_irdma(tmp_path: Path) -> None:
+    port = 'job="rdma-exporter", instance="n1:9883", device="irdma0", port="1"'
+    series = {f"rdma_port_hw_ip4_out_octets_total{{{port}}}": "0+600x10",  # 10 B/s
+              f"rdma_port_hw_ip6_out_octets_total{{{port}}}": "0+1200x10"}  # 20 B/s  # fmt: skip
+    # One-minute samples: a 5-minute window, not the 15 s rate interval the end-to-end stack scrapes at.
+    expr = panel_expr("node-detail", "Throughput", "A").replace("[15s]", "[5m]")
+    problems = promtool_checks(tmp_path, series, [(expr, "8m", 240.0)])  # (10 + 20) B/s * 8
+    assert not problems, "\n".join(problems)
+
+
+# Counters that one alert reads under each driver's name (not through a record, so that
+# test_panels_read_every_driver_name_that_the_records_read does not see them).
+ALERT_ALIASES = {"RdmaPortOutOfBuffer": {"rdma_port_hw_out_of_buffer_total", "rdma_port_hw_rx_out_of_buffer_total"}}
+
+
+# Catches (node "Receive queue out of buffer" reads out_of_buffer only): mainline bnxt_re counts the same
+# drops in rx_out_of_buffer, which RdmaPortOutOfBuffer reads, so a bnxt_re port that tickets showed nothing.
+def test_panels_read_every_driver_name_that_the_alerts_read() -> None:
+    for alert, names in ALERT_ALIASES.items():
+        read = {s.name for rule in rules() if rule.get("alert") == alert for s in selectors(rule["expr"])}
+        assert names <= read, f"{alert} no longer reads {sorted(names - read)}"
+    checked = 0
+    for dashboard, item, tgt in all_targets():
+        read = {s.name for s in selectors(tgt["expr"]) if not s.presence}
+        for names in ALERT_ALIASES.values():
+            if read & names:
+                assert names <= read, f"{dashboard} / {item['title']} / {tgt['refId']}: not {sorted(names - read)}"
+                checked += 1
+    assert checked >= 2
+
+
+# Catches (MODULE_FAULTS without high_temp: the module events panel no longer shows, or colours, an
+# overheating module that RdmaPortModuleFault tickets). test_threshold_colours_follow_the_alerts compares
+# series, function and window, not the matchers that pick which series (events, counters) are the alert's.
+def test_coloured_queries_select_the_series_their_alert_reads() -> None:
+    targets_labels = {"job", "cluster", "instance", "device", "port", "priority"}
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            followed = COLOURS_FOLLOW.findall(item["description"])
+            steps = target_steps(item)
+            alert_selectors = [s for rule in rules() if rule.get("alert") in followed for s in selectors(rule["expr"])]
+            for tgt in item["targets"]:
+                if not any(step["color"] in ("orange", "red") for step in steps[tgt["refId"]]):
+                    continue
+                for have in selectors(tgt["expr"]):
+                    wanted = [s for s in alert_selectors if s.name == have.name and set(s.matchers) - targets_labels]
+                    for want in wanted:
+                        own = {k: v for k, v in want.matchers.items() if k not in targets_labels}
+                        mine = {k: v for k, v in have.matchers.items() if k in own}
+                        assert mine == own, f"{path.stem} / {item['title']} / {tgt['refId']}: {mine} != {own}"
+                        checked += 1
+    assert checked >= 1
+
+
+# Catches ("Firmware by board" summed by (cluster, hca_type, board_id): the firmware column is empty and
+# two versions of one board, the rollout the panel exists to show, merge into one row). A table's renamed
+# columns are labels its query keeps.
+def test_table_columns_are_labels_the_query_keeps() -> None:
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            if item["type"] != "table":
+                continue
+            renames = next((t["options"].get("renameByName", {}) for t in item.get("transformations", [])
+                            if t["id"] == "organize"), {})  # fmt: skip
+            columns = {name for name in renames if not name.startswith("Value")}
+            for tgt in item["targets"]:
+                kept = outer_by_labels(tgt["expr"])
+                if kept is not None and columns:
+                    assert columns <= kept, f"{path.stem} / {item['title']}: {sorted(columns - kept)} dropped"
+                    checked += 1
+    assert checked >= 1
