@@ -286,6 +286,18 @@ def all_targets() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
                 yield path.name, item, tgt
 
 
+def urls(node: Any) -> Iterator[str]:
+    """Every "url" string anywhere in a dashboard (panel links, field links in overrides, data links)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("url"), str):
+            yield node["url"]
+        for value in node.values():
+            yield from urls(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from urls(value)
+
+
 @functools.cache
 def all_rules() -> tuple[dict[str, Any], ...]:
     out = []
@@ -514,19 +526,9 @@ def test_drill_down_links_keep_the_selection_the_row_does_not_set() -> None:
     dashboards = {load(path)["uid"]: load(path) for path in DASHBOARD_FILES}
     names = {uid: {v["name"] for v in d["templating"]["list"]} for uid, d in dashboards.items()}
 
-    def links(node: Any) -> Iterator[str]:
-        if isinstance(node, dict):
-            if isinstance(node.get("url"), str) and node["url"].startswith("/d/"):
-                yield node["url"]
-            for value in node.values():
-                yield from links(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from links(value)
-
     checked = 0
     for uid, dashboard in dashboards.items():
-        for url in links(dashboard):
+        for url in (url for url in urls(dashboard) if url.startswith("/d/")):
             target = url.removeprefix("/d/").split("/", 1)[0]
             assert target in dashboards, f"{dashboard['title']}: link to an unknown dashboard: {url}"
             query = url.partition("?")[2].split("&")
@@ -1771,18 +1773,6 @@ def test_pfc_panels_judge_each_hca_by_its_own_day_when_a_reload_swaps_the_names(
 # --- what the panels compute, beyond parsing and returning data (a mutation review of build.py) -----------
 
 
-def urls(node: Any) -> Iterator[str]:
-    """Every "url" string anywhere in a dashboard (panel links, field links in overrides, data links)."""
-    if isinstance(node, dict):
-        if isinstance(node.get("url"), str):
-            yield node["url"]
-        for value in node.values():
-            yield from urls(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from urls(value)
-
-
 # Catches (node_link -> /d/rdma-fabric-overview/...) and (top-ten bars pass
 # var-instance=${__field.labels.device}): the drill-down from a row or bar must open the node page, on the
 # instance of what was clicked. test_drill_down_links_keep_the_selection_the_row_does_not_set only checks
@@ -1909,19 +1899,17 @@ DIRECTION_WORDS = {
 # must read transmit series only, rx receive series only.
 def test_tx_and_rx_lines_read_their_direction() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            for tgt in item["targets"]:
-                words = set(re.findall(r"\b(tx|rx)\b", tgt["legendFormat"]))
-                if len(words) != 1:
-                    continue
-                (word,) = words
-                other = "rx" if word == "tx" else "tx"
-                read = {s.name for s in selectors(tgt["expr"]) if not s.presence}
-                where = f"{path.stem} / {item['title']} / {tgt['refId']}"
-                assert any(DIRECTION_WORDS[word].search(n) for n in read), f"{where}: {word} reads {sorted(read)}"
-                assert not any(DIRECTION_WORDS[other].search(n) for n in read), f"{where}: {word} reads {sorted(read)}"
-                checked += 1
+    for dashboard, item, tgt in all_targets():
+        words = set(re.findall(r"\b(tx|rx)\b", tgt["legendFormat"]))
+        if len(words) != 1:
+            continue
+        (word,) = words
+        other = "rx" if word == "tx" else "tx"
+        read = {s.name for s in selectors(tgt["expr"]) if not s.presence}
+        where = f"{dashboard} / {item['title']} / {tgt['refId']}"
+        assert any(DIRECTION_WORDS[word].search(n) for n in read), f"{where}: {word} reads {sorted(read)}"
+        assert not any(DIRECTION_WORDS[other].search(n) for n in read), f"{where}: {word} reads {sorted(read)}"
+        checked += 1
     assert checked >= 10
 
 
@@ -1929,13 +1917,11 @@ def test_tx_and_rx_lines_read_their_direction() -> None:
 # narrowed to one severity is named after that severity.
 def test_alert_counts_by_severity_are_named_after_it() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            for tgt in item["targets"]:
-                for s in selectors(tgt["expr"]):
-                    if s.name == "ALERTS" and s.matchers.get("severity", ("", ""))[0] == "=":
-                        assert tgt["legendFormat"] == s.matchers["severity"][1], f"{item['title']} {tgt['refId']}"
-                        checked += 1
+    for _, item, tgt in all_targets():
+        for s in selectors(tgt["expr"]):
+            if s.name == "ALERTS" and s.matchers.get("severity", ("", ""))[0] == "=":
+                assert tgt["legendFormat"] == s.matchers["severity"][1], f"{item['title']} {tgt['refId']}"
+                checked += 1
     assert checked >= 2
 
 
@@ -2049,17 +2035,15 @@ DROPS_ETHERNET = re.compile(r'\bunless on \([^)]*\) rdma_port_info\{[^}]*link_la
 # "Ethernet"} selector read for its presence, `unless` as well as `and`.
 def test_roce_queries_keep_the_ethernet_ports() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            for tgt in item["targets"]:
-                expr, where = tgt["expr"], f"{path.stem} / {item['title']} / {tgt['refId']}"
-                if path.stem == "roce-congestion":
-                    assert not DROPS_ETHERNET.search(expr), f"{where}: leaves the RoCE ports out"
-                if "rdma_netdev_carrier_down_changes_total" in expr or (
-                    path.stem == "roce-congestion" and "rdma_port_info" in expr and "link_layer" in expr
-                ):
-                    assert KEEPS_ETHERNET.search(expr), f"{where}: does not keep the Ethernet ports"
-                    checked += 1
+    for dashboard, item, tgt in all_targets():
+        expr, where = tgt["expr"], f"{dashboard} / {item['title']} / {tgt['refId']}"
+        roce = dashboard == "roce-congestion.json"
+        if roce:
+            assert not DROPS_ETHERNET.search(expr), f"{where}: leaves the RoCE ports out"
+        reads_link_layer = "rdma_port_info" in expr and "link_layer" in expr
+        if "rdma_netdev_carrier_down_changes_total" in expr or (roce and reads_link_layer):
+            assert KEEPS_ETHERNET.search(expr), f"{where}: does not keep the Ethernet ports"
+            checked += 1
     assert checked >= 4
 
 
