@@ -3227,28 +3227,24 @@ def test_the_server_loops_tick_starts_a_reload_thread_that_could_not_start_at_se
     ticks, or a node out of tasks when the exporter started never reloads on SIGHUP until a restart."""
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
     asked: list[int] = []
-    daemon = Daemon(config, reload=lambda: asked.append(1) or config)
     refuse_reload_thread_starts(monkeypatch, 1)
-    try:
-        daemon.reloads.ensure_running()  # what serve() does first: out of tasks
-        daemon.reloads.request()  # a SIGHUP
-        daemon._tick(time.monotonic())
-        wait_until(lambda: asked == [1], 10)
-    finally:
-        daemon.reloads.stop()
-        daemon.server.shutdown(grace=0)
+    with in_process_daemon(config, reload=lambda: asked.append(1) or config) as daemon:
+        try:
+            daemon.reloads.ensure_running()  # what serve() does first: out of tasks
+            daemon.reloads.request()  # a SIGHUP
+            daemon._tick(time.monotonic())
+            wait_until(lambda: asked == [1], 10)
+        finally:
+            daemon.reloads.stop()
 
 
 def test_a_reload_after_the_hard_fd_limit_was_raised_restores_the_connection_cap(
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Started under a hard limit of 200 (below FD_RESERVE): 200 - OWN_FDS = 72
-    connections at a time. The operator raises
-    the hard limit of the running process (prlimit --pid) and sends SIGHUP:
-    the reload raises the soft limit, and the server must take the full cap again, not stay at 72
-    (where a few idle clients crowd Prometheus out)."""
-    from rdma_exporter.httpserver import MAX_CONNECTIONS
-
+    """Started under a hard limit of 200 (below FD_RESERVE): 200 - OWN_FDS = 72 connections at a time.
+    The operator raises the hard limit of the running process (prlimit --pid) and sends SIGHUP: the
+    reload raises the soft limit, and the server must take the full cap again, not stay at 72 (where a
+    few idle clients crowd Prometheus out)."""
     limits = [200, 200]
 
     def setrlimit(which: int, pair: tuple[int, int]) -> None:
@@ -3259,15 +3255,12 @@ def test_a_reload_after_the_hard_fd_limit_was_raised_restores_the_connection_cap
     monkeypatch.setattr(daemon_module.resource, "getrlimit", lambda which: tuple(limits))
     monkeypatch.setattr(daemon_module.resource, "setrlimit", setrlimit)
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
-    daemon = Daemon(config, reload=lambda: config)
-    try:
-        assert daemon.server.max_connections == 200 - daemon_module.OWN_FDS
+    with in_process_daemon(config, reload=lambda: config) as daemon:
+        assert daemon.server.max_connections == 200 - OWN_FDS
         limits[1] = 1 << 20  # prlimit --pid ... --nofile=:1048576
         assert daemon.reload()
-        assert limits[0] >= daemon_module.FD_RESERVE
+        assert limits[0] >= FD_RESERVE
         assert daemon.server.max_connections == MAX_CONNECTIONS
-    finally:
-        daemon.server.shutdown(grace=0)
 
 
 @pytest.mark.parametrize("web_only", [False, True])
@@ -3278,8 +3271,7 @@ def test_a_reload_failing_unforeseen_keeps_the_running_config_and_says_so(
     format with the running config kept, not raised: the TLS check's thread would die with a bare
     traceback on stderr, outside the structured log the journal and alerts read."""
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
-    daemon = Daemon(config, reload=lambda: config)
-    try:
+    with in_process_daemon(config, reload=lambda: config) as daemon:
         running = daemon.exporter.serving
 
         def broken(*args: object) -> None:
@@ -3290,8 +3282,6 @@ def test_a_reload_failing_unforeseen_keeps_the_running_config_and_says_so(
             assert daemon.reload(web_only=web_only) is False
         assert daemon.exporter.serving is running
         assert "keeping the running" in caplog.text and "RuntimeError: unforeseen" in caplog.text
-    finally:
-        daemon.server.shutdown(grace=0)
 
 
 @pytest.mark.parametrize(
