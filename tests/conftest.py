@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -531,6 +532,21 @@ class RefusingReads:
             if path.endswith(suffix):
                 self.attempts[suffix] = self.attempts.get(suffix, 0) + 1
                 raise OSError(self.code, os.strerror(self.code))
+
+
+def fake_fd_limits(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int) -> list[int]:
+    """RLIMIT_NOFILE as [soft, hard], which the test may change as `prlimit --pid` would; raising the soft
+    limit above the hard one fails, as the kernel refuses it to an unprivileged process."""
+    limits = [soft, hard]
+
+    def setrlimit(which: int, pair: tuple[int, int]) -> None:
+        if pair[0] > limits[1]:
+            raise ValueError("not allowed to raise maximum limit")
+        limits[0] = pair[0]
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: tuple(limits))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    return limits
 
 
 def refuse_reload_thread_starts(monkeypatch: pytest.MonkeyPatch, times: int) -> None:

@@ -81,6 +81,7 @@ from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import WebConfig, load_web_config
 
 from conftest import (
+    fake_fd_limits,
     free_port,
     make_ca,
     make_leaf,
@@ -3245,15 +3246,7 @@ def test_a_reload_after_the_hard_fd_limit_was_raised_restores_the_connection_cap
     The operator raises the hard limit of the running process (prlimit --pid) and sends SIGHUP: the
     reload raises the soft limit, and the server must take the full cap again, not stay at 72 (where a
     few idle clients crowd Prometheus out)."""
-    limits = [200, 200]
-
-    def setrlimit(which: int, pair: tuple[int, int]) -> None:
-        if pair[0] > limits[1]:
-            raise ValueError("not allowed to raise maximum limit")
-        limits[0] = pair[0]
-
-    monkeypatch.setattr(daemon_module.resource, "getrlimit", lambda which: tuple(limits))
-    monkeypatch.setattr(daemon_module.resource, "setrlimit", setrlimit)
+    limits = fake_fd_limits(monkeypatch, 200, 200)
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
     with in_process_daemon(config, reload=lambda: config) as daemon:
         assert daemon.server.max_connections == 200 - OWN_FDS

@@ -39,7 +39,7 @@ from rdma_exporter.parse.reader import (
 )
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import fail_pread, samples, skip_or_fail
+from conftest import fail_pread, fake_fd_limits, samples, skip_or_fail
 
 
 def age(path: Path, seconds: float = 60.0) -> None:
@@ -535,15 +535,7 @@ def test_fd_limits_below_the_reserve_leave_no_kept_files_and_one_connection(monk
     from rdma_exporter import daemon
     from rdma_exporter.httpserver import MAX_CONNECTIONS
 
-    limits = [100, 100]
-
-    def setrlimit(which: int, pair: tuple[int, int]) -> None:
-        if pair[0] > limits[1]:
-            raise ValueError("not allowed to raise maximum limit")
-        limits[0] = pair[0]
-
-    monkeypatch.setattr(daemon.resource, "getrlimit", lambda which: tuple(limits))
-    monkeypatch.setattr(daemon.resource, "setrlimit", setrlimit)
+    limits = fake_fd_limits(monkeypatch, 100, 100)
     assert (daemon.raise_fd_limit(500), daemon.connection_cap()) == (0, 1)
     limits[:] = [FD_RESERVE, FD_RESERVE]
     assert daemon.connection_cap() == MAX_CONNECTIONS
