@@ -549,6 +549,12 @@ def test_dashboard_settings(path: Path) -> None:
     assert board["description"]
     assert board["editable"] is False, "provisioned dashboards are read-only; save a copy to edit"
     assert "id" not in board or board["id"] is None, "no instance-specific id"
+    # The menu of the other RDMA dashboards keeps the selection and the time range: a node picked on the
+    # fleet view must stay picked when its RoCE congestion is opened from there.
+    (menu,) = board["links"]
+    assert (menu["type"], menu["tags"], menu["includeVars"], menu["keepTime"]) == (
+        "dashboards", ["rdma-exporter"], True, True
+    ), menu
 
 
 @pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
@@ -887,6 +893,47 @@ def test_threshold_colours_follow_the_alerts() -> None:
                     checked += 1
     assert set(UNCLAIMED_COLOURS) <= titles, "stale UNCLAIMED_COLOURS entries"
     assert checked >= 15
+
+
+def test_panels_count_over_the_windows_of_the_alerts_they_link() -> None:
+    """A panel that links an alert's runbook and counts one of the alert's series over a fixed window
+    counts over the alert's window: a panel showing 10 minutes of module events beside an alert that
+    tickets 15 minutes of them is empty while the ticket is open (mutation review)."""
+    alert_windows: dict[str, dict[str, set[str]]] = {}
+    for rule in rules():
+        if "alert" in rule:
+            for selector in read_series(rule["expr"]):
+                if selector.range:
+                    alert_windows.setdefault(rule["alert"], {}).setdefault(selector.name, set()).add(selector.range)
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for item in panels(load(path)):
+            for tgt in item["targets"]:
+                for selector in selectors(tgt["expr"]):
+                    if not selector.range or selector.range.startswith("$"):
+                        continue
+                    for alert in runbook_alerts(item):
+                        windows = alert_windows.get(alert, {}).get(selector.name)
+                        if windows is not None:
+                            assert selector.range in windows, (
+                                f"{path.stem} / {item['title']}: {selector.name}[{selector.range}], "
+                                f"{alert} reads it over {sorted(windows)}"
+                            )
+                            checked += 1
+    assert checked >= 4
+
+
+def test_the_day_of_pfc_use_is_selected_by_node_only() -> None:
+    """The last day of PFC use is joined to today's devices by their HCA's key, because it may have been
+    recorded under another device name (a reboot without one HCA renumbers the mlx5_N after it). A device
+    matcher on it would lose that day as soon as one device is chosen (mutation review)."""
+    checked = 0
+    for _, item, tgt in all_targets():
+        for selector in selectors(tgt["expr"]):
+            if selector.name == "instance_device_port:rdma_ethtool_pfc_used:present1d":
+                assert not {"device", "port", "priority"} & set(selector.matchers), (item["title"], selector)
+                checked += 1
+    assert checked >= 2
 
 
 def infiniband_port_metrics() -> set[str]:
