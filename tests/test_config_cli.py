@@ -1067,3 +1067,25 @@ def test_a_sigterm_during_start_up_leaves_no_sample_tree_behind(tmp_path: Path, 
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert list(tmp_path.glob("rdma-exporter-sample-*")) == []
+
+
+def test_log_time_stamps_are_utc_whatever_the_host_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `ts` field ends in Z: it must be UTC on a host whose TZ is not (a node set to local time), or
+    its lines sort hours away from node_exporter's and the journal's in Loki."""
+    monkeypatch.setenv("TZ", "IST-5:30")  # UTC+05:30 as a POSIX rule: no tzdata needed
+    time.tzset()
+    try:
+        record = logging.LogRecord("rdma_exporter", logging.INFO, __file__, 1, "up", None, None)
+        record.created, record.msecs = 1_700_000_000.25, 250.0
+        assert parse_logfmt(LogfmtFormatter().format(record))["ts"] == "2023-11-14T22:13:20.250Z"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_a_sigterm_before_the_daemon_takes_it_over_exits_as_the_signal_would() -> None:
+    """During a bare run's start-up SIGTERM ends the process through Python (so atexit removes the sample
+    tree) with the status a shell reports for a death by SIGTERM, 128 + 15, not 0 as if it had finished."""
+    with pytest.raises(SystemExit) as info:
+        cli._exit_on_term(signal.SIGTERM, None)
+    assert info.value.code == 143

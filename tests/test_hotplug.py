@@ -1186,3 +1186,62 @@ def test_a_daemon_without_uevents_sees_new_devices_before_and_after_a_reload(tre
         assert "mlx5_3" in devices_of(daemon.exporter.serving.collector)
     finally:
         daemon.server.shutdown(grace=0)
+
+
+def test_a_hwmon_device_removed_from_a_cached_device_stops_its_sensors_reads(tree: Path) -> None:
+    """A firmware reset or a driver's hwmon teardown removes the function's hwmon device: the cached device
+    kept reading the gone sensor files, each scrape adding to rdma_exporter_file_read_errors_total (an
+    alert's input) until the 15-minute resync. The removal's event names the device from the cache: its
+    hwmon directory, and so the function's infiniband/ beside it, cannot be listed any more."""
+    collector = udev_collector(tree)
+    function = real_dir(tree, "mlx5_0") / "device"
+    hwmon = next((function / "hwmon").iterdir())
+
+    def sensors_and_errors() -> tuple[list[str], float]:
+        metrics = scrape_samples(collector)
+        sensors = sorted(dict(labels)["sensor"] for (name, labels) in metrics
+                         if name == "rdma_device_temperature_celsius" and ("device", "mlx5_0") in labels)  # fmt: skip
+        errors = sum(value for (name, labels), value in metrics.items()
+                     if name == "rdma_exporter_file_read_errors_total" and ("device", "mlx5_0") in labels)  # fmt: skip
+        return sensors, errors
+
+    assert sensors_and_errors() == (["Module0", "asic"], 0)
+    devpath = f"/devices/pci0000:00/0000:00:01.0/{function.resolve().name}/hwmon/{hwmon.name}"
+    shutil.rmtree(hwmon.resolve())
+    assert apply_event(collector.inventory, Event("remove", "hwmon", hwmon.name, devpath)) == "device mlx5_0"
+    assert sensors_and_errors() == ([], 0)
+    assert sensors_and_errors() == ([], 0)
+
+
+def test_an_rtnetlink_socket_the_host_refuses_is_a_warning_not_a_failed_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An LSM that allows the uevent socket but not NETLINK_ROUTE (SELinux tells the two apart), or a bind
+    refused: the exporter still starts, without the address watch, says why, and leaks no descriptor."""
+    opened: list[RefusingBindSocket] = []
+
+    class RefusingBindSocket:
+        def __init__(self, *args: object) -> None:
+            self.closed = False
+            opened.append(self)
+
+        def bind(self, address: object) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+        def close(self) -> None:
+            self.closed = True
+
+    def refused(*args: object) -> socket.socket:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.hotplug"):
+        monkeypatch.setattr(hotplug.socket, "socket", refused)
+        assert hotplug.open_address_socket() is None
+        monkeypatch.setattr(hotplug.socket, "socket", RefusingBindSocket)
+        assert hotplug.open_address_socket() is None
+    assert [route.closed for route in opened] == [True]
+    assert [r.getMessage() for r in caplog.records if r.name == hotplug.__name__] == [
+        "cannot open an rtnetlink socket ([Errno 13] Permission denied): "
+        "GID counts follow address changes only at resync",
+        "cannot watch address changes ([Errno 13] Permission denied): GID counts follow them only at resync",
+    ]
