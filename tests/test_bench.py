@@ -6,14 +6,18 @@ Timings depend on the machine, so nothing here asserts a number; bench/RESULTS.m
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
 import resource
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -102,11 +106,12 @@ def test_quick_run_writes_markdown_and_json(tmp_path: Path) -> None:
     assert "(0; 1) |" in next(line for line in result.stdout.splitlines() if line.startswith("| 1 | 1 | node_exporter"))
     # The only tree is also the memory tree: RSS at half and all of --memory-scrapes, and the readings
     # in between that the growth is fitted over. Quick: 15 scrapes before the memory run (cold, 2 warm-up,
-    # 10 timed, 2 traced), so 112 scrapes, readings every 10 from 16 (none paused a timed scrape) to 112.
+    # 10 timed, 2 traced), so 112 scrapes, readings every 10 from 16 (none paused a timed scrape) to 56,
+    # then every 10 up to 112, five in each checkpoint's window.
     assert report["settings"]["memory_scrapes"] == 112
     for name in ("rdma_exporter", "node_exporter"):
         memory = tree["exporters"][name]["memory"]
-        assert [n for n, _ in memory["rss_mb_readings"]] == [*range(16, 107, 10), 112], name
+        assert [n for n, _ in memory["rss_mb_readings"]] == [*range(16, 57, 10), *range(62, 113, 10)], name
         assert len(memory["rss_mb_at"]) == 2
         assert memory["growth_readings"] == 7 and memory["growth_mb_standard_error"] is not None
     assert {"p50", "fabric_series"} <= tree["ours_over_node_exporter"].keys()
@@ -500,3 +505,356 @@ def test_a_temperature_reading_is_state_and_its_threshold_static(tmp_path: Path)
         assert classify(str(hwmon / static), root, None) == "static"
     # A file of that name outside a hwmon device is not a sensor reading.
     assert classify(str(tmp_path / "sys" / "temp1_input"), root, None) == "static"
+
+
+# --- bench/bench.py's arithmetic and verdicts, without running an exporter ---
+
+
+def test_percentiles_interpolate_between_sorted_ranks_and_the_summary_is_in_milliseconds() -> None:
+    bench = _bench_module()
+    assert bench.percentile([5.0, 1.0, 4.0, 2.0, 3.0], 0.5) == 3.0  # sorted first
+    # Rank (n - 1) * q, between two values: 1..10 at 0.9 is 9.1, at 0.99 9.91.
+    ten = [float(v) for v in range(10, 0, -1)]
+    assert bench.percentile(ten, 0.9) == pytest.approx(9.1)
+    assert bench.percentile(ten, 0.99) == pytest.approx(9.91)
+    assert bench.percentile(ten, 0.5) == pytest.approx(5.5)
+    assert bench.percentile([7.0], 0.99) == 7.0
+    summary = bench.summarise([0.004, 0.001, 0.003, 0.002])  # seconds
+    assert summary == pytest.approx({"p50": 2.5, "p90": 3.7, "p99": 3.97, "mean": 2.5, "min": 1.0, "max": 4.0})
+
+
+def test_fabric_series_leave_out_comments_and_each_exporter_s_own_series() -> None:
+    body = "\n".join(
+        [
+            "# HELP rdma_port_state_id State.",
+            "# TYPE rdma_port_state_id gauge",
+            'rdma_port_state_id{device="mlx5_0",port="1"} 4',
+            'node_infiniband_state_id{device="mlx5_0",port="1"} 4',
+            "",
+            *(f"{prefix}x 1" for prefix in ("go_", "process_", "promhttp_", "node_exporter_", "node_scrape_")),
+            "rdma_exporter_devices 1",
+            "python_info 1",
+            "# EOF",
+        ]
+    ).encode()
+    assert _bench_module().count_series(body) == (9, 2)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("class/infiniband/mlx5_0/ports/1/counters/symbol_error", "counter"),
+        ("class/infiniband/mlx5_0/ports/1/counters_ext/port_xmit_data_64", "counter"),
+        ("class/infiniband/mlx5_0/ports/1/hw_counters/out_of_sequence", "counter"),
+        ("class/infiniband/mlx5_0/ports/1/hw_counters/lifespan", "state"),
+        ("class/net/ib0/statistics/rx_bytes", "counter"),
+        ("class/net/ib0/carrier_changes", "counter"),
+        ("class/net/ib0/carrier_up_count", "counter"),
+        ("devices/pci0000:00/0000:18:00.0/aer_dev_correctable", "counter"),
+        ("devices/pci0000:00/0000:00:01.0/aer_rootport_total_err_cor", "counter"),
+        ("class/infiniband/mlx5_0/ports/1/state", "state"),
+        ("class/infiniband/mlx5_0/ports/1/rate", "state"),
+        ("class/infiniband/mlx5_0/ports/1/lid", "state"),
+        ("class/net/ib0/mtu", "state"),
+        ("class/net/ib0/operstate", "state"),
+        ("devices/pci0000:00/0000:18:00.0/current_link_speed", "state"),
+        ("class/net/eth2/ecn/roce_np/enable/3", "state"),
+        ("class/net/bond0/bonding/slaves", "state"),
+        ("class/net/bond0/bonding/mode", "state"),
+        ("class/net/ib0/mode", "static"),  # an IPoIB netdev's own mode
+        ("class/infiniband/mlx5_0/fw_ver", "static"),
+        ("class/infiniband/mlx5_0/ports/1/gids/0", "static"),
+        ("devices/pci0000:00/0000:18:00.0/max_link_speed", "static"),
+        ("devices/pci0000:00/0000:18:00.0/hwmon/hwmon3/temp1_input", "state"),
+        ("devices/pci0000:00/0000:18:00.0/hwmon3/temp1_input", "static"),
+        # Listings: every directory, and the names of counter and ECN directories as such.
+        ("class/infiniband/mlx5_0/ports/1/counters", "directory"),
+        ("class/infiniband/mlx5_0/ports/1/hw_counters", "directory"),
+        ("class/net/eth2/ecn/roce_np/enable", "directory"),
+        ("class/infiniband", "directory"),  # made below: a directory whatever its name
+        ("", "directory"),  # the root itself
+    ],
+)
+def test_each_sysfs_path_is_classed_by_where_it_is(tmp_path: Path, path: str, expected: str) -> None:
+    classify = _bench_module().classify
+    root = tmp_path / "sys"
+    (root / "class" / "infiniband").mkdir(parents=True)
+    ethtool = tmp_path / "ethtool"
+    assert classify(str(root / path) if path else str(root), str(root), str(ethtool)) == expected
+
+
+def test_ethtool_captures_are_counters_and_files_outside_the_root_are_other(tmp_path: Path) -> None:
+    classify = _bench_module().classify
+    root, ethtool = tmp_path / "sys", tmp_path / "ethtool"
+    assert classify(str(ethtool / "enp220s0f0np0"), str(root), str(ethtool)) == "counter"
+    assert classify(str(ethtool), str(root), str(ethtool)) == "directory"
+    assert classify(str(tmp_path / "ethtool2" / "x"), str(root), str(ethtool)) == "other"
+    # Beside the root, not under it: /proc/self/stat, or a sibling whose name starts like the root's.
+    assert classify("/proc/self/stat", str(root), None) == "other"
+    assert classify(str(tmp_path / "sys2" / "class" / "net" / "ib0" / "mtu"), str(root), None) == "other"
+
+
+def test_strace_calls_on_a_window_s_edges_belong_to_that_scrape_and_an_empty_read_is_a_read() -> None:
+    parse_strace = _bench_module().parse_strace
+    trace = "\n".join(
+        [
+            '7 1.000000 pread64(9</t/sys/a>, "1\\n", 448, 0) = 2',  # the first window's start
+            '7 2.000000 pread64(9</t/sys/b>, "1\\n", 448, 0) = 2',  # the second window's start
+            '7 3.000000 pread64(9</t/sys/c>, "", 448, 0) = 0',  # the last window's end; nothing to read
+            '7 3.000001 pread64(9</t/sys/d>, "1\\n", 448, 0) = 2',
+        ]
+    )
+    assert parse_strace(trace, [(1.0, 1.5), (2.0, 3.0)]) == [
+        ("/t/sys/a", True, True, 0),
+        ("/t/sys/b", True, True, 1),
+        ("/t/sys/c", True, True, 1),
+        ("/t/sys/d", True, True, None),
+    ]
+
+
+def test_read_counts_are_per_scrape_and_sysfs_total_leaves_out_other_files() -> None:
+    bench = _bench_module()
+    root = "/t/sys"
+    counter = f"{root}/devices/pci0000:00/0000:18:00.0/infiniband/mlx5_0/ports/1/counters/symbol_error"
+    reads = [
+        *[bench.FileRead(counter, True, True, scrape) for scrape in range(4)],  # once a scrape
+        bench.FileRead("/proc/self/stat", True, False, 0),
+        bench.FileRead("/proc/self/stat", True, False, 1),
+        bench.FileRead(f"{root}/class/infiniband/mlx5_0/fw_ver", True, False, 2),
+        bench.FileRead(f"{root}/class/infiniband/mlx5_0/ports/1/counters_ext/x", False, False, 3),
+        bench.FileRead(f"{root}/class/infiniband/mlx5_0/ports/1/counters_ext/y", False, True, 3),
+        bench.FileRead("/usr/lib/x86_64-linux-gnu/libnotthere.so", False, False, 0),  # no read of the tree
+    ]
+    counts = bench.count_reads(reads, 4, root, None)
+    assert counts["counter"] == 1 and counts["static"] == 0.25 and counts["other"] == 0.5
+    assert counts["sysfs_total"] == 1.25 and counts["failed"] == 0.5 and counts["kept_open_reads"] == 1
+    assert counts["max_reads_of_one_counter_file_in_a_scrape"] == 1 and counts["outside_scrapes"] == 0
+    assert counts["static_examples"] == ["class/infiniband/mlx5_0/fw_ver"]
+
+
+def test_own_cpu_time_and_rss_are_read_in_seconds_and_bytes() -> None:
+    bench = _bench_module()
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:  # some user time
+        pass
+    for _ in range(2000):
+        os.stat("/")  # and some system time
+    times = os.times()
+    assert bench.cpu_seconds(os.getpid()) == pytest.approx(times.user + times.system, abs=0.05)
+    resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    assert bench.rss_bytes(os.getpid()) == pytest.approx(resident_pages * os.sysconf("SC_PAGE_SIZE"), rel=0.005)
+
+
+def test_rss_is_read_every_10_scrapes_from_40_before_half_way_and_at_the_end() -> None:
+    bench = _bench_module()
+
+    def schedule(mid: int, end: int) -> list[int]:
+        exporter = bench.Exporter("x", None, None, 1.0, (mid, end))
+        read = []
+        for served in range(1, end + 1):
+            exporter.scrapes = served
+            if exporter._reads_rss():
+                read.append(served)
+        return read
+
+    assert schedule(500, 1000) == list(range(460, 1001, 10))
+    # Checkpoints not a multiple of 10 apart (a --quick run): each still has 5 readings up to it.
+    assert schedule(56, 112) == [*range(16, 57, 10), *range(62, 113, 10)]
+    quick = bench.Exporter("x", None, None, 1.0, (56, 112))
+    quick.rss_readings = [(n, n) for n in schedule(56, 112)]
+    assert quick.rss_at(56) == 36 and quick.rss_at(112) == 92
+    # A checkpoint's RSS is the median of the readings of the 50 scrapes up to it.
+    exporter = bench.Exporter("x", None, None, 1.0, (500, 1000))
+    exporter.rss_readings = [(450, 1000), (460, 9), (470, 1), (480, 2), (490, 100), (500, 3), (510, 7)]
+    assert exporter.rss_at(500) == 3 and exporter.rss_at(490) == 9 and exporter.rss_at(440) is None
+
+
+def _tree_result(
+    tree: str,
+    devices: int,
+    p50: tuple[float, float] = (1.0, 2.0),
+    series: tuple[int, int] = (300, 100),
+    files: dict[str, float] | None = None,
+    memory: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    def exporter(i: int) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "latency_ms": {"p50": p50[i]},
+            "fabric_series": series[i],
+            "cpu_ms_per_scrape": 1.0,
+            "memory": {"rss_mb_end": 30.0},
+        }
+        if i == 0 and files is not None:
+            result["files_per_scrape"] = {"static": 0.0, "max_reads_of_one_counter_file_in_a_scrape": 1, **files}
+        if i == 0 and memory is not None:
+            result["memory"] = memory
+        return result
+
+    return {
+        "tree": tree,
+        "devices": devices,
+        "exporters": {"rdma_exporter": exporter(0), "node_exporter": exporter(1)},
+        "ours_over_node_exporter": {"p50": p50[0] / p50[1], "fabric_series": series[0] / series[1]},
+    }
+
+
+def _memory(rss_at: dict[str, float], growth: float | None, error: float | None) -> dict[str, Any]:
+    return {
+        "rss_mb_end": 99.0,
+        "rss_mb_at": rss_at,
+        "growth_mb_mid_to_end": growth,
+        "growth_mb_standard_error": error,
+        "growth_readings": 51,
+    }
+
+
+def test_targets_are_met_on_their_bounds_and_missed_just_past_them() -> None:
+    evaluate = _bench_module().evaluate_targets
+    on_bounds = [
+        _tree_result("sample", 10, p50=(3.0, 3.0), series=(200, 100), files={}),
+        _tree_result("8", 8, files={}),
+        # RSS at the last checkpoint, not the first; growth plus two standard errors at the tolerance.
+        _tree_result("128", 128, p50=(99.9, 50.0), memory=_memory({"500": 41.0, "1000": 40.0}, 0.125, 0.0625)),
+    ]
+    met = {t["target"]: t["met"] for t in evaluate(on_bounds, 40.0, 0.25)}
+    assert met == {
+        "sample tree: our p50 <= node_exporter's p50": True,
+        "sample tree: at least 2x node_exporter's series": True,
+        "no static file re-read in steady state": True,
+        "each counter file read at most once per scrape": True,
+        "RSS <= 40 MB after 1000 scrapes of the 128-device tree": True,
+        "no RSS growth between scrapes 500 and 1000 (tolerance 0.25 MB)": True,
+        "128 devices scraped in under 100 ms p50": True,
+    }
+    past = [
+        _tree_result("sample", 10, p50=(3.5, 3.0), series=(199, 100), files={"static": 0.2}),
+        # The worst tree counts: here the smaller one.
+        _tree_result("8", 8, files={"max_reads_of_one_counter_file_in_a_scrape": 2}),
+        _tree_result("128", 128, p50=(100.0, 50.0), memory=_memory({"500": 39.0, "1000": 40.5}, 0.125, 0.07)),
+    ]
+    assert [t["met"] for t in evaluate(past, 40.0, 0.25)] == [False] * 7
+    # One standard error is not enough: 0.1 ± 0.1 is not under 0.25 by two.
+    noisy = [_tree_result("128", 128, files={}, memory=_memory({"500": 30.0, "1000": 30.0}, 0.1, 0.1))]
+    growth = next(t for t in evaluate(noisy, 40.0, 0.25) if t["target"].startswith("no RSS growth"))
+    assert growth["met"] is False
+    # No standard error (under 3 readings): not measured, neither met nor missed.
+    unsure = [_tree_result("128", 128, files={}, memory=_memory({"500": 30.0, "1000": 30.0}, 0.0, None))]
+    growth = next(t for t in evaluate(unsure, 40.0, 0.25) if t["target"].startswith("no RSS growth"))
+    assert growth["met"] is None
+
+
+def test_recorded_targets_and_growth_fits_follow_from_the_recorded_trees() -> None:
+    bench = _bench_module()
+    report = json.loads((ROOT / "bench" / "RESULTS.json").read_text())
+    assert bench.evaluate_targets(report["trees"], 40.0, 0.25) == report["targets"]
+    assert bench.scaling(report["trees"]) == report["scaling"]  # over the numbered trees, not `sample`
+    fit = bench.linear_fit([1.0, 2.0, 3.0, 4.0], [3.0, 5.0, 6.0, 10.0])
+    assert fit is not None
+    assert fit["slope"] == pytest.approx(2.2) and fit["intercept"] == pytest.approx(0.5)
+    assert fit["r2"] == pytest.approx(1 - 1.8 / 26) and fit["slope_se"] == pytest.approx((1.8 / 2 / 5) ** 0.5)
+    assert bench.linear_fit([1.0, 2.0], [4.0, 4.0]) == {"slope": 0.0, "intercept": 4.0, "r2": 1.0}
+    assert bench.linear_fit([8.0, 8.0], [1.0, 2.0]) is None
+    # RSS in MiB, as VmRSS's kB are KiB.
+    growth, error = bench.rss_growth([(500, 0), (1000, 2**20)], 500)
+    assert growth == pytest.approx(1.0) and error is None
+
+
+def test_one_tree_s_numbers_from_exporters_answering_in_known_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """bench_tree's arithmetic on two stand-in exporters: ours answers in 2 ms for 1 ms of CPU and grows
+    1 KiB a scrape, node_exporter in 4 ms for 3 ms of CPU and stays at 20 MiB."""
+    bench = _bench_module()
+    latency = {1: 0.002, 2: 0.004}  # seconds, by port (= pid)
+    cpu_per_scrape = {1: 0.001, 2: 0.003}
+    bodies = {
+        1: b"# TYPE rdma_port_state_id gauge\n" + b"rdma_port_x 1\n" * 20 + b"rdma_exporter_devices 1\n",
+        2: b"node_infiniband_x 1\n" * 4 + b"go_goroutines 7\nnode_scrape_collector_success 1\n",
+    }
+    served = {1: 1, 2: 1}  # the cold scrape
+    clock = [0.0]
+
+    def http_get(port: int, timeout: float) -> tuple[int, bytes]:
+        clock[0] += latency[port]
+        served[port] += 1
+        return 200, bodies[port]
+
+    def start(self: Any, wrap: Sequence[str] = ()) -> None:
+        self.port = 1 if self.name == "rdma_exporter" else 2
+        self.proc = SimpleNamespace(pid=self.port, poll=lambda: 0)
+        self.scrapes, self.cold_ms = 1, 5.0
+
+    monkeypatch.setattr(bench, "http_get", http_get)
+    monkeypatch.setattr(bench.Exporter, "start", start)
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: clock[0], sleep=lambda s: None))
+    monkeypatch.setattr(bench, "cpu_seconds", lambda pid: served[pid] * cpu_per_scrape[pid])
+    monkeypatch.setattr(bench, "rss_bytes", lambda pid: 20 * 2**20 + (served[pid] * 2**10 if pid == 1 else 0))
+    args = argparse.Namespace(
+        traffic=False, memory_scrapes=112, ours_flag=[], node_exporter="node_exporter", node_exporter_flag=[],
+        timeout=1.0, warmup=2, scrapes=10, strace=False, strace_scrapes=2, keep=False,
+    )
+    result = bench.bench_tree(bench.Tree("1", bench.spec_for_devices(1)), args, tmp_path, memory_tree=True)
+
+    ours, node = result["exporters"]["rdma_exporter"], result["exporters"]["node_exporter"]
+    assert ours["latency_ms"]["p50"] == pytest.approx(2.0) and node["latency_ms"]["p99"] == pytest.approx(4.0)
+    assert (ours["series"], ours["fabric_series"], node["series"], node["fabric_series"]) == (21, 20, 6, 4)
+    assert ours["p50_us_per_fabric_series"] == pytest.approx(100.0)
+    assert ours["cpu_ms_per_scrape"] == pytest.approx(1.0) and node["cpu_ms_per_scrape"] == pytest.approx(3.0)
+    assert result["ours_over_node_exporter"] == pytest.approx(
+        {"p50": 0.5, "p99": 0.5, "fabric_series": 5.0, "cpu_per_scrape": 1 / 3}
+    )
+    memory = ours["memory"]
+    assert memory["scrapes"] == 112 and memory["growth_readings"] == 7
+    assert memory["rss_mb_at"]["56"] == pytest.approx(20 + 36 / 1024)  # the median of 16, 26, 36, 46 and 56
+    assert memory["growth_mb_mid_to_end"] == pytest.approx(56 / 1024)
+    assert memory["growth_mb_of_medians"] == pytest.approx(memory["rss_mb_at"]["112"] - memory["rss_mb_at"]["56"])
+    assert node["memory"]["growth_mb_mid_to_end"] == pytest.approx(0.0) and node["memory"]["rss_mb_end"] == 20.0
+
+
+def test_the_report_judges_rss_against_40_mb_and_growth_against_a_quarter_mb(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _bench_module()
+    recorded = next(t for t in json.loads((ROOT / "bench" / "RESULTS.json").read_text())["trees"] if t["tree"] == "128")
+    monkeypatch.setattr(bench.signal, "signal", lambda *args: None)  # main's handlers are for a run of its own
+    monkeypatch.setattr(bench.atexit, "register", lambda *args: None)
+
+    def verdicts(rss_mb: float, growth_mb: float) -> dict[str, bool | None]:
+        tree = json.loads(json.dumps(recorded))
+        memory = tree["exporters"]["rdma_exporter"]["memory"]
+        memory.update(rss_mb_at={"500": rss_mb, "1000": rss_mb}, growth_mb_mid_to_end=growth_mb)
+        memory["growth_mb_standard_error"] = 0.0625
+        monkeypatch.setattr(bench, "bench_tree", lambda *args, **kwargs: tree)
+        out = tmp_path / "report.json"
+        argv = ["--devices", "128", "--no-strace", "--node-exporter", "/bin/true", "--json", str(out)]
+        assert bench.main(argv) == 0
+        report = json.loads(out.read_text())
+        assert report["settings"]["memory_scrapes"] == 1000 and "## Targets" in capsys.readouterr().out
+        return {t["target"].split(" ")[0]: t["met"] for t in report["targets"] if "RSS" in t["target"]}
+
+    assert verdicts(40.0, 0.125) == {"RSS": True, "no": True}
+    assert verdicts(40.5, 0.25) == {"RSS": False, "no": False}
+
+
+def test_trees_count_their_vfs_as_devices() -> None:
+    bench = _bench_module()
+    devices = {n: bench.Tree(str(n), bench.spec_for_devices(n)).devices for n in (1, 8, 32, 128)}
+    assert devices == {1: 1, 8: 8, 32: 32, 128: 128}
+    assert bench.Tree("sample", bench.SAMPLE_SPEC).devices == 10
+
+
+def test_traffic_moves_small_counters_too_and_a_shorter_value_leaves_no_tail(tmp_path: Path) -> None:
+    traffic_module = _bench_module(ROOT / "bench" / "traffic.py")
+    device = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:18:00.0"
+    (device / "counters").mkdir(parents=True)
+    (device / "hwmon" / "hwmon0").mkdir(parents=True)
+    small = device / "counters" / "link_downed"
+    small.write_text("5\n")
+    temperature = device / "hwmon" / "hwmon0" / "temp1_input"
+    temperature.write_text("99500\n")  # a degree up is a digit longer
+    traffic = traffic_module.Traffic(tmp_path / "sys", None, {"counters"})
+    seen = []
+    for _ in range(2):
+        traffic.advance()
+        seen.append((small.read_text(), temperature.read_text()))
+    assert seen == [("6\n", "100500\n"), ("7\n", "99500\n")]
