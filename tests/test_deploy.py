@@ -128,6 +128,36 @@ def test_unit_hardening_settings() -> None:
     assert "$RDMA_EXPORTER_ARGS" in command
 
 
+def systemd_seconds(span: str) -> float:
+    """A time span of the unit in seconds, as systemd itself reads it."""
+    analyze = require_binary("systemd-analyze")
+    result = subprocess.run([analyze, "timespan", span], capture_output=True, text=True, timeout=30, check=True)
+    (usec,) = re.findall(r"\u03bcs: (\d+)", result.stdout)
+    return int(usec) / 1_000_000
+
+
+def test_unit_recovers_stops_in_time_and_starts_at_boot() -> None:
+    """What only the VM test saw (and Restart=no not even there): a crash or a watchdog kill restarts
+    the exporter, an invalid config does not loop, a reload checks the config first, a stop waits for a
+    scrape in flight, the unit starts at boot after the clock, and uevents still reach it."""
+    from rdma_exporter.config import EXIT_CONFIG
+
+    unit = unit_settings(UNIT.read_text())
+    one = {key: values[-1] for key, values in unit.items()}
+    assert one["Restart"] in {"on-failure", "on-abnormal", "always"}  # each covers a watchdog kill
+    assert str(EXIT_CONFIG) in one["RestartPreventExitStatus"].split()
+    # The server loop sends WATCHDOG=1 at half the interval: a minute proves it turns, without restarting
+    # an exporter whose loop a slow scrape held up for a few seconds.
+    assert systemd_seconds(one["WatchdogSec"]) >= 60
+    config = load_config_file(DEPLOY / "systemd" / "rdma-exporter.yml")
+    assert systemd_seconds(one["TimeoutStopSec"]) >= config.scrape_timeout + 7  # as the unit's comment says
+    first, last = (shlex.split(line) for line in (unit["ExecReload"][0], unit["ExecReload"][-1]))
+    assert "--check-config" in first and first[0] == shlex.split(one["ExecStart"])[0]
+    assert last[1:] == ["-HUP", "$MAINPID"] and len(unit["ExecReload"]) == 2
+    assert "time-sync.target" in one["After"].split() and one["WantedBy"] == "multi-user.target"
+    assert one["PrivateUsers"] == "no"  # libudev drops uevents whose sender maps to nobody
+
+
 def test_unit_fd_limit_fits_the_kept_files() -> None:
     # LimitNOFILE is also the hard limit: the daemon cannot raise its soft limit past it.
     from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
@@ -167,6 +197,29 @@ def test_example_configs_load(tmp_path: Path) -> None:
     assert web.ssl_context is not None
 
 
+@pytest.mark.parametrize("path", ["systemd/web-config.yml", "kubernetes-tls/web-config.yml"])
+def test_shipped_web_configs_refuse_old_tls(path: str) -> None:
+    """The exporter accepts TLS 1.0 and 1.1 with a warning only: the shipped examples must not ask for them."""
+    tls = yaml.safe_load((DEPLOY / path).read_text())["tls_server_config"]
+    assert tls["min_version"] in {"TLS12", "TLS13"}, tls
+
+
+def test_prometheus_scrape_jobs_reach_the_exporter_as_configured() -> None:
+    """What promtool cannot judge: credentials only over HTTPS, the exporter's telemetry path, and the
+    `node` label that joins node_exporter's series (the host name, without the port)."""
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "scrape-config.yml").read_text())
+    config = load_config_file(DEPLOY / "systemd" / "rdma-exporter.yml")
+    for job in scrape["scrape_configs"]:
+        if {"basic_auth", "tls_config", "authorization"} & job.keys():
+            assert job.get("scheme") == "https", job["job_name"]
+        assert job.get("metrics_path", "/metrics") == config.telemetry_path, job["job_name"]
+        (node,) = [r for r in job["relabel_configs"] if r.get("target_label") == "node"]
+        assert node["source_labels"] == ["__address__"] and node.get("replacement", "$1") == "$1", node
+        # Prometheus anchors the regex at both ends.
+        match = re.fullmatch(node["regex"], "gpu-node-001:9883")
+        assert match and match.group(1) == "gpu-node-001", (job["job_name"], node["regex"])
+
+
 def kubernetes_documents() -> list[dict[str, Any]]:
     documents: list[dict[str, Any]] = []
     for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
@@ -201,6 +254,14 @@ def test_kubernetes_manifests_are_consistent() -> None:
     security = container["securityContext"]
     assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
     assert security["capabilities"]["drop"] == ["ALL"] and not security.get("privileged")
+    # Nothing given back after the drop, no other host namespace than the network's, no API token, the
+    # runtime's syscall filter, and scheduled on the tainted GPU nodes it exists for.
+    assert "add" not in security["capabilities"]
+    assert security.get("seccompProfile", {"type": "RuntimeDefault"}) == {"type": "RuntimeDefault"}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not spec.get("hostPID") and not spec.get("hostIPC")
+    assert spec["automountServiceAccountToken"] is False
+    assert {"operator": "Exists"} in spec["tolerations"]
 
     # /sys of the host, read-only, where --path.sysfs points.
     volumes = {v["name"]: v for v in spec["volumes"]}

@@ -270,3 +270,55 @@ def test_a_machines_own_policy_is_left_as_it_is(stubbed: tuple[Path, dict[str, s
     assert result.returncode == 0, result.stderr
     assert (Path(env["STATE"]) / "install.log").read_text() == "policy 0 0\n"
     assert policy.read_text() == "#!/bin/sh\nexit 0\n"
+
+
+def test_a_fresh_machine_installs_unattended_with_every_prometheus_service_off(
+    stubbed: tuple[Path, dict[str, str]],
+) -> None:
+    """All three Prometheus packages missing, as on a fresh machine: apt's lists are updated first, the
+    install asks no question (CI has no terminal), the temporary policy refuses each package's service
+    (not only prometheus.service) and lets the others start, each is disabled at boot, and pip builds
+    with the pins too."""
+    project, env = stubbed
+    services = ["prometheus", "prometheus-alertmanager", "prometheus-node-exporter"]
+    bin_dir = project.parent / "bin"
+    (bin_dir / "dpkg-query").write_text(
+        '#!/usr/bin/env bash\ncase "$3" in prometheus*) exit 1 ;; esac\nprintf "install ok installed"\n'
+    )
+    install = (
+        '  *" install "*)\n'
+        '    echo "DEBIAN_FRONTEND=${DEBIAN_FRONTEND-}" >> "$STATE/install.log"\n'
+        f"    for unit in {' '.join(f'{service}.service' for service in services)} udev.service; do\n"
+        '      "$RDMA_EXPORTER_POLICY_RC_D" "$unit" start && answer=0 || answer=$?\n'
+        '      echo "$unit $answer" >> "$STATE/install.log"\n'
+        "    done ;;\n"
+    )
+    stubs = {
+        "apt-get": STUBS["apt-get"].replace('case " $* " in\n', 'case " $* " in\n' + install, 1),
+        "systemctl": 'echo "systemctl $*" >> "$STATE/systemctl.log"\n',
+        "python3": STUBS["python3"] + 'echo "${PIP_CONSTRAINT-} ${PIP_BUILD_CONSTRAINT-}" >> "$STATE/pip-env.log"\n',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text("#!/usr/bin/env bash\nset -eu\n" + body)
+        (bin_dir / name).chmod(0o755)
+    policy = project.parent / "policy-rc.d"
+    env["RDMA_EXPORTER_POLICY_RC_D"] = str(policy)
+    env.pop("DEBIAN_FRONTEND", None)  # the script must set it, not inherit it (container images export it)
+
+    result = run(project, env)
+    assert result.returncode == 0, result.stderr
+    state = Path(env["STATE"])
+    calls = [line.split()[1:] for line in (state / "apt-get.log").read_text().splitlines()]
+    assert calls[0] == ["update", "-qq"]
+    assert calls[1][0] == "install" and {"-y", "--no-install-recommends"} <= set(calls[1]), calls[1]
+    assert calls[1][-3:] == services
+    assert (state / "install.log").read_text().splitlines() == [
+        "DEBIAN_FRONTEND=noninteractive",
+        *(f"{service}.service 101" for service in services),
+        "udev.service 0",
+    ]
+    assert not policy.exists()
+    assert (state / "systemctl.log").read_text().splitlines() == [
+        f"systemctl disable --quiet {service}.service" for service in services
+    ]
+    assert (state / "pip-env.log").read_text() == "deploy/constraints.txt deploy/constraints.txt\n"

@@ -473,6 +473,20 @@ def test_amtool_routes(case: dict[str, Any], release: PrometheusRelease) -> None
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_notifications_are_grouped_per_node_and_resolve() -> None:
+    """What a routes test cannot see: the header's promise of one page per node (not one per cluster, where
+    a second node's fault would only join an incident already acknowledged), and receivers told when an
+    alert resolves, so that a pager's incident closes by itself."""
+    config = yaml.safe_load((ALERTMANAGER / "alertmanager.yml").read_text())
+    routes = [config["route"], *config["route"]["routes"]]
+    for route in routes:
+        group_by = route.get("group_by", config["route"]["group_by"])
+        assert {"cluster", "instance"} <= set(group_by) and "..." not in group_by, route
+    for receiver in config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            assert webhook.get("send_resolved", True) is True, receiver["name"]
+
+
 def test_every_severity_routes_somewhere_deliberate() -> None:
     cases = {case["labels"].get("severity") for case in ROUTE_CASES}
     assert set(SEVERITIES) <= cases
