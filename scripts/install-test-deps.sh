@@ -94,6 +94,7 @@ if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
     fi
     echo "fetching $kernel_package-unsigned into $VM_CACHE"
     download="$(mktemp -d)"
+    trap 'rm -rf "$download"' EXIT  # a failed download leaves nothing in /tmp
     # -unsigned: the same kernel without the Secure Boot signature, which a VM booted by -kernel needs not.
     (cd "$download" && apt-get download -qq -o APT::Sandbox::User=root "$kernel_package-unsigned")
     # One command a line: under set -e a failing command before && does not stop the script.
@@ -101,6 +102,7 @@ if ! compgen -G "$VM_CACHE/kernel/boot/vmlinuz-*" >/dev/null; then
     mkdir -p "$VM_CACHE/kernel.new"
     dpkg-deb -x "$download"/*.deb "$VM_CACHE/kernel.new"
     rm -rf "$download" "$VM_CACHE/kernel"
+    trap - EXIT
     mv "$VM_CACHE/kernel.new" "$VM_CACHE/kernel"
 fi
 
