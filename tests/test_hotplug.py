@@ -1245,3 +1245,75 @@ def test_an_rtnetlink_socket_the_host_refuses_is_a_warning_not_a_failed_start(
         "GID counts follow address changes only at resync",
         "cannot watch address changes ([Errno 13] Permission denied): GID counts follow them only at resync",
     ]
+
+
+def test_a_started_monitor_watches_addresses_on_the_tree_it_serves(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """start_monitor gives the monitor its rtnetlink socket and the sysfs root served: without the socket
+    GID counts follow addresses only at the resync; with /sys instead of --path.sysfs (a container reading
+    the host's sysfs at /host/sys), a VLAN's lower links are looked up in the wrong tree, and an address on
+    the VLAN refreshes nothing."""
+    import pyudev
+
+    monkeypatch.setattr(hotplug, "is_sysfs_mount", lambda path: True)  # as if `tree` were the host's sysfs
+    opened = staticmethod(lambda context, source="udev": OpenedMonitor(source))
+    monkeypatch.setattr(pyudev.Monitor, "from_netlink", opened)
+    route = FakeRouteSocket()
+    monkeypatch.setattr(hotplug, "open_address_socket", lambda: route)
+    collector, netdev = cached_with_netdev(tree)
+    vlan = tree / "class" / "net" / f"{netdev}.100"  # in the tree only, not in this machine's /sys
+    vlan.mkdir()
+    os.symlink(f"../{netdev}", vlan / f"lower_{netdev}")
+    name_indexes(monkeypatch, {7: vlan.name})
+    monitor, mode = start_monitor(tree, lambda: collector.inventory, source="kernel")
+    assert monitor is not None, mode
+    try:
+        (real_dir(tree, "mlx5_1") / "fw_ver").write_text("99.0.0\n")
+        route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7))
+        assert monitor.wait_for_events(1, UEVENT_DEADLINE)
+        assert fw_of(collector, "mlx5_1") == "99.0.0"
+    finally:
+        monitor.stop()
+    assert route.closed
+
+
+def test_a_socket_closed_by_stop_ends_the_address_watch_without_an_error(
+    tree: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stop() closes the rtnetlink socket: a watch still in recv() (a thread the 3-s join did not see end)
+    then gets EBADF, which is the shutdown and not a failed watch, so nothing is logged as an error."""
+    collector = udev_collector(tree)
+    route = FakeRouteSocket()
+    monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, addresses=route)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="rdma_exporter.hotplug"):
+        monitor.start()
+        try:
+            wait_until(lambda: route.timeout is not None, UEVENT_DEADLINE)  # the watch is reading
+            monitor._stop.set()  # stop() under way ...
+            route.items.put(OSError(errno.EBADF, "Bad file descriptor"))  # ... and its close() seen by recv()
+            assert monitor._address_thread is not None
+            monitor._address_thread.join(UEVENT_DEADLINE)
+            assert not monitor._address_thread.is_alive()
+        finally:
+            monitor.stop()
+    assert [r.getMessage() for r in caplog.records if r.name == hotplug.__name__] == []
+
+
+def test_an_address_change_is_applied_again_only_after_the_default_settle_time(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The monitor start_monitor builds uses the default settle time: a re-apply straight after the change
+    comes before the kernel's GID work, and so re-reads the same stale GID table."""
+    collector, netdev = cached_with_netdev(tree)
+    name_indexes(monkeypatch, {7: netdev})
+    route = FakeRouteSocket()
+    monitor = HotplugMonitor(FakeMonitor(), "kernel", lambda: collector.inventory, addresses=route)  # type: ignore[arg-type]
+    monitor.start()
+    try:
+        route.items.put(rtnetlink_message(hotplug.RTM_NEWADDR, 7))
+        wait_until(lambda: monitor.seen >= 1, UEVENT_DEADLINE)
+        time.sleep(0.3)
+        assert monitor.seen == 1  # not yet applied again
+    finally:
+        monitor.stop()
