@@ -168,7 +168,16 @@ def logfmt_value(text: str) -> str:
     if text and not any(c in text for c in ' ="\\') and text.isprintable():
         return text
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return '"' + "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in escaped) + '"'
+    return '"' + "".join(c if c.isprintable() else _json_escape(c) for c in escaped) + '"'
+
+
+def _json_escape(char: str) -> str:
+    """\\uXXXX, or above U+FFFF the UTF-16 surrogate pair: a JSON escape has exactly four hex digits."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 # node_exporter's level names.
