@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import copy
 import http.client
+import os
 import re
 import shlex
 import shutil
@@ -165,6 +166,38 @@ def test_unit_fd_limit_fits_the_kept_files() -> None:
 
     one = {key: values[-1] for key, values in unit_settings(UNIT.read_text()).items()}
     assert int(one["LimitNOFILE"]) >= DEFAULT_MAX_OPEN_FILES + FD_RESERVE
+
+
+# Bytes of the size suffixes the unit (systemd: base 1024) and the DaemonSet (Kubernetes: Mi) use here.
+SIZE_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+# Issue 7's memory target for 128 devices, which the bench measures (bench/RESULTS.md: 35.9 MB).
+RSS_TARGET_BYTES = 40 * 10**6
+
+
+def size_bytes(text: str) -> int:
+    match = re.fullmatch(r"(\d+)([KMG]i?)", text)
+    assert match, text
+    return int(match[1]) * SIZE_SUFFIXES[match[2]]
+
+
+def test_unit_and_pod_limits_hold_every_thread_and_the_memory_of_the_kept_files() -> None:
+    """TasksMax and the memory limits, which systemd and the kubelet enforce by failing a thread's start or
+    killing the process: the most threads the exporter can run (HTTP workers, the reader pool at its hard
+    limit and its own few), and its resident memory plus the kernel memory of the kept-open sysfs files,
+    a page each, which the cgroup charges too (mutation review: TasksMax=8 and MemoryMax=16M passed)."""
+    from rdma_exporter.collect.readers import HARD_MAX_WORKERS
+    from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
+    from rdma_exporter.httpserver import HTTP_WORKERS
+
+    one = {key: values[-1] for key, values in unit_settings(UNIT.read_text()).items()}
+    # Its own: the main thread, the server loop, the hotplug and address watches, a reload, a TLS check.
+    assert int(one["TasksMax"]) >= HTTP_WORKERS + HARD_MAX_WORKERS + 6
+    kept_files = DEFAULT_MAX_OPEN_FILES * os.sysconf("SC_PAGE_SIZE")
+    assert size_bytes(one["MemoryMax"]) >= RSS_TARGET_BYTES + kept_files
+    (container,) = by_kind(kubernetes_documents(), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    resources = container["resources"]
+    assert size_bytes(resources["limits"]["memory"]) == size_bytes(one["MemoryMax"])  # as the unit says
+    assert size_bytes(resources["requests"]["memory"]) >= RSS_TARGET_BYTES
 
 
 def test_example_configs_load(tmp_path: Path) -> None:
