@@ -159,6 +159,17 @@ def test_unit_recovers_stops_in_time_and_starts_at_boot() -> None:
     assert one["PrivateUsers"] == "no"  # libudev drops uevents whose sender maps to nobody
 
 
+def test_unit_restarts_a_crashing_exporter_for_as_long_as_it_crashes() -> None:
+    """systemd gives up on a unit started more than StartLimitBurst times within StartLimitIntervalSec
+    (5 in 10 s unless set): a crash at every start with restarts 2 s or less apart would leave the node
+    unmonitored after a few seconds, until someone restarts the unit by hand (mutation review:
+    RestartSec=0 passed)."""
+    one = {key: values[-1] for key, values in unit_settings(UNIT.read_text()).items()}
+    burst = int(one.get("StartLimitBurst", "5"))
+    interval = systemd_seconds(one.get("StartLimitIntervalSec", "10s"))
+    assert interval == 0 or systemd_seconds(one["RestartSec"]) * burst > interval
+
+
 def test_unit_fd_limit_fits_the_kept_files() -> None:
     # LimitNOFILE is also the hard limit: the daemon cannot raise its soft limit past it.
     from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
