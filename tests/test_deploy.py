@@ -288,6 +288,11 @@ def test_kubernetes_manifests_are_consistent() -> None:
 
     daemonset = by_kind(documents, "DaemonSet")
     assert daemonset["apiVersion"] == "apps/v1"
+    # A rollout replaces a few nodes' exporters at a time: an image that fails to start stops there,
+    # with most of the fleet still monitored (RdmaExporterDown pages for the few).
+    rolling = daemonset["spec"]["updateStrategy"]
+    assert rolling["type"] == "RollingUpdate", rolling
+    assert re.fullmatch(r"([1-9]|1\d|2[0-5])%", str(rolling["rollingUpdate"]["maxUnavailable"])), rolling
     pod = daemonset["spec"]["template"]
     labels = pod["metadata"]["labels"]
     assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
