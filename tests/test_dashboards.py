@@ -279,11 +279,17 @@ def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def all_targets() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+def all_panels() -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(dashboard file, panel) for every panel of every dashboard."""
     for path in DASHBOARD_FILES:
         for item in panels(load(path)):
-            for tgt in item["targets"]:
-                yield path.name, item, tgt
+            yield path, item
+
+
+def all_targets() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    for path, item in all_panels():
+        for tgt in item["targets"]:
+            yield path.name, item, tgt
 
 
 def urls(node: Any) -> Iterator[str]:
@@ -305,6 +311,13 @@ def all_rules() -> tuple[dict[str, Any], ...]:
         for group in yaml.safe_load(path.read_text())["groups"]:
             out += group["rules"]
     return tuple(out)
+
+
+def all_urls() -> Iterator[tuple[str, str]]:
+    """(dashboard file stem, URL) for every URL of every dashboard."""
+    for path in DASHBOARD_FILES:
+        for url in urls(load(path)):
+            yield path.stem, url
 
 
 def rules() -> list[dict[str, Any]]:
@@ -762,22 +775,21 @@ def test_runbook_links_resolve() -> None:
             alert_exprs.setdefault(rule["alert"], set()).update(measured(rule["expr"]))
     linked: set[str] = set()
     related = set()
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            shown = set().union(*(measured(tgt["expr"]) for tgt in item["targets"]))
-            alerts_shown = {s.matchers["alertname"][1] for tgt in item["targets"] for s in selectors(tgt["expr"])
-                            if s.name == "ALERTS" and s.matchers.get("alertname", ("",))[0] == "="}  # fmt: skip
-            for alert in runbook_alerts(item):
-                assert alert in alert_exprs, f"{item['title']}: no alert {alert} in rules/"
-                assert (RUNBOOK_DIR / f"{alert}.md").is_file(), f"{item['title']}: no runbook for {alert}"
-                assert f"Runbook: {alert}" in [link["title"] for link in item["links"]]
-                assert (
-                    alert in alerts_shown
-                    or shown & alert_exprs[alert]
-                    or ((path.stem, item["title"], alert) in RELATED_RUNBOOKS)
-                ), f"{path.stem} / {item['title']}: links {alert}, which reads none of {sorted(shown)}"
-                linked.add(alert)
-                related.add((path.stem, item["title"], alert))
+    for path, item in all_panels():
+        shown = set().union(*(measured(tgt["expr"]) for tgt in item["targets"]))
+        alerts_shown = {s.matchers["alertname"][1] for tgt in item["targets"] for s in selectors(tgt["expr"])
+                        if s.name == "ALERTS" and s.matchers.get("alertname", ("",))[0] == "="}  # fmt: skip
+        for alert in runbook_alerts(item):
+            assert alert in alert_exprs, f"{item['title']}: no alert {alert} in rules/"
+            assert (RUNBOOK_DIR / f"{alert}.md").is_file(), f"{item['title']}: no runbook for {alert}"
+            assert f"Runbook: {alert}" in [link["title"] for link in item["links"]]
+            assert (
+                alert in alerts_shown
+                or shown & alert_exprs[alert]
+                or ((path.stem, item["title"], alert) in RELATED_RUNBOOKS)
+            ), f"{path.stem} / {item['title']}: links {alert}, which reads none of {sorted(shown)}"
+            linked.add(alert)
+            related.add((path.stem, item["title"], alert))
     assert set(RELATED_RUNBOOKS) <= related, "stale RELATED_RUNBOOKS entries"
     assert len(linked) >= 20, "most alerts should be one click away from the panel that shows them"
 
@@ -868,29 +880,28 @@ def test_threshold_colours_follow_the_alerts() -> None:
     claims = alert_comparisons()
     checked = 0
     titles = set()
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            titles.add((path.stem, item["title"]))
-            where = f"{path.stem} / {item['title']}"
-            steps = target_steps(item)
-            coloured = any(step["color"] in SEVERITY_COLOURS.values() for ref in steps for step in steps[ref])
-            followed = COLOURS_FOLLOW.findall(item["description"])
-            if not followed:
-                reads_alerts = all("ALERTS" in {s.name for s in selectors(t["expr"])} for t in item["targets"])
-                if coloured and not reads_alerts:
-                    assert (path.stem, item["title"]) in UNCLAIMED_COLOURS, f"{where}: coloured, follows no alert"
-                continue
-            for alert in followed:
-                assert alert in claims, f"{where}: unknown alert {alert}"
-                assert alert in runbook_alerts(item), f"{where}: link the runbook of {alert}"
-            assert any(steps.values()), f"{where}: says colours follow {followed} but has no threshold step"
-            for tgt in item["targets"]:
-                for step in steps[tgt["refId"]]:
-                    assert step_follows(step, tgt, followed, claims), (
-                        f"{where} {tgt['refId']}: step {step['value']} {step['color']} is no threshold of "
-                        f"{followed} on what the query shows: {tgt['expr']}"
-                    )
-                    checked += 1
+    for path, item in all_panels():
+        titles.add((path.stem, item["title"]))
+        where = f"{path.stem} / {item['title']}"
+        steps = target_steps(item)
+        coloured = any(step["color"] in SEVERITY_COLOURS.values() for ref in steps for step in steps[ref])
+        followed = COLOURS_FOLLOW.findall(item["description"])
+        if not followed:
+            reads_alerts = all("ALERTS" in {s.name for s in selectors(t["expr"])} for t in item["targets"])
+            if coloured and not reads_alerts:
+                assert (path.stem, item["title"]) in UNCLAIMED_COLOURS, f"{where}: coloured, follows no alert"
+            continue
+        for alert in followed:
+            assert alert in claims, f"{where}: unknown alert {alert}"
+            assert alert in runbook_alerts(item), f"{where}: link the runbook of {alert}"
+        assert any(steps.values()), f"{where}: says colours follow {followed} but has no threshold step"
+        for tgt in item["targets"]:
+            for step in steps[tgt["refId"]]:
+                assert step_follows(step, tgt, followed, claims), (
+                    f"{where} {tgt['refId']}: step {step['value']} {step['color']} is no threshold of "
+                    f"{followed} on what the query shows: {tgt['expr']}"
+                )
+                checked += 1
     assert set(UNCLAIMED_COLOURS) <= titles, "stale UNCLAIMED_COLOURS entries"
     assert checked >= 15
 
@@ -906,20 +917,18 @@ def test_panels_count_over_the_windows_of_the_alerts_they_link() -> None:
                 if selector.range:
                     alert_windows.setdefault(rule["alert"], {}).setdefault(selector.name, set()).add(selector.range)
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            for tgt in item["targets"]:
-                for selector in selectors(tgt["expr"]):
-                    if not selector.range or selector.range.startswith("$"):
-                        continue
-                    for alert in runbook_alerts(item):
-                        windows = alert_windows.get(alert, {}).get(selector.name)
-                        if windows is not None:
-                            assert selector.range in windows, (
-                                f"{path.stem} / {item['title']}: {selector.name}[{selector.range}], "
-                                f"{alert} reads it over {sorted(windows)}"
-                            )
-                            checked += 1
+    for dashboard, item, tgt in all_targets():
+        for selector in selectors(tgt["expr"]):
+            if not selector.range or selector.range.startswith("$"):
+                continue
+            for alert in runbook_alerts(item):
+                windows = alert_windows.get(alert, {}).get(selector.name)
+                if windows is not None:
+                    assert selector.range in windows, (
+                        f"{dashboard} / {item['title']}: {selector.name}[{selector.range}], "
+                        f"{alert} reads it over {sorted(windows)}"
+                    )
+                    checked += 1
     assert checked >= 4
 
 
@@ -1826,16 +1835,15 @@ def test_pfc_panels_judge_each_hca_by_its_own_day_when_a_reload_swaps_the_names(
 # that *some* var-instance is passed and that the target exists.
 def test_drill_downs_open_the_node_page_of_the_clicked_instance() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for url in urls(load(path)):
-            if not url.startswith("/d/") or "var-instance=" not in url:
-                continue
-            assert url.startswith("/d/rdma-node-detail/"), f"{path.stem}: instance drill-down to another page: {url}"
-            (value,) = re.findall(r"var-instance=([^&]*)", url)
-            assert re.fullmatch(r"\$\{__(?:field\.labels|data\.fields)\.instance\}", value), (
-                f"{path.stem}: var-instance is not the clicked instance: {url}"
-            )
-            checked += 1
+    for stem, url in all_urls():
+        if not url.startswith("/d/") or "var-instance=" not in url:
+            continue
+        assert url.startswith("/d/rdma-node-detail/"), f"{stem}: instance drill-down to another page: {url}"
+        (value,) = re.findall(r"var-instance=([^&]*)", url)
+        assert re.fullmatch(r"\$\{__(?:field\.labels|data\.fields)\.instance\}", value), (
+            f"{stem}: var-instance is not the clicked instance: {url}"
+        )
+        checked += 1
     assert checked >= 3
 
 
@@ -1843,17 +1851,16 @@ def test_drill_downs_open_the_node_page_of_the_clicked_instance() -> None:
 # panels' own "links", not the per-field links in overrides, so a runbook URL there was never checked.
 def test_every_runbook_url_anywhere_resolves() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for url in urls(load(path)):
-            if not url.startswith(RUNBOOK_URL):
-                continue
-            name = url[len(RUNBOOK_URL) :]
-            assert name.endswith(".md"), f"{path.stem}: runbook link without .md: {url}"
-            if "${" not in name:
-                assert (RUNBOOK_DIR / name).is_file(), url
-            else:  # a field link: the alertname of the row
-                assert name == "${__data.fields.alertname}.md", url
-            checked += 1
+    for stem, url in all_urls():
+        if not url.startswith(RUNBOOK_URL):
+            continue
+        name = url[len(RUNBOOK_URL) :]
+        assert name.endswith(".md"), f"{stem}: runbook link without .md: {url}"
+        if "${" not in name:
+            assert (RUNBOOK_DIR / name).is_file(), url
+        else:  # a field link: the alertname of the row
+            assert name == "${__data.fields.alertname}.md", url
+        checked += 1
     assert checked >= 20
 
 
@@ -1879,15 +1886,19 @@ def test_job_variable_lists_rdma_exporter_jobs_only(path: Path) -> None:
     assert names and all(name.startswith("rdma_exporter_") for name in names), job["query"]
 
 
+def column_renames(item: dict[str, Any]) -> dict[str, str]:
+    """A table's column renames: its "organize" transformation's renameByName (a panel has at most one)."""
+    organize = [t for t in item.get("transformations", []) if t["id"] == "organize"]
+    assert len(organize) <= 1, item["title"]
+    return organize[0]["options"].get("renameByName", {}) if organize else {}
+
+
 def target_units(item: dict[str, Any]) -> dict[str, str]:
     """refId -> the unit Grafana draws that query's values in: the default, or an override that matches the
     query by name (its legend, or the column a table renames its value to) or by refId."""
     tgts = item["targets"]
     units = {t["refId"]: item["fieldConfig"]["defaults"]["unit"] for t in tgts}
-    renames: dict[str, str] = {}
-    for transformation in item.get("transformations", []):
-        if transformation["id"] == "organize":
-            renames = transformation["options"].get("renameByName", {})
+    renames = column_renames(item)
     for override in item["fieldConfig"]["overrides"]:
         matcher = override["matcher"]
         for prop in override["properties"]:
@@ -1911,28 +1922,26 @@ def target_units(item: dict[str, Any]) -> dict[str, str]:
 # per second and GT/s.
 def test_units_match_the_scale_of_the_query() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            units = target_units(item)
-            for tgt in item["targets"]:
-                where, unit, expr = f"{path.stem} / {item['title']} / {tgt['refId']}", units[tgt["refId"]], tgt["expr"]
-                bits = re.search(r"\*\s*8\b", expr) is not None
-                assert (unit == "bps") == bits, f"{where}: unit {unit!r}, query {'in bits' if bits else 'not * 8'}"
-                reads_bytes = any("bytes" in s.name and not s.presence for s in selectors(expr))
-                if reads_bytes and unit not in ("percentunit", "none"):
-                    assert bits, f"{where}: bytes drawn as {unit!r}"
-                if "transfers_per_second" in expr and unit != "none":
-                    assert unit == "suffix: GT/s" and "/ 1e9" in expr, f"{where}: {unit!r} of {expr}"
-                checked += 1
+    for path, item in all_panels():
+        units = target_units(item)
+        for tgt in item["targets"]:
+            where, unit, expr = f"{path.stem} / {item['title']} / {tgt['refId']}", units[tgt["refId"]], tgt["expr"]
+            bits = re.search(r"\*\s*8\b", expr) is not None
+            assert (unit == "bps") == bits, f"{where}: unit {unit!r}, query {'in bits' if bits else 'not * 8'}"
+            reads_bytes = any("bytes" in s.name and not s.presence for s in selectors(expr))
+            if reads_bytes and unit not in ("percentunit", "none"):
+                assert bits, f"{where}: bytes drawn as {unit!r}"
+            if "transfers_per_second" in expr and unit != "none":
+                assert unit == "suffix: GT/s" and "/ 1e9" in expr, f"{where}: {unit!r} of {expr}"
+            checked += 1
     assert checked >= 100
 
 
 # Catches (PCIe outbound stalls in "percent": the 0..1 ratio drawn as 0.5 % instead of 50 %). No series
 # of the exporter or the rules is a percentage: every share is a 0..1 ratio (percentunit).
 def test_no_panel_draws_a_ratio_as_percent() -> None:
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            assert "percent" not in target_units(item).values(), f"{path.stem} / {item['title']}: percent"
+    for path, item in all_panels():
+        assert "percent" not in target_units(item).values(), f"{path.stem} / {item['title']}: percent"
 
 
 DIRECTION_WORDS = {
@@ -1976,15 +1985,14 @@ def test_alert_counts_by_severity_are_named_after_it() -> None:
 # the panels map (up, collector success, ECN enabled) is healthy at 1.
 def test_boolean_value_mappings_are_healthy_at_one() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            for mapping in item["fieldConfig"]["defaults"].get("mappings", []):
-                options = mapping["options"]
-                if set(options) != {"0", "1"}:
-                    continue
-                assert options["1"]["color"] == "green" and options["0"]["color"] != "green", item["title"]
-                assert options["1"]["text"] in ("up", "ok", "enabled"), item["title"]
-                checked += 1
+    for _, item in all_panels():
+        for mapping in item["fieldConfig"]["defaults"].get("mappings", []):
+            options = mapping["options"]
+            if set(options) != {"0", "1"}:
+                continue
+            assert options["1"]["color"] == "green" and options["0"]["color"] != "green", item["title"]
+            assert options["1"]["text"] in ("up", "ok", "enabled"), item["title"]
+            checked += 1
     assert checked >= 3
 
 
@@ -2134,21 +2142,20 @@ def test_panels_read_every_driver_name_that_the_alerts_read() -> None:
 def test_coloured_queries_select_the_series_their_alert_reads() -> None:
     targets_labels = {"job", "cluster", "instance", "device", "port", "priority"}
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            followed = COLOURS_FOLLOW.findall(item["description"])
-            steps = target_steps(item)
-            alert_selectors = [s for rule in rules() if rule.get("alert") in followed for s in selectors(rule["expr"])]
-            for tgt in item["targets"]:
-                if not any(step["color"] in ("orange", "red") for step in steps[tgt["refId"]]):
-                    continue
-                for have in selectors(tgt["expr"]):
-                    wanted = [s for s in alert_selectors if s.name == have.name and set(s.matchers) - targets_labels]
-                    for want in wanted:
-                        own = {k: v for k, v in want.matchers.items() if k not in targets_labels}
-                        mine = {k: v for k, v in have.matchers.items() if k in own}
-                        assert mine == own, f"{path.stem} / {item['title']} / {tgt['refId']}: {mine} != {own}"
-                        checked += 1
+    for path, item in all_panels():
+        followed = COLOURS_FOLLOW.findall(item["description"])
+        steps = target_steps(item)
+        alert_selectors = [s for rule in rules() if rule.get("alert") in followed for s in selectors(rule["expr"])]
+        for tgt in item["targets"]:
+            if not any(step["color"] in ("orange", "red") for step in steps[tgt["refId"]]):
+                continue
+            for have in selectors(tgt["expr"]):
+                wanted = [s for s in alert_selectors if s.name == have.name and set(s.matchers) - targets_labels]
+                for want in wanted:
+                    own = {k: v for k, v in want.matchers.items() if k not in targets_labels}
+                    mine = {k: v for k, v in have.matchers.items() if k in own}
+                    assert mine == own, f"{path.stem} / {item['title']} / {tgt['refId']}: {mine} != {own}"
+                    checked += 1
     assert checked >= 1
 
 
@@ -2157,16 +2164,13 @@ def test_coloured_queries_select_the_series_their_alert_reads() -> None:
 # columns are labels its query keeps.
 def test_table_columns_are_labels_the_query_keeps() -> None:
     checked = 0
-    for path in DASHBOARD_FILES:
-        for item in panels(load(path)):
-            if item["type"] != "table":
-                continue
-            renames = next((t["options"].get("renameByName", {}) for t in item.get("transformations", [])
-                            if t["id"] == "organize"), {})  # fmt: skip
-            columns = {name for name in renames if not name.startswith("Value")}
-            for tgt in item["targets"]:
-                kept = outer_by_labels(tgt["expr"])
-                if kept is not None and columns:
-                    assert columns <= kept, f"{path.stem} / {item['title']}: {sorted(columns - kept)} dropped"
-                    checked += 1
+    for path, item in all_panels():
+        if item["type"] != "table":
+            continue
+        columns = {name for name in column_renames(item) if not name.startswith("Value")}
+        for tgt in item["targets"]:
+            kept = outer_by_labels(tgt["expr"])
+            if kept is not None and columns:
+                assert columns <= kept, f"{path.stem} / {item['title']}: {sorted(columns - kept)} dropped"
+                checked += 1
     assert checked >= 1
