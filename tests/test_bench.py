@@ -25,6 +25,7 @@ from conftest import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "bench.py"
+RECORDED = ROOT / "bench" / "RESULTS.json"  # the JSON of the run bench/RESULTS.md records
 ATTACK = ROOT / "bench" / "attack.py"
 MICROBENCH = ROOT / "bench" / "microbench.py"
 RULES_COST = ROOT / "bench" / "rules_cost.py"
@@ -424,7 +425,7 @@ def test_a_memory_run_too_short_to_keep_its_rss_pauses_out_of_the_timed_scrapes_
 
 def test_report_says_its_targets_do_not_count_when_node_exporter_ran_with_more_collectors() -> None:
     bench = _bench_module()
-    report = json.loads((ROOT / "bench" / "RESULTS.json").read_text())
+    report = json.loads(RECORDED.read_text())
     assert "do not count" not in bench.markdown(report)  # the recorded run is the comparison
     report["settings"]["node_exporter_flags"] = ["--collector.netclass"]
     assert "node_exporter ran with `--collector.netclass` as well" in bench.markdown(report)
@@ -745,7 +746,7 @@ def test_targets_are_met_on_their_bounds_and_missed_just_past_them() -> None:
 
 def test_recorded_targets_and_growth_fits_follow_from_the_recorded_trees() -> None:
     bench = _bench_module()
-    report = json.loads((ROOT / "bench" / "RESULTS.json").read_text())
+    report = json.loads(RECORDED.read_text())
     assert bench.evaluate_targets(report["trees"], 40.0, 0.25) == report["targets"]
     assert bench.scaling(report["trees"]) == report["scaling"]  # over the numbered trees, not `sample`
     fit = bench.linear_fit([1.0, 2.0, 3.0, 4.0], [3.0, 5.0, 6.0, 10.0])
@@ -815,7 +816,7 @@ def test_the_report_judges_rss_against_40_mb_and_growth_against_a_quarter_mb(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bench = _bench_module()
-    recorded = next(t for t in json.loads((ROOT / "bench" / "RESULTS.json").read_text())["trees"] if t["tree"] == "128")
+    recorded = next(t for t in json.loads(RECORDED.read_text())["trees"] if t["tree"] == "128")
     monkeypatch.setattr(bench.signal, "signal", lambda *args: None)  # main's handlers are for a run of its own
     monkeypatch.setattr(bench.atexit, "register", lambda *args: None)
 

@@ -76,6 +76,11 @@ def unit_settings(text: str) -> dict[str, list[str]]:
     return settings
 
 
+def effective_settings(unit: dict[str, list[str]]) -> dict[str, str]:
+    """Key -> the value systemd uses: the last one assigned."""
+    return {key: values[-1] for key, values in unit.items()}
+
+
 @pytest.fixture
 def installed_unit(tmp_path: Path) -> Path:
     """The unit with ExecStart pointing at this machine's rdma-exporter: verify checks the binary exists."""
@@ -114,7 +119,7 @@ def test_unit_security_exposure_is_only_what_it_needs(installed_unit: Path) -> N
 
 def test_unit_hardening_settings() -> None:
     unit = unit_settings(UNIT.read_text())
-    one = {key: values[-1] for key, values in unit.items()}
+    one = effective_settings(unit)
     assert one["DynamicUser"] == "yes"
     assert one["NoNewPrivileges"] == "yes"
     assert one["CapabilityBoundingSet"] == "" and one["AmbientCapabilities"] == ""
@@ -144,7 +149,7 @@ def test_unit_recovers_stops_in_time_and_starts_at_boot() -> None:
     from rdma_exporter.config import EXIT_CONFIG
 
     unit = unit_settings(UNIT.read_text())
-    one = {key: values[-1] for key, values in unit.items()}
+    one = effective_settings(unit)
     assert one["Restart"] in {"on-failure", "on-abnormal", "always"}  # each covers a watchdog kill
     assert str(EXIT_CONFIG) in one["RestartPreventExitStatus"].split()
     # The server loop sends WATCHDOG=1 at half the interval: a minute proves it turns, without restarting
@@ -164,7 +169,7 @@ def test_unit_restarts_a_crashing_exporter_for_as_long_as_it_crashes() -> None:
     (5 in 10 s unless set): a crash at every start with restarts 2 s or less apart would leave the node
     unmonitored after a few seconds, until someone restarts the unit by hand (mutation review:
     RestartSec=0 passed)."""
-    one = {key: values[-1] for key, values in unit_settings(UNIT.read_text()).items()}
+    one = effective_settings(unit_settings(UNIT.read_text()))
     burst = int(one.get("StartLimitBurst", "5"))
     interval = systemd_seconds(one.get("StartLimitIntervalSec", "10s"))
     assert interval == 0 or systemd_seconds(one["RestartSec"]) * burst > interval
@@ -175,7 +180,7 @@ def test_unit_fd_limit_fits_the_kept_files() -> None:
     from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
     from rdma_exporter.daemon import FD_RESERVE
 
-    one = {key: values[-1] for key, values in unit_settings(UNIT.read_text()).items()}
+    one = effective_settings(unit_settings(UNIT.read_text()))
     assert int(one["LimitNOFILE"]) >= DEFAULT_MAX_OPEN_FILES + FD_RESERVE
 
 
@@ -200,7 +205,7 @@ def test_unit_and_pod_limits_hold_every_thread_and_the_memory_of_the_kept_files(
     from rdma_exporter.config import DEFAULT_MAX_OPEN_FILES
     from rdma_exporter.httpserver import HTTP_WORKERS
 
-    one = {key: values[-1] for key, values in unit_settings(UNIT.read_text()).items()}
+    one = effective_settings(unit_settings(UNIT.read_text()))
     # Its own: the main thread, the server loop, the hotplug and address watches, a reload, a TLS check.
     assert int(one["TasksMax"]) >= HTTP_WORKERS + HARD_MAX_WORKERS + 6
     kept_files = DEFAULT_MAX_OPEN_FILES * os.sysconf("SC_PAGE_SIZE")

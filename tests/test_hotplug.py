@@ -1303,8 +1303,9 @@ def test_a_socket_closed_by_stop_ends_the_address_watch_without_an_error(
 def test_an_address_change_is_applied_again_only_after_the_default_settle_time(
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The monitor start_monitor builds uses the default settle time: a re-apply straight after the change
-    comes before the kernel's GID work, and so re-reads the same stale GID table."""
+    """A monitor built without a settle time, as start_monitor builds it, waits the default one before it
+    applies an address change again: a re-apply straight after the change comes before the kernel's GID
+    work, and so re-reads the same stale GID table."""
     collector, netdev = cached_with_netdev(tree)
     name_indexes(monkeypatch, {7: netdev})
     route = FakeRouteSocket()
