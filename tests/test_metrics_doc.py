@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from rdma_exporter.collect.process import ProcessMetrics
+from rdma_exporter.daemon import node_boot_time
 from rdma_exporter.metricsdoc import declared_labels, main, render
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
 from conftest import GOLDEN, family_pattern, samples, scrape
 
 METRICS_MD = Path(__file__).resolve().parent.parent / "METRICS.md"
+OPERATIONS_MD = METRICS_MD.parent / "docs" / "operations.md"
 
 
 def test_metrics_md_is_current() -> None:
@@ -40,13 +45,54 @@ def test_cli_writes_exactly_metrics_md(capsys: pytest.CaptureFixture[str]) -> No
     assert capsys.readouterr().out == METRICS_MD.read_text()
 
 
+def test_the_documented_series_of_a_sample_node_are_what_it_serves(sample_scrape: str, tmp_path: Path) -> None:
+    """docs/operations.md ("Sizing the Prometheus server") sizes a Prometheus server from the series a
+    sample node serves: the numbers must be this code's, or the sizing drifts with every new family."""
+    row = re.search(
+        r"\| series scraped \| ([\d,]+) by default \(([\d,]+) per InfiniBand device, ([\d,]+) per RoCE device, "
+        r"([\d,]+) per node\); ([\d,]+) with IPoIB statistics",
+        OPERATIONS_MD.read_text(),
+    )
+    assert row, "the sizing table's 'series scraped' row is not in the expected form"
+    total, per_infiniband, per_roce, per_node, with_ipoib = (int(n.replace(",", "")) for n in row.groups())
+
+    def series(exposition: str) -> list[dict[str, str]]:
+        # As served: the collectors' families and the process's own (daemon.py adds those to each answer).
+        served = exposition + ProcessMetrics(node_boot_time()).families().render_text().decode()
+        return [dict(labels) for _, labels in samples(served)]
+
+    served = series(sample_scrape)
+    link_layers = {s["device"]: s["link_layer"] for s in served if "link_layer" in s and "device" in s}
+    counts = Counter(link_layers.get(s.get("device", ""), "node") for s in served)
+    infiniband = sum(1 for layer in link_layers.values() if layer == "InfiniBand")
+    roce = sum(1 for layer in link_layers.values() if layer == "Ethernet")
+    assert (infiniband, roce) == (8, 2)
+    assert (counts["InfiniBand"] / infiniband, counts["Ethernet"] / roce, counts["node"]) == (
+        per_infiniband,
+        per_roce,
+        per_node,
+    )
+    assert len(served) == total == 8 * per_infiniband + 2 * per_roce + per_node
+
+    tree = build_tree(tmp_path, SAMPLE_SPEC)
+    ipoib = scrape(tree, ethtool_dir=tmp_path / "ethtool", collector_settings={"netdev": {"ipoib_statistics": True}})
+    assert len(series(ipoib)) == with_ipoib
+
+    # The SR-IOV figure beside the table is the recorded bench run's (bench/RESULTS.json).
+    vfs = re.search(r"128-device tree exports ([\d,]+) series, bench/RESULTS.md", OPERATIONS_MD.read_text())
+    recorded = json.loads((METRICS_MD.parent / "bench" / "RESULTS.json").read_text())["trees"]
+    assert vfs and int(vfs.group(1).replace(",", "")) == next(
+        t["exporters"]["rdma_exporter"]["series"] for t in recorded if t["tree"] == "128"
+    )
+
+
 def test_the_documented_scrape_drop_keeps_every_series_a_rule_or_dashboard_reads() -> None:
     """docs/operations.md ("Sizing the Prometheus server") gives a metric_relabel_configs regex that drops
     the netdevs' statistics/ counters. It must drop those on the sample node, nothing any rule or
     dashboard reads (a rule added later on one of them makes the advice wrong), and not the carrier
     counters the link alerts use."""
-    root = Path(__file__).resolve().parent.parent
-    section = (root / "docs" / "operations.md").read_text().split("\n### Sizing the Prometheus server\n", 1)[1]
+    root = METRICS_MD.parent
+    section = OPERATIONS_MD.read_text().split("\n### Sizing the Prometheus server\n", 1)[1]
     found = re.search(r"regex: (\S+)\n\s+action: drop", section)
     assert found, "the drop snippet is gone from docs/operations.md"
     drop = re.compile(found.group(1))
