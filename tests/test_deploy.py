@@ -1,4 +1,4 @@
-"""deploy/: the systemd unit passes `systemd-analyze verify` and rates at most 2.0 in `systemd-analyze
+"""deploy/: the systemd unit passes `systemd-analyze verify` and rates at most 1.3 in `systemd-analyze
 security`; the example configs load; the Kubernetes manifests are consistent with each other and with
 the exporter's flags (checked structurally: kubectl is not a test dependency); the TLS overlay
 deploy/kubernetes-tls/ keeps the base's security settings, its web config loads, and the exporter run with
