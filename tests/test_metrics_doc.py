@@ -11,6 +11,7 @@ import pytest
 
 from rdma_exporter.collect.process import ProcessMetrics
 from rdma_exporter.daemon import node_boot_time
+from rdma_exporter.httpserver import MAX_PENDING_BYTES
 from rdma_exporter.metricsdoc import declared_labels, main, render
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
@@ -78,12 +79,23 @@ def test_the_documented_series_of_a_sample_node_are_what_it_serves(sample_scrape
     ipoib = scrape(tree, ethtool_dir=tmp_path / "ethtool", collector_settings={"netdev": {"ipoib_statistics": True}})
     assert len(series(ipoib)) == with_ipoib
 
-    # The SR-IOV figure beside the table is the recorded bench run's (bench/RESULTS.json).
-    vfs = re.search(r"128-device tree exports ([\d,]+) series, bench/RESULTS.md", OPERATIONS_MD.read_text())
-    recorded = json.loads((METRICS_MD.parent / "bench" / "RESULTS.json").read_text())["trees"]
-    assert vfs and int(vfs.group(1).replace(",", "")) == next(
-        t["exporters"]["rdma_exporter"]["series"] for t in recorded if t["tree"] == "128"
-    )
+
+
+def test_the_documented_sizes_are_the_recorded_bench_runs() -> None:
+    """operations.md quotes the recorded bench run (bench/RESULTS.json) for what a node costs: the series
+    of the SR-IOV tree, the files the sample node keeps open and the size of its answer."""
+    text = " ".join(OPERATIONS_MD.read_text().split())
+    recorded = {
+        t["tree"]: t["exporters"]["rdma_exporter"]
+        for t in json.loads((METRICS_MD.parent / "bench" / "RESULTS.json").read_text())["trees"]
+    }
+    vfs = re.search(r"128-device tree exports ([\d,]+) series, bench/RESULTS.md", text)
+    assert vfs and int(vfs.group(1).replace(",", "")) == recorded["128"]["series"]
+    kept = re.search(r"the 10-HCA sample node keeps (\d+) ", text)
+    assert kept and int(kept.group(1)) == recorded["sample"]["files_per_scrape"]["kept_open_reads"]
+    answers = re.search(r"about (\d+) answers of the sample tree, of (\d+) KB each", text)
+    assert answers and int(answers.group(2)) == round(recorded["sample"]["body_bytes"] / 1000)
+    assert abs(int(answers.group(1)) - MAX_PENDING_BYTES / recorded["sample"]["body_bytes"]) <= 10
 
 
 def test_the_documented_scrape_drop_keeps_every_series_a_rule_or_dashboard_reads() -> None:
