@@ -80,7 +80,6 @@ def test_the_documented_series_of_a_sample_node_are_what_it_serves(sample_scrape
     assert len(series(ipoib)) == with_ipoib
 
 
-
 def test_the_documented_sizes_are_the_recorded_bench_runs() -> None:
     """operations.md quotes the recorded bench run (bench/RESULTS.json) for what a node costs: the series
     of the SR-IOV tree, the files the sample node keeps open and the size of its answer."""
