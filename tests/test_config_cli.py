@@ -29,6 +29,7 @@ from rdma_exporter.config import (
     exit_status,
     load_config_file,
 )
+from rdma_exporter.webconfig import WebConfig
 
 from conftest import SYSFS_FIXTURES, free_port, record_reads, samples, scrape
 
@@ -421,13 +422,26 @@ def test_device_filters_match_whole_names_not_parts() -> None:
     assert {dict(labels)["device"] for name, labels in values if name == "rdma_device_info"} == {"mlx5_1"}
 
 
+def first_answer(url: str, timeout: float = 30) -> tuple[int, str]:
+    """The status and body of `url` once the daemon just started answers it ((0, "") if it never does)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as answered:
+            return answered.code, ""
+        except OSError:  # not listening yet
+            time.sleep(0.2)
+    return 0, ""
+
+
 def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
     # --sample forces what a machine without /sys/class/infiniband does by default.
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     # The tree is built under TMPDIR, and removed on exit: restarts must not pile up copies.
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -438,18 +452,7 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
         env={**os.environ, "TMPDIR": str(scratch)},
     )
     try:
-        import time
-        import urllib.request
-
-        deadline = time.monotonic() + 30
-        body = ""
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-                    body = response.read().decode()
-                break
-            except OSError:
-                time.sleep(0.2)
+        _, body = first_answer(f"http://127.0.0.1:{port}/metrics")
         assert 'rdma_port_rate_bytes_per_second{device="mlx5_7",port="1"} 5e+10' in body
         # Said in the metrics too, where an alert can see it: a log line alone reaches nobody.
         assert "\nrdma_exporter_sample_tree 1.0\n" in body
@@ -467,6 +470,36 @@ def test_sample_tree_fallback_is_logged(tmp_path: Path) -> None:
     assert (fields["level"], fields["logger"]) == ("warn", "rdma_exporter")
     assert fields["msg"].startswith("--sample given: serving the bundled sample tree")
     assert list(scratch.iterdir()) == []
+
+
+def test_what_the_web_config_warns_of_at_start_is_logged_once_in_logfmt(tmp_path: Path) -> None:
+    """The web config is read before anything listens, and its warnings (here a bcrypt cost of 4) are log
+    lines like the rest: it was read twice, once before logging was set up, which put a bare line without
+    ts=, level= or logger= into the journal beside the logfmt one."""
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(tmp_path), "--web.config.file", str(web),
+         "--web.listen-address", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first_answer(f"http://127.0.0.1:{port}/healthz") == (401, "")  # no credentials given
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    lines = stderr.splitlines()
+    assert [list(parse_logfmt(line))[:4] for line in lines] == [["ts", "level", "logger", "msg"]] * len(lines), stderr
+    cheap = [line for line in lines if "hashes at bcrypt cost 4 are quick to crack" in line]
+    assert len(cheap) == 1, stderr
+    assert parse_logfmt(cheap[0])["level"] == "warn" and parse_logfmt(cheap[0])["logger"] == "rdma_exporter.webconfig"
 
 
 def test_sample_tree_forced_on_a_node_with_rdma_devices_does_not_claim_they_are_missing(
@@ -782,9 +815,10 @@ class RunRecorder:
         self.config: Config | None = None
         self.reload: Callable[[], Config] | None = None
         self.log_levels: list[str] = []
+        self.web: WebConfig | None = None
 
-    def __call__(self, config: Config, reload: Callable[[], Config] | None = None) -> int:
-        self.config, self.reload = config, reload
+    def __call__(self, config: Config, reload: Callable[[], Config] | None = None, web: WebConfig | None = None) -> int:
+        self.config, self.reload, self.web = config, reload, web
         return 0
 
 
@@ -835,6 +869,7 @@ def test_a_reload_rereads_the_file_and_keeps_the_sample_tree(recorded_run: RunRe
     assert cli.main(["--sample", "--config.file", str(path), "--log.level", "debug"]) == 0
     served, reload = recorded_run.config, recorded_run.reload
     assert recorded_run.log_levels == ["debug"]  # the log is set up before anything is served
+    assert recorded_run.web == WebConfig()  # the web config main checked, handed over (none named here)
     assert served is not None and reload is not None
     assert served.sample_tree and (served.sysfs / "class" / "infiniband" / "mlx5_0").is_dir()
     path.write_text("web:\n  telemetry_path: /after\nlog:\n  level: error\n")

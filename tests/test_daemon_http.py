@@ -3287,10 +3287,10 @@ def test_a_reload_failing_unforeseen_keeps_the_running_config_and_says_so(
 def test_a_web_config_the_daemon_refuses_exits_with_the_status_systemd_reads(
     monkeypatch: pytest.MonkeyPatch, error: ConfigError, status: int
 ) -> None:
-    """cli.main checks the web config first, so test_invalid_web_config_stops_startup never reaches run()'s
-    own check. A file changed in between (cert-manager writing the Secret as the pod starts) is refused
-    by Daemon: an invalid one must exit 2, which the unit's RestartPreventExitStatus=2 does not restart
-    in a loop; a missing one 1, restarted until the certificate is issued."""
+    """cli.main checks the web config and hands it over, so test_invalid_web_config_stops_startup never
+    reaches run()'s own check. run() without one reads the file in Daemon: an invalid one must exit 2,
+    which the unit's RestartPreventExitStatus=2 does not restart in a loop; a missing one 1, restarted
+    until the certificate is issued (cert-manager writing the Secret as the pod starts)."""
 
     def daemon(*args: object) -> None:
         raise error

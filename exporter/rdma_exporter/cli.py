@@ -255,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         return exit_status(exc)
     from .webconfig import load_web_config
 
+    if not args.check_config:
+        # Before the web config is read: what it warns of (cheap hashes, an old TLS minimum) are log lines
+        # like any other, said once, since the daemon is handed this reading instead of reading it again.
+        setup_logging(config.log_level)
     try:
         # Certificates and hashes are checked before anything listens: a typo must stop start-up.
         web = load_web_config(config.web_config_file)
@@ -268,7 +272,6 @@ def main(argv: list[str] | None = None) -> int:
         source = config.config_file or "defaults and flags"
         print(f"rdma-exporter: configuration OK ({source}; web: {web.describe()})")
         return 0
-    setup_logging(config.log_level)
     configured = args.sysfs is not None or args.config_file is not None
     if args.sample or not configured:
         # A bare run may build the sample tree, which only atexit removes: until the daemon takes SIGTERM
@@ -284,4 +287,4 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("running as root: nothing rdma-exporter reads needs it; run it as an unprivileged user")
     from .daemon import run
 
-    return run(served, reload=lambda: replace(resolve_config(args), **sample))
+    return run(served, reload=lambda: replace(resolve_config(args), **sample), web=web)

@@ -531,7 +531,9 @@ def warn_of_filters_matching_nothing(config: Config) -> None:
 class Daemon:
     """The running exporter: server, current collector, hotplug monitor and signal handling."""
 
-    def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
+    def __init__(
+        self, config: Config, reload: Callable[[], Config] | None = None, web: WebConfig | None = None
+    ) -> None:
         self._reload_source = reload
         self._reload_lock = threading.Lock()
         self.reloads = ReloadRequests(self.reload)
@@ -542,7 +544,8 @@ class Daemon:
         self._tls_tried: tuple[tuple[FileState, ...], float] = ((), -math.inf)
         budget = FileBudget(raise_fd_limit(config.max_open_files))
         self.reads = DeviceReads(WorkerPool(parallelism=config.read_threads), budget)
-        web = load_web_config(config.web_config_file)
+        if web is None:  # cli.main hands over the web config it checked
+            web = load_web_config(config.web_config_file)
         collector = build_collector(config, reads=self.reads)
         self.exporter = Exporter(Serving(config, collector, web))
         hotplug, mode = start_monitor(config.sysfs, lambda: self.exporter.serving.collector.inventory)
@@ -749,11 +752,11 @@ class Daemon:
         return 0
 
 
-def run(config: Config, reload: Callable[[], Config] | None = None) -> int:
+def run(config: Config, reload: Callable[[], Config] | None = None, web: WebConfig | None = None) -> int:
     fix_mmap_threshold()  # before the first scrape allocates anything large
     use_one_malloc_arena()  # before the first thread starts
     try:
-        daemon = Daemon(config, reload)
+        daemon = Daemon(config, reload, web)
     except ConfigError as exc:
         log.error("invalid web configuration: %s", exc)
         return exit_status(exc)
