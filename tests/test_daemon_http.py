@@ -2752,6 +2752,7 @@ def test_sighup_reloads_and_keeps_the_old_config_when_the_new_one_is_invalid(
     config.write_text('devices:\n  exclude: "mlx5_[12"\n')  # invalid regex
     reload_and_wait("reload rejected")
     assert "devices.exclude: invalid regular expression" in daemon.log()
+    assert "reload rejected, keeping the running configuration: " in daemon.log()  # as operations.md quotes it
     assert devices() == 1  # the running config is kept
     assert daemon.proc.poll() is None
 

@@ -999,6 +999,10 @@ def test_a_renewed_certificate_is_served_without_a_signal(
     wait_until(lambda: "reload rejected" in running.log(), 20)
     time.sleep(daemon_module.TLS_FILES_CHECK_SECONDS + 1)  # checked again meanwhile: not tried again
     assert running.log().count("reload rejected") == 1
+    # The line operations.md tells operators to look for after a rotation.
+    assert 'level=error logger=rdma_exporter.daemon msg="web config reload rejected, keeping the running one: ' in (
+        running.log()
+    )
     assert served() == der("renewed")
     publish("server", "server")
     wait_until(lambda: served() == der("server"), 20)
