@@ -128,7 +128,7 @@ def test_the_documented_counts_of_series_nothing_reads_are_current() -> None:
     found = re.search(
         r"About (\d+) series of a sample node are read by no rule and no dashboard, .*?\(about (\d+) with IPoIB "
         r"statistics\)\. Among them are about (\d+) `hw_counters/` series \(no rule reads about (\d+) of the node's "
-        r"`hw_counters/` series, and the node dashboard shows about (\d+) of those\)",
+        r"`hw_counters/` series, and the dashboards show about (\d+) of those\)",
         section,
     )
     assert found, "the count of series nothing reads is gone from docs/operations.md"
