@@ -21,6 +21,23 @@ METRICS_MD = Path(__file__).resolve().parent.parent / "METRICS.md"
 OPERATIONS_MD = METRICS_MD.parent / "docs" / "operations.md"
 
 
+def sizing_section() -> str:
+    """operations.md from its "Sizing the Prometheus server" section on."""
+    return OPERATIONS_MD.read_text().split("\n### Sizing the Prometheus server\n", 1)[1]
+
+
+def names_read(*patterns: str) -> set[str]:
+    """The rdma_ metric names the repository's files matching `patterns` mention."""
+    text = "".join(p.read_text() for pattern in patterns for p in METRICS_MD.parent.glob(pattern))
+    return set(re.findall(r"\b(rdma_[a-z0-9_]+)", text))
+
+
+def golden_sample_names() -> list[str]:
+    """The metric name of each series of the sample node's golden exposition."""
+    golden = (GOLDEN / "sample-8hca.prom").read_text()
+    return [line.split("{", 1)[0].split(" ", 1)[0] for line in golden.splitlines() if line and line[0] != "#"]
+
+
 def test_metrics_md_is_current() -> None:
     assert METRICS_MD.read_text() == render(), "regenerate: python -m rdma_exporter.metricsdoc > METRICS.md"
 
@@ -102,20 +119,18 @@ def test_the_documented_scrape_drop_keeps_every_series_a_rule_or_dashboard_reads
     the netdevs' statistics/ counters. It must drop those on the sample node, nothing any rule or
     dashboard reads (a rule added later on one of them makes the advice wrong), and not the carrier
     counters the link alerts use."""
-    root = METRICS_MD.parent
-    section = OPERATIONS_MD.read_text().split("\n### Sizing the Prometheus server\n", 1)[1]
+    section = sizing_section()
     found = re.search(r"regex: (\S+)\n\s+action: drop", section)
     assert found, "the drop snippet is gone from docs/operations.md"
     drop = re.compile(found.group(1))
-    golden = (GOLDEN / "sample-8hca.prom").read_text()
-    names = {line.split("{", 1)[0].split(" ", 1)[0] for line in golden.splitlines() if not line.startswith("#")}
+    series = golden_sample_names()
+    names = set(series)
     dropped = {name for name in names if drop.fullmatch(name)}
     statistics = {name for name in names if re.fullmatch(r"rdma_netdev_(?!carrier)[a-z_]+_total", name)}
     assert dropped == statistics and "rdma_netdev_rx_bytes_total" in dropped
-    read = "".join(p.read_text() for p in [*root.glob("rules/*.yml"), *root.glob("grafana/dashboards/*.json")])
-    used = {name for name in re.findall(r"\b(rdma_[a-z0-9_]+)", read) if drop.fullmatch(name)}
+    used = {name for name in names_read("rules/*.yml", "grafana/dashboards/*.json") if drop.fullmatch(name)}
     assert not used, f"rules or dashboards read series the documented drop removes: {sorted(used)}"
-    count = sum(1 for line in golden.splitlines() if not line.startswith("#") and drop.fullmatch(line.split("{")[0]))
+    count = sum(1 for name in series if drop.fullmatch(name))
     assert f"statistics/` counters ({count} on the sample node" in " ".join(section.split())
 
 
@@ -123,8 +138,7 @@ def test_the_documented_counts_of_series_nothing_reads_are_current() -> None:
     """The same section counts the sample node's series that no rule and no dashboard reads, which an
     operator may drop at the scrape. A panel or rule added on one of them changes the count (it said
     about 550 where about 410 was true: dashboard panels added after it was written read some of them)."""
-    root = METRICS_MD.parent
-    section = " ".join(OPERATIONS_MD.read_text().split("\n### Sizing the Prometheus server\n", 1)[1].split())
+    section = " ".join(sizing_section().split())
     found = re.search(
         r"About (\d+) series of a sample node are read by no rule and no dashboard, .*?\(about (\d+) with IPoIB "
         r"statistics\)\. Among them are about (\d+) `hw_counters/` series \(no rule reads about (\d+) of the node's "
@@ -133,15 +147,9 @@ def test_the_documented_counts_of_series_nothing_reads_are_current() -> None:
     )
     assert found, "the count of series nothing reads is gone from docs/operations.md"
     unread, with_ipoib, hw_unread, hw_by_no_rule, hw_on_dashboard = (int(n) for n in found.groups())
-
-    def names_read(*patterns: str) -> set[str]:
-        text = "".join(p.read_text() for pattern in patterns for p in root.glob(pattern))
-        return set(re.findall(r"\b(rdma_[a-z0-9_]+)", text))
-
     by_rules = names_read("rules/*.yml")
     by_either = by_rules | names_read("grafana/dashboards/*.json")
-    golden = (GOLDEN / "sample-8hca.prom").read_text()
-    names = [line.split("{", 1)[0].split(" ", 1)[0] for line in golden.splitlines() if line and line[0] != "#"]
+    names = golden_sample_names()
     hw = [name for name in names if name.startswith("rdma_port_hw_")]
     unread_now = sum(name not in by_either for name in names)
     measured = (
