@@ -168,6 +168,7 @@ UNIT_TEST_RELEASE, CLUSTER_TEST_RELEASE = PROMETHEUS_RELEASES
 _NAME_TOKEN = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 _ALERTS_SELECTOR = re.compile(r"\bALERTS(?:_FOR_STATE)?\b\s*(\{[^}]*\})?")
 _ALERTNAME_EQUALS = re.compile(r'\balertname\s*=\s*"([^"]*)"')
+_NAMELESS_SELECTOR = re.compile(r"(?:^|[^\w:\s])\s*\{")
 
 
 def _series_names_read(text: str, alert_names: set[str]) -> tuple[set[str], set[str]]:
@@ -225,7 +226,13 @@ def cut_to_the_rules_read(document: dict[str, Any], rule_files: list[Path], scra
             if where not in kept:
                 kept.add(where)
                 f, g, r = where
-                for text in _strings(loaded[f]["groups"][g]["rules"][r]):
+                rule = loaded[f]["groups"][g]["rules"][r]
+                for query in rule_queries(rule):
+                    # `{job="x"}` or `{__name__=~"..."}` may read any record: which ones, no name says.
+                    assert not _NAMELESS_SELECTOR.search(query) and "__name__" not in query, (
+                        f"{rule.get('record') or rule['alert']} selects series by matchers alone: {query}"
+                    )
+                for text in _strings(rule):
                     read(text)
     scratch.mkdir(parents=True, exist_ok=True)
     document["rule_files"] = []
@@ -302,6 +309,16 @@ def test_cut_rule_files_keep_what_the_tests_read_and_no_more(tmp_path: Path) -> 
         "records": ["job:a", "job:b"],
         "other": ["job:other"],
     }
+    # A selector without a metric name could read any record: the cut refuses to guess.
+    rules = yaml.safe_load(rule_file.read_text())
+    rules["groups"][3]["rules"][0]["expr"] = 'count({job="rdma"})'
+    rule_file.write_text(yaml.safe_dump(rules))
+    with pytest.raises(AssertionError, match=r'job:other selects series by matchers alone: count\(\{job="rdma"\}\)'):
+        kept([{"promql_expr_test": [{"expr": "job:other"}]}])
+    rules["groups"][3]["rules"][0]["expr"] = '{__name__=~"job:.*"}'
+    rule_file.write_text(yaml.safe_dump(rules))
+    with pytest.raises(AssertionError, match="job:other selects series by matchers alone"):
+        kept([{"promql_expr_test": [{"expr": "job:other"}]}])
 
 
 def _run_unit_tests(test_file: Path, scratch: Path) -> subprocess.CompletedProcess[str]:
