@@ -182,26 +182,25 @@ def _series_names_read(text: str, alert_names: set[str]) -> tuple[set[str], set[
     return set(_NAME_TOKEN.findall(text)), alerts
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
+def _selects_by_name(query: str, who: str) -> None:
+    """`{job="x"}` or `{__name__=~"..."}` may read any record, and which ones no name says: the cut
+    follows names, so it refuses such a query rather than drop a rule the query reads."""
+    assert not _NAMELESS_SELECTOR.search(query) and "__name__" not in query, (
+        f"{who} selects series by matchers alone: {query}"
+    )
 
 
-def cut_to_the_rules_read(document: dict[str, Any], rule_files: list[Path], scratch: Path) -> None:
-    """Point a promtool test document at copies of its rule files that keep only the rules its tests
-    read: the alerts they name, the records their expressions name, and what those rules' expressions,
-    labels and annotations read in turn. promtool evaluates every rule of its files at every step of every
-    test group, so this takes the unit tests from about 3 minutes of a CPU to about 1. A rule's outcome
-    depends only on the series it reads, so the rules kept give what they give with every file loaded;
-    rules keep their groups, their order and their group's settings, and group_eval_order its order."""
+def cut_to_the_rules_read(document: dict[str, Any], test_dir: Path, scratch: Path) -> None:
+    """Point a promtool test document (its rule_files relative to test_dir, as promtool reads them) at
+    copies of its rule files in scratch that keep only the rules its tests read: the alerts they name,
+    the records their expressions name, and what those rules' expressions, labels and annotations read
+    in turn. promtool evaluates every rule of its files at every step of every test group, so this takes
+    the unit tests from about 3 minutes of a CPU to about 1. A rule's outcome depends only on the series
+    it reads, so the rules kept give what they give with every file loaded; rules keep their groups,
+    their order and their group's settings, and group_eval_order its order."""
     alert_names: set[str] = set()
     rules_by_name: dict[str, list[tuple[int, int, int]]] = {}
+    rule_files = [test_dir / name for name in document["rule_files"]]
     loaded = [yaml.safe_load(path.read_text()) for path in rule_files]
     for f, loaded_file in enumerate(loaded):
         for g, group in enumerate(loaded_file["groups"]):
@@ -220,6 +219,7 @@ def cut_to_the_rules_read(document: dict[str, Any], rule_files: list[Path], scra
     for test in document["tests"]:
         wanted.extend(case["alertname"] for case in test.get("alert_rule_test", []))
         for case in test.get("promql_expr_test", []):
+            _selects_by_name(case["expr"], "a test's expression")
             read(case["expr"])
     while wanted:
         for where in rules_by_name.get(wanted.pop(), []):
@@ -228,11 +228,8 @@ def cut_to_the_rules_read(document: dict[str, Any], rule_files: list[Path], scra
                 f, g, r = where
                 rule = loaded[f]["groups"][g]["rules"][r]
                 for query in rule_queries(rule):
-                    # `{job="x"}` or `{__name__=~"..."}` may read any record: which ones, no name says.
-                    assert not _NAMELESS_SELECTOR.search(query) and "__name__" not in query, (
-                        f"{rule.get('record') or rule['alert']} selects series by matchers alone: {query}"
-                    )
-                for text in _strings(rule):
+                    _selects_by_name(query, rule.get("record") or rule["alert"])
+                for text in [rule["expr"], *rule.get("labels", {}).values(), *rule.get("annotations", {}).values()]:
                     read(text)
     scratch.mkdir(parents=True, exist_ok=True)
     document["rule_files"] = []
@@ -286,7 +283,7 @@ def test_cut_rule_files_keep_what_the_tests_read_and_no_more(tmp_path: Path) -> 
     def kept(tests: list[dict[str, Any]]) -> tuple[dict[str, list[str]], list[str]]:
         order = ["other", "records", "alerts", "query"]
         document = {"rule_files": ["r.rules.yml"], "group_eval_order": order, "tests": tests}
-        cut_to_the_rules_read(document, [rule_file], tmp_path / "cut")
+        cut_to_the_rules_read(document, tmp_path, tmp_path / "cut")
         (cut,) = document["rule_files"]
         groups = yaml.safe_load((tmp_path / "cut" / cut).read_text())["groups"]
         assert all(group.get("interval") == ("5m" if group["name"] == "records" else None) for group in groups)
@@ -319,12 +316,15 @@ def test_cut_rule_files_keep_what_the_tests_read_and_no_more(tmp_path: Path) -> 
     rule_file.write_text(yaml.safe_dump(rules))
     with pytest.raises(AssertionError, match="job:other selects series by matchers alone"):
         kept([{"promql_expr_test": [{"expr": "job:other"}]}])
+    # The tests' own expressions alike.
+    with pytest.raises(AssertionError, match=r"a test's expression selects series by matchers alone: \{job=\"x\"\}"):
+        kept([{"promql_expr_test": [{"expr": '{job="x"}'}]}])
 
 
 def _run_unit_tests(test_file: Path, scratch: Path) -> subprocess.CompletedProcess[str]:
     promtool = UNIT_TEST_RELEASE.binary("promtool")
     document = yaml.safe_load(test_file.read_text())
-    cut_to_the_rules_read(document, [test_file.parent / name for name in document["rule_files"]], scratch)
+    cut_to_the_rules_read(document, test_file.parent, scratch)
     (scratch / test_file.name).write_text(yaml.safe_dump(document, sort_keys=False))
     return run(promtool, "test", "rules", test_file.name, cwd=scratch)
 
@@ -449,7 +449,7 @@ def _run_in_two_clusters(test_file: Path, scratch: Path) -> tuple[int, subproces
     """How many of the file's tests were put in two clusters, and promtool's run of the rewritten file."""
     promtool = CLUSTER_TEST_RELEASE.binary("promtool")
     document = yaml.safe_load(test_file.read_text())
-    cut_to_the_rules_read(document, [test_file.parent / name for name in document["rule_files"]], scratch)
+    cut_to_the_rules_read(document, test_file.parent, scratch)
     rewritten = 0
     for test in document["tests"]:
         if not any("cluster=" in series["series"] for series in test.get("input_series", [])):
