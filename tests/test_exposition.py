@@ -165,6 +165,15 @@ def test_format_value_is_float_to_go_string(value: float) -> None:
     assert format_value(value) == floatToGoString(value)
 
 
+@given(st.integers(min_value=-(2**64), max_value=2**64))
+@example(1_000_000)
+@example(2**53)
+@example(2**53 + 1)  # rounds to 2**53 as a float: written from the float, not from its own digits
+def test_format_value_of_integers_is_float_to_go_string(value: int) -> None:
+    # Integers from 1e6 up to 2**53 are written from their own digits, not through a float (Update 22).
+    assert format_value(value) == floatToGoString(value)
+
+
 def test_declaring_a_family_that_has_samples_keeps_them() -> None:
     # declare() is for a family written even with no sample; called after add() it must not empty it.
     spec = MetricSpec("x_errors_total", "counter", "Errors.", ("device",))
@@ -208,6 +217,9 @@ EDGE_VALUES = [
     (123_456_789, "1.23456789e+08"),
     (5 * 10**10, "5e+10"),  # prometheus-client before 0.26 wrote 5e+010
     (12_345_678_901, "1.2345678901e+10"),
+    (10**15, "1e+15"),
+    (2**53 - 1, "9.007199254740991e+15"),
+    (2**53, "9.007199254740992e+15"),  # the last integer format_value writes from its own digits
     (1_000_000.5, "1.0000005e+06"),
     (-1, "-1.0"),
     (-1_000_000, "-1000000.0"),
