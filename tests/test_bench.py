@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -28,6 +29,7 @@ BENCH = ROOT / "bench" / "bench.py"
 RECORDED = ROOT / "bench" / "RESULTS.json"  # the JSON of the run bench/RESULTS.md records
 ATTACK = ROOT / "bench" / "attack.py"
 MICROBENCH = ROOT / "bench" / "microbench.py"
+FLOOR = ROOT / "bench" / "floor.py"
 RULES_COST = ROOT / "bench" / "rules_cost.py"
 ETHTOOL_IOCTL = ROOT / "bench" / "ethtool_ioctl.py"
 # The runs RULES-COST.md reports, before and after each change, and how far samples fell at least.
@@ -136,6 +138,44 @@ def test_microbench_runs_every_phase_on_a_small_tree(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| read: infiniband |" in result.stdout and "| text_render |" in result.stdout
+
+
+def test_floor_writes_the_series_the_exporter_writes_from_the_files_it_keeps(tmp_path: Path) -> None:
+    # PROFILE.md, Update 22 rests on the floor reading what a scrape reads and writing what it writes; it
+    # takes both from the collector's internals, so a change there must fail here, not skew the numbers.
+    from rdma_exporter.config import Config
+    from rdma_exporter.daemon import build_collector
+    from rdma_exporter.sample_tree import build_tree
+
+    sys_root = build_tree(tmp_path / "tree")
+    ethtool_dir = tmp_path / "tree" / "ethtool"
+    flat = _bench_module(FLOOR).FlatScrape(sys_root, ethtool_dir)
+    assert len(flat.groups) == 10 and all(flat.groups)  # every device's kept files
+    values = flat.read(range(len(flat.groups)))
+    assert len(values) > sum(map(len, flat.groups))  # the captures' values too
+    collector = build_collector(replace(Config(), sysfs=sys_root, ethtool_dir=ethtool_dir))
+
+    def shape(text: bytes) -> list[bytes]:  # headers, and each series without its value
+        return [line if line.startswith(b"#") else line.rpartition(b" ")[0] for line in text.splitlines()]
+
+    rendered = flat.render(values)
+    assert shape(rendered) == shape(collector.gather().render_text())
+    assert flat.series == sum(1 for line in rendered.splitlines() if not line.startswith(b"#"))
+
+
+def test_floor_run_serves_all_four_side_by_side(tmp_path: Path) -> None:
+    require_binary("prometheus-node-exporter")
+    result = subprocess.run(
+        [sys.executable, str(FLOOR), "--devices", "1", "--rounds", "2", "--warmup", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ")]
+    rows = {cells[0][2:]: cells[1:] for cells in table}
+    for name in ("node_exporter", "rdma_exporter", "flat", "flat per device"):
+        assert rows[name][0].isdigit() and float(rows[name][1]) > 0, (name, result.stdout)
+    assert rows["flat"][0] == rows["flat per device"][0]  # the same series, read by one job or one a device
+    assert float(rows["flat: empty request"][1]) > 0 and float(rows["rdma_exporter: /healthz"][1]) > 0
 
 
 def test_ethtool_ioctl_run_reads_real_veths_in_its_own_namespace(tmp_path: Path) -> None:
