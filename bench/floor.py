@@ -105,7 +105,8 @@ class FlatScrape:
 
 
 class ReaderThread:
-    """One daemon thread that runs read jobs in order; `run` waits for all of a scrape's jobs."""
+    """One daemon thread that runs read jobs in order; `run` waits for all of a scrape's jobs (at most
+    `timeout` seconds: the values of the jobs done by then)."""
 
     def __init__(self) -> None:
         self._jobs: list[tuple[Callable[[], list[int]], list[list[int]], threading.Event]] = []
@@ -122,15 +123,15 @@ class ReaderThread:
             done.set()
 
     def run(self, jobs: Sequence[Callable[[], list[int]]], timeout: float = 8.0) -> list[int]:
-        waits = [(job, [], threading.Event()) for job in jobs]
+        waits: list[tuple[Callable[[], list[int]], list[list[int]], threading.Event]] = [
+            (job, [], threading.Event()) for job in jobs
+        ]
         with self._cond:
             self._jobs.extend(waits)
             self._cond.notify()
-        values: list[int] = []
-        for _, out, done in waits:
-            if done.wait(timeout):
-                values += out[0]
-        return values
+        # One wake-up a scrape, as the engine's: the jobs run in order, so the last one done is all of them.
+        waits[-1][2].wait(timeout)
+        return [value for _, out, done in waits if done.is_set() for value in out[0]]
 
 
 def serve(sys_root: Path, ethtool_dir: Path | None, port: int, per_device: bool) -> None:
