@@ -215,10 +215,10 @@ ACCEPT: Final = {
 request_headers = ACCEPT["text"]
 
 
-def http_get(port: int, timeout: float) -> tuple[int, bytes]:
+def http_get(port: int, timeout: float, path: str = "/metrics") -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", "/metrics", headers=request_headers)
+        conn.request("GET", path, headers=request_headers)
         response = conn.getresponse()
         body = response.read()
         if response.getheader("Content-Encoding", "") == "gzip":
@@ -657,6 +657,33 @@ def summarise(latencies: Sequence[float]) -> dict[str, float]:
     }
 
 
+def exporter_env() -> dict[str, str]:
+    """The environment that runs this checkout's exporter, whatever is installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "exporter"), env.get("PYTHONPATH")]))
+    return env
+
+
+def exporter_cmd(sys_root: Path, ethtool_dir: Path | None, port: int, flags: Sequence[str] = ()) -> list[str]:
+    """rdma-exporter serving a tree (and its `ethtool -S` captures) on a loopback port."""
+    cmd = [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(sys_root)]
+    cmd += ["--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn"]
+    return cmd + (["--path.ethtool", str(ethtool_dir)] if ethtool_dir else []) + list(flags)
+
+
+def node_exporter_cmd(binary: str, sys_root: Path, port: int, flags: Sequence[str] = ()) -> list[str]:
+    """node_exporter with its infiniband collector alone, serving the same tree on a loopback port."""
+    return [
+        binary,
+        "--collector.disable-defaults",
+        "--collector.infiniband",
+        f"--path.sysfs={sys_root}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+        *flags,
+    ]
+
+
 def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree: bool) -> dict[str, Any]:
     dest = workdir / f"tree-{tree.name}"
     sys_root = build_tree(dest, tree.spec)
@@ -664,24 +691,13 @@ def bench_tree(tree: Tree, args: argparse.Namespace, workdir: Path, memory_tree:
     # Before each warm-up and timed round, not inside a scrape's time: both exporters see the same values.
     traffic = Traffic(sys_root, ethtool_dir, COUNTER_DIRS) if args.traffic else None
     checkpoints = (args.memory_scrapes // 2, args.memory_scrapes) if memory_tree and args.memory_scrapes else ()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "exporter"), env.get("PYTHONPATH")]))
+    env = exporter_env()
 
     def ours_cmd(port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(sys_root)]
-        cmd += ["--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn"]
-        return cmd + (["--path.ethtool", str(ethtool_dir)] if ethtool_dir else []) + args.ours_flag
+        return exporter_cmd(sys_root, ethtool_dir, port, args.ours_flag)
 
     def node_cmd(port: int) -> list[str]:
-        return [
-            args.node_exporter,
-            "--collector.disable-defaults",
-            "--collector.infiniband",
-            f"--path.sysfs={sys_root}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-            *args.node_exporter_flag,
-        ]
+        return node_exporter_cmd(args.node_exporter, sys_root, port, args.node_exporter_flag)
 
     exporters = [
         Exporter(OURS, ours_cmd, env, args.timeout, checkpoints),

@@ -4,7 +4,7 @@
     python bench/floor.py [--devices sample] [--rounds 300] [--warmup 30]
 
 How close to node_exporter can a Python exporter get on the same tree, with the same reads and the same
-answer? `flat` servers answer that (bench/PROFILE.md, Update 22). Each builds the real collector once
+series? `flat` servers answer that (bench/PROFILE.md, Update 22). Each builds the real collector once
 on the tree to learn every file a scrape reads (the fds the collector keeps open) and every series it
 writes (headers and label texts from the exporter's own writer). Each scrape then only:
 
@@ -12,11 +12,14 @@ writes (headers and label texts from the exporter's own writer). Each scrape the
      one job for every device (`flat`), or one job a device as the engine does (`flat per device`);
   2. preads each fd and parses a plain decimal (anything else counts as 0), and takes the values of
      the ethtool captures with one regex each;
-  3. picks one value per series by index and writes the text with the exporter's value formatting;
+  3. writes every series with a value read in this scrape, taken by position (the files are not mapped to
+     their series: on the sample tree that puts 317 values in exponent form where the exporter writes
+     197, about 0.1 ms against the floor), in the exporter's value formatting;
   4. answers through the standard library's http.server.
 
 None of the exporter's checks are made (errors, state and rate texts, PMA scaling and saturation,
-curation by name), so this is a floor, not an alternative. Every round advances the tree's counters
+curation by name), nor its pool's spill to more threads or abandoning of a stuck job: a floor, not an
+alternative. Every round advances the tree's counters
 (bench/traffic.py) and scrapes node_exporter, the daemon and both floors over a new connection each,
 in rotating order, then times an empty request to the floor's server and the daemon's /healthz.
 """
@@ -24,7 +27,6 @@ in rotating order, then times an empty request to the floor's server and the dae
 from __future__ import annotations
 
 import argparse
-import http.client
 import http.server
 import os
 import re
@@ -47,6 +49,7 @@ from traffic import Traffic  # noqa: E402
 
 import bench  # noqa: E402
 from rdma_exporter.collect.base import _label_text, _layout, format_value  # noqa: E402
+from rdma_exporter.collect.readers import DeviceReads, shared_reads  # noqa: E402
 from rdma_exporter.config import Config  # noqa: E402
 from rdma_exporter.daemon import build_collector  # noqa: E402
 
@@ -56,17 +59,19 @@ CAPTURE_VALUE: Final = re.compile(r": (\d+)$", re.MULTILINE)
 class FlatScrape:
     """The files and series of one tree as the real collector reads and writes them, and a flat scrape
     of them. Reaches into the collector's internals on purpose (its kept files, its rows, the writer's
-    header and label texts): the floor must read exactly what it reads and write exactly what it writes.
+    header and label texts): the floor must read the files it reads and write the series it writes.
     """
 
     def __init__(self, sys_root: Path, ethtool_dir: Path | None) -> None:
-        collector = build_collector(replace(Config(), sysfs=sys_root, ethtool_dir=ethtool_dir))
+        # Kept files of its own, not the process's: those would hold other trees' files in a test run.
+        reads = DeviceReads(shared_reads().pool)
+        collector = build_collector(replace(Config(), sysfs=sys_root, ethtool_dir=ethtool_dir), reads=reads)
         families = collector.gather()
         self.groups: list[list[int]] = []  # per device: its kept files, dup'ed
-        for files in collector.reads._files.values():
+        for files in reads._files.values():
             self.groups.append([os.dup(fd) for kept in files._dirs.values() for fd in kept.fds.values()])
         self.captures = sorted(str(p) for p in ethtool_dir.iterdir()) if ethtool_dir is not None else []
-        values = len(self.read(range(len(self.groups))))
+        self.values = values = len(self.read(range(len(self.groups))))
         self.families: list[tuple[str, list[tuple[str, int]]]] = []
         at = 0
         for spec, label_rows, _ in families._rows.values():
@@ -148,8 +153,11 @@ def serve(sys_root: Path, ethtool_dir: Path | None, port: int, per_device: bool)
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
-            body = flat.render(reader.run(jobs)) if self.path == "/metrics" else b"ok\n"
-            self.send_response(200)
+            body = b"ok\n"
+            if self.path == "/metrics":
+                values = reader.run(jobs)
+                body = flat.render(values) if len(values) == flat.values else b"reads timed out\n"
+            self.send_response(200 if body != b"reads timed out\n" else 503)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -164,30 +172,7 @@ def serve(sys_root: Path, ethtool_dir: Path | None, port: int, per_device: bool)
     Server(("127.0.0.1", port), Handler).serve_forever()
 
 
-def get(port: int, path: str) -> tuple[float, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        started = time.perf_counter()
-        connection.request("GET", path, headers=bench.request_headers)
-        body = connection.getresponse().read()
-        return time.perf_counter() - started, body
-    finally:
-        connection.close()
-
-
-def start(cmd: Sequence[str], port: int, env: dict[str, str]) -> None:
-    proc = bench.spawn(cmd, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            get(port, "/metrics")
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"did not come up: {' '.join(cmd)}")
-
-
-def run(devices: str, rounds: int, warmup: int, node_exporter: str) -> str:
+def run(devices: str, rounds: int, warmup: int, node_exporter: str, timeout: float = 30.0) -> str:
     trees = bench.parse_trees(devices)
     if len(trees) != 1:
         raise SystemExit("--devices: one tree")
@@ -197,45 +182,50 @@ def run(devices: str, rounds: int, warmup: int, node_exporter: str) -> str:
         sys_root = bench.build_tree(dest, trees[0].spec)
         ethtool_dir = dest / "ethtool" if (dest / "ethtool").is_dir() else None
         traffic = Traffic(sys_root, ethtool_dir, bench.COUNTER_DIRS)
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "exporter"))
-        ethtool = [str(ethtool_dir)] if ethtool_dir else ["-"]
-        ports = {name: bench.free_port() for name in ("node_exporter", "rdma_exporter", "flat", "flat per device")}
-        start([node_exporter, "--collector.disable-defaults", "--collector.infiniband", f"--path.sysfs={sys_root}",
-               f"--web.listen-address=127.0.0.1:{ports['node_exporter']}", "--log.level=warn"],
-              ports["node_exporter"], env)  # fmt: skip
-        ours = [sys.executable, "-m", "rdma_exporter", "--path.sysfs", str(sys_root), "--log.level", "warn"]
-        ours += ["--web.listen-address", f"127.0.0.1:{ports['rdma_exporter']}"]
-        start(ours + (["--path.ethtool", str(ethtool_dir)] if ethtool_dir else []), ports["rdma_exporter"], env)
-        for name, mode in (("flat", "one"), ("flat per device", "device")):
-            cmd = [sys.executable, __file__, "--serve", str(sys_root), *ethtool, str(ports[name]), mode]
-            start(cmd, ports[name], env)
-        names = list(ports)
-        probes = ["flat: empty request", "rdma_exporter: /healthz"]
-        timed: dict[str, list[float]] = {name: [] for name in [*names, *probes]}
-        series: dict[str, int] = {}
+        env = bench.exporter_env()
+
+        def floor_cmd(mode: str) -> Callable[[int], list[str]]:
+            ethtool = str(ethtool_dir) if ethtool_dir else "-"
+            return lambda port: [sys.executable, __file__, "--serve", str(sys_root), ethtool, str(port), mode]
+
+        servers = [
+            bench.Exporter("node_exporter", lambda port: bench.node_exporter_cmd(node_exporter, sys_root, port),
+                           None, timeout),
+            bench.Exporter("rdma_exporter", lambda port: bench.exporter_cmd(sys_root, ethtool_dir, port), env, timeout),
+            bench.Exporter("flat", floor_cmd("one"), env, timeout),
+            bench.Exporter("flat per device", floor_cmd("device"), env, timeout),
+        ]  # fmt: skip
+        for server in servers:
+            server.start()
+        probes = {"flat: empty request": (servers[2], "/empty"), "rdma_exporter: /healthz": (servers[1], "/healthz")}
+        timed: dict[str, list[float]] = {name: [] for name in [*(s.name for s in servers), *probes]}
         for i in range(warmup + rounds):
             traffic.advance()
-            scrapes = [(name, "/metrics") for name in names[i % 4 :] + names[: i % 4]]
-            scrapes += [(probes[0], "/empty"), (probes[1], "/healthz")]
-            for key, path in scrapes:
-                seconds, body = get(ports[key.split(":")[0]], path)
+            for server in servers[i % 4 :] + servers[: i % 4]:  # each one first in turn
+                seconds = server.scrape()
                 if i >= warmup:
-                    timed[key].append(seconds)
-                if path == "/metrics":
-                    series[key] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+                    timed[server.name].append(seconds)
+            for name, (server, path) in probes.items():
+                started = time.perf_counter()
+                status, _ = bench.http_get(server.port, timeout, path)
+                if status != 200:
+                    raise RuntimeError(f"{name}: HTTP {status}")
+                if i >= warmup:
+                    timed[name].append(time.perf_counter() - started)
+        fabric = {server.name: bench.count_series(server.last_body)[1] for server in servers}
     finally:
         bench.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
     node_p50 = bench.summarise(timed["node_exporter"])["p50"]
     lines = [
         f"# Flat scrape floor: {trees[0].name} tree, {rounds} timed rounds after {warmup}, counters moving\n",
-        "| server | series | p50 ms | p90 ms | p50 / node_exporter |",
+        "| server | fabric series | p50 ms | p90 ms | p50 / node_exporter |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for key, latencies in timed.items():
+    for name, latencies in timed.items():
         summary = bench.summarise(latencies)
-        ratio = f"×{summary['p50'] / node_p50:.2f}" if key in series else ""
-        lines.append(f"| {key} | {series.get(key, '')} | {summary['p50']:.2f} | {summary['p90']:.2f} | {ratio} |")
+        ratio = f"×{summary['p50'] / node_p50:.2f}" if name in fabric else ""
+        lines.append(f"| {name} | {fabric.get(name, '')} | {summary['p50']:.2f} | {summary['p90']:.2f} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 

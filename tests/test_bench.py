@@ -150,9 +150,17 @@ def test_floor_writes_the_series_the_exporter_writes_from_the_files_it_keeps(tmp
     sys_root = build_tree(tmp_path / "tree")
     ethtool_dir = tmp_path / "tree" / "ethtool"
     flat = _bench_module(FLOOR).FlatScrape(sys_root, ethtool_dir)
-    assert len(flat.groups) == 10 and all(flat.groups)  # every device's kept files
+    fds = [fd for group in flat.groups for fd in group]
+    paths = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds]
+    assert len(flat.groups) == 10 and all(f"/{d}/ports/1/counters/" in " ".join(paths) for d in ("mlx5_0", "mlx5_9"))
     values = flat.read(range(len(flat.groups)))
-    assert len(values) > sum(map(len, flat.groups))  # the captures' values too
+    assert len(values) == flat.values > len(fds)  # the captures' values too
+    # Each value is what its file holds, read through the path: a parse that turned everything to 0 would
+    # make the floor cheaper and still write the same series.
+    for value, path in zip(values, paths, strict=False):
+        raw = Path(path).read_bytes()
+        assert value == (int(raw) if raw.endswith(b"\n") and raw[:-1].isdigit() else 0), path
+    assert sum(1 for value in values[: len(fds)] if value) > 200
     collector = build_collector(replace(Config(), sysfs=sys_root, ethtool_dir=ethtool_dir))
 
     def shape(text: bytes) -> list[bytes]:  # headers, and each series without its value
@@ -174,7 +182,8 @@ def test_floor_run_serves_all_four_side_by_side(tmp_path: Path) -> None:
     rows = {cells[0][2:]: cells[1:] for cells in table}
     for name in ("node_exporter", "rdma_exporter", "flat", "flat per device"):
         assert rows[name][0].isdigit() and float(rows[name][1]) > 0, (name, result.stdout)
-    assert rows["flat"][0] == rows["flat per device"][0]  # the same series, read by one job or one a device
+    # The daemon's fabric series, written by one job or one a device.
+    assert rows["flat"][0] == rows["flat per device"][0] == rows["rdma_exporter"][0]
     assert float(rows["flat: empty request"][1]) > 0 and float(rows["rdma_exporter: /healthz"][1]) > 0
 
 

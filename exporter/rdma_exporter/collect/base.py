@@ -161,6 +161,9 @@ def _go_exponent(digits: str, exponent: int) -> str:
     return f"{mantissa}e+{exponent:02d}"
 
 
+_EXACT_INT_MAX: Final = 2**53  # every integer up to this one is a float exactly, and so has its own digits
+
+
 def format_value(value: float) -> str:
     """A sample value exactly as prometheus_client's writer (0.26 and later) writes it.
 
@@ -176,9 +179,6 @@ def format_value(value: float) -> str:
             digits = str(value)
             return _go_exponent(digits, len(digits) - 1)
     return _go_float(float(value))
-
-
-_EXACT_INT_MAX: Final = 2**53  # every integer up to this one is a float exactly, and so has its own digits
 
 
 @lru_cache(maxsize=4096)
