@@ -83,7 +83,7 @@ class FlatScrape:
             self.families.append((header, rows))
         self.series = at
 
-    def read(self, groups: Sequence[int] | range, captures: bool = True) -> list[int]:
+    def read(self, groups: Sequence[int], captures: bool = True) -> list[int]:
         values: list[int] = []
         append = values.append
         pread = os.pread
@@ -109,12 +109,16 @@ class FlatScrape:
         return b"".join(chunks)
 
 
+# A read job, the list its values are put in, and the event set when it is done.
+_Job = tuple[Callable[[], list[int]], list[list[int]], threading.Event]
+
+
 class ReaderThread:
     """One daemon thread that runs read jobs in order; `run` waits for all of a scrape's jobs (at most
     `timeout` seconds: the values of the jobs done by then)."""
 
     def __init__(self) -> None:
-        self._jobs: list[tuple[Callable[[], list[int]], list[list[int]], threading.Event]] = []
+        self._jobs: list[_Job] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._loop, daemon=True).start()
 
@@ -128,9 +132,7 @@ class ReaderThread:
             done.set()
 
     def run(self, jobs: Sequence[Callable[[], list[int]]], timeout: float = 8.0) -> list[int]:
-        waits: list[tuple[Callable[[], list[int]], list[list[int]], threading.Event]] = [
-            (job, [], threading.Event()) for job in jobs
-        ]
+        waits: list[_Job] = [(job, [], threading.Event()) for job in jobs]
         with self._cond:
             self._jobs.extend(waits)
             self._cond.notify()
