@@ -65,8 +65,14 @@ SUPERSEDED = {short: legacy for legacy, ours in PORT_METRICS.items() if legacy.s
 # ours is twice its value there (test_parse_infiniband.test_omni_path_data_counters_count_8_byte_flits).
 OPA_DATA = {"port_data_received_bytes_total", "port_data_transmitted_bytes_total"}
 # hfi1 answers these with a constant 0, which node_exporter exports and we do not
-# (test_parse_infiniband.test_omni_path_counters_it_does_not_keep_are_not_exported).
-OPA_CONSTANT_ZERO = {"symbol_error_total", "vl15_dropped_total"}
+# (test_parse_infiniband.test_omni_path_counters_it_does_not_keep_are_not_exported and
+# test_omni_path_in_its_real_layout_drops_the_counters_hfi1_never_fills).
+OPA_CONSTANT_ZERO = {
+    "symbol_error_total",
+    "vl15_dropped_total",
+    "port_transmit_wait_total",
+    "port_receive_switch_relay_errors_total",
+}
 # node_exporter info labels -> our rdma_device_info labels.
 INFO_LABELS = {"board_id": "board_id", "device": "device", "firmware_version": "fw_ver", "hca_type": "hca_type"}
 

@@ -22,6 +22,7 @@ from rdma_exporter.parse.infiniband import (
     CLASS_DIR,
     PMA_COUNTERS,
     PMA_COUNTERS_EXT,
+    PMA_QUIRKS,
     SUPERSEDED_BY_EXT,
     hw_counter_is_gauge,
     metric_fragment,
@@ -710,6 +711,75 @@ def test_omni_path_counters_it_does_not_keep_are_not_exported(captured_copy) -> 
     assert read_errors_key("hfi1_0", "malformed") not in values
 
 
+def test_omni_path_in_its_real_layout_drops_the_counters_hfi1_never_fills(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # A real hfi1 port lists the unicast files: its PMA says it has IETF extended counters, and then answers
+    # them with 0 (mad.c pma_get_ib_portcounters_ext); port_xmit_wait and port_rcv_switch_relay_errors are
+    # 0 for ever too. The procfs capture lacks the unicast files. Found by the parsing review.
+    root = captured_copy("prometheus-procfs")
+    counters = root / "class/infiniband/hfi1_0/ports/1/counters"
+    for name in ("unicast_xmit_packets", "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets"):
+        (counters / name).write_text("0\n")
+    (counters / "port_xmit_data").write_text(f"{2**32 - 1}\n")  # passing by in 64 bits, not stuck in 32
+    values = samples(scrape(root))
+    hfi1, mlx4 = (("device", "hfi1_0"), ("port", "1")), (("device", "mlx4_0"), ("port", "1"))
+    for name in (
+        "rdma_port_transmit_unicast_packets_total",
+        "rdma_port_receive_unicast_packets_total",
+        "rdma_port_transmit_wait_total",
+        "rdma_port_receive_switch_relay_errors_total",
+    ):
+        assert (name, hfi1) not in values, name
+    assert values[("rdma_port_transmit_wait_total", mlx4)] == 3599
+    assert values[("rdma_port_transmit_multicast_packets_total", hfi1)] == 0  # hfi1 keeps multicast counts
+    # The kernel's listing says 64 bit even though the unicast files are left out: no 32-bit verdict.
+    assert values[("rdma_port_transmit_data_bytes_total", hfi1)] == 8 * (2**32 - 1)
+    saturation = _saturation(values, "hfi1_0")
+    assert "port_xmit_data" not in saturation and "port_xmit_wait" not in saturation
+    assert saturation["link_downed"] == 0  # its narrow counters are still watched
+
+
+BNXT_RE1 = (("device", "bnxt_re1"), ("port", "1"))
+
+
+def test_bnxt_re_error_counters_wrap_and_are_never_called_saturated() -> None:
+    # bnxt_re fills counters/ error fields by cutting its 64-bit counts to width ((u16)tx_discard_pkts): at
+    # 65535 the next discard shows as 0, so the counter is not stuck and no saturation is reported.
+    # Found by the parsing review.
+    values = samples(scrape(SYSFS_FIXTURES / "built-multi-driver" / "sys"))
+    assert values[("rdma_port_transmit_discards_total", BNXT_RE1)] == 65535
+    assert values[("rdma_port_receive_constraint_errors_total", BNXT_RE1)] == 17
+    assert _saturation(values, "bnxt_re1") == {}
+    # Never filled by the driver: not exported as a reassuring 0.
+    for name in (
+        "rdma_port_transmit_wait_total",
+        "rdma_port_vl15_dropped_total",
+        "rdma_port_link_error_recovery_total",
+        "rdma_port_receive_remote_physical_errors_total",
+        "rdma_port_transmit_multicast_packets_total",
+    ):
+        assert (name, BNXT_RE1) not in values, name
+    assert values[("rdma_port_transmit_data_bytes_total", BNXT_RE1)] == 4 * 930264821119
+
+
+def test_bnxt_re_is_known_by_its_driver_and_only_by_it(tmp_path: Path) -> None:
+    # Renamed (rdma_rename NAME_PCI), the function's bnxt_en driver link tells; a device named bnxt_re1
+    # on an mlx5_core function is held to the spec: 65535 is a stuck 16-bit counter there.
+    renamed_root = shutil.copytree(SYSFS_FIXTURES / "built-multi-driver" / "sys", tmp_path / "renamed")
+    (renamed_root / "class/infiniband/bnxt_re1").rename(renamed_root / "class/infiniband/rocep5s0f0")
+    on_a_function_bound_to(renamed_root, "rocep5s0f0", "bnxt_en")
+    values = samples(scrape(renamed_root))
+    renamed = (("device", "rocep5s0f0"), ("port", "1"))
+    assert values[("rdma_port_transmit_discards_total", renamed)] == 65535
+    assert _saturation(values, "rocep5s0f0") == {}
+    assert ("rdma_port_transmit_wait_total", renamed) not in values
+
+    other_root = shutil.copytree(SYSFS_FIXTURES / "built-multi-driver" / "sys", tmp_path / "other")
+    on_a_function_bound_to(other_root, "bnxt_re1", "mlx5_core")
+    values = samples(scrape(other_root))
+    assert _saturation(values, "bnxt_re1")["port_xmit_discards"] == 1
+    assert values[("rdma_port_transmit_wait_total", BNXT_RE1)] == 0
+
+
 def test_names_that_normalise_alike_keep_one_file_when_it_fails(captured_copy) -> None:  # type: ignore[no-untyped-def]
     """`Rx Packets` (7) and `rx_packets` (9) are both rdma_port_hw_rx_packets_total: the first file of the
     listing owns the series. When that file fails a read, the series is missing for the scrape; taking
@@ -803,7 +873,7 @@ def test_every_pma_counter_has_the_spec_width_and_unit() -> None:
         ib, legacy, opa = (
             pma_counter(file, legacy=False),
             pma_counter(file, legacy=True),
-            pma_counter(file, legacy=False, data_word_bytes=OPA_FLIT),
+            pma_counter(file, legacy=False, quirks=PMA_QUIRKS["hfi1"]),
         )
         assert ib is not None and legacy is not None and opa is not None, file
         got[file] = (ib.width, legacy.width, ib.scale, legacy.scale, opa.scale)

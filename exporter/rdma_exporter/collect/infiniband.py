@@ -134,7 +134,8 @@ PORT_SATURATED: Final = MetricSpec(
     "1 if a fixed-width PMA counter is stuck at its maximum and can no longer show new events until it "
     "is reset (e.g. perfquery -R); 0 otherwise. counter is the sysfs file name. Data and packet counters "
     "get it only on a port without unicast_xmit_packets, whose PMA may lack 64-bit counters: 1 at exactly "
-    "2^32 - 1.",
+    "2^32 - 1. Not given for the error counters bnxt_re fills by cutting its own count to the field's "
+    "width: they wrap to 0 instead.",
     (*PORT, "counter"),
 )
 PORT_LIFESPAN: Final = MetricSpec(
@@ -383,6 +384,8 @@ def _expose_port(device: str, port: PortSnapshot, out: FamilySet) -> None:
             generic[file] = value
             continue
         out.add(_PMA_SPECS[counter.key], labels, value * counter.scale)
+        if counter.wraps:
+            continue  # never stuck: at its maximum the next event wraps it to 0
         if counter.width < 64:
             saturated = value >= (1 << counter.width) - 1
             out.add(PORT_SATURATED, [*labels, file], 1 if saturated else 0)

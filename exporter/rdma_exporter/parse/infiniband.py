@@ -84,7 +84,9 @@ class PmaCounter:
     `scale` converts the raw unit (4-octet words for the data counters) into base units.
     `maybe_32bit`: a 64-bit `width` that the port's listing cannot confirm, judged saturated at exactly
     2^32 - 1 only (see `pma_counter`).
-    All three can differ per port.
+    `wraps`: a driver that cuts its own wider count to the field's width, so the value wraps to 0
+    instead of stopping at the maximum: there is no saturation to report (see `PmaQuirks`).
+    All four can differ per port.
     """
 
     file: str
@@ -92,6 +94,7 @@ class PmaCounter:
     width: int
     scale: int = 1
     maybe_32bit: bool = False
+    wraps: bool = False
 
 
 # PortCounters / PortCountersExtended fields the kernel exposes under counters/.
@@ -145,10 +148,79 @@ _DATA_COUNTERS: Final = frozenset({"port_xmit_data", "port_rcv_data"})
 # counters, which count 8-byte flits (hfi1 mad.c pma_get_ib_portcounters_ext).
 IB_DATA_WORD_BYTES: Final = 4
 OPA_FLIT_BYTES: Final = 8
-# hfi1 lists these two but has no such counters: it answers a constant 0 (kernel commit b8d114ebb6fb, which
-# added its counters/). Exported, that 0 reads as a link without symbol errors; not exported, the
-# dashboards show no value and the error alerts use the counters hfi1 does keep.
-OPA_CONSTANT_ZERO: Final = frozenset({"symbol_error", "VL15_dropped"})
+
+
+@dataclass(frozen=True)
+class PmaQuirks:
+    """How a driver that emulates the PMA (answers the kernel's counter queries from its own statistics)
+    departs from the IB spec, by the driver of the device's PCI function.
+
+    `data_word_bytes`: the unit of the data counters.
+    `constant_zero`: files the kernel lists for every such port but the driver never fills. Exported,
+    their 0 would read as a clean link; they are neither read nor exported, so the dashboards show no
+    value and the alerts rely on the counters the driver keeps.
+    `wrapping`: narrow fields the driver fills with its wider count cut to the field's width, which wrap
+    to 0 rather than stop at the maximum (`PmaCounter.wraps`).
+    """
+
+    data_word_bytes: int = IB_DATA_WORD_BYTES
+    constant_zero: frozenset[str] = frozenset()
+    wrapping: frozenset[str] = frozenset()
+
+
+IB_SPEC_PMA: Final = PmaQuirks()
+PMA_QUIRKS: Final[dict[str, PmaQuirks]] = {
+    # hfi1 mad.c: no OPA counter behind symbol_error and VL15_dropped (commit b8d114ebb6fb, which added
+    # its counters/) nor port_rcv_switch_relay_errors (a switch's), the unicast packets of its
+    # PortCountersExtended answer are set to 0, and its PortCounters answer never sets port_xmit_wait.
+    # Its narrow fields stop at the maximum, as the spec says.
+    "hfi1": PmaQuirks(
+        data_word_bytes=OPA_FLIT_BYTES,
+        constant_zero=frozenset(
+            {
+                "symbol_error",
+                "VL15_dropped",
+                "port_rcv_switch_relay_errors",
+                "port_xmit_wait",
+                "unicast_xmit_packets",
+                "unicast_rcv_packets",
+            }
+        ),
+    ),
+    # bnxt_re, on functions of bnxt_en, has a PMA since the patch "RDMA/bnxt_re: Support Perf management
+    # counters" (linux-rdma, March 2025): the data, packet and unicast counts, and four error fields
+    # cut from its 64-bit statistics ((u8)rx_discard_pkts, (u16)rx_error_pkts, (u8)tx_error_pkts,
+    # (u16)tx_discard_pkts). Broadcom's own driver also fills link_downed and symbol_error that way (the
+    # mainline one leaves them 0: the netdev's PHY counters and the port state show the link then). The
+    # 64-bit counts behind the four are in hw_counters/ (rx_discards, rx_errors, ...) where it lists them.
+    "bnxt_en": PmaQuirks(
+        constant_zero=frozenset(
+            {
+                "link_error_recovery",
+                "port_rcv_remote_physical_errors",
+                "port_rcv_switch_relay_errors",
+                "local_link_integrity_errors",
+                "excessive_buffer_overrun_errors",
+                "VL15_dropped",
+                "port_xmit_wait",
+                "multicast_xmit_packets",
+                "multicast_rcv_packets",
+            }
+        ),
+        wrapping=frozenset(
+            {
+                "port_rcv_constraint_errors",
+                "port_rcv_errors",
+                "port_xmit_constraint_errors",
+                "port_xmit_discards",
+                "link_downed",
+                "symbol_error",
+            }
+        ),
+    ),
+}
+# The kernel's names for the devices of those drivers, for trees without the PCI function's driver link.
+_DRIVER_BY_DEVICE_NAME: Final = (("hfi1_", "hfi1"), ("bnxt_re", "bnxt_en"))
 # counters/ file -> the counters_ext/ file holding the same PMA field in 64 bits. Where both exist the
 # 64-bit one is the counter: the other is neither read nor exported (it stops at 2^32-1, a false
 # saturation verdict and a flat rate).
@@ -161,10 +233,10 @@ SUPERSEDED_BY_EXT: Final[dict[str, str]] = {
 
 
 def pma_counter(
-    file: str, *, legacy: bool, data_word_bytes: int = IB_DATA_WORD_BYTES, unicast: bool = True
+    file: str, *, legacy: bool, quirks: PmaQuirks = IB_SPEC_PMA, unicast: bool = True
 ) -> PmaCounter | None:
     """Semantics of a counters/ file of a port. `legacy` (counters_ext/ present) narrows the data and
-    packet counters to 32 bit; `data_word_bytes` is the port's unit of the data counters.
+    packet counters to 32 bit; `quirks` are those of the device's driver.
 
     `unicast`: the port lists the unicast counters, which only the kernel's table for a PMA with IETF
     extended counters has. Without them the kernel chose either the 32-bit PortCounters table (no
@@ -175,11 +247,12 @@ def pma_counter(
     if known is None:
         return None
     width = 32 if legacy and file in _LEGACY_32BIT else known.width
-    scale = data_word_bytes if file in _DATA_COUNTERS else known.scale
+    scale = quirks.data_word_bytes if file in _DATA_COUNTERS else known.scale
     maybe_32bit = not legacy and not unicast and file in _LEGACY_32BIT
-    if width == known.width and scale == known.scale and not maybe_32bit:
+    wraps = file in quirks.wrapping
+    if width == known.width and scale == known.scale and not maybe_32bit and not wraps:
         return known
-    return PmaCounter(known.file, known.key, width, scale, maybe_32bit)
+    return PmaCounter(known.file, known.key, width, scale, maybe_32bit, wraps)
 
 
 # hw_counters files that are levels, not event counts. Drivers name them differently; these patterns
@@ -395,14 +468,14 @@ def read_port_info(
     port: int,
     reader: SysfsReader,
     *,
-    data_word_bytes: int = IB_DATA_WORD_BYTES,
+    quirks: PmaQuirks = IB_SPEC_PMA,
     single_port: bool,
-    omni_path: bool = False,
 ) -> PortInfo:
     port_dir = sys_root / CLASS_DIR / device / "ports" / str(port)
     counter_files = list_dir(port_dir / "counters", reader)
-    if omni_path:
-        counter_files = [name for name in counter_files if name not in OPA_CONSTANT_ZERO]
+    # Judged on the kernel's listing, before a driver's constant zeros (hfi1's unicast files) leave it.
+    unicast = "unicast_xmit_packets" in counter_files
+    counter_files = [name for name in counter_files if name not in quirks.constant_zero]
     ext_listing = list_dir(port_dir / "counters_ext", reader)
     # A 64-bit counters_ext/ file replaces its counters/ twin only if it answers now: an HCA without
     # extended counters may list them and fail each read (EINVAL), and then the 32-bit value is all there
@@ -416,7 +489,6 @@ def read_port_info(
         return reader.uint(path, optional=True, absent_errnos=NO_VALUE_ERRNOS) is not None
 
     counter_ext_files = tuple(name for name in ext_listing if name not in PMA_COUNTERS_EXT or ext_answers(name))
-    unicast = "unicast_xmit_packets" in counter_files  # before the legacy twins are left out below
     if counter_ext_files:
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     return PortInfo(
@@ -433,7 +505,7 @@ def read_port_info(
             for file in counter_files
             if (
                 counter := pma_counter(
-                    file, legacy=bool(ext_listing), data_word_bytes=data_word_bytes, unicast=unicast
+                    file, legacy=bool(ext_listing), quirks=quirks, unicast=unicast
                 )
             )
             is not None
@@ -490,9 +562,8 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
             pf_address = link_name(physfn, PCI_ADDRESS)
         else:
             sriov = reader.uint(pci_dir / "sriov_numvfs", optional=True)
-    # hfi1 names its devices hfi1_N; the name tells trees without a device link.
-    is_opa = driver == "hfi1" or (driver is None and name.startswith("hfi1_"))
-    word_bytes = OPA_FLIT_BYTES if is_opa else IB_DATA_WORD_BYTES
+    pma_driver = driver or next((known for prefix, known in _DRIVER_BY_DEVICE_NAME if name.startswith(prefix)), None)
+    quirks = PMA_QUIRKS.get(pma_driver or "", IB_SPEC_PMA)
     numbers: list[int] = []
     for entry in list_dir(device_dir / "ports", reader, optional=False):
         number = parse_entry_number(entry)
@@ -508,7 +579,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         numbers.append(number)
     ports = [
         read_port_info(
-            sys_root, name, number, reader, data_word_bytes=word_bytes, single_port=len(numbers) == 1, omni_path=is_opa
+            sys_root, name, number, reader, quirks=quirks, single_port=len(numbers) == 1
         )
         for number in sorted(numbers)
     ]
