@@ -141,9 +141,16 @@ def worst_nodes(expr: str, *, lowest: bool = False) -> str:
     return f"(\n{expr}\n)\n  and on ({NODE_KEY})\n{pick}({WORST_NODES}, {agg} by ({NODE_KEY}) (\n{expr}\n))"
 
 
-def firing_alerts(*extra: str) -> str:
-    """Firing alerts of the rdma-exporter rules on the selected nodes."""
-    return sel("ALERTS", NODE, 'alertname=~"Rdma.*"', 'alertstate="firing"', *extra)
+def firing_alerts(*extra: str, cluster_wide: bool = False) -> str:
+    """Firing alerts of the rdma-exporter rules on the selected nodes. With `cluster_wide`, also those of
+    the selected clusters that are about no node (RdmaHistoryRulesMissing): the instance selector, whose
+    All is `.+`, would hide them."""
+    matchers = ('alertname=~"Rdma.*"', 'alertstate="firing"', *extra)
+    on_nodes = sel("ALERTS", NODE, *matchers)
+    if not cluster_wide:
+        return on_nodes
+    of_clusters = sel("ALERTS", CLUSTER, 'instance=""', *matchers)
+    return f"({on_nodes} or {of_clusters})"
 
 
 # --- template variables ------------------------------------------------------------------------------
@@ -512,6 +519,37 @@ def layout(items: Sequence[tuple[Json, int, int]]) -> list[Json]:
     return placed
 
 
+MENU_TITLES = {"fabric-overview": "Fabric overview", "node-detail": "Node detail", "roce-congestion": "RoCE congestion"}
+
+
+def menu_links(key: str) -> list[Json]:
+    """Links to the other RDMA dashboards that keep the data source, job, cluster, time range and, where the
+    target can take it, the node selection. Node detail shows one node: handed a fleet view's All
+    (`$__all`), its single-value instance variable selects no node, so it opens on its own first node
+    of the job and cluster instead; a table's instance link opens the node clicked."""
+    links = []
+    for target, title in MENU_TITLES.items():
+        if target == key:
+            continue
+        params = ["${datasource:queryparam}", "${job:queryparam}", "${cluster:queryparam}"]
+        if target != "node-detail":
+            params.append("${instance:queryparam}")
+        links.append({
+            "title": title,
+            "type": "link",
+            "url": f"/d/{UIDS[target]}/{UIDS[target]}?{'&'.join(params)}",
+            "keepTime": True,
+            "includeVars": False,
+            "asDropdown": False,
+            "icon": "dashboard",
+            "tags": [],
+            "targetBlank": False,
+            "tooltip": "The same job, cluster and time range"
+            + (", on its first node" if target == "node-detail" else ", and the same nodes"),
+        })  # fmt: skip
+    return links
+
+
 def dashboard(key: str, title: str, description: str, variables: list[Json], items: Sequence[tuple[Json, int, int]],
               refresh: str = "1m", time_from: str = "now-6h") -> Json:  # fmt: skip
     return {
@@ -543,20 +581,7 @@ def dashboard(key: str, title: str, description: str, variables: list[Json], ite
                 }
             ]
         },
-        "links": [
-            {
-                "title": "RDMA dashboards",
-                "type": "dashboards",
-                "tags": ["rdma-exporter"],
-                "asDropdown": True,
-                "includeVars": True,
-                "keepTime": True,
-                "icon": "external link",
-                "targetBlank": False,
-                "tooltip": "",
-                "url": "",
-            }
-        ],
+        "links": menu_links(key),
         "templating": {"list": variables},
         "panels": layout(items),
     }
@@ -627,11 +652,12 @@ def fabric_overview() -> Json:
         ), 3, 4),
         (stat(
             "Alerts firing",
-            "Alerts of the rdma-exporter rules firing now, by severity (critical pages, warning opens a ticket).",
+            "Alerts of the rdma-exporter rules firing now, by severity (critical pages, warning opens a ticket); "
+            "those of whole clusters (no instance) whatever the node selection.",
             "none",
             targets(
-                ("count(" + firing_alerts('severity="critical"') + ") or vector(0)", "critical"),
-                ("count(" + firing_alerts('severity="warning"') + ") or vector(0)", "warning"),
+                ("count(" + firing_alerts('severity="critical"', cluster_wide=True) + ") or vector(0)", "critical"),
+                ("count(" + firing_alerts('severity="warning"', cluster_wide=True) + ") or vector(0)", "warning"),
             ),
             steps=thresholds((1, CRITICAL)),
             overrides=[{"matcher": {"id": "byName", "options": "warning"},
@@ -905,10 +931,11 @@ def fabric_overview() -> Json:
         ), 24, 6),
         (table(
             "Firing RDMA alerts",
-            "Alerts of the rdma-exporter rules firing now. Click an alert name for its runbook, an instance for "
-            "its node dashboard. Empty while no RDMA alert fires.",
+            "Alerts of the rdma-exporter rules firing now, those of whole clusters (no instance) whatever the "
+            "node selection. Click an alert name for its runbook, an instance for its node dashboard. Empty while "
+            "no RDMA alert fires.",
             "none",
-            [target(firing_alerts(), instant=True, table=True)],
+            [target(firing_alerts(cluster_wide=True), instant=True, table=True)],
             hide=("Value", "alertstate"),
             overrides=[
                 {"matcher": {"id": "byName", "options": "alertname"},

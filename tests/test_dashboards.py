@@ -44,6 +44,7 @@ from conftest import PROMETHEUS_RELEASES, PrometheusRelease, family_pattern, fre
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
 DASHBOARD_FILES = sorted((GRAFANA / "dashboards").glob("*.json"))
+UIDS_BY_STEM = {path.stem: f"rdma-{path.stem}" for path in DASHBOARD_FILES}
 RUNBOOK_DIR = ROOT / "docs" / "runbooks"
 RUNBOOK_URL = "https://github.com/rdma-exporter/rdma-exporter/blob/main/docs/runbooks/"
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -541,7 +542,7 @@ def test_drill_down_links_keep_the_selection_the_row_does_not_set() -> None:
 
     checked = 0
     for uid, dashboard in dashboards.items():
-        for url in (url for url in urls(dashboard) if url.startswith("/d/")):
+        for url in (url for url in urls(dashboard["panels"]) if url.startswith("/d/")):
             target = url.removeprefix("/d/").split("/", 1)[0]
             assert target in dashboards, f"{dashboard['title']}: link to an unknown dashboard: {url}"
             query = url.partition("?")[2].split("&")
@@ -562,12 +563,21 @@ def test_dashboard_settings(path: Path) -> None:
     assert board["description"]
     assert board["editable"] is False, "provisioned dashboards are read-only; save a copy to edit"
     assert "id" not in board or board["id"] is None, "no instance-specific id"
-    # The menu of the other RDMA dashboards keeps the selection and the time range: a node picked on the
-    # fleet view must stay picked when its RoCE congestion is opened from there.
-    (menu,) = board["links"]
-    assert (menu["type"], menu["tags"], menu["includeVars"], menu["keepTime"]) == (
-        "dashboards", ["rdma-exporter"], True, True
-    ), menu
+    # The links to the other RDMA dashboards keep the selection and the time range: a node picked on the
+    # fleet view must stay picked when its RoCE congestion is opened from there. Node detail takes no
+    # instance: the fleet views' All would reach its single-value variable as `$__all`, which Grafana
+    # turns into a list of every node but the first, and no panel would show anything (dashboard review).
+    others = {UIDS_BY_STEM[other.stem] for other in DASHBOARD_FILES if other != path}
+    assert {link["url"].split("/")[2] for link in board["links"]} == others
+    for link in board["links"]:
+        assert (link["type"], link["keepTime"], link["includeVars"]) == ("link", True, False), link
+        query = set(link["url"].partition("?")[2].split("&"))
+        kept = {"${datasource:queryparam}", "${job:queryparam}", "${cluster:queryparam}"}
+        instance = "${instance:queryparam}"
+        if link["url"].split("/")[2] == "rdma-node-detail":
+            assert query == kept, link
+        else:
+            assert query == kept | {instance}, link
 
 
 @pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
@@ -690,9 +700,13 @@ def test_queries_follow_the_linter_rules(path: Path) -> None:
                 assert sel.name, f"{where}: selector without a metric name"
                 # target-job-rule, target-instance-rule; and the optional cluster label
                 required = target_labels(sel.name)
+                if sel.name == "ALERTS" and sel.matchers.get("instance") == ("=", ""):
+                    # A cluster's own alert (RdmaHistoryRulesMissing), which the node selector would hide.
+                    required = tuple(label for label in required if label != "instance")
+                    assert WHOLE_CLUSTERS.search(item["description"]), f"{where}: say it lists whole clusters' alerts"
                 for label in required:
                     assert sel.matchers.get(label) == matcher(path, label), f"{where}: {sel.name} lacks {label}"
-                if "instance" not in required:
+                if "instance" not in required and sel.name != "ALERTS":
                     assert sel.name in recorded_names(), f"{where}: {sel.name} is no recording rule"
                     assert "instance" not in sel.matchers, f"{where}: {sel.name} has no instance label"
                     assert WHOLE_CLUSTERS.search(item["description"]), (
@@ -2032,6 +2046,10 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
         alert("RdmaPortDown", "firing", "critical", "mlx5_1"): "1x10",
         alert("RdmaPortReceiveErrors", "firing", "warning", "mlx5_2"): "1x10",
         alert("RdmaPortTransmitDiscards", "firing", "warning", "mlx5_2"): "1x10",
+        # A cluster's alert, about no node: the fleet view counts and lists it under any node selection.
+        'ALERTS{job="rdma-exporter", alertname="RdmaHistoryRulesMissing", alertstate="firing", severity="warning"}': (
+            "1x10"
+        ),
         # A VF (mlx5_8) reports its PF's width; a PF (mlx5_3) trained below its expected rate.
         f'{below}{{{node}, device="mlx5_8", port="1", problem="width", reference="expected"}}': "0.5x10",
         f'rdma_device_sriov_virtual_function{{{node}, device="mlx5_8"}}': "1x10",
@@ -2064,7 +2082,8 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
         # The rules fire alerts of their own on these series: compare with ALERTS as it is.
         (f"sum({panel_expr(overview, 'Alerts firing', 'A')}) - {firing('critical')}", "5m", 0.0),
         (f"sum({panel_expr(overview, 'Alerts firing', 'B')}) - {firing('warning')}", "5m", 0.0),
-        (f"sum({panel_expr(node_page, 'Alerts firing')}) - {firing('.+')}", "5m", 0.0),
+        (f"count({panel_expr(overview, 'Firing RDMA alerts')}) - {firing('.+')}", "5m", 0.0),
+        (f"sum({panel_expr(node_page, 'Alerts firing')}) - {firing('.+')} + 1", "5m", 0.0),  # not the cluster's
         (f"({firing('critical')} >= bool 1) + ({firing('warning')} >= bool 2)", "5m", 2.0),  # both levels fire
         (f"sum({panel_expr(overview, 'Links below expected', 'A')})", "5m", 1.0),
         (f"count({panel_expr(overview, 'Links below expected rate, width or PCIe')})", "5m", 1.0),
