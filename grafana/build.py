@@ -524,7 +524,7 @@ MENU_TITLES = {"fabric-overview": "Fabric overview", "node-detail": "Node detail
 
 def menu_links(key: str) -> list[Json]:
     """Links to the other RDMA dashboards that keep the data source, job, cluster, time range and, where the
-    target can take it, the node selection. Node detail shows one node: handed a fleet view's All
+    target can take it, the node, device and port selection. Node detail shows one node: handed a fleet view's All
     (`$__all`), its single-value instance variable selects no node, so it opens on its own first node
     of the job and cluster instead; a table's instance link opens the node clicked."""
     links = []
@@ -533,7 +533,7 @@ def menu_links(key: str) -> list[Json]:
             continue
         params = ["${datasource:queryparam}", "${job:queryparam}", "${cluster:queryparam}"]
         if target != "node-detail":
-            params.append("${instance:queryparam}")
+            params += ["${instance:queryparam}", "${device:queryparam}", "${port:queryparam}"]
         links.append({
             "title": title,
             "type": "link",
@@ -754,7 +754,8 @@ def fabric_overview() -> Json:
         (top_ports(
             "Top ports by transmit discards",
             "The ten ports that discarded the most outbound packets (port down or congested) in the last 15 "
-            "minutes, the count the alert reads. Colours follow RdmaPortTransmitDiscards (warning above 100).",
+            "minutes, the count the alert reads (which leaves out a port RdmaPortDown paged for in that time). "
+            "Colours follow RdmaPortTransmitDiscards (warning above 100).",
             "none",
             sel('instance_device_port:rdma_port_transmit_discards:increase15m'),
             port_label,

@@ -573,11 +573,11 @@ def test_dashboard_settings(path: Path) -> None:
         assert (link["type"], link["keepTime"], link["includeVars"]) == ("link", True, False), link
         query = set(link["url"].partition("?")[2].split("&"))
         kept = {"${datasource:queryparam}", "${job:queryparam}", "${cluster:queryparam}"}
-        instance = "${instance:queryparam}"
+        selection = {"${instance:queryparam}", "${device:queryparam}", "${port:queryparam}"}
         if link["url"].split("/")[2] == "rdma-node-detail":
             assert query == kept, link
         else:
-            assert query == kept | {instance}, link
+            assert query == kept | selection, link
 
 
 @pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.stem)
