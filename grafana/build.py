@@ -519,7 +519,8 @@ def layout(items: Sequence[tuple[Json, int, int]]) -> list[Json]:
     return placed
 
 
-MENU_TITLES = {"fabric-overview": "Fabric overview", "node-detail": "Node detail", "roce-congestion": "RoCE congestion"}
+# Each dashboard's name: its title is "RDMA / " and this, the other dashboards' links to it this.
+TITLES = {"fabric-overview": "Fabric overview", "node-detail": "Node detail", "roce-congestion": "RoCE congestion"}
 
 
 def menu_links(key: str) -> list[Json]:
@@ -528,7 +529,7 @@ def menu_links(key: str) -> list[Json]:
     (`$__all`), its single-value instance variable selects no node, so it opens on its own first node
     of the job and cluster instead; a table's instance link opens the node clicked."""
     links = []
-    for target, title in MENU_TITLES.items():
+    for target, title in TITLES.items():
         if target == key:
             continue
         params = ["${datasource:queryparam}", "${job:queryparam}", "${cluster:queryparam}"]
@@ -545,16 +546,16 @@ def menu_links(key: str) -> list[Json]:
             "tags": [],
             "targetBlank": False,
             "tooltip": "The same job, cluster and time range"
-            + (", on its first node" if target == "node-detail" else ", and the same nodes"),
+            + (", on its first node" if target == "node-detail" else ", nodes, devices and ports"),
         })  # fmt: skip
     return links
 
 
-def dashboard(key: str, title: str, description: str, variables: list[Json], items: Sequence[tuple[Json, int, int]],
+def dashboard(key: str, description: str, variables: list[Json], items: Sequence[tuple[Json, int, int]],
               refresh: str = "1m", time_from: str = "now-6h") -> Json:  # fmt: skip
     return {
         "uid": UIDS[key],
-        "title": title,
+        "title": f"RDMA / {TITLES[key]}",
         "description": description,
         "tags": TAGS,
         "editable": False,
@@ -950,7 +951,6 @@ def fabric_overview() -> Json:
     ]  # fmt: skip
     return dashboard(
         "fabric-overview",
-        "RDMA / Fabric overview",
         "Fleet view of InfiniBand and RoCE fabrics: down, degraded, erroring and congested links and where they "
         "are (node, HCA, rail). Built on the rdma-exporter recording rules.",
         standard_variables(),
@@ -1381,7 +1381,6 @@ def node_detail() -> Json:
     ]  # fmt: skip
     return exact_instance(dashboard(
         "node-detail",
-        "RDMA / Node detail",
         "One node's RDMA fabric: port states, link rate/width and PCIe against expectations, throughput, "
         "errors, link events, transport retries, device identity and exporter health.",
         standard_variables(one_node=True),
@@ -1724,7 +1723,6 @@ def roce_congestion() -> Json:
             )
     return dashboard(
         "roce-congestion",
-        "RDMA / RoCE congestion",
         "Is the RoCE fabric congested, on which port and priority: PFC pause frames and pause time, pause "
         "storms, ECN marks and CNPs, ECN state, NIC buffer discards and out-of-buffer drops.",
         variables,
