@@ -103,6 +103,9 @@ def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str
 PRIO = 'priority=~"$priority"'
 # The port module events RdmaPortModuleFault counts as faults (module_unplug is none).
 MODULE_FAULTS = "bus_stuck|bad_shorted|high_temp"
+# Transceiver module sensors, as RdmaDeviceTemperatureHigh tells them from the chip's: mlx5's Module<N>, or
+# MTMP sensor 64 and up where the firmware does not name them. Their ticket margin is 5 °C, not 10.
+MODULE_SENSORS = "Module[0-9]+|sensor(6[4-9]|[7-9][0-9]|[1-9][0-9][0-9])"
 # Share of time paused per priority and direction, and per port under link-level 802.3x pause as priority
 # "global": the series the pause panels and the `global` choice of the priority variable come from.
 PAUSE_DURATION = "instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m"
@@ -414,6 +417,12 @@ def top_ports(title: str, description: str, unit: str, expr: str, legend: str,
     pairs = [(f"topk(10, {e})", name) for e, name in [(expr, legend), *more]]
     return bargauge(title, description, unit, targets(*pairs, instant=True),
                     links=[node_link("__field.labels.instance")], **kw)  # fmt: skip
+
+
+def temperature_margin(sensors: str) -> str:
+    """Temperature minus the critical temperature the hardware reports, of the `sensors` matched."""
+    return (f"{sel('rdma_device_temperature_celsius', DEVICE, sensors)} - on (cluster, job, instance, device, "
+            f"sensor) {sel('rdma_device_temperature_critical_celsius', DEVICE, sensors)}")
 
 
 def table(title: str, description: str, unit: str, tgts: list[Json], *, hide: Sequence[str] = (), **kw: Any) -> Json:
@@ -806,15 +815,16 @@ def fabric_overview() -> Json:
         ), 6, 9),
         (top_ports(
             "Hottest HCA sensors",
-            "The ten HCA sensors (ASICs, transceiver modules) closest to the critical temperature their hardware "
-            "reports: each bar is the temperature minus that threshold, so 0 is at it. RdmaDeviceTemperatureHigh "
-            "opens a ticket from -10 °C for an ASIC and -5 °C for a module, and pages at 0: orange from -10, red "
-            "from 0.",
+            "The ten chip sensors (ASICs) and the ten transceiver modules closest to the critical temperature their "
+            "hardware reports: each bar is the temperature minus that threshold, so 0 is at it. "
+            "RdmaDeviceTemperatureHigh opens a ticket from -10 °C for a chip and -5 °C for a module, and pages "
+            "at 0: orange from there, red from 0.",
             "celsius",
-            f"{sel('rdma_device_temperature_celsius', DEVICE)} - on (cluster, job, instance, device, sensor) "
-            f"{sel('rdma_device_temperature_critical_celsius', DEVICE)}",
+            temperature_margin(f'sensor!~"{MODULE_SENSORS}"'),
             "{{instance}} {{device}} {{sensor}}",
+            more=[(temperature_margin(f'sensor=~"{MODULE_SENSORS}"'), "{{instance}} {{device}} {{sensor}}")],
             steps=thresholds((-10, WARNING), (0, CRITICAL)),
+            overrides=[query_thresholds("B", thresholds((-5, WARNING), (0, CRITICAL)))],
             alerts=["RdmaDeviceTemperatureHigh"],
         ), 6, 9),
         (timeseries(

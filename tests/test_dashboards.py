@@ -532,6 +532,16 @@ def test_json_is_what_build_py_generates() -> None:
         assert path.read_text() == generated[path.name], f"{path.name} is stale: run python grafana/build.py"
 
 
+def test_hottest_sensors_split_modules_as_the_temperature_alert_does() -> None:
+    """The fleet's sensor panel colours modules at their own 5 °C margin, in a query of their own: it must
+    tell modules from chips by the alert's own pattern, or a module would be coloured at the chip's."""
+    patterns = {
+        match for rule in rules() if rule.get("alert") == "RdmaDeviceTemperatureHigh"
+        for match in re.findall(r'sensor=~"([^"]+)"', rule["expr"])
+    }  # fmt: skip
+    assert patterns == {build_module().MODULE_SENSORS}
+
+
 def test_drill_down_links_keep_the_selection_the_row_does_not_set() -> None:
     """A data link to another dashboard passes, as `var-` parameters, every template variable of the target
     that the source dashboard also has, except what the clicked row sets (its instance) and the device and
@@ -839,7 +849,8 @@ UNCLAIMED_COLOURS = {
     ("roce-congestion", "Unknown statistics"): "a count of netdevs the RoCE alerts cannot see; "
     "RdmaRoceStatisticsUnknown compares no number: a PF's netdev without a curated CRC counter is its condition",
     ("fabric-overview", "Hottest HCA sensors"): "RdmaDeviceTemperatureHigh compares each sensor with its own "
-    "threshold less a margin; the panel shows the difference, at the ASIC margin (-10) and at the threshold (0)",
+    "threshold less a margin; the panel shows the difference, at each query's margin (chips -10, modules -5) "
+    "and at the threshold (0)",
 }
 
 
@@ -2061,6 +2072,9 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
         f'{events}{{{node}, device="mlx5_5", port="1", source="link_downed"}}': "2x10",
         f'rdma_device_temperature_celsius{{{node}, device="mlx5_0", sensor="asic"}}': "80x10",
         f'rdma_device_temperature_critical_celsius{{{node}, device="mlx5_0", sensor="asic"}}': "90x10",
+        # A module 3 °C below its threshold: its own query, whose colours follow the module margin.
+        f'rdma_device_temperature_celsius{{{node}, device="mlx5_0", sensor="Module0"}}': "72x10",
+        f'rdma_device_temperature_critical_celsius{{{node}, device="mlx5_0", sensor="Module0"}}': "75x10",
     }
     # Credit wait of an InfiniBand port and of a RoCE port (PFC, not credits, throttles RoCE).
     wait = "instance_device_port:rdma_port_transmit_wait:ratio_rate5m"
@@ -2092,6 +2106,7 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
         # c1..c6 at 0.1..0.6 and n1 at 0.5 (its ports' record): the five highest end at 0.3.
         (f"min({panel_expr(overview, 'Most congested nodes (InfiniBand)')})", "5m", 0.3),
         (f"sum({panel_expr(overview, 'Hottest HCA sensors')})", "5m", -10.0),
+        (f"sum({panel_expr(overview, 'Hottest HCA sensors', 'B')})", "5m", -3.0),
         (f"count({panel_expr(overview, 'Top InfiniBand ports by credit wait')})", "5m", 1.0),
     ]
     problems = promtool_checks(tmp_path, series, checks)
