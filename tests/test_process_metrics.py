@@ -94,6 +94,19 @@ def test_an_unlimited_open_file_limit_has_no_max_fds(monkeypatch: pytest.MonkeyP
     assert ("process_max_fds", ()) not in found and ("process_open_fds", ()) in found
 
 
+def test_a_refused_open_file_limit_costs_max_fds_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seccomp filter refusing prlimit64, which start-up allows for (daemon.raise_fd_limit): every
+    /metrics answered 500 (the process series are rendered with it) while /healthz said 200 (review)."""
+
+    def refuse(which: int) -> tuple[int, int]:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(resource, "getrlimit", refuse)
+    found = samples(ProcessMetrics(node_boot_time()).families().render_text().decode())
+    assert ("process_max_fds", ()) not in found
+    assert {("process_open_fds", ()), ("process_resident_memory_bytes", ())} <= set(found)
+
+
 # Each value from its own field, exactly: resident and virtual size not swapped, CPU seconds not truncated,
 # the page size the system's (16K or 64K on some arm64 and ppc64 kernels). The comparison with
 # prometheus_client above has tolerances that a small process's RSS and VSZ and sub-second CPU time fit.

@@ -57,7 +57,10 @@ class ProcessMetrics:
             open_fds = self._open_fds[1]
         if open_fds is not None:
             out.add(OPEN_FDS, (), open_fds)
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except OSError:  # a seccomp filter that refuses prlimit64, as start-up allows (daemon.raise_fd_limit)
+            return out
         if soft != resource.RLIM_INFINITY:
             out.add(MAX_FDS, (), soft)
         return out
