@@ -2930,6 +2930,15 @@ def test_a_reload_refuses_an_empty_file_that_start_up_takes_as_the_defaults(
     assert "reload rejected" not in reload_and_wait("reloaded")
     assert fresh.stop() == 0
 
+    # Started without a web config, it has no settings to lose: an empty web config file named on a
+    # reload is the defaults, and the rest of the edit is taken (review: the whole edit was refused).
+    config.write_text(f"path:\n  sysfs: {tree}\n")
+    daemon = start("--config.file", str(config))
+    config.write_text(f'path:\n  sysfs: {tree}\ndevices:\n  exclude: "mlx5_1"\nweb:\n  config_file: {web}\n')
+    assert "reload rejected" not in reload_and_wait("reloaded")
+    assert devices() == 2 and get(daemon.port).status == 200
+    assert daemon.stop() == 0
+
 
 # The console script's code from its first line, with a SIGHUP sent to itself once everything is
 # imported and before the daemon serves: in the window a reload from config management can hit at start.

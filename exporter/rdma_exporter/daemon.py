@@ -632,8 +632,9 @@ class Daemon:
         """The web config a reload takes (ConfigError if none), with what it can keep of the running one."""
         web = load_web_config(path, self.reloads.stopping)  # the TLS check's reloads too
         # A file that config management has truncated and not yet written: taking it would drop every
-        # setting in it, TLS and users among them. One that was empty already is fine.
-        if web.empty and not (old.empty and old.source == web.source):
+        # setting of the running web config, TLS and users among them. Without settings to lose (no web
+        # config file, or an empty one) an empty file is the defaults, as at start-up.
+        if web.empty and old.source and not old.empty:
             raise ConfigError(web.source, "(file)", EMPTY_ON_RELOAD)
         if web.auth is not None and old.auth is not None:
             web.auth.remember_from(old.auth)  # no bcrypt wait for Prometheus after a reload
