@@ -501,6 +501,12 @@ def test_basic_auth_users_that_could_never_log_in_are_refused(
     assert error.key == key and error.reason.startswith(reason), error
 
 
+def test_a_file_that_is_no_mapping_names_the_top_level(tmp_path: Path) -> None:
+    """A certificate passed as the web config: the main config says "(top level)" there, this said ": "."""
+    error = refusal(tmp_path, "-----BEGIN CERTIFICATE-----\n")
+    assert error.key == "(top level)" and error.reason == "expected a mapping, got str", error
+
+
 # --- basic auth over HTTP -------------------------------------------------------------------------------------
 
 

@@ -300,7 +300,7 @@ def _mapping(
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(source, key, f"expected a mapping, got {type(value).__name__}")
+        raise ConfigError(source, key or "(top level)", f"expected a mapping, got {type(value).__name__}")
     for sub, reason in (refused or {}).items():
         if sub in value:
             raise ConfigError(source, f"{key}.{sub}", reason)
