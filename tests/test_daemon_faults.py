@@ -1281,6 +1281,41 @@ def test_pool_lets_a_second_thread_in_while_a_job_is_slow() -> None:
     wait_until(stuck.done.is_set, timeout=10.0)
 
 
+def test_a_reader_thread_that_cannot_start_is_reported_once_until_one_starts(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under TasksMax= a waiting scrape's watchdog tries a second thread every 20 ms: a warning each time
+    was about 50 lines a second, 147 in one 3-second scrape (review). Once, and a line when one starts."""
+    start = threading.Thread.start
+    refusing = True
+
+    def refuse_second(thread: threading.Thread) -> None:
+        if refusing and thread.name.startswith("rdma-read-") and thread.name != "rdma-read-1":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_second)
+    pool = WorkerPool(parallelism=2, hard_max=4, idle_seconds=30.0, spill_after=0.01)
+    gate = threading.Event()
+    stuck, quick = pool_job("stuck", gate), pool_job("quick")
+    try:
+        with caplog.at_level(logging.INFO, logger=readers.log.name):
+            pool.submit(stuck)
+            pool.submit(quick)
+            time.sleep(0.05)
+            for _ in range(50):
+                pool.rebalance()  # what a waiting scrape does every 20 ms
+            assert not quick.done.is_set()
+            refusing = False
+            wait_until(lambda: pool.rebalance() or quick.done.is_set(), timeout=10.0)
+        failures = [r for r in caplog.records if "cannot start a reader thread" in r.getMessage()]
+        assert len(failures) == 1, [r.getMessage() for r in caplog.records]
+        assert any("reader thread started again" in r.getMessage() for r in caplog.records)
+    finally:
+        gate.set()
+    wait_until(stuck.done.is_set, timeout=10.0)
+
+
 def test_pool_threads_end_when_idle_and_are_reused_before() -> None:
     pool = WorkerPool(parallelism=2, idle_seconds=0.3)
     ran: list[threading.Thread] = []

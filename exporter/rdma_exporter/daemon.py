@@ -540,6 +540,7 @@ class Daemon:
         self._watchdog = Watchdog.from_environment()
         self._next_tls_check = 0.0
         self._tls_checker: threading.Thread | None = None
+        self._tls_check_start_failed = False  # logged once until a check starts again
         # The TLS files' states a reload was last started for, and when (monotonic).
         self._tls_tried: tuple[tuple[FileState, ...], float] = ((), -math.inf)
         budget = FileBudget(raise_fd_limit(config.max_open_files))
@@ -596,7 +597,12 @@ class Daemon:
                 try:
                     checker.start()
                 except RuntimeError as exc:  # out of tasks (TasksMax=): the next check tries again
-                    log.warning("cannot start the TLS file check: %s", exc)
+                    if not self._tls_check_start_failed:
+                        log.warning("cannot start the TLS file check (%s); retrying every %g s", exc,
+                                    TLS_FILES_CHECK_SECONDS)  # fmt: skip
+                    self._tls_check_start_failed = True
+                else:
+                    self._tls_check_start_failed = False
 
     def _check_tls_files(self, now: float) -> None:
         """Reload once the certificate, key or client CA differ from what was loaded. cert-manager renews

@@ -181,6 +181,7 @@ class WorkerPool:
         self._starting = 0  # threads spawned that have not reached the queue yet
         self._abandoned = 0
         self._serial = 0
+        self._start_failed = False  # logged once until a thread starts again: the watchdog retries every 20 ms
 
     @property
     def threads(self) -> int:
@@ -255,7 +256,13 @@ class WorkerPool:
             except RuntimeError as exc:  # out of tasks or memory (TasksMax=, MemoryMax=): try again later
                 self._threads -= 1
                 self._starting -= 1
-                log.warning("cannot start a reader thread (%d running): %s", self._threads, exc)
+                if not self._start_failed:
+                    log.warning("cannot start a reader thread (%d running): %s; retrying quietly", self._threads, exc)
+                self._start_failed = True
+                return
+            if self._start_failed:
+                log.info("reader thread started again (%d running)", self._threads)
+            self._start_failed = False
 
     def _worker(self) -> None:
         with self._cond:
