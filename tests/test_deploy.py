@@ -265,8 +265,10 @@ def test_prometheus_scrape_jobs_reach_the_exporter_as_configured() -> None:
         (node,) = [r for r in job["relabel_configs"] if r.get("target_label") == "node"]
         assert node["source_labels"] == ["__address__"] and node.get("replacement", "$1") == "$1", node
         # Prometheus anchors the regex at both ends.
-        match = re.fullmatch(node["regex"], "gpu-node-001:9883")
-        assert match and match.group(1) == "gpu-node-001", (job["job_name"], node["regex"])
+        for address, host in (("gpu-node-001:9883", "gpu-node-001"), ("10.0.0.5:9883", "10.0.0.5"),
+                              ("[fd00::1]:9883", "fd00::1")):  # fmt: skip
+            match = re.fullmatch(node["regex"], address)
+            assert match and match.group(1) == host, (job["job_name"], node["regex"], address)
 
 
 def kubernetes_documents() -> list[dict[str, Any]]:
@@ -964,7 +966,7 @@ def _https_get(
         raw.close()
 
 
-def _probe_passes(probe: dict[str, Any], ports: dict[str, int], port: int) -> bool:
+def _probe_passes(probe: dict[str, Any], ports: dict[str, int], port: int, env: dict[str, str] | None = None) -> bool:
     """Run a probe as the kubelet would against the exporter on 127.0.0.1:port: httpGet over its scheme
     without checking the certificate and without credentials (200-399 passes), tcpSocket as a connect, exec
     as the command with the image's python3 replaced by this interpreter and the container port by port."""
@@ -988,7 +990,9 @@ def _probe_passes(probe: dict[str, Any], ports: dict[str, int], port: int) -> bo
     assert command[0] == "python3", command
     assert sum(arg.count(str(container_port)) for arg in command) == 1, command  # the port, once
     command = [sys.executable, *(arg.replace(str(container_port), str(port)) for arg in command[1:])]
-    return subprocess.run(command, capture_output=True, timeout=probe.get("timeoutSeconds", 1) + 10).returncode == 0
+    environment = {**os.environ, **(env or {})}
+    timeout = probe.get("timeoutSeconds", 1) + 10
+    return subprocess.run(command, capture_output=True, timeout=timeout, env=environment).returncode == 0
 
 
 def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: Path) -> None:
@@ -1036,6 +1040,10 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         for name in ("livenessProbe", "readinessProbe"):
             assert _probe_passes(container[name], ports, port), (name, daemon.log())
+        # Bound to the node's address only (docs/operations.md, "One address"), the exec probe asks
+        # $HOST_IP: 127.0.0.1 would be refused and the kubelet would restart the pod every 6 minutes.
+        assert _probe_passes(container["livenessProbe"], ports, port, {"HOST_IP": "127.0.0.1"})
+        assert not _probe_passes(container["livenessProbe"], ports, port, {"HOST_IP": "127.0.0.2"})
     finally:
         daemon.stop()
     # ... and they do not pass regardless: with the exporter gone, they fail.
