@@ -711,6 +711,7 @@ class Daemon:
         # A lowered cap takes effect at each device's next read (OpenFiles.begin closes files over it).
         self.reads.budget.limit = raise_fd_limit(config.max_open_files)
         self.server.max_connections = connection_cap()  # the limit may have been raised just now
+        old.collector.settle()  # a scrape in flight ends on the collector that started it
         self.exporter.serving = Serving(config, collector, web)
         if udev and not self.hotplug.running:  # type: ignore[union-attr]
             # The monitor died after it was asked above: its fallback went to the old collector.

@@ -366,6 +366,16 @@ class RdmaCollector(Collector):
                     self._round = None
         return families
 
+    def settle(self) -> None:
+        """Wait for the round in flight to end, at most until the deadline of the scrapes waiting for it.
+        A collector built to replace this one (a reload) shares its reads, and would take the round's
+        unfinished jobs for reads still blocked since an earlier scrape: a healthy device skipped, a
+        timeout counted. Past the deadline they are abandoned, and that is what they are."""
+        with self._round_lock:
+            current = self._round
+        if current is not None:
+            current.all_done.wait(max(0.0, current.deadline - time.monotonic()))
+
     # The round is started under _round_lock: listing is one getdents, everything else is a job.
     def _start_round(self, deadline: float) -> _Round:
         started = time.perf_counter()
