@@ -49,7 +49,7 @@ def test_procfs_eth0_capture() -> None:
     assert dev is not None
     assert reader.errors.total() == 0
     assert (dev.ifindex, dev.type, dev.mtu, dev.address) == (2, 1, 1500, "01:01:01:01:01:01")
-    assert (dev.operstate, dev.carrier, dev.duplex) == ("up", True, "full")
+    assert (dev.operstate, dev.carrier) == ("up", True)
     assert dev.admin_up is True  # flags 0x1303
     assert (dev.carrier_changes, dev.carrier_up_count, dev.carrier_down_count) == (2, 1, 1)
     assert dev.speed_bps == 1_000_000_000
@@ -99,7 +99,7 @@ def test_sparse_tree_gives_nones_without_errors(tmp_path: Path) -> None:
     dev = read_netdev(tmp_path, "eth5", reader)
     assert dev is not None
     assert dev.operstate == "unknown"
-    assert None is dev.carrier is dev.speed_bps is dev.mtu is dev.carrier_up_count is dev.address is dev.duplex
+    assert None is dev.carrier is dev.speed_bps is dev.mtu is dev.carrier_up_count is dev.address
     assert (dev.statistics, dev.ecn, dev.bond_slaves) == ({}, {}, ())
     assert reader.errors.total() == 0
 
@@ -127,7 +127,7 @@ def test_link_down_and_garbage(tmp_path: Path) -> None:
     reader = SysfsReader("ens1f0np0")
     down = read_netdev(tmp_path, "ens1f0np0", reader)
     assert down is not None
-    assert (down.operstate, down.carrier, down.speed_bps, down.duplex, down.mtu) == ("down", False, None, None, 9000)
+    assert (down.operstate, down.carrier, down.speed_bps, down.mtu) == ("down", False, None, 9000)
     assert down.statistics == {"rx_bytes": 123, "rx_crc_errors": 7}
     assert reasons(reader) == {REASON_MALFORMED: 1}  # only the garbage statistics file
 
@@ -584,8 +584,8 @@ def test_admin_down_attributes_answer_einval_which_is_no_value(tmp_path: Path, m
     reader = SysfsReader("mlx5_0")
     dev = read_netdev(tmp_path, "ens1f0np0", reader)
     assert dev is not None
-    assert (dev.operstate, dev.carrier, dev.speed_bps, dev.duplex, dev.mtu, dev.address) == (
-        "down", None, None, None, 4200, None
+    assert (dev.operstate, dev.carrier, dev.speed_bps, dev.mtu, dev.address) == (
+        "down", None, None, 4200, None
     )  # fmt: skip
     assert dev.admin_up is False
     assert rdma_port_netdevs(tmp_path, "mlx5_0", 1, reader, single_port=True) == ["ens1f0np0"]

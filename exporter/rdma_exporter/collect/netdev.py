@@ -251,7 +251,7 @@ class NetdevSource:
     """Netdevs of every RDMA port (RoCE netdevs, IPoIB interfaces, bonds and their slaves)."""
 
     name = NAME
-    # class/net attributes (speed, duplex, bonding/slaves...) take the rtnl lock in the kernel.
+    # class/net attributes (speed, bonding/slaves...) take the rtnl lock in the kernel.
     needs_rtnl = True
     specs: tuple[MetricSpec, ...] = (*_LINK_SPECS, ECN, BOND_SLAVE)
     dynamic_specs: tuple[DynamicMetricSpec, ...] = (STATISTICS_DYNAMIC,)

@@ -63,7 +63,6 @@ class Netdev:
     carrier_up_count: int | None  # kernels >= 4.16
     carrier_down_count: int | None
     speed_bps: int | None  # bits per second (sysfs Mb/s x 10^6); None when unknown or the link is down
-    duplex: str | None  # full / half; None when unknown
     mtu: int | None
     statistics: dict[str, int]  # statistics/<file> -> value (rx_bytes, tx_dropped, rx_crc_errors, ...)
     is_bond_master: bool
@@ -283,7 +282,6 @@ def read_netdev_state(
     net_dir = f"{os.fspath(sys_root)}/{NET_DIR}/{identity.name}"
     if not os.path.isdir(net_dir):
         return None
-    duplex = _no_value_attr(f"{net_dir}/duplex", reader)
     slaves: tuple[str, ...] = ()
     mode = None
     if identity.is_bond_master:
@@ -306,7 +304,6 @@ def read_netdev_state(
         carrier_up_count=reader.uint(f"{net_dir}/carrier_up_count", optional=True),
         carrier_down_count=reader.uint(f"{net_dir}/carrier_down_count", optional=True),
         speed_bps=_speed(f"{net_dir}/speed", reader),
-        duplex=duplex if duplex and duplex != "unknown" else None,
         mtu=reader.uint(f"{net_dir}/mtu", optional=True),
         statistics=reader.uints(f"{net_dir}/statistics", identity.statistics_files) if statistics else {},
         is_bond_master=identity.is_bond_master,
