@@ -96,7 +96,8 @@ PORT_RATE: Final = MetricSpec(
     "signalling rate. SDR, DDR and QDR links carry 80% of it as data (8b/10b), FDR 64/66; later generations "
     "report their data rate. On Ethernet ports (RoCE, iWARP) the driver maps the netdev's speed to the nearest "
     "InfiniBand rate, which is coarse for some speeds (1 GbE can show 2.5 Gb/s) and carries no 8b/10b loss: "
-    "rdma_netdev_speed_bytes_per_second is the exact figure there.",
+    "rdma_netdev_speed_bytes_per_second is the exact figure there. While the port is not ACTIVE this is what the "
+    "driver reports then (often the last or the highest rate), no trained rate: read it with rdma_port_state_id.",
     PORT,
 )
 PORT_WIDTH: Final = MetricSpec(

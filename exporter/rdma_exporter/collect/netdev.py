@@ -112,7 +112,8 @@ SPEED: Final = MetricSpec(
     "rdma_netdev_speed_bytes_per_second",
     "gauge",
     "Link speed the netdev reports, in bytes per second (a bond reports the sum of its active slaves); "
-    "absent while the speed is unknown (no link).",
+    "absent while the driver reports none (an Ethernet NIC without link). An IPoIB netdev may report its port's "
+    "rate, also while the port is down: no trained speed then (read it with rdma_netdev_carrier).",
     LABELS,
 )
 MTU: Final = MetricSpec("rdma_netdev_mtu_bytes", "gauge", "MTU of the netdev, in bytes.", LABELS)
