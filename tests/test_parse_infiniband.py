@@ -1064,6 +1064,28 @@ def test_port_whose_link_layer_cannot_be_read_keeps_its_lids(captured_copy) -> N
     assert values[read_errors_key("mlx4_0", "malformed", collector="inventory")] == 1
 
 
+def test_a_port_whose_link_layer_cannot_be_read_takes_its_netdevs(tmp_path: Path) -> None:
+    """A garbage link_layer (or one failed read at the static read, kept a minute): the RoCE port lost every
+    ethtool series, RdmaRoceStatisticsUnknown's included, and gained LIDs of 0 (exposition review). Its
+    netdev's type tells the link layer; the failure is still counted."""
+    from rdma_exporter.sample_tree import TreeSpec, build_tree
+
+    root = build_tree(tmp_path / "t", TreeSpec(ib_hcas=1, roce_hcas=1, degraded_pcie=()))
+    ethtool = tmp_path / "t" / "ethtool"
+    baseline = samples(scrape(root, ethtool_dir=ethtool))
+    for device in ("mlx5_0", "mlx5_1"):
+        (root / f"class/infiniband/{device}/ports/1/link_layer").write_text("xyz\n")
+    values = samples(scrape(root, ethtool_dir=ethtool))
+    assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 1
+    assert values[read_errors_key("mlx5_1", "malformed", collector="inventory")] == 1
+    layers = {dict(k[1])["device"]: dict(k[1])["link_layer"] for k in values if k[0] == "rdma_port_info"}
+    assert layers == {"mlx5_0": "InfiniBand", "mlx5_1": "Ethernet"}
+    ethtool_series = {k for k in baseline if k[0].startswith("rdma_ethtool_")}
+    assert ethtool_series and ethtool_series <= values.keys()
+    lids = {dict(k[1])["device"] for k in values if k[0] == "rdma_port_lid"}
+    assert lids == {"mlx5_0"}
+
+
 def test_parse_state_bounds() -> None:
     # PortState and PortPhysicalState are small IB enums and node_type a u8 in the kernel: a number past
     # 255 is garbage, not a state.

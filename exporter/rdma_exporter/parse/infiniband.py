@@ -25,6 +25,9 @@ from typing import Final
 
 from .hwmon import HwmonIdentity, read_hwmon_identity
 from .netdev import (
+    ARPHRD_ETHER,
+    ARPHRD_INFINIBAND,
+    NET_DIR,
     NetdevIdentity,
     card_bond_slaves,
     has_no_rdma_device,
@@ -491,13 +494,17 @@ def read_port_info(
     counter_ext_files = tuple(name for name in ext_listing if name not in PMA_COUNTERS_EXT or ext_answers(name))
     if counter_ext_files:
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
+    netdevs = tuple(rdma_port_netdevs(sys_root, device, port, reader, single_port=single_port))
+    link_layer = label_text(port_dir / "link_layer", reader, _LINK_LAYER)
+    if link_layer is None:  # unreadable or garbage (counted): its netdev tells, or a RoCE port loses its PFC series
+        link_layer = _link_layer_of_netdevs(sys_root, netdevs, reader)
     return PortInfo(
         number=port,
-        link_layer=label_text(port_dir / "link_layer", reader, _LINK_LAYER),
+        link_layer=link_layer,
         counter_files=tuple(counter_files),
         counter_ext_files=counter_ext_files,
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
-        netdevs=tuple(rdma_port_netdevs(sys_root, device, port, reader, single_port=single_port)),
+        netdevs=netdevs,
         gid_types=_gid_types(port_dir, reader),
         # counters/ is the 32-bit PortCounters beside a legacy counters_ext/, whether or not its files answer.
         pma_counters={
@@ -511,6 +518,18 @@ def read_port_info(
             is not None
         },
     )
+
+
+def _link_layer_of_netdevs(sys_root: Path, netdevs: tuple[str, ...], reader: SysfsReader) -> str | None:
+    """The link layer of a port whose link_layer file failed, from the ARPHRD type of its first netdev
+    that has one: IPoIB interfaces are InfiniBand, RoCE netdevs (and their VLANs and bonds) Ethernet."""
+    for name in netdevs:
+        kind = reader.uint(sys_root / NET_DIR / name / "type", optional=True)
+        if kind == ARPHRD_INFINIBAND:
+            return "InfiniBand"
+        if kind == ARPHRD_ETHER:
+            return "Ethernet"
+    return None
 
 
 # Port numbers are u32 in the kernel since 5.13 (U32_MAX is reserved): mlx5 in switchdev mode gives its

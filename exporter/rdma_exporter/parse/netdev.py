@@ -36,8 +36,9 @@ IB_DIR: Final = Path("class") / "infiniband"
 ECN_ROLES: Final = {"roce_np": "np", "roce_rp": "rp"}  # notification point (receiver), reaction point (sender)
 MAX_PRIORITY: Final = 7
 
-# netdev `type` of an IPoIB interface (include/uapi/linux/if_arp.h).
+# netdev `type` of an IPoIB interface and of an Ethernet one (include/uapi/linux/if_arp.h).
 ARPHRD_INFINIBAND: Final = 32
+ARPHRD_ETHER: Final = 1
 
 # SPEED_UNKNOWN is -1; kernels that printed it with %u show 4294967295.
 _SPEED_UNKNOWN_U32: Final = 2**32 - 1
