@@ -214,12 +214,11 @@ def test_a_refusal_by_a_device_only_job_holds_for_the_job_that_keeps_the_file(
     monkeypatch.setattr(reader_module, "refusal_clock", lambda: now[0])
     counters = tmp_path / "counters"
     counters.mkdir()
-    (counters / "port_rcv_data").write_text("5\n")
+    # Kept open by the full job, and no value given yet (one that did is an io error, not a refusal).
+    (counters / "port_rcv_data").write_text("N/A (no PMA)\n")
     files = OpenFiles(FileBudget(16))
-    assert SysfsReader("d", ReadErrors(), files).uints(str(counters), ["port_rcv_data"]) == {"port_rcv_data": 5}
+    assert files.read(str(counters / "port_rcv_data")) == b"N/A (no PMA)\n"
     assert len(files) == 1
-    with open(counters / "port_rcv_data", "r+") as file:  # the same inode: the kept fd reads this
-        file.write("N/A (no PMA)\n")
     now[0] += 15.0
     device_only = ReadErrors()
     assert SysfsReader("d", device_only, memory=files).uints(str(counters), ["port_rcv_data"]) == {}

@@ -673,6 +673,25 @@ def test_a_counter_that_answered_and_now_refuses_stays_an_io_error(
         assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
 
 
+def test_a_counter_that_answered_and_now_says_no_pma_is_an_io_error_read_again(tmp_path: Path) -> None:
+    # Kernels before 4.20 print "N/A (no PMA)" for any failed PMA query, not only without a PMA: from a
+    # file that has given values, one such read hid the counter for a minute as `unsupported` (exposition
+    # review). It is a fault, counted at every read, and the value is back at the next scrape.
+    collector = _sample_collector(tmp_path)
+    counter = collector.inventory.sys_root / CLASS_DIR / "mlx5_0/ports/1/counters/symbol_error"
+    assert _scrape(collector)[("rdma_port_symbol_errors_total", MLX5_0)] >= 0
+    good = counter.read_text()
+    counter.write_text("N/A (no PMA)\n")
+    io = read_errors_key("mlx5_0", "io")
+    for scrape_number in (1, 2):
+        values = _scrape(collector)
+        assert values[io] == scrape_number
+        assert read_errors_key("mlx5_0", "unsupported") not in values
+        assert ("rdma_port_symbol_errors_total", MLX5_0) not in values
+    counter.write_text(good)
+    assert _scrape(collector)[("rdma_port_symbol_errors_total", MLX5_0)] == int(good)
+
+
 def test_32_bit_counters_beside_a_silent_counters_ext_are_watched_for_saturation(captured_copy) -> None:  # type: ignore[no-untyped-def]
     # counters_ext/ is listed but none of its files answers: counters/ is still the 32-bit PortCounters,
     # and a data counter stuck at 2^32-1 hides all traffic from then on. Found by review.

@@ -45,6 +45,13 @@ REASON_MALFORMED: Final = "malformed"  # empty, garbage, or out of range for the
 REASON_TIMEOUT: Final = "timeout"  # the read did not finish before the scrape deadline
 
 NO_PMA: Final = "N/A (no PMA)"
+_NO_PMA_BYTES: Final = NO_PMA.encode()
+
+
+def _gave_value(data: bytes) -> bool:
+    """Whether a read that succeeded gave a value: pre-4.20 kernels answer a PMA query that failed, or a
+    device without a PMA, with the NO_PMA text instead of an errno."""
+    return not data.startswith(_NO_PMA_BYTES)
 
 # Some show() methods fail to mean "no value in this state", not "broken": carrier/speed/duplex of an
 # administratively down netdev and the ndev of an unpopulated GID entry answer EINVAL, phys_port_name of
@@ -282,7 +289,8 @@ class OpenFiles:
             os.close(fd)
             raise
         # Once per file while kept (the reads above are the first); every read of a file kept nowhere.
-        self._note_answered(directory, name)
+        if _gave_value(data):
+            self._note_answered(directory, name)
         if self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
             if kept is None:
                 kept = self._watch(directory)
@@ -483,7 +491,7 @@ class SysfsReader:
             if self.files is not None:
                 return self.files.read(path if type(path) is str else os.fspath(path))
             raw = _read_once(path)
-            if counter and self.memory is not None:
+            if counter and self.memory is not None and _gave_value(raw):
                 # A device-only job: what answers here is a fault when it later refuses, as in the kept files.
                 self.memory.note_answered(os.fspath(path))
             return raw
@@ -513,7 +521,11 @@ class SysfsReader:
             # Pre-4.20 kernels print this for every PMA counter of a device without a PMA agent, at every
             # read, for as long as the device exists: a counter file's is counted once and the file left out
             # of the reads for REFUSAL_RETRY_SECONDS, as an errno refusal is, not counted at every scrape.
-            if counter and self.memory is not None:
+            # Those kernels print it for any failed PMA query too: from a file that has given values, it is a
+            # fault, counted at every read as a failing errno is, and the file is read at the next scrape.
+            if counter and self.memory is not None and self.memory.has_answered(os.fspath(path)):
+                self.fail(REASON_IO, path, f"{NO_PMA} after it gave values: the PMA query failed")
+            elif counter and self.memory is not None:
                 self.memory.refuse(os.fspath(path))  # uints() closes its kept file at the next read
                 self.fail(REASON_UNSUPPORTED, path, f"{NO_PMA}; tried again in a minute")
             else:
