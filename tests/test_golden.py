@@ -14,7 +14,7 @@ import pytest
 
 from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree
 
-from conftest import CAPTURED_TREES, GOLDEN, SYSFS_FIXTURES, promtool_check_metrics, scrape, stable
+from conftest import CAPTURED_TREES, GOLDEN, SYSFS_FIXTURES, in_ci, promtool_check_metrics, scrape, stable
 
 GENERATED_TREES = {"sample-8hca": SAMPLE_SPEC, "healthy-8hca": HEALTHY_SPEC}
 
@@ -32,6 +32,8 @@ def test_golden_exposition(tree: str, tmp_path: Path) -> None:
     text = stable(scrape(root, ethtool_dir=ethtool_dir))
     golden = GOLDEN / f"{tree}.prom"
     if os.environ.get("UPDATE_GOLDEN"):
+        # Compared with what it just wrote, the test cannot fail: never under CI (test review).
+        assert not in_ci(), "UPDATE_GOLDEN is set under CI=1: the goldens would be rewritten, not checked"
         golden.write_text(text)
     assert golden.exists(), f"no golden file {golden}; run with UPDATE_GOLDEN=1"
     expected = golden.read_text()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_binary
+from conftest import require_binary, skip_or_fail
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "install-test-deps.sh"
@@ -105,7 +105,7 @@ def stubbed(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def run(project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     if os.geteuid() != 0:
-        pytest.skip("the script calls apt through sudo when not root; the stand-ins are not sudo's PATH")
+        skip_or_fail("the script calls apt through sudo when not root; the stand-ins are not sudo's PATH")
     return subprocess.run(
         ["bash", str(project / "scripts" / SCRIPT.name)], env=env, capture_output=True, text=True, timeout=60
     )
