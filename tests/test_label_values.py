@@ -32,7 +32,7 @@ def test_descriptive_text_no_kernel_prints_is_counted_not_exported(tmp_path: Pat
     (info,) = labels_of(found, "rdma_device_info", "mlx5_0")
     assert (info["fw_ver"], info["node_desc"], info["node_guid"], info["node_type"]) == ("", "", "", "")
     (port,) = labels_of(found, "rdma_port_info", "mlx5_0")
-    assert port["link_layer"] == ""
+    assert port["link_layer"] == "InfiniBand"  # the garbage file counted, the label taken from its IPoIB netdev
     assert malformed(found, "mlx5_0") == 5
     # The other device, untouched, keeps its labels and has no error.
     (other,) = labels_of(found, "rdma_device_info", "mlx5_1")

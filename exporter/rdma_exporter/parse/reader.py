@@ -53,7 +53,7 @@ def _gave_value(data: bytes) -> bool:
     device without a PMA, with the NO_PMA text instead of an errno."""
     return not data.startswith(_NO_PMA_BYTES)
 
-# Some show() methods fail to mean "no value in this state", not "broken": carrier/speed/duplex of an
+# Some show() methods fail to mean "no value in this state", not "broken": carrier/speed of an
 # administratively down netdev and the ndev of an unpopulated GID entry answer EINVAL, phys_port_name of
 # a netdev that is not a switchdev port answers EOPNOTSUPP. Pass as `absent_errnos` for such attributes.
 NO_VALUE_ERRNOS: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA})
