@@ -2597,6 +2597,42 @@ def test_the_tls_files_are_checked_every_check_period_not_every_tick(tree: Path,
         assert checks == [1000.0, 1000.0 + period, 1000.0 + 2 * period]
 
 
+def test_a_tls_file_check_that_cannot_start_warns_once_and_runs_when_tasks_are_free(
+    tree: Path, tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Out of tasks (TasksMax=), each check period's start failed with a warning of its own; now one
+    warning until a check starts again, and the check then runs."""
+    web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
+    start = threading.Thread.start
+    refusals = 3
+
+    def refusing(thread: threading.Thread) -> None:
+        nonlocal refusals
+        if thread.name == "tls-check" and refusals:
+            refusals -= 1
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    with in_process_daemon(config, reload=lambda: config) as daemon:
+        checks: list[float] = []
+        daemon._check_tls_files = checks.append  # type: ignore[method-assign]
+        monkeypatch.setattr(threading.Thread, "start", refusing)
+        period = daemon_module.TLS_FILES_CHECK_SECONDS
+        with caplog.at_level(logging.INFO, logger="rdma_exporter.daemon"):
+            for check in range(5):
+                daemon._tick(1000.0 + check * period)
+                if daemon._tls_checker is not None and daemon._tls_checker.ident is not None:
+                    daemon._tls_checker.join(10)
+        monkeypatch.undo()
+    assert checks == [1000.0 + 3 * period, 1000.0 + 4 * period]
+    said = [r.getMessage() for r in caplog.records if "TLS file check" in r.getMessage()]
+    assert said == [
+        f"cannot start the TLS file check (can't start new thread); retrying every {period:g} s",
+        "TLS file check started again",
+    ]
+
+
 def test_a_tls_file_check_blocked_in_the_kernel_holds_up_no_answer(
     tree: Path, tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:

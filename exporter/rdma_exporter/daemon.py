@@ -48,6 +48,7 @@ from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
 from .parse.reader import FileBudget
+from .threadstart import RetriedStart
 from .webconfig import FileState, WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
@@ -318,7 +319,8 @@ class ReloadRequests:
         self._reload = reload
         self._requests: queue.SimpleQueue[bool] = queue.SimpleQueue()  # True: reload; False: stop
         self._thread: threading.Thread | None = None
-        self._start_failed = False
+        self._starts = RetriedStart(log, "cannot start the reload thread (%s); reloads wait until it starts",
+                                    "reload thread started")  # fmt: skip
         # Set by stop(): no thread starts again, and a reload still running gives up (load_web_config).
         self.stopping = threading.Event()
 
@@ -331,17 +333,8 @@ class ReloadRequests:
         if self.stopping.is_set() or (self._thread is not None and self._thread.is_alive()):
             return
         thread = threading.Thread(target=self._run, name="reload", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError as exc:
-            if not self._start_failed:
-                log.warning("cannot start the reload thread (%s); reloads wait until it starts", exc)
-            self._start_failed = True
-            return
-        if self._start_failed:
-            log.info("reload thread started")
-        self._start_failed = False
-        self._thread = thread
+        if self._starts.start(thread):
+            self._thread = thread
 
     def _run(self) -> None:
         while self._requests.get():
@@ -540,7 +533,9 @@ class Daemon:
         self._watchdog = Watchdog.from_environment()
         self._next_tls_check = 0.0
         self._tls_checker: threading.Thread | None = None
-        self._tls_check_start_failed = False  # logged once until a check starts again
+        self._tls_check_starts = RetriedStart(
+            log, f"cannot start the TLS file check (%s); retrying every {TLS_FILES_CHECK_SECONDS:g} s",
+            "TLS file check started again")  # fmt: skip
         # The TLS files' states a reload was last started for, and when (monotonic).
         self._tls_tried: tuple[tuple[FileState, ...], float] = ((), -math.inf)
         budget = FileBudget(raise_fd_limit(config.max_open_files))
@@ -594,15 +589,7 @@ class Daemon:
             if checker is None or not checker.is_alive():
                 checker = threading.Thread(target=self._check_tls_files, args=(now,), name="tls-check", daemon=True)
                 self._tls_checker = checker
-                try:
-                    checker.start()
-                except RuntimeError as exc:  # out of tasks (TasksMax=): the next check tries again
-                    if not self._tls_check_start_failed:
-                        log.warning("cannot start the TLS file check (%s); retrying every %g s", exc,
-                                    TLS_FILES_CHECK_SECONDS)  # fmt: skip
-                    self._tls_check_start_failed = True
-                else:
-                    self._tls_check_start_failed = False
+                self._tls_check_starts.start(checker)  # out of tasks, the next check tries again
 
     def _check_tls_files(self, now: float) -> None:
         """Reload once the certificate, key or client CA differ from what was loaded. cert-manager renews

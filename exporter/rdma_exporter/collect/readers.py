@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from ..parse.infiniband import DeviceInfo
 from ..parse.reader import DEFAULT_MAX_OPEN_FILES, FileBudget, OpenFiles, ReadErrors, SysfsReader
+from ..threadstart import RetriedStart
 
 # The engine's name: operators filter the journal on it for every line about reads (docs/operations.md).
 log = logging.getLogger("rdma_exporter.collect.engine")
@@ -181,7 +182,8 @@ class WorkerPool:
         self._starting = 0  # threads spawned that have not reached the queue yet
         self._abandoned = 0
         self._serial = 0
-        self._start_failed = False  # logged once until a thread starts again: the watchdog retries every 20 ms
+        self._starts = RetriedStart(
+            log, "cannot start a reader thread (%s); retrying quietly", "reader thread started again")  # fmt: skip
 
     @property
     def threads(self) -> int:
@@ -251,18 +253,9 @@ class WorkerPool:
             thread = threading.Thread(target=self._worker, name=f"rdma-read-{self._serial}", daemon=True)
             self._threads += 1
             self._starting += 1
-            try:
-                thread.start()
-            except RuntimeError as exc:  # out of tasks or memory (TasksMax=, MemoryMax=): try again later
+            if not self._starts.start(thread):  # out of tasks or memory: the next rebalance tries again
                 self._threads -= 1
                 self._starting -= 1
-                if not self._start_failed:
-                    log.warning("cannot start a reader thread (%d running): %s; retrying quietly", self._threads, exc)
-                self._start_failed = True
-                return
-            if self._start_failed:
-                log.info("reader thread started again (%d running)", self._threads)
-            self._start_failed = False
 
     def _worker(self) -> None:
         with self._cond:
