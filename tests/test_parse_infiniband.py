@@ -1103,6 +1103,13 @@ def test_a_port_whose_link_layer_cannot_be_read_takes_its_netdevs(tmp_path: Path
     assert ethtool_series and ethtool_series <= values.keys()
     lids = {dict(k[1])["device"] for k in values if k[0] == "rdma_port_lid"}
     assert lids == {"mlx5_0"}
+    # The netdev's type is the one its identity read: a garbage one is counted once, not once more here.
+    (netdev,) = (root / "class/infiniband/mlx5_1/ports/1/gid_attrs/ndevs").glob("0")
+    (root / "class/net" / netdev.read_text().strip() / "type").write_text("eth\n")
+    values = samples(scrape(root, ethtool_dir=ethtool))
+    assert values[read_errors_key("mlx5_1", "malformed", collector="inventory")] == 2
+    layers = {dict(k[1])["device"]: dict(k[1])["link_layer"] for k in values if k[0] == "rdma_port_info"}
+    assert layers == {"mlx5_0": "InfiniBand", "mlx5_1": ""}
 
 
 def test_parse_state_bounds() -> None:

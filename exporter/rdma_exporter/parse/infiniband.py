@@ -19,7 +19,7 @@ import errno
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -27,7 +27,6 @@ from .hwmon import HwmonIdentity, read_hwmon_identity
 from .netdev import (
     ARPHRD_ETHER,
     ARPHRD_INFINIBAND,
-    NET_DIR,
     NetdevIdentity,
     card_bond_slaves,
     has_no_rdma_device,
@@ -495,12 +494,10 @@ def read_port_info(
     if counter_ext_files:
         counter_files = [f for f in counter_files if SUPERSEDED_BY_EXT.get(f) not in counter_ext_files]
     netdevs = tuple(rdma_port_netdevs(sys_root, device, port, reader, single_port=single_port))
-    link_layer = label_text(port_dir / "link_layer", reader, _LINK_LAYER)
-    if link_layer is None:  # unreadable or garbage (counted): its netdev tells, or a RoCE port loses its PFC series
-        link_layer = _link_layer_of_netdevs(sys_root, netdevs, reader)
     return PortInfo(
         number=port,
-        link_layer=link_layer,
+        # None if unreadable or garbage (counted): read_device_info asks the port's netdevs then.
+        link_layer=label_text(port_dir / "link_layer", reader, _LINK_LAYER),
         counter_files=tuple(counter_files),
         counter_ext_files=counter_ext_files,
         hw_counter_files=tuple(list_dir(port_dir / "hw_counters", reader)),
@@ -520,16 +517,19 @@ def read_port_info(
     )
 
 
-def _link_layer_of_netdevs(sys_root: Path, netdevs: tuple[str, ...], reader: SysfsReader) -> str | None:
-    """The link layer of a port whose link_layer file failed, from the ARPHRD type of its first netdev
-    that has one: IPoIB interfaces are InfiniBand, RoCE netdevs (and their VLANs and bonds) Ethernet."""
-    for name in netdevs:
-        kind = reader.uint(sys_root / NET_DIR / name / "type", optional=True)
+def _with_netdev_link_layer(port: PortInfo, netdevs: dict[str, NetdevIdentity]) -> PortInfo:
+    """A port whose link_layer file failed takes the link layer from the ARPHRD type of its first netdev
+    that has one: IPoIB interfaces are InfiniBand, RoCE netdevs (and their VLANs and bonds) Ethernet.
+    Without it a RoCE port would lose every ethtool series and gain LIDs of 0."""
+    if port.link_layer is not None:
+        return port
+    for name in port.netdevs:
+        kind = identity.type if (identity := netdevs.get(name)) is not None else None
         if kind == ARPHRD_INFINIBAND:
-            return "InfiniBand"
+            return replace(port, link_layer="InfiniBand")
         if kind == ARPHRD_ETHER:
-            return "Ethernet"
-    return None
+            return replace(port, link_layer="Ethernet")
+    return port
 
 
 # Port numbers are u32 in the kernel since 5.13 (U32_MAX is reserved): mlx5 in switchdev mode gives its
@@ -603,6 +603,8 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         for number in sorted(numbers)
     ]
     netdevs = _netdev_identities(sys_root, ports, reader)
+    by_name = {identity.name: identity for identity in netdevs}
+    ports = [_with_netdev_link_layer(port, by_name) for port in ports]
     return DeviceInfo(
         name=name,
         node_type=(NODE_TYPES.get(parsed_type[0], parsed_type[1]) if parsed_type else None),
