@@ -2944,6 +2944,15 @@ def test_a_reload_refuses_an_empty_file_that_start_up_takes_as_the_defaults(
     web.write_text("# being rewritten\n")  # only a comment: no document, as empty
     assert f"{web}: (file): empty" in reload_and_wait("reload rejected")
     assert get(daemon.port).status == 401 and devices() == 2
+    # Named instead of the running one, an empty file drops the running file's settings, and says whose.
+    other = tmp_path / "other-web.yml"
+    other.write_text("")
+    web.write_text(f"basic_auth_users:\n  p: '{hashed}'\n")
+    config.write_text(settings.replace(f"config_file: {web}", f"config_file: {other}"))
+    said = reload_and_wait("reload rejected")
+    assert f"{other}: (file): empty: taking it would drop the settings running from {web} " in said, said
+    assert get(daemon.port).status == 401 and devices() == 2
+    config.write_text(settings)
 
     web.write_text("{}\n")
     reload_and_wait("reloaded")

@@ -472,4 +472,7 @@ def load_config_file(path: Path, base: Config | None = None) -> Config:
     return replace(config, config_file=path, config_file_empty=document is None)
 
 
-EMPTY_ON_RELOAD: Final = "empty: a reload would drop every setting in it (write {} to mean the defaults)"
+def empty_on_reload(running: str) -> str:
+    """Why a reload refuses an empty file: `running` is the file whose settings it would drop (a main
+    config may name another, empty, web config file than the one running)."""
+    return f"empty: taking it would drop the settings running from {running} (write {{}} to mean the defaults)"

@@ -43,7 +43,7 @@ from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
 from .collect.process import ProcessMetrics
 from .collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerPool
-from .config import EMPTY_ON_RELOAD, MIN_DEADLINE_SECONDS, Config, ConfigError, exit_status, logging_level
+from .config import MIN_DEADLINE_SECONDS, Config, ConfigError, empty_on_reload, exit_status, logging_level
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
@@ -628,7 +628,7 @@ class Daemon:
         # setting of the running web config, TLS and users among them. Without settings to lose (no web
         # config file, or an empty one) an empty file is the defaults, as at start-up.
         if web.empty and old.source and not old.empty:
-            raise ConfigError(web.source, "(file)", EMPTY_ON_RELOAD)
+            raise ConfigError(web.source, "(file)", empty_on_reload(old.source))
         if web.auth is not None and old.auth is not None:
             web.auth.remember_from(old.auth)  # no bcrypt wait for Prometheus after a reload
         if web.same_tls(old):
@@ -679,7 +679,7 @@ class Daemon:
             # A file that config management has truncated and not yet written: taking it would drop every
             # setting in it. One that was empty already is fine.
             if config.config_file_empty and not old.config.config_file_empty:
-                raise ConfigError(str(config.config_file), "(file)", EMPTY_ON_RELOAD)
+                raise ConfigError(str(config.config_file), "(file)", empty_on_reload(str(config.config_file)))
             web = self._load_web(config.web_config_file, old.web)
             udev = self.hotplug is not None and self.hotplug.running
             collector = build_collector(config, reads=self.reads, rescan_each_scrape=not udev)
