@@ -182,13 +182,20 @@ def test_a_reload_lets_the_scrape_in_flight_end_before_the_new_collector_serves(
         reload = threading.Thread(target=lambda: reloaded.append(daemon.reload()))
         reload.start()
         reload.join(0.5)
+        # A scrape that comes meanwhile (Prometheus does not wait for reloads) is served by whichever
+        # collector serves now: it must not be the new one over the old round's blocked read.
+        during: list[Samples] = []
+        meanwhile = threading.Thread(target=lambda: during.append(timed_scrape(daemon.exporter.serving.collector)[0]))
+        meanwhile.start()
+        time.sleep(0.3)
         assert reload.is_alive(), "the reload did not wait for the scrape in flight"
         fifos.release(fifo, b"1000\n")
         reload.join(20)
         scrape.join(20)
+        meanwhile.join(20)
         assert reloaded == [True] and daemon.exporter.serving.collector is not old
         second, _ = timed_scrape(daemon.exporter.serving.collector)
-        for got in (first[0], second):
+        for got in (first[0], during[0], second):
             assert value(got, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
             assert value(got, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
             assert value(got, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
