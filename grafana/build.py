@@ -53,6 +53,7 @@ OK, WARNING, CRITICAL, NEUTRAL = "green", "orange", "red", "blue"
 NODE = ("job", "cluster", "instance")
 DEVICE = (*NODE, "device")
 PORT = (*DEVICE, "port")
+RX = 'direction="rx"'
 CLUSTER = ("job", "cluster")
 RAIL = (*CLUSTER, "device", "port")
 ON_PORT = "on (cluster, job, instance, device, port)"
@@ -1187,10 +1188,14 @@ def node_detail() -> Json:
             "RoCE pre-FEC bit-error rate",
             "Bits the FEC had to correct per bit received on each RoCE port. PAM4 links live with a pre-FEC "
             "rate around 1e-8 to 1e-6; a rising trend warns of a degrading cable or transceiver before packets "
-            "are lost.",
+            "are lost. Per bit the PHY counted where the driver gives that count (bnxt_en; mainline mlx5 does "
+            "not), else per bit at the netdev's line speed, which is what the PHY's count measures.",
             "sci",
-            targets((f"{rate('rdma_ethtool_corrected_bit_errors_total')}\n  / "
-                     f"{rate('rdma_ethtool_port_bit_count_total')}", "{{instance}} {{netdev}}")),
+            # Received bits only, without the direction label: the speed has none to match.
+            targets((f"sum without (direction) ({rate('rdma_ethtool_corrected_bit_errors_total', PORT, RX)})\n"
+                     f"  / (\n    sum without (direction) ({rate('rdma_ethtool_port_bit_count_total', PORT, RX)})\n"
+                     f"      or\n    {sel('rdma_netdev_speed_bytes_per_second')} * 8\n  )",
+                     "{{instance}} {{netdev}}")),
             log=True,
         ), 12, 8),
         (timeseries(

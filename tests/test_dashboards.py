@@ -1940,6 +1940,9 @@ def target_units(item: dict[str, Any]) -> dict[str, str]:
     return units
 
 
+RATIO_UNITS = ("percentunit", "none", "sci")  # units of a quotient, whatever the units of its parts
+
+
 # Catches (fabric "RDMA throughput" tx without * 8 in a bps panel: an 8x too low number), (node "Link
 # rate and width" Rate column without * 8, a 400 Gb/s port shown as 50 Gb/s), ("Throughput per cluster"
 # in Bps while the query is in bits: 8x too high) and (PCIe "Speed" column without / 1e9 under the
@@ -1952,9 +1955,12 @@ def test_units_match_the_scale_of_the_query() -> None:
         for tgt in item["targets"]:
             where, unit, expr = f"{path.stem} / {item['title']} / {tgt['refId']}", units[tgt["refId"]], tgt["expr"]
             bits = re.search(r"\*\s*8\b", expr) is not None
-            assert (unit == "bps") == bits, f"{where}: unit {unit!r}, query {'in bits' if bits else 'not * 8'}"
+            # A ratio (bits corrected per bit at line speed) may turn bytes into bits inside it.
+            ratio = unit in RATIO_UNITS and "/" in expr
+            if not ratio:
+                assert (unit == "bps") == bits, f"{where}: unit {unit!r}, query {'in bits' if bits else 'not * 8'}"
             reads_bytes = any("bytes" in s.name and not s.presence for s in selectors(expr))
-            if reads_bytes and unit not in ("percentunit", "none"):
+            if reads_bytes and unit not in RATIO_UNITS:
                 assert bits, f"{where}: bytes drawn as {unit!r}"
             if "transfers_per_second" in expr and unit != "none":
                 assert unit == "suffix: GT/s" and "/ 1e9" in expr, f"{where}: {unit!r} of {expr}"
@@ -2146,6 +2152,24 @@ def test_throughput_adds_both_ip_families_of_irdma(tmp_path: Path) -> None:
     # One-minute samples: a 5-minute window, not the 15 s rate interval the end-to-end stack scrapes at.
     expr = panel_expr("node-detail", "Throughput", "A").replace("[15s]", "[5m]")
     problems = promtool_checks(tmp_path, series, [(expr, "8m", 240.0)])  # (10 + 20) B/s * 8
+    assert not problems, "\n".join(problems)
+
+
+# Catches (pre-FEC bit-error rate divides by port_bit_count only): mainline mlx5 has no rx_bits_phy (only
+# bnxt_en's rx_bits gives that count), so the panel stayed empty on the NICs most clusters run. Without the
+# count it divides by the bits the netdev's line speed carries, which is what the PHY's count measures.
+def test_bit_error_rate_divides_by_line_speed_where_the_driver_counts_no_bits(tmp_path: Path) -> None:
+    mlx5 = 'job="rdma-exporter", instance="n1:9883", device="mlx5_0", port="1", netdev="eth0"'
+    bnxt = 'job="rdma-exporter", instance="n1:9883", device="bnxt_re0", port="1", netdev="eth1"'
+    series = {
+        f'rdma_ethtool_corrected_bit_errors_total{{{mlx5}, direction="rx"}}': "0+600x10",  # 10 bits/s
+        f"rdma_netdev_speed_bytes_per_second{{{mlx5}}}": "12500000000x10",  # 100GbE: 1e11 bits/s
+        f'rdma_ethtool_corrected_bit_errors_total{{{bnxt}, direction="rx"}}': "0+600x10",
+        f'rdma_ethtool_port_bit_count_total{{{bnxt}, direction="rx"}}': "0+600000000000x10",  # 1e10 bits/s
+        f"rdma_netdev_speed_bytes_per_second{{{bnxt}}}": "25000000000x10",
+    }
+    expr = panel_expr("node-detail", "RoCE pre-FEC bit-error rate").replace("[15s]", "[5m]")
+    problems = promtool_checks(tmp_path, series, [(f"min({expr})", "8m", 1e-10), (f"max({expr})", "8m", 1e-9)])
     assert not problems, "\n".join(problems)
 
 

@@ -754,6 +754,7 @@ def _ethtool(d: _Dev, t: _Traffic, rng: random.Random) -> tuple[list[tuple[str, 
         ("rx_1519_to_2047_bytes_phy", 0), ("rx_2048_to_4095_bytes_phy", 0),
         ("rx_4096_to_8191_bytes_phy", rdma_rx_p - rdma_rx_p // 6), ("rx_8192_to_10239_bytes_phy", 0),
         ("link_down_events_phy", fault["down_events"]), ("rx_pcs_symbol_err_phy", fault["pcs"]),
+        # rx_bits_phy: kernels with the 2026 mlx5 patch that exposes it (mainline before has none).
         ("rx_corrected_bits_phy", corrected), ("rx_bits_phy", rx_b_phy * 8 + 160 * rx_p_phy),
         # 200GbE runs on two lanes; the unused lanes 2 and 3 count nothing.
         ("rx_err_lane_0_phy", lane0), ("rx_err_lane_1_phy", corrected - lane0),

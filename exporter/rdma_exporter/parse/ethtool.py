@@ -670,9 +670,15 @@ CURATED_HELP: Final[dict[str, str]] = {
     "priority_bytes": "Bytes on the physical port per priority.",
     "priority_packets": "Packets on the physical port per priority.",
     "link_down_events": "Times the physical link went down (flapping points at cable or transceiver).",
-    "pcs_symbol_errors": "Symbol errors not corrected by FEC (traffic lost); divide by port_bits for the BER.",
+    "pcs_symbol_errors": (
+        "Symbol errors not corrected by FEC (traffic lost); for the BER divide by port_bits where the driver "
+        "counts them, else by the line speed's bits (rdma_netdev_speed_bytes_per_second * 8)."
+    ),
     "symbol_error_packets": "Received packets dropped because of physical coding (symbol) errors.",
-    "corrected_bits": "Bits corrected by FEC; divide by port_bits for the corrected bit error rate.",
+    "corrected_bits": (
+        "Bits corrected by FEC; for the pre-FEC BER divide by port_bits where the driver counts them, else by "
+        "the line speed's bits (rdma_netdev_speed_bytes_per_second * 8)."
+    ),
     "crc_error_packets": "Received packets dropped for a bad FCS (CRC).",
     "oversize_packets": (
         "Received packets dropped as longer than the MTU (802.3 frame too long error); the peer's MTU is larger."
@@ -682,7 +688,7 @@ CURATED_HELP: Final[dict[str, str]] = {
     "undersize_packets": "Received packets dropped as shorter than 64 bytes with a good FCS (RFC 2819 undersize).",
     "fragment_packets": "Received packets dropped as shorter than 64 bytes with a bad FCS (RFC 2819 fragments).",
     "jabber_packets": "Received packets dropped as longer than allowed with a bad FCS (RFC 2819 jabbers).",
-    "port_bits": "Bits received on the physical port; the denominator of the bit error rates.",
+    "port_bits": "Bits received on the physical port; the denominator of the bit error rates (mainline mlx5 has none).",
     "port_bytes": "Bytes on the physical port, Ethernet header and FCS included.",
     "port_packets": "Packets on the physical port.",
     "port_buffer_almost_full_events": "Times the port receive buffer passed 85% full.",
