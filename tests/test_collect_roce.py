@@ -500,6 +500,8 @@ def test_bnxt_en_and_ice_stats_feed_the_mlx5_families(tree: Path) -> None:
         ("rdma_ethtool_crc_error_packets_total", ("rx",)): 5,
         ("rdma_ethtool_port_buffer_almost_full_events_total", ("rx",)): 31,
         ("rdma_ethtool_link_down_events_total", ()): 2,
+        ("rdma_ethtool_port_discards_total", ("rx",)): 17,
+        ("rdma_ethtool_oversize_packets_total", ("rx",)): 3,
     }
     for (name, extra), want in expected.items():
         labels = dict(zip(("direction", "priority"), extra, strict=False))
@@ -507,14 +509,15 @@ def test_bnxt_en_and_ice_stats_feed_the_mlx5_families(tree: Path) -> None:
     # Per class of service, not per priority: no priority-labelled discards, bytes or packets for bnxt_en.
     for name in ("priority_discards", "priority_bytes", "priority_packets"):
         assert value(metrics, f"rdma_ethtool_{name}_total", **bnxt) is None
-    assert value(metrics, "rdma_ethtool_curated_stats", **bnxt) == 12 + 7 * 4
+    assert value(metrics, "rdma_ethtool_curated_stats", **bnxt) == 17 + 7 * 4
 
     ice = {"device": "mlx5_9", "port": "1", "netdev": ROCE["mlx5_9"]}
     assert value(metrics, "rdma_ethtool_pfc_pause_frames_total", **ice, direction="tx", priority="3") == 6434
     assert value(metrics, "rdma_ethtool_pfc_pause_frames_total", **ice, direction="rx", priority="3") == 129
     assert value(metrics, "rdma_ethtool_global_pause_frames_total", **ice, direction="rx") == 0
     assert value(metrics, "rdma_ethtool_crc_error_packets_total", **ice, direction="rx") == 4
-    assert value(metrics, "rdma_ethtool_curated_stats", **ice) == 16 + 3
+    assert value(metrics, "rdma_ethtool_jabber_packets_total", **ice, direction="rx") == 6
+    assert value(metrics, "rdma_ethtool_curated_stats", **ice) == 16 + 3 + 4
     assert value(metrics, "rdma_exporter_scrape_collector_success", collector="ethtool") == 1
     check_unique_and_promtool(text)
 

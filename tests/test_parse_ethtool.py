@@ -384,6 +384,11 @@ def test_curate_bnxt_en_capture() -> None:
         "rx_bits": ("port_bits", {"direction": "rx"}, 8 * 10**15),
         "rx_fcs_err_frames": ("crc_error_packets", {"direction": "rx"}, 5),
         "rx_buffer_passed_threshold": ("port_buffer_almost_full_events", {"direction": "rx"}, 31),
+        "rx_stat_discard": ("port_discards", {"direction": "rx"}, 17),
+        "tx_stat_discard": ("port_discards", {"direction": "tx"}, 2),
+        "rx_ovrsz_frames": ("oversize_packets", {"direction": "rx"}, 3),
+        "rx_undrsz_frames": ("undersize_packets", {"direction": "rx"}, 4),
+        "rx_jbr_frames": ("jabber_packets", {"direction": "rx"}, 6),
     }
     for source, (key, labels, base) in expect.items():
         stat = out[source]
@@ -413,9 +418,14 @@ def test_curate_ice_capture() -> None:
     assert (xoff.key, xoff.labels) == ("global_pause_frames", (("direction", "rx"),))
     assert out["link_xoff_tx.nic"].labels == (("direction", "tx"),)
     assert (out["rx_crc_errors.nic"].key, out["rx_crc_errors.nic"].value) == ("crc_error_packets", 4)
+    frame_errors = {"rx_oversize.nic": ("oversize_packets", 3), "rx_undersize.nic": ("undersize_packets", 4),
+                    "rx_fragments.nic": ("fragment_packets", 5), "rx_jabber.nic": ("jabber_packets", 6)}  # fmt: skip
+    for source, (key, count) in frame_errors.items():
+        assert (out[source].key, out[source].labels, out[source].value) == (key, (("direction", "rx"),), count)
     # XON frames end a pause; they are not pause frames and are not exported.
     assert not [s for s in out if "xon" in s]
-    assert len(out) == 16 + 3
+    assert "rx_dropped.nic" not in out
+    assert len(out) == 16 + 3 + 4
 
 
 def test_each_curated_key_has_one_kind_and_is_exposed_as_it() -> None:

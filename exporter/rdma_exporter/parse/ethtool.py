@@ -638,6 +638,12 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(rf"{_RX}_pcs_symbol_err", "pcs_symbol_errors"),
     _rule(rf"{_RX}_corrected_bits", "corrected_bits"),
     _rule(rf"{_RX}_fcs_err_frames", "crc_error_packets"),
+    # Frames the port discarded ({rx,tx}_stat_discard, "received stat discard" in the FreeBSD driver): the
+    # port-wide count RdmaRoceBufferDiscards falls back to where per-priority counts are missing.
+    _rule(rf"{_DIR}_stat_discard", "port_discards"),
+    _rule(rf"{_RX}_ovrsz_frames", "oversize_packets"),
+    _rule(rf"{_RX}_undrsz_frames", "undersize_packets"),
+    _rule(rf"{_RX}_jbr_frames", "jabber_packets"),
     _rule(rf"{_RX}_bits", "port_bits"),
     _rule(rf"{_RX}_buffer_passed_threshold", "port_buffer_almost_full_events"),
     # ice (Intel E810; RoCE through irdma): names from ice_gstrings_pf_stats and the per-priority loop of
@@ -646,6 +652,12 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(rf"{_DIR}_priority_{_PRI}_xoff\.nic", "pfc_pause_frames"),
     _rule(rf"link_xoff_{_DIR}\.nic", "global_pause_frames"),
     _rule(rf"{_RX}_crc_errors\.nic", "crc_error_packets"),
+    # RFC 2819 frame errors (GLPRT_ROC, RUC, RFC, RJC). rx_dropped.nic is left out: the driver does not say
+    # whether it counts the port's buffer or the host's descriptor rings running out.
+    _rule(rf"{_RX}_oversize\.nic", "oversize_packets"),
+    _rule(rf"{_RX}_undersize\.nic", "undersize_packets"),
+    _rule(rf"{_RX}_fragments\.nic", "fragment_packets"),
+    _rule(rf"{_RX}_jabber\.nic", "jabber_packets"),
 )
 # What each curated key is, taken from the rules that make it, so the exposition has one source for it.
 CURATED_KINDS: Final[dict[str, Kind]] = {rule.key: rule.kind for rule in _RULES}
