@@ -81,8 +81,8 @@ EXTRA_LABEL_VALUES = {
     "direction": {"rx", "tx", ""},
     "priority": LABEL_VALUES["priority"],
     "lane": LABEL_VALUES["lane"],
-    "queue": {str(q) for q in range(1024)},
-    "channel": {str(c) for c in range(1024)},
+    "queue": {str(q) for q in range(4096)},
+    "channel": {str(c) for c in range(4096)},
 }
 
 
@@ -526,8 +526,8 @@ def test_extra_bnxt_en_per_ring_stats_get_a_channel_label() -> None:
     assert dict(out["[1]: rx_discards"].labels) == {"direction": "", "channel": "1"}
     ring0 = (("direction", ""), ("channel", "0"))
     assert generic_key("[0]: rx_ucast_packets") == ("stat_channel_rx_ucast_packets", ring0)
-    assert generic_key("[1023]: missed_irqs")[1] == (("direction", ""), ("channel", "1023"))
-    assert generic_key("[1024]: missed_irqs")[0] == "stat_n1024_missed_irqs"  # past the bound: stays in the name
+    assert generic_key("[4095]: missed_irqs")[1] == (("direction", ""), ("channel", "4095"))
+    assert generic_key("[4096]: missed_irqs")[0] == "stat_n4096_missed_irqs"  # past the bound: stays in the name
     check_curated(list(out.values()))
 
 
@@ -1304,7 +1304,7 @@ def test_value_count_beyond_the_buffer_is_an_io_error_not_a_crash() -> None:
 
 
 def test_label_bounds_are_inclusive() -> None:
-    # Lanes 0-15, priorities 0-7 and queues/channels 0-1023 are label values; one past each stays in the name.
+    # Lanes 0-15, priorities 0-7 and queues/channels 0-4095 are label values; one past each stays in the name.
     out = by_source(curate({"rx_err_lane_15_phy": 1, "rx_err_lane_10_phy": 2, "tx_prio7_pause": 3}))
     # Lane 15 is curated as lane 10 is, not left to the generic per-lane name.
     assert (out["rx_err_lane_15_phy"].key, dict(out["rx_err_lane_15_phy"].labels)) == (
@@ -1320,10 +1320,15 @@ def test_label_bounds_are_inclusive() -> None:
     assert (lane0.key, lane0.labels) == ("stat_lane_fec_corrected", (("direction", "rx"), ("lane", "0")))
     assert generic_key("rx_prio_7_x") == ("stat_priority_x", (("direction", "rx"), ("priority", "7")))
     assert generic_key("rx_prio_8_x")[0] == "stat_prio_8_x"
-    assert generic_key("tx1023_cqe_err") == ("stat_queue_cqe_err", (("direction", "tx"), ("queue", "1023")))
-    assert generic_key("tx1024_cqe_err")[0] == "stat_tx1024_cqe_err"
-    assert generic_key("ch1023_poll") == ("stat_channel_poll", (("direction", ""), ("channel", "1023")))
-    assert generic_key("ch1024_poll")[0] == "stat_ch1024_poll"
+    # mlx5's send queues of 8 traffic classes over 256 channels go up to tx2047 (ethtool review).
+    assert generic_key("tx2047_packets") == ("stat_queue_packets", (("direction", "tx"), ("queue", "2047")))
+    assert generic_key("tx4095_cqe_err") == ("stat_queue_cqe_err", (("direction", "tx"), ("queue", "4095")))
+    assert generic_key("tx4096_cqe_err")[0] == "stat_tx4096_cqe_err"
+    assert generic_key("ch4095_poll") == ("stat_channel_poll", (("direction", ""), ("channel", "4095")))
+    assert generic_key("ch4096_poll")[0] == "stat_ch4096_poll"
+    # i40e and ixgbe put the queue before a dot: one family, not one per queue.
+    assert generic_key("tx-0.tx_packets") == ("stat_queue_tx_packets", (("direction", "tx"), ("queue", "0")))
+    assert generic_key("rx-17.rx_bytes") == ("stat_queue_rx_bytes", (("direction", "rx"), ("queue", "17")))
 
 
 def test_values_at_and_past_two_to_the_64_are_dropped() -> None:

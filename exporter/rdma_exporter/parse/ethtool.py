@@ -728,11 +728,13 @@ _ESCAPED_WORD: Final = re.compile(r"(?:priority|lane|queue|channel|all)(?:_|$)")
 # Bounds keep label values a small fixed set; an index outside them stays part of the key instead.
 MAX_PRIORITY: Final = 7
 MAX_LANE: Final = 15
-MAX_QUEUE: Final = 1023
+# mlx5 numbers its send queues channel + TC * channels: 8 traffic classes of 256 channels reach tx2047.
+MAX_QUEUE: Final = 4095
 
 # Generic index extraction for lanes and extras. Applied in this order to the raw ethtool name.
 # ASCII digits only: \d would also take other scripts' digits, which int() accepts.
-_QUEUE_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)(?:_queue_|_q|)(?P<queue>[0-9]+)_")
+# mlx5 `rx0_`, `tx_queue_0_`/`rx_q0_` of others, i40e and ixgbe `tx-0.`.
+_QUEUE_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)(?:_queue_|_q|-|)(?P<queue>[0-9]+)[_.]")
 # mlx5 `chN_`; bnxt_en `[N]: ` (per completion ring, bnxt_get_strings in bnxt_ethtool.c).
 _CHANNEL_PREFIX: Final = re.compile(r"^(?:ch(?:annel)?_?(?P<channel>[0-9]+)_|\[(?P<ring>[0-9]+)\]: ?)")
 _DIRECTION_PREFIX: Final = re.compile(r"^(?P<direction>rx|tx)_")
