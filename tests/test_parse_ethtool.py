@@ -428,6 +428,33 @@ def test_curate_ice_capture() -> None:
     assert len(out) == 16 + 3 + 4
 
 
+def test_curate_mlx4_en_and_i40e_names() -> None:
+    """ConnectX-3 RoCE (mlx4_en) and X722 iWARP (i40e) netdevs exported no PFC or CRC series (ethtool
+    review): names from their drivers' string tables, values made up."""
+    mlx4 = {"rx_pause_prio_3": 11, "rx_pause_duration_prio_3": 12, "rx_pause_transition_prio_3": 13,
+            "tx_pause_prio_3": 14, "rx_pause": 15, "tx_pause_transition": 16, "rx_crc_errors": 17,
+            "rx_dropped": 18}  # fmt: skip
+    out = {s.source: (s.key, dict(s.labels), s.value) for s in curate(mlx4)}
+    prio3 = {"priority": "3"}
+    assert out == {
+        "rx_pause_prio_3": ("pfc_pause_frames", {"direction": "rx", **prio3}, 11),
+        "rx_pause_transition_prio_3": ("pfc_pause_transitions", {"direction": "rx", **prio3}, 13),
+        "tx_pause_prio_3": ("pfc_pause_frames", {"direction": "tx", **prio3}, 14),
+        "rx_pause": ("global_pause_frames", {"direction": "rx"}, 15),
+        "tx_pause_transition": ("global_pause_transitions", {"direction": "tx"}, 16),
+        "rx_crc_errors": ("crc_error_packets", {"direction": "rx"}, 17),
+    }
+    i40e = {"port.rx_priority_3_xoff_rx": 21, "port.tx_priority_3_xoff_tx": 22, "port.rx_priority_3_xon_rx": 23,
+            "port.link_xoff_rx": 24, "port.rx_crc_errors": 25, "tx-0.tx_packets": 26}  # fmt: skip
+    out = {s.source: (s.key, dict(s.labels), s.value) for s in curate(i40e)}
+    assert out == {
+        "port.rx_priority_3_xoff_rx": ("pfc_pause_frames", {"direction": "rx", **prio3}, 21),
+        "port.tx_priority_3_xoff_tx": ("pfc_pause_frames", {"direction": "tx", **prio3}, 22),
+        "port.link_xoff_rx": ("global_pause_frames", {"direction": "rx"}, 24),
+        "port.rx_crc_errors": ("crc_error_packets", {"direction": "rx"}, 25),
+    }
+
+
 def test_each_curated_key_has_one_kind_and_is_exposed_as_it() -> None:
     # The exposed type came from a hand-kept list in collect/ that a new gauge rule could miss (code review).
     for rule in ethtool._RULES:

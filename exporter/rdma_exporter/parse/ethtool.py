@@ -658,6 +658,17 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(rf"{_RX}_undersize\.nic", "undersize_packets"),
     _rule(rf"{_RX}_fragments\.nic", "fragment_packets"),
     _rule(rf"{_RX}_jabber\.nic", "jabber_packets"),
+    # mlx4_en (ConnectX-3 RoCE): main_strings of drivers/net/ethernet/mellanox/mlx4/en_ethtool.c. Its pause
+    # durations are left out (the unit is nowhere stated), and so is rx_dropped (a software count).
+    _rule(rf"{_DIR}_pause_prio_{_PRI}", "pfc_pause_frames"),
+    _rule(rf"{_DIR}_pause_transition_prio_{_PRI}", "pfc_pause_transitions"),
+    _rule(rf"{_DIR}_pause", "global_pause_frames"),
+    _rule(rf"{_DIR}_pause_transition", "global_pause_transitions"),
+    _rule(rf"{_RX}_crc_errors", "crc_error_packets"),
+    # i40e (X722 iWARP, an Ethernet link layer): its port-wide `port.` counters in i40e_ethtool.c.
+    _rule(rf"port\.{_DIR}_priority_{_PRI}_xoff_(?:rx|tx)", "pfc_pause_frames"),
+    _rule(rf"port\.link_xoff_{_DIR}", "global_pause_frames"),
+    _rule(rf"port\.{_RX}_crc_errors", "crc_error_packets"),
 )
 # What each curated key is, taken from the rules that make it, so the exposition has one source for it.
 CURATED_KINDS: Final[dict[str, Kind]] = {rule.key: rule.kind for rule in _RULES}
