@@ -606,6 +606,8 @@ def dashboard(key: str, description: str, variables: list[Json], items: Sequence
 # Rate and width shortfalls of SR-IOV VFs are left out, as RdmaPortRateBelowExpected leaves them (a VF
 # reports its PF's link).
 BELOW_EXPECTED = "instance_device:rdma_link_below_expected:ratio"
+# The best rate each port trained at while ACTIVE in the last day: RdmaPortRateBelowRecentMax's reference.
+DAY_BEST_RATE = "instance_device_port:rdma_port_rate_bytes_per_second:active_max1d"
 
 
 def links_below(*extra: str) -> str:
@@ -975,7 +977,8 @@ def fabric_overview() -> Json:
 def node_detail() -> Json:
     dp = "{{instance}} {{device}}/{{port}}"
     link_columns = {"Value #A": "Rate", "Value #B": "Width", "Value #C": "Expected rate",
-                    "Value #D": "Expected width"}  # fmt: skip
+                    "Value #D": "Expected width", "Value #E": "State", "Value #F": "Best rate in a day",
+                    "Value #G": "Share of best"}  # fmt: skip
     pcie_columns = {"Value #A": "Speed", "Value #B": "Width", "Value #C": "Max speed", "Value #D": "Max width",
                     "Value #E": "Port max speed", "Value #F": "Port max width",
                     "Value #G": "Expected speed", "Value #H": "Expected width"}  # fmt: skip
@@ -1098,18 +1101,30 @@ def node_detail() -> Json:
         ), 12, 8),
         (table(
             "Link rate and width",
-            "Rate and lane count each ACTIVE port trained at, next to the expected topology (empty columns when "
-            "the exporter has no expectation). A port below its expectation slows every synchronous job on its "
+            "Every port: its state, the rate and lane count it trained at if ACTIVE, the expected topology (empty "
+            "columns when the exporter has no expectation), and the best rate it trained at while ACTIVE in the "
+            "last day with the share of it the port reaches now (red below 100%: RdmaPortRateBelowRecentMax's "
+            "condition, also without an expectation). A port below either slows every synchronous job on its "
             "rail. A port that is not ACTIVE has empty rate and width: what it reports then is its driver's "
-            "preset (mlx5: 40 Gb/s 4X), not a link that trained low; the port state panel shows it.",
+            "preset (mlx5: 40 Gb/s 4X), not a link that trained low.",
             "none",
             targets((by_port(f"({active_rate}) * 8"), ""),
                     (by_port(when_active(sel("rdma_port_link_width_lanes"))), ""),
                     (by_port(f"{sel('rdma_expected_port_rate_bytes_per_second')} * 8"), ""),
                     (by_port(sel("rdma_expected_port_link_width_lanes")), ""),
+                    # The state keeps a row for every port, DOWN ones too.
+                    (by_port(sel("rdma_port_state_id")), ""),
+                    (by_port(f"{sel(DAY_BEST_RATE)} * 8"), ""),
+                    (by_port(f"({active_rate})\n  / {ON_PORT} group_left ()\n{sel(DAY_BEST_RATE)}"), ""),
                     instant=True, table=True),
             rename=link_columns,
-            overrides=[unit_override("Rate", "bps"), unit_override("Expected rate", "bps")],
+            overrides=[unit_override("Rate", "bps"), unit_override("Expected rate", "bps"),
+                       unit_override("Best rate in a day", "bps"),
+                       unit_override("Share of best", "percentunit", thresholds=thresholds((1, OK), base=CRITICAL)),
+                       colour_cells("Share of best"),
+                       {"matcher": {"id": "byName", "options": "State"},
+                        "properties": [{"id": "mappings", "value": value_mappings(PORT_STATES)},
+                                       {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
             alerts=["RdmaPortRateBelowExpected", "RdmaPortRateBelowRecentMax"],
         ), 12, 8),
         (table(

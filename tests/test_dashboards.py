@@ -820,17 +820,23 @@ def test_runbook_links_resolve() -> None:
 
 def target_steps(item: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """refId -> the threshold steps (base colour left out) that colour that query's fields: the defaults, or
-    the last thresholds override matching it by name (its legend) or by query (byFrameRefID)."""
+    the last thresholds override matching it by name (its legend, or the table column its value is renamed
+    to) or by query (byFrameRefID)."""
     config = item["fieldConfig"]
     steps = {tgt["refId"]: list(config["defaults"]["thresholds"]["steps"][1:]) for tgt in item["targets"]}
+    renames = column_renames(item)
     for override in config["overrides"]:
         for prop in override["properties"]:
             if prop["id"] != "thresholds":
                 continue
             matcher = override["matcher"]
             assert matcher["id"] in ("byName", "byFrameRefID"), f"{item['title']}: matcher {matcher['id']}"
-            key = "legendFormat" if matcher["id"] == "byName" else "refId"
-            matched = [tgt["refId"] for tgt in item["targets"] if tgt[key] == matcher["options"]]
+            if matcher["id"] == "byName":
+                names = {tgt["refId"]: (tgt["legendFormat"], renames.get(f"Value #{tgt['refId']}"))
+                         for tgt in item["targets"]}  # fmt: skip
+                matched = [ref for ref, named in names.items() if matcher["options"] in named]
+            else:
+                matched = [tgt["refId"] for tgt in item["targets"] if tgt["refId"] == matcher["options"]]
             assert matched, f"{item['title']}: thresholds of {matcher} colour no query"
             for ref in matched:
                 steps[ref] = list(prop["value"]["steps"][1:])
@@ -842,6 +848,8 @@ UNCLAIMED_COLOURS = {
     ("fabric-overview", "Links below expected"): "the record is the alerts' condition: any series is one; red "
     "for those below an expectation (critical alerts), orange for reference link_max (RdmaPcieLinkDegraded)",
     ("fabric-overview", "Links below expected rate, width or PCIe"): "the share of the reference reached",
+    ("node-detail", "Link rate and width"): "the share of the day's best rate reached: below 100% is "
+    "RdmaPortRateBelowRecentMax's condition (rate * 8 < the day's best * 8)",
     ("node-detail", "Alerts firing"): "any firing alert, whatever its severity",
     ("roce-congestion", "ECN disabled"): "a count of configuration problems",
     ("roce-congestion", "Priorities that lost PFC"): "a count of configuration problems; RdmaRocePfcDisabled "
