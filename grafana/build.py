@@ -130,7 +130,12 @@ NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)
 # whose link_layer read failed has no rdma_port_info and may be the one paging.
 NOT_ETHERNET = f"unless {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
-PORT_DOWN_ALERTS = sel("ALERTS", PORT, 'alertname="RdmaPortDown"', 'alertstate=~"pending|firing"')
+# Ports down, and ports gone: a port whose HCA fell off the bus (RdmaPortVanished), or an expected port or
+# device that never appeared, has no state left to count, and a node that lost one looked healthy.
+PORT_DOWN_NAMES = ["RdmaPortDown", "RdmaPortVanished", "RdmaExpectedPortMissing", "RdmaExpectedDeviceMissing"]
+PORT_DOWN_ALERTS = ("group by (cluster, job, instance, device, port) ("
+                    + sel("ALERTS", PORT, f'alertname=~"{"|".join(PORT_DOWN_NAMES)}"', 'alertstate=~"pending|firing"')
+                    + ")")  # fmt: skip
 
 
 # The RoCE dashboard opens on every node: its per-series panels show the nodes with the highest values.
@@ -617,11 +622,24 @@ def links_below(*extra: str) -> str:
     return f"{others} or {ports} {NOT_VF}"
 
 
+# Ports below the best rate they trained at while ACTIVE in the last day, where no rate is expected:
+# RdmaPortRateBelowRecentMax's condition, the only one that sees a 400G port at 200G without an expected
+# topology. As a shortfall of the record's shape (problem "rate", reference "day_max", the share reached).
+BELOW_DAY_BEST = (
+    'label_replace(label_replace(\n'
+    f'  ({sel("rdma_port_rate_bytes_per_second", DEVICE)} > 0 and {ON_PORT} {sel("rdma_port_state_id", DEVICE)} >= 4)\n'
+    f'    / {ON_PORT} group_left ()\n  {sel(DAY_BEST_RATE, DEVICE)} < 1\n'
+    f'    unless {ON_PORT} {sel("rdma_expected_port_rate_bytes_per_second", DEVICE)}\n'
+    '  , "problem", "rate", "", ""), "reference", "day_max", "", "")\n'
+    f'{NOT_VF}'
+)
 LINKS_BELOW_EXPECTED = links_below()
+# The two rate alerts that need no expected topology: below the port's day and below its peers.
+BELOW_BEST_ALERTS = ["RdmaPortRateBelowRecentMax", "RdmaPortRateBelowPeers"]
 # PCIe links below the most they can do, without an expectation: the warning RdmaPcieLinkDegraded.
 LINK_MAX, NOT_LINK_MAX = 'reference="link_max"', 'reference!="link_max"'
 LINK_ALERTS = ["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
-               "RdmaNetdevSpeedBelowExpected"]  # fmt: skip
+               "RdmaNetdevSpeedBelowExpected", *BELOW_BEST_ALERTS]  # fmt: skip
 
 
 def fabric_overview() -> Json:
@@ -639,13 +657,15 @@ def fabric_overview() -> Json:
         ), 4, 4),
         (stat(
             "Ports down",
-            "Ports for which RdmaPortDown is pending or firing: not ACTIVE or not LinkUp while they were up in "
-            "the last day or are declared in the expected topology. Reading the alert state keeps this cheap "
-            "on thousands of nodes. Colours follow RdmaPortDown.",
+            "Ports for which RdmaPortDown is pending or firing (not ACTIVE or not LinkUp while they were up in "
+            "the last day or are declared in the expected topology), and ports that are gone: RdmaPortVanished "
+            "(up in the last day, no longer reported) and RdmaExpectedPortMissing or RdmaExpectedDeviceMissing "
+            "(declared, never there; a missing device counts once). Reading the alert state keeps this cheap on "
+            "thousands of nodes. Colours follow those alerts.",
             "none",
             targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down")),
             steps=thresholds((1, CRITICAL)),
-            alerts=["RdmaPortDown"],
+            alerts=PORT_DOWN_NAMES,
         ), 3, 4),
         (stat(
             "Links below expected",
@@ -653,11 +673,17 @@ def fabric_overview() -> Json:
             "topology or, for PCIe without an expectation, the most the link can do: the series the bandwidth alerts "
             "read. Red: below the expectation (RdmaPortRateBelowExpected, RdmaPcieLinkBelowExpected, "
             "RdmaNetdevSpeedBelowExpected page); orange: PCIe below the most it can do without an expectation "
-            "(reference link_max, the warning RdmaPcieLinkDegraded). The port selector does not apply. The table "
-            "below lists them.",
+            "(reference link_max, the warning RdmaPcieLinkDegraded). Below best: ports for which "
+            "RdmaPortRateBelowRecentMax (below the best rate of their last day) or RdmaPortRateBelowPeers (below "
+            "the ports of the same HCA model on the node) is pending or firing, the pages that need no "
+            "expected topology. The port selector does not apply. The table below lists them.",
             "none",
             targets((f"count({links_below(NOT_LINK_MAX)}) or vector(0)", "expected"),
-                    (f"count({sel(BELOW_EXPECTED, DEVICE, LINK_MAX)}) or vector(0)", "link_max")),
+                    (f"count({sel(BELOW_EXPECTED, DEVICE, LINK_MAX)}) or vector(0)", "link_max"),
+                    ("count(group by (cluster, job, instance, device, port) ("
+                     + sel("ALERTS", DEVICE, f'alertname=~"{"|".join(BELOW_BEST_ALERTS)}"',
+                           'alertstate=~"pending|firing"')
+                     + ")) or vector(0)", "below best")),
             steps=thresholds((1, CRITICAL)),
             overrides=[{"matcher": {"id": "byName", "options": "link_max"},
                         "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}],
@@ -731,11 +757,12 @@ def fabric_overview() -> Json:
             "against what (expected, link_max, or bond_slaves: a RoCE LAG bond against its slaves together). "
             "Share is the fraction of the reference reached: 50% is a 400G port at 200G or Gen4 instead of "
             "Gen5. Expectations come from the exporter's expected topology (collector.expected); without it "
-            "only PCIe links and LAG bonds are checked. SR-IOV virtual functions' rate and width are left out, as "
-            "the alert leaves them (a VF reports its PF's link). The port selector does not apply. Empty while "
-            "every link trained as expected.",
+            "PCIe links and LAG bonds are checked, and ports against the best rate they trained at in the last "
+            "day (reference day_max, RdmaPortRateBelowRecentMax's condition). SR-IOV virtual functions' rate "
+            "and width are left out, as the alerts leave them (a VF reports its PF's link). The port selector "
+            "does not apply. Empty while every link trained as expected.",
             "percentunit",
-            [target(LINKS_BELOW_EXPECTED, instant=True, table=True)],
+            [target(f"{LINKS_BELOW_EXPECTED}\n  or\n{BELOW_DAY_BEST}", instant=True, table=True)],
             steps=thresholds((1, OK), base=CRITICAL),
             alerts=LINK_ALERTS,
             overrides=[colour_cells("Share")],
@@ -1031,11 +1058,12 @@ def node_detail() -> Json:
         (stat(
             "Ports down",
             "Selected ports for which RdmaPortDown is pending or firing (down while they were up in the last day "
-            "or are expected). Colours follow RdmaPortDown.",
+            "or are expected), and those gone: vanished since they were up (RdmaPortVanished) or expected and "
+            "never there (RdmaExpectedPortMissing, RdmaExpectedDeviceMissing). Colours follow those alerts.",
             "none",
             targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down")),
             steps=thresholds((1, CRITICAL)),
-            alerts=["RdmaPortDown"],
+            alerts=PORT_DOWN_NAMES,
         ), 3, 4),
         (stat(
             "Throughput",
