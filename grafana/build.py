@@ -142,12 +142,18 @@ PORT_DOWN_ALERTS = ("group by (cluster, job, instance, device, port) ("
 WORST_NODES = 5
 
 
-def worst_nodes(expr: str, *, lowest: bool = False) -> str:
+def worst_nodes(expr: str, *, lowest: bool = False, rank: str | None = None) -> str:
     """Every series of `expr` from the WORST_NODES nodes whose highest series (lowest, with `lowest`) is
     highest (lowest) at each step. One node selected, or a few, shows them whole; All on a fleet of
-    thousands stays a few hundred series instead of one per node, netdev, priority and direction."""
+    thousands stays a few hundred series instead of one per node, netdev, priority and direction. With
+    `rank` (an alert's condition, of values 0 and up), the nodes are ranked by its series first: a node
+    without any ranks by `expr` half a step behind (highest: at 0)."""
     pick, agg = ("bottomk", "min") if lowest else ("topk", "max")
-    return f"(\n{expr}\n)\n  and on ({NODE_KEY})\n{pick}({WORST_NODES}, {agg} by ({NODE_KEY}) (\n{expr}\n))"
+    ranked = f"{agg} by ({NODE_KEY}) (\n{expr}\n)"
+    if rank is not None:
+        rest = f"{ranked} + 0.5" if lowest else f"{ranked} * 0"
+        ranked = f"{agg} by ({NODE_KEY}) (\n{rank}\n)\n  or\n{rest}"
+    return f"(\n{expr}\n)\n  and on ({NODE_KEY})\n{pick}({WORST_NODES}, {ranked})"
 
 
 def firing_alerts(*extra: str, cluster_wide: bool = False) -> str:
@@ -1768,13 +1774,24 @@ def roce_congestion() -> Json:
             minimum=0,
         ), 12, 8),
     ]  # fmt: skip
+    # Panels whose worst nodes are those of their alert's condition, not of everything they draw: drops on
+    # lossy priorities (bursts shed, as they may be) and ECN there (mlx5 leaves it off) rank every node
+    # alike and hid the one the alert was about (dashboard review).
+    ranked_by = {
+        "Receive buffer discards per priority": sel(
+            "instance_device_port:rdma_ethtool_lossless_receive_buffer_discards:increase15m"),
+        "ECN enabled": lossless_by_history(per_priority(sel, "rdma_netdev_ecn_enabled")),
+    }  # fmt: skip
     for panel_json, _, _ in items:
         if panel_json["type"] in ("timeseries", "state-timeline"):
             # ECN state: the nodes with a priority disabled (0) first.
             lowest = panel_json["type"] == "state-timeline"
+            rank = ranked_by.get(panel_json["title"])
             for tgt in panel_json["targets"]:
-                tgt["expr"] = worst_nodes(tgt["expr"], lowest=lowest)
+                tgt["expr"] = worst_nodes(tgt["expr"], lowest=lowest, rank=rank)
             worst = "with ECN disabled first" if lowest else "with the highest value"
+            if rank is not None:
+                worst += " on a lossless priority, as the alert judges them"
             panel_json["description"] += (
                 f" With more than {WORST_NODES} nodes selected, the {WORST_NODES} {worst} at each moment, each "
                 "with all its series: select nodes to see others."

@@ -1812,8 +1812,38 @@ def test_roce_panels_show_the_worst_nodes_each_whole(tmp_path: Path) -> None:
         (f"min(max by (instance) ({paused}))", "5m", (len(nodes) - worst + 1) / 100),  # the worst, not any five
         (f"count({expr('Time paused', {'instance': 'n1:9883'})})", "5m", 2),  # one node: whole, though the least
         (f"count(count by (instance) ({ecn}))", "5m", worst),
-        (f"count(count by (instance) ({ecn} == 0))", "5m", 2),  # both nodes with ECN disabled among them
+        (f"count(count by (instance) (({ecn}) == 0))", "5m", 2),  # both nodes with ECN disabled among them
     ]
+    problems = promtool_checks(tmp_path, series, checks)
+    assert not problems, "\n".join(problems)
+
+
+# Catches (worst nodes ranked by everything drawn): mlx5 leaves ECN off on lossy priorities and sheds bursts
+# there, so every node's lowest ECN was 0 and its highest drop rate a lossy one: the five nodes shown were
+# any five, and never the one whose lossless priority lost ECN or dropped packets (dashboard review).
+def test_roce_panels_rank_nodes_by_their_lossless_priorities(tmp_path: Path) -> None:
+    nodes = [f"n{k}:9883" for k in range(1, 13)]
+    series: dict[str, str] = {}
+    for k, node in enumerate(nodes, start=1):
+        at = f'job="rdma-exporter", instance="{node}", device="mlx5_0"'
+        series[f'rdma_device_info{{{at}, pci_address="0000:0c:00.0"}}'] = "1x20"
+        for priority in ("0", "3"):
+            where = f'{at}, port="1", netdev="eth0", priority="{priority}"'
+            lossless = priority == "3"
+            series[f'rdma_ethtool_priority_bytes_total{{{where}, direction="rx"}}'] = "0+1e9x20"
+            if lossless:  # PFC pauses priority 3 now and then: it is lossless
+                series[f'rdma_ethtool_pfc_pause_frames_total{{{where}, direction="rx"}}'] = "0+10x20"
+            # ECN off on the lossy priority of every node, and on the lossless one of n12 only.
+            enabled = "1x20" if lossless and k != 12 else "0x20"
+            series[f'rdma_netdev_ecn_enabled{{{where}, role="np"}}'] = enabled
+            # Lossy drops everywhere, fewest on n12, which drops on its lossless priority too.
+            drops = f"0+{100 * (13 - k)}x20" if not lossless else ("0+60x20" if k == 12 else "0x20")
+            series[f'rdma_ethtool_priority_discards_total{{{where}, direction="rx"}}'] = drops
+
+    shown = 'count(({}) and on (instance) {{instance="n12:9883"}})'
+    ecn = panel_expr(ROCE, "ECN enabled")
+    discards = panel_expr(ROCE, "Receive buffer discards per priority", "C").replace("[15s]", "[5m]")
+    checks = [(shown.format(ecn), "15m", 2.0), (shown.format(discards), "15m", 2.0)]  # n12's series, all of them
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, "\n".join(problems)
 
