@@ -753,6 +753,11 @@ def fabric_overview() -> Json:
                      "physical {{state}}"),
                     instant=True),
             steps=thresholds(base=NEUTRAL),
+            # Each state in the colour the node page's state panels give it: DOWN and Polling red.
+            overrides=[{"matcher": {"id": "byName", "options": name},
+                        "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": colour}}]}
+                       for name, colour in [*PORT_STATES.values(),
+                                            *((f"physical {text}", c) for text, c in PHYSICAL_STATES.values())]],
             alerts=["RdmaPortDown"],
         ), 6, 9),
         (table(

@@ -542,6 +542,21 @@ def test_hottest_sensors_split_modules_as_the_temperature_alert_does() -> None:
     assert patterns == {build_module().MODULE_SENSORS}
 
 
+# Catches (Ports by state all one neutral colour): DOWN and Polling ports drew as blue as ACTIVE ones
+# (dashboard review). Every state the exporter names has its colour, under the name the legend gives it.
+def test_ports_by_state_colours_each_state_the_exporter_names() -> None:
+    from rdma_exporter.parse.infiniband import PHYS_STATES, PORT_STATES
+
+    board = load(GRAFANA / "dashboards" / "fabric-overview.json")
+    item = next(i for i in panels(board) if i["title"] == "Ports by state")
+    colours = {o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"]
+               for o in item["fieldConfig"]["overrides"]}  # fmt: skip
+    names = {*PORT_STATES.values(), *(f"physical {name}" for name in PHYS_STATES.values())} - {"NOP", "physical NOP"}
+    assert set(colours) == names
+    assert colours["DOWN"] == colours["physical Polling"] == colours["physical Disabled"] == "red"
+    assert colours["ACTIVE"] == colours["physical LinkUp"] == "green"
+
+
 def test_drill_down_links_keep_the_selection_the_row_does_not_set() -> None:
     """A data link to another dashboard passes, as `var-` parameters, every template variable of the target
     that the source dashboard also has, except what the clicked row sets (its instance) and the device and
