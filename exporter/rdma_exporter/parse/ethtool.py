@@ -687,9 +687,20 @@ CURATED_HELP: Final[dict[str, str]] = {
     "port_errors": "Packets the physical port failed to send (RFC 2863 ifOutErrors; mlx5: longer than the MTU).",
     "out_of_buffer": "Times a receive queue had no software buffer for incoming traffic (32-bit, may wrap).",
     "priority_discards": "Packets of this priority discarded for lack of receive buffers.",
-    "priority_buffer_discards": "Packets of this priority discarded for lack of per-host receive buffers.",
-    "priority_congestion_discards": "Packets of this priority discarded because of per-host congestion.",
-    "priority_ecn_marked_packets": "Packets of this priority ECN-marked by the NIC because of per-host congestion.",
+    "priority_buffer_discards": (
+        "Packets discarded for lack of per-host receive buffers, per traffic class (see the note of "
+        "rdma_ethtool_priority_ecn_marked_packets_total on the priority label)."
+    ),
+    "priority_congestion_discards": (
+        "Packets discarded because of per-host congestion, per traffic class (see the note of "
+        "rdma_ethtool_priority_ecn_marked_packets_total on the priority label)."
+    ),
+    "priority_ecn_marked_packets": (
+        "Packets ECN-marked by the NIC because of per-host congestion. mlx5 counts this and the buffer and "
+        "congestion discards per traffic class: the priority label is the class number, which carries that "
+        "priority under mlx5's default map except classes 0 and 1 (priorities 1 and 0); a custom map "
+        "(mlnx_qos --prio_tc) changes that."
+    ),
     "priority_bytes": "Bytes on the physical port per priority.",
     "priority_packets": "Packets on the physical port per priority.",
     "link_down_events": "Times the physical link went down (flapping points at cable or transceiver).",
