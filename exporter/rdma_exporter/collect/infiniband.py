@@ -189,6 +189,19 @@ def _pma_spec(counter: PmaCounter) -> MetricSpec:
 
 _PMA_SPECS: Final[dict[str, MetricSpec]] = {c.key: _pma_spec(c) for c in PMA_COUNTERS.values()}
 
+# mlx5's per-queue (Q counter) files: the firmware keeps them in 32 bits (mlx5_ib_query_q_counters reads
+# each as a be32), so they wrap, and a busy port's rx_write_requests does within hours. Said in their HELP,
+# since rate() takes a wrap for a reset; the congestion counters (np_*, rp_*) are 64-bit.
+MLX5_32BIT_HW_COUNTERS: Final = frozenset({
+    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer",
+    "out_of_sequence", "duplicate_request", "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err",
+    "local_ack_timeout_err", "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
+    "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
+    "resp_cqe_flush_error", "req_cqe_flush_error", "roce_adp_retrans", "roce_adp_retrans_to",
+    "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
+})  # fmt: skip
+WRAPS_ON_MLX5: Final = " mlx5 counts it in 32 bits: it wraps, which rate() takes for a counter reset."
+
 # HELP for hw_counters files whose meaning is documented by the driver vendor. Files not listed are
 # exported all the same, with a generic HELP naming the file.
 HW_COUNTER_HELP: Final[dict[str, str]] = {
@@ -299,6 +312,8 @@ class HwCounterSpecs:
                 if kind == "counter"
                 else f"Driver value {self._scope}/{file}, a level that rises and falls.",
             )
+            if file in MLX5_32BIT_HW_COUNTERS:
+                described += WRAPS_ON_MLX5
             if kind == "counter":  # a driver's `tx_total` is rdma_port_hw_tx_total, not ..._total_total
                 fragment = fragment.removesuffix("_total")
             name = f"{self._prefix}{lint_safe(fragment, kind)}{'_total' if kind == 'counter' else ''}"
