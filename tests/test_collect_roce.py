@@ -501,7 +501,7 @@ def test_bnxt_en_and_ice_stats_feed_the_mlx5_families(tree: Path) -> None:
         ("rdma_ethtool_port_buffer_almost_full_events_total", ("rx",)): 31,
         ("rdma_ethtool_link_down_events_total", ()): 2,
         ("rdma_ethtool_port_discards_total", ("rx",)): 17,
-        ("rdma_ethtool_oversize_packets_total", ("rx",)): 3,
+        ("rdma_ethtool_undersize_packets_total", ("rx",)): 4,
     }
     for (name, extra), want in expected.items():
         labels = dict(zip(("direction", "priority"), extra, strict=False))
@@ -509,7 +509,7 @@ def test_bnxt_en_and_ice_stats_feed_the_mlx5_families(tree: Path) -> None:
     # Per class of service, not per priority: no priority-labelled discards, bytes or packets for bnxt_en.
     for name in ("priority_discards", "priority_bytes", "priority_packets"):
         assert value(metrics, f"rdma_ethtool_{name}_total", **bnxt) is None
-    assert value(metrics, "rdma_ethtool_curated_stats", **bnxt) == 17 + 7 * 4
+    assert value(metrics, "rdma_ethtool_curated_stats", **bnxt) == 16 + 7 * 4
 
     ice = {"device": "mlx5_9", "port": "1", "netdev": ROCE["mlx5_9"]}
     assert value(metrics, "rdma_ethtool_pfc_pause_frames_total", **ice, direction="tx", priority="3") == 6434

@@ -641,7 +641,6 @@ _RULES: Final[tuple[_Rule, ...]] = (
     # Frames the port discarded ({rx,tx}_stat_discard, "received stat discard" in the FreeBSD driver): the
     # port-wide count RdmaRoceBufferDiscards falls back to where per-priority counts are missing.
     _rule(rf"{_DIR}_stat_discard", "port_discards"),
-    _rule(rf"{_RX}_ovrsz_frames", "oversize_packets"),
     _rule(rf"{_RX}_undrsz_frames", "undersize_packets"),
     _rule(rf"{_RX}_jbr_frames", "jabber_packets"),
     _rule(rf"{_RX}_bits", "port_bits"),
@@ -659,12 +658,13 @@ _RULES: Final[tuple[_Rule, ...]] = (
     _rule(rf"{_RX}_fragments\.nic", "fragment_packets"),
     _rule(rf"{_RX}_jabber\.nic", "jabber_packets"),
     # mlx4_en (ConnectX-3 RoCE): main_strings of drivers/net/ethernet/mellanox/mlx4/en_ethtool.c. Its pause
-    # durations are left out (the unit is nowhere stated), and so is rx_dropped (a software count).
+    # durations are left out (the unit is nowhere stated), and so is rx_dropped (a software count). Its CRC
+    # counter too: `rx_crc_errors` is also qede's and ixgbe's, whose PFC names are not known, and curated it
+    # would silence RdmaRoceStatisticsUnknown for them.
     _rule(rf"{_DIR}_pause_prio_{_PRI}", "pfc_pause_frames"),
     _rule(rf"{_DIR}_pause_transition_prio_{_PRI}", "pfc_pause_transitions"),
     _rule(rf"{_DIR}_pause", "global_pause_frames"),
     _rule(rf"{_DIR}_pause_transition", "global_pause_transitions"),
-    _rule(rf"{_RX}_crc_errors", "crc_error_packets"),
     # i40e (X722 iWARP, an Ethernet link layer): its port-wide `port.` counters in i40e_ethtool.c.
     _rule(rf"port\.{_DIR}_priority_{_PRI}_xoff_(?:rx|tx)", "pfc_pause_frames"),
     _rule(rf"port\.link_xoff_{_DIR}", "global_pause_frames"),
