@@ -132,10 +132,16 @@ NOT_ETHERNET = f"unless {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="E
 ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 # Ports down, and ports gone: a port whose HCA fell off the bus (RdmaPortVanished), or an expected port or
 # device that never appeared, has no state left to count, and a node that lost one looked healthy.
+# A missing device has no port, and one expected by PCI address no device name either: node-wide, one per
+# device or address.
 PORT_DOWN_NAMES = ["RdmaPortDown", "RdmaPortVanished", "RdmaExpectedPortMissing", "RdmaExpectedDeviceMissing"]
-PORT_DOWN_ALERTS = ("group by (cluster, job, instance, device, port) ("
-                    + sel("ALERTS", PORT, f'alertname=~"{"|".join(PORT_DOWN_NAMES)}"', 'alertstate=~"pending|firing"')
-                    + ")")  # fmt: skip
+PORT_DOWN_ALERTS = (
+    "group by (cluster, job, instance, device, port) ("
+    + sel("ALERTS", PORT, f'alertname=~"{"|".join(PORT_DOWN_NAMES[:3])}"', 'alertstate=~"pending|firing"')
+    + ")\n  or\ngroup by (cluster, job, instance, device, pci_address) ("
+    + sel("ALERTS", NODE, f'alertname="{PORT_DOWN_NAMES[3]}"', 'alertstate=~"pending|firing"')
+    + ")"
+)
 
 
 # The RoCE dashboard opens on every node: its per-series panels show the nodes with the highest values.
