@@ -549,19 +549,23 @@ def fake_fd_limits(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int) -> lis
     return limits
 
 
-def refuse_reload_thread_starts(monkeypatch: pytest.MonkeyPatch, times: int) -> None:
-    """The first `times` starts of the reload thread fail as under TasksMax= ("can't start new thread")."""
+def refuse_thread_starts(monkeypatch: pytest.MonkeyPatch, name: str, times: int) -> None:
+    """The first `times` starts of threads named `name` fail as under TasksMax= ("can't start new thread")."""
     start = threading.Thread.start
     refusals = times
 
     def refusing(thread: threading.Thread) -> None:
         nonlocal refusals
-        if thread.name == "reload" and refusals:
+        if thread.name == name and refusals:
             refusals -= 1
             raise RuntimeError("can't start new thread")
         start(thread)
 
     monkeypatch.setattr(threading.Thread, "start", refusing)
+
+
+def refuse_reload_thread_starts(monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+    refuse_thread_starts(monkeypatch, "reload", times)
 
 
 def fail_pread(monkeypatch: pytest.MonkeyPatch, code: int, on: Callable[[int], bool] = lambda fd: True) -> list[int]:

@@ -86,6 +86,7 @@ from conftest import (
     make_ca,
     make_leaf,
     refuse_reload_thread_starts,
+    refuse_thread_starts,
     require_binary,
     samples,
     timed,
@@ -2604,20 +2605,10 @@ def test_a_tls_file_check_that_cannot_start_warns_once_and_runs_when_tasks_are_f
     warning until a check starts again, and the check then runs."""
     web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
-    start = threading.Thread.start
-    refusals = 3
-
-    def refusing(thread: threading.Thread) -> None:
-        nonlocal refusals
-        if thread.name == "tls-check" and refusals:
-            refusals -= 1
-            raise RuntimeError("can't start new thread")
-        start(thread)
-
     with in_process_daemon(config, reload=lambda: config) as daemon:
         checks: list[float] = []
         daemon._check_tls_files = checks.append  # type: ignore[method-assign]
-        monkeypatch.setattr(threading.Thread, "start", refusing)
+        refuse_thread_starts(monkeypatch, "tls-check", 3)
         period = daemon_module.TLS_FILES_CHECK_SECONDS
         with caplog.at_level(logging.INFO, logger="rdma_exporter.daemon"):
             for check in range(5):
