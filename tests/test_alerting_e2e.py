@@ -737,6 +737,27 @@ def test_a_pause_page_holds_back_its_own_ticket_but_not_another_links_or_priorit
         wait_for("the inhibition to settle", lambda: inhibited() == expected)
 
 
+def test_exporter_failures_across_nodes_are_one_ticket_and_port_pages_one_a_node(
+    tmp_path: Path, webhook: Webhook, release: PrometheusRelease
+) -> None:
+    """Exporters failing on many nodes at once share a cause (a certificate, a network policy): one ticket
+    group for the job, not one a node (alerting review: five nodes made five tickets). Faults of the
+    nodes themselves stay grouped per node."""
+    nodes = [f"dgx-31{k}:9883" for k in range(5)]
+    base = {"cluster": "c1", "job": "rdma-exporter"}
+    posted = [base | {"alertname": "RdmaExporterDown", "severity": "warning", "instance": node} for node in nodes]
+    posted += [base | {"alertname": "RdmaPortDown", "severity": "critical", "instance": node, "device": "mlx5_0",
+                       "port": "1"} for node in nodes[:2]]  # fmt: skip
+    with alertmanager_alone(tmp_path, webhook, release, wait="1h") as (procs, url):
+        post_alerts(url, posted)
+
+        def groups() -> list[tuple[str, int]]:
+            procs.check_alive()
+            return sorted((g["receiver"]["name"], len(g["alerts"])) for g in get_json(f"{url}/api/v2/alerts/groups"))
+
+        wait_for("the groups", lambda: groups() == [("pager", 1), ("pager", 1), ("ticket", 5)])
+
+
 def test_the_documented_maintenance_silence_leaves_the_name_tickets_out(
     tmp_path: Path, webhook: Webhook, release: PrometheusRelease
 ) -> None:
