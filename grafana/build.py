@@ -134,12 +134,14 @@ ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet
 # device that never appeared, has no state left to count, and a node that lost one looked healthy.
 # A missing device has no port, and one expected by PCI address no device name either: node-wide, one per
 # device or address.
-PORT_DOWN_NAMES = ["RdmaPortDown", "RdmaPortVanished", "RdmaExpectedPortMissing", "RdmaExpectedDeviceMissing"]
+PORT_GONE_NAMES = ["RdmaPortDown", "RdmaPortVanished", "RdmaExpectedPortMissing"]
+DEVICE_MISSING = "RdmaExpectedDeviceMissing"
+PORT_DOWN_NAMES = [*PORT_GONE_NAMES, DEVICE_MISSING]
 PORT_DOWN_ALERTS = (
     "group by (cluster, job, instance, device, port) ("
-    + sel("ALERTS", PORT, f'alertname=~"{"|".join(PORT_DOWN_NAMES[:3])}"', 'alertstate=~"pending|firing"')
+    + sel("ALERTS", PORT, f'alertname=~"{"|".join(PORT_GONE_NAMES)}"', 'alertstate=~"pending|firing"')
     + ")\n  or\ngroup by (cluster, job, instance, device, pci_address) ("
-    + sel("ALERTS", NODE, f'alertname="{PORT_DOWN_NAMES[3]}"', 'alertstate=~"pending|firing"')
+    + sel("ALERTS", NODE, f'alertname="{DEVICE_MISSING}"', 'alertstate=~"pending|firing"')
     + ")"
 )
 
@@ -627,6 +629,16 @@ BELOW_EXPECTED = "instance_device:rdma_link_below_expected:ratio"
 DAY_BEST_RATE = "instance_device_port:rdma_port_rate_bytes_per_second:active_max1d"
 
 
+def when_active(expr: str, labels: Sequence[str] = PORT) -> str:
+    """`expr` for ACTIVE ports only: a port that is not reports its driver's preset rate and width."""
+    return f"{expr} and {ON_PORT} {sel('rdma_port_state_id', labels)} >= 4"
+
+
+def trained_rate(labels: Sequence[str] = PORT) -> str:
+    """The rate a port trained at: ACTIVE ports only."""
+    return when_active(f"{sel('rdma_port_rate_bytes_per_second', labels)} > 0", labels)
+
+
 def links_below(*extra: str) -> str:
     """The record's shortfalls, those of ports' rate and width without SR-IOV VFs."""
     others = sel(BELOW_EXPECTED, DEVICE, 'problem!~"rate|width"', *extra)
@@ -639,7 +651,7 @@ def links_below(*extra: str) -> str:
 # topology. As a shortfall of the record's shape (problem "rate", reference "day_max", the share reached).
 BELOW_DAY_BEST = (
     'label_replace(label_replace(\n'
-    f'  ({sel("rdma_port_rate_bytes_per_second", DEVICE)} > 0 and {ON_PORT} {sel("rdma_port_state_id", DEVICE)} >= 4)\n'
+    f'  ({trained_rate(DEVICE)})\n'
     f'    / {ON_PORT} group_left ()\n  {sel(DAY_BEST_RATE, DEVICE)} < 1\n'
     f'    unless {ON_PORT} {sel("rdma_expected_port_rate_bytes_per_second", DEVICE)}\n'
     '  , "problem", "rate", "", ""), "reference", "day_max", "", "")\n'
@@ -1034,12 +1046,7 @@ def node_detail() -> Json:
     def by_device(expr: str) -> str:
         return f"max by (instance, device) ({expr})"
 
-    def when_active(expr: str) -> str:
-        """`expr` for ACTIVE ports only: a port that is not reports its driver's preset rate and width."""
-        return f"{expr} and {ON_PORT} {sel('rdma_port_state_id')} >= 4"
-
-    # The rate a port trained at.
-    active_rate = when_active(f"{sel('rdma_port_rate_bytes_per_second')} > 0")
+    active_rate = trained_rate()
 
     error_counters = [
         ("rdma_port_symbol_errors_total", "symbol errors"),
