@@ -1634,8 +1634,9 @@ def roce_congestion() -> Json:
         (stat(
             "Unknown statistics",
             "Selected RoCE netdevs of hardware PFs whose ethtool statistics the exporter reads but whose CRC "
-            "counter it does not know (a driver other than mlx5, bnxt_en, ice, mlx4_en and i40e): they have no "
-            "CRC, PHY and, as a rule, PFC series, so this dashboard's panels and the RoCE alerts are blind there. "
+            "counter it does not know (a driver other than mlx5, bnxt_en, ice and i40e; mlx4_en's pause names "
+            "are known, not its CRC counter): they have no CRC, PHY and, as a rule, PFC series, so this "
+            "dashboard's panels and the RoCE alerts are blind there. "
             "RdmaRoceStatisticsUnknown's condition; the alert waits 30 minutes.",
             "none",
             targets((f"count(\n{sel('rdma_ethtool_curated_stats')}\n  unless {on_netdev}\n"

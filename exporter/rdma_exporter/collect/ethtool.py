@@ -175,7 +175,8 @@ CURATED_STATS: Final = MetricSpec(
     "Number of the netdev's ethtool -S statistics exported under a curated rdma_ethtool_* name (extra_stats "
     "and uncurated per-lane ones not counted); 0 also for a driver that lists no statistics. Without a "
     "curated CRC counter among them the driver's names are not known to the exporter (a driver other than "
-    "mlx5, bnxt_en, ice, mlx4_en or i40e), so the netdev's PFC, pause and PHY series are missing.",
+    "mlx5, bnxt_en, ice or i40e; mlx4_en's pause names are known, not its CRC counter), so the netdev's PFC, "
+    "pause and PHY series are missing.",
     NETDEV,
 )
 EXTRA_OVER_LIMIT: Final = MetricSpec(
