@@ -151,6 +151,10 @@ def device_series(metrics: Samples, device: str) -> Samples:
     }
 
 
+def pcie_series(metrics: Samples, device: str) -> Samples:
+    return {key: v for key, v in device_series(metrics, device).items() if key[0].startswith("rdma_pcie_")}
+
+
 def baseline(tmp_path: Path, devices: int) -> Samples:
     """A scrape of an identical, untouched tree (the generator is deterministic)."""
     root = make_tree(tmp_path, devices, "baseline")
@@ -218,12 +222,12 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
     first, took = timed_scrape(collector)
     assert took.wall >= 0.9 and took.scheduled < 1.6, f"the scrape took {took} with a 1 s deadline"
     for source in sources_of(collector):
-        # The device's job stopped in its first source; the sources after it never ran either.
-        assert value(first, "rdma_exporter_scrape_collector_success", collector=source) == 0
-        assert (
-            value(first, "rdma_exporter_file_read_errors_total", collector=source, device="mlx5_1", reason="timeout")
-            == 1
-        )
+        # The device's job stopped in its infiniband source; the sources after it never ran either. Its
+        # PCIe link, which needs no firmware, was read first.
+        timeouts = value(first, "rdma_exporter_file_read_errors_total", collector=source, device="mlx5_1",
+                         reason="timeout")
+        assert value(first, "rdma_exporter_scrape_collector_success", collector=source) == (source == "pcie")
+        assert timeouts == (None if source == "pcie" else 1), source
     # Blocked since the device's job started, which was no later than its read of the FIFO: at least from
     # then to the deadline. (Not simply 0.9 s: on a loaded machine the job can start well after the scrape.)
     assert fifo_opened
@@ -234,17 +238,25 @@ def test_blocked_counter_times_out_skips_and_recovers(tmp_path: Path, fifos: Fif
     assert value(first, "rdma_exporter_devices") == 4
     for device in ("mlx5_0", "mlx5_2", "mlx5_3"):
         assert device_series(first, device) == device_series(expected, device), device
-    assert device_series(first, "mlx5_1") == {}
+    pcie = pcie_series(expected, "mlx5_1")
+    assert pcie and device_series(first, "mlx5_1") == pcie
 
-    # While the read is stuck, scrapes do not wait for it, do not start another, and say so.
+    # While the read is stuck, scrapes do not wait for it, do not start another, and say so; a side job
+    # reads the PCIe link of the device each scrape.
     threads_before = threading.active_count()
     for _ in range(20):
         again, took = timed_scrape(collector)
         assert took.scheduled < 0.5, f"a scrape took {took} with a device known to be blocked"
+        assert device_series(again, "mlx5_1") == pcie
+        wait_until(lambda: reads.outstanding() == 1)  # the side job has ended
     assert value(again, "rdma_exporter_device_scrape_skipped", device="mlx5_1") == 1
     assert value(again, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
                  reason="timeout") == 21
-    assert reads.outstanding() == 1
+    assert value(again, "rdma_exporter_file_read_errors_total", collector="pcie", device="mlx5_1",
+                 reason="timeout") is None
+    assert value(again, "rdma_exporter_scrape_collector_success", collector="pcie") == 1
+    # Blocked since the stuck job started, not since this scrape's side job.
+    assert value(again, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1", reads="device") > blocked
     assert reads.pool.threads <= 4 + 1
     assert threading.active_count() <= threads_before + 1
     for device in ("mlx5_0", "mlx5_2", "mlx5_3"):
@@ -348,18 +360,23 @@ def test_a_hang_after_a_slow_episode_is_logged_once_it_is_a_hang(
 
 def test_device_stuck_after_a_healthy_scrape_serves_none_of_its_old_values(tmp_path: Path, fifos: Fifos) -> None:
     # A stuck HCA frozen at its last counters would look healthy and idle to every rate() alert. After a
-    # healthy scrape its files are kept open and its round is cached: neither may answer for it now.
+    # healthy scrape its files are kept open and its round is cached: neither may answer for it now. Only
+    # its PCIe link, which needs no firmware, is read, and read anew.
     root = make_tree(tmp_path, 3)
     reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
     collector = collector_for(root, 1.0, reads)
     healthy, _ = timed_scrape(collector)
     assert value(healthy, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") is not None
+    assert value(healthy, "rdma_pcie_link_width_lanes", device="mlx5_1") == 16
     fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
+    ((device_dir(root, "mlx5_1") / "device").resolve() / "current_link_width").write_text("8\n")
+    pcie = pcie_series(healthy, "mlx5_1")
+    pcie[("rdma_pcie_link_width_lanes", (("device", "mlx5_1"),))] = 8
 
     timed_out, took = timed_scrape(collector)
     skipped, _ = timed_scrape(collector)
     for metrics in (timed_out, skipped):
-        assert device_series(metrics, "mlx5_1") == {}
+        assert device_series(metrics, "mlx5_1") == pcie
         assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
         blocked = value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_1", reads="device")
         assert blocked is not None
@@ -537,8 +554,10 @@ def test_a_device_read_stalled_beside_a_stalled_netdev_read_skips_the_device(tmp
     timed_out, took = timed_scrape(collector)
     assert took.wall >= 0.9, took  # waited for the device-only job
     skipped, _ = timed_scrape(collector)
+    # The device-only job read the PCIe link before it stuck; then it is the device's one side job.
+    assert device_series(timed_out, "mlx5_8") == pcie_series(first, "mlx5_8") != {}
+    assert device_series(skipped, "mlx5_8") == {}
     for metrics in (timed_out, skipped):
-        assert device_series(metrics, "mlx5_8") == {}
         assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="device") > 0
         assert value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="netdev") is None
         assert value(metrics, "rdma_exporter_scrape_collector_success", collector="infiniband") == 0
@@ -549,20 +568,47 @@ def test_a_device_read_stalled_beside_a_stalled_netdev_read_skips_the_device(tmp
     assert reads.outstanding() == 2  # the job stuck on rtnl and the device-only job stuck in firmware
 
 
+def test_a_pcie_read_stalled_beside_a_firmware_stall_skips_the_device_from_the_first_stall(
+    tmp_path: Path, fifos: Fifos
+) -> None:
+    # The side job beside a job stuck in firmware blocks too (the PCIe read hangs as well): the device is
+    # skipped, with no third job, and blocked since its first stall, not since the side job began.
+    reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
+    root, collector = sample_collector(tmp_path / "t", 1.0, reads)
+    fifos.make(device_dir(root, "mlx5_8") / "ports" / "1" / "counters" / "port_rcv_data")
+    first, _ = timed_scrape(collector)
+    assert pcie_series(first, "mlx5_8") != {}
+    fifos.make((device_dir(root, "mlx5_8") / "device").resolve() / "current_link_speed")
+
+    timed_out, took = timed_scrape(collector)
+    assert took.wall >= 0.9, took  # waited for the side job
+    skipped = [timed_scrape(collector)[0] for _ in range(3)]
+    blocked = [
+        value(metrics, "rdma_exporter_device_read_blocked_seconds", device="mlx5_8", reads="device")
+        for metrics in (first, timed_out, *skipped)
+    ]
+    assert blocked == sorted(blocked) and blocked[1] > 1.8, blocked
+    for metrics in (timed_out, *skipped):
+        assert device_series(metrics, "mlx5_8") == {}
+        assert value(metrics, "rdma_exporter_device_scrape_skipped", device="mlx5_8") == 1
+        assert value(metrics, "rdma_exporter_scrape_collector_success", collector="pcie") == 0
+    assert reads.outstanding() == 2  # the job stuck in firmware and the side job stuck in the PCIe read
+
+
 def test_a_device_read_stalled_first_is_not_a_netdev_stall(tmp_path: Path, fifos: Fifos) -> None:
     # A stuck InfiniBand read (or PCIe read) holds up the device as before: its netdev reads, which come
-    # after them, are not started, and the device is blocked as a whole, not in its netdev reads.
+    # after them, are not started, and the device is blocked as a whole, not in its netdev reads; but for
+    # its PCIe link, read first as it needs no firmware, and read beside the stuck InfiniBand read.
+    _, expected = sample_collector(tmp_path / "baseline", 8.0)
+    pcie = pcie_series(timed_scrape(expected)[0], "mlx5_8")
     reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
     root, collector = sample_collector(tmp_path / "t", 1.0, reads)
     fifos.make(device_dir(root, "mlx5_8") / "ports" / "1" / "counters" / "port_rcv_data")
     fifos.make((device_dir(root, "mlx5_1") / "device").resolve() / "current_link_speed")
     metrics = [timed_scrape(collector)[0] for _ in range(3)]
-    # mlx5_1 stalls in its PCIe read, after its InfiniBand read: those values come with the first scrape.
-    assert value(metrics[0], "rdma_port_state_id", device="mlx5_1", port="1") == 4
-    assert rtnl_series(metrics[0], "mlx5_1")[0] == {}
     for attempt, scraped in enumerate(metrics):
-        for device in ("mlx5_1", "mlx5_8") if attempt else ("mlx5_8",):
-            assert device_series(scraped, device) == {}, (attempt, device)
+        assert device_series(scraped, "mlx5_1") == {}, attempt  # its PCIe read, the first, is stuck
+        assert device_series(scraped, "mlx5_8") == pcie != {}, attempt
         for device in ("mlx5_1", "mlx5_8"):
             blocked = value(scraped, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device")
             assert blocked is not None and blocked > 0
@@ -1032,7 +1078,7 @@ def test_as_many_stuck_devices_as_read_threads_do_not_hide_the_others(tmp_path: 
         assert device_series(first, device) == device_series(expected, device), device
         assert value(first, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device") is None
     for device in stuck:
-        assert device_series(first, device) == {}
+        assert device_series(first, device) == pcie_series(expected, device)  # read before the stuck counters
         assert value(first, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device")
 
 

@@ -372,6 +372,10 @@ class Source(Protocol):
     the SIOCETHTOOL ioctl) sets `needs_rtnl = True`: the engine reads it after the device's other
     sources, and a stall in it, which any other NIC's driver can cause, does not hold up their reads in
     later scrapes (engine module docstring).
+
+    A source whose reads never reach the device's firmware (PCI config space, the PCI core's own AER
+    counts) sets `firmware_free = True`: the engine reads it before the device's other sources, so that
+    a counter read stuck in a hung firmware does not take it down with the rest of the device's job.
     """
 
     name: str
@@ -386,6 +390,11 @@ class Source(Protocol):
 def needs_rtnl(source: Source) -> bool:
     """Whether the source's reads wait for the kernel's rtnl lock (Source)."""
     return bool(getattr(source, "needs_rtnl", False))
+
+
+def firmware_free(source: Source) -> bool:
+    """Whether none of the source's reads waits on the device's firmware (Source)."""
+    return bool(getattr(source, "firmware_free", False))
 
 
 def label(value: str | int | None) -> str:

@@ -9,7 +9,8 @@ reads a device on the thread that serves a scrape (the device list and its cache
 reader threads and each device's outstanding jobs: `readers.py`):
 
 - each scrape ("round") submits ONE job per device (its static info when not cached, then every enabled
-  source's `read`: first the device's own reads, then its netdev reads, see below) to a bounded pool of
+  source's `read`: first the device's own reads, those that need no firmware (PCIe) first, then its
+  netdev reads, see below) to a bounded pool of
   daemon threads, and waits for the jobs until the scrape's deadline; a device whose job has not
   finished is reported as failed for that scrape, in the sources the job has not finished;
 - a device whose job from an earlier round is still running gets no new job: it is skipped and says so,
@@ -24,6 +25,11 @@ reader threads and each device's outstanding jobs: `readers.py`):
   outstanding per device: while it runs, the device is skipped as above. So a device never has more than
   one job in its device reads and one in its netdev reads, and an rtnl stall costs the device's netdev
   and ethtool series only, not its InfiniBand and PCIe series;
+- likewise, a job stuck in the device's firmware after its firmware-free reads (sources that set
+  `firmware_free`: PCIe config space and the PCI core's AER counts) gets a side job beside it in later
+  rounds, which reads those sources only, from the static info known: a hung firmware costs the device's
+  InfiniBand, hwmon and netdev series, not its PCIe link and AER counters, which may say why. The
+  device is still reported skipped. A device has at most one side job of either kind;
 - concurrent scrapes join the round in flight (single-flight), each waiting no longer than its own
   deadline, so three Prometheus replicas cost one set of firmware queries; but only until the deadline
   of the scrape that started it (`_Round.joinable_until`): a round held up by a hung read never
@@ -66,7 +72,16 @@ from ..parse.reader import (
     reason_for_errno,
 )
 from . import readers
-from .base import FailureEpisodes, FamilySet, MetricSpec, ScrapeContext, SeriesPrefixes, Source, needs_rtnl
+from .base import (
+    FailureEpisodes,
+    FamilySet,
+    MetricSpec,
+    ScrapeContext,
+    SeriesPrefixes,
+    Source,
+    firmware_free,
+    needs_rtnl,
+)
 from .inventory import DeviceEntry, DeviceFilter, Inventory
 from .readers import (
     READS_DEVICE,
@@ -142,7 +157,8 @@ DEVICE_BLOCKED: Final = MetricSpec(
     "gauge",
     "How long the unfinished read of a device has been running; present only for devices that timed out, "
     'were skipped or were read beside a stuck netdev read in this scrape. reads="device": a read of the '
-    "device's own files (static info, InfiniBand, PCIe) is unfinished, so none of its series are served; "
+    "device's own files (static info, InfiniBand, hwmon) is unfinished, so none of its series are served "
+    "but its PCIe link and AER counters, which need no firmware and are read first and beside such a read; "
     'reads="netdev": only its netdev '
     "reads (netdev and ethtool collectors, which wait for the kernel's rtnl lock) are unfinished, and its "
     "other series are served without them.",
@@ -301,8 +317,10 @@ class RdmaCollector(Collector):
         self.sample_tree = sample_tree
         self.boot_time = boot_time  # of the node, read once: it cannot change while this process runs
         self.sources = list(sources)  # in exposition order
-        # Read order: the device's own reads, then those that wait for rtnl (module docstring).
-        self._device_sources = [s for s in self.sources if not needs_rtnl(s)]
+        # Read order: the device's own reads, those that need no firmware first (a hung firmware then
+        # still leaves its PCIe link and AER counts to see), then those that wait for rtnl (module docstring).
+        self._firmware_free_sources = [s for s in self.sources if firmware_free(s) and not needs_rtnl(s)]
+        self._firmware_sources = [s for s in self.sources if not firmware_free(s) and not needs_rtnl(s)]
         self._netdev_sources = [s for s in self.sources if needs_rtnl(s)]
         self.inventory = Inventory(sys_root, device_filter, rescan_each_scrape=rescan_each_scrape)
         self.scrape_timeout = scrape_timeout
@@ -398,6 +416,8 @@ class RdmaCollector(Collector):
             job, new = self.reads.start(key, entry.name, partial(self._read_device, entry=entry), rnd.job_ended)
             if new:
                 jobs[entry.name] = job
+                if job.stall == READS_DEVICE and job.beside is not None:
+                    skipped[entry.name] = job.beside  # skipped but for the firmware-free reads of `job`
             else:
                 skipped[entry.name] = job
                 rnd.job_ended()  # nothing to wait for
@@ -407,16 +427,24 @@ class RdmaCollector(Collector):
 
     def _read_device(self, job: DeviceJob, entry: DeviceEntry) -> None:
         """Runs in a pool thread: static info if not cached, then each source's reads, the device's own
-        first, then (unless the job is device-only) those that need rtnl."""
+        first (those that need no firmware before the others), then those that need rtnl. A side job
+        beside a netdev stall skips the last; one beside a firmware stall reads the firmware-free ones only."""
         info = entry.info
-        # A device-only job runs beside a job that holds the kept files: it reads without any.
-        files = None if job.device_only else self.reads.files(job.key, verify=self._verify_files)
-        memory = self.reads.memory(job.key) if job.device_only else files
+        # A side job runs beside a job that holds the kept files: it reads without any.
+        files = None if job.beside is not None else self.reads.files(job.key, verify=self._verify_files)
+        memory = self.reads.memory(job.key) if job.beside is not None else files
         if memory is not None:
             # A new device under the old name has answered nothing yet. Checked on every read, not only
-            # with static info: a device-only job may have read and cached the new device's, and in either
+            # with static info: a side job may have read and cached the new device's, and in either
             # job, since a driver reload takes rtnl and so stalls the full job's netdev reads.
             memory.adopt(entry.identity[1])
+        if job.stall == READS_DEVICE:
+            # Not the static info, whose reads reach the firmware: the stuck job's serves if none is cached.
+            job.info = info or (job.beside.info if job.beside is not None else None)
+            job.info_done = True
+            if job.info is not None:
+                self._read_sources(job, entry.name, job.info, None, memory, self._firmware_free_sources)
+            return
         if info is None:
             if files is not None:
                 files.close()  # new static info may name other files (or the device is a new one)
@@ -447,9 +475,12 @@ class RdmaCollector(Collector):
             return
         if files is not None:
             files.begin()
-        self._read_sources(job, entry.name, info, files, memory, self._device_sources)
+        if self._firmware_free_sources:
+            self._read_sources(job, entry.name, info, files, memory, self._firmware_free_sources)
+            job.firmware_free_done = True
+        self._read_sources(job, entry.name, info, files, memory, self._firmware_sources)
         job.device_reads_done = True
-        if not job.device_only:
+        if job.beside is None:
             self._read_sources(job, entry.name, info, files, memory, self._netdev_sources)
         if not os.path.isdir(job.key):
             self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
@@ -499,7 +530,7 @@ class RdmaCollector(Collector):
             for entry in rnd.entries:
                 skipped = rnd.skipped.get(entry.name)
                 if skipped is not None:
-                    self._tally_skipped(tally, entry, skipped, now)
+                    self._tally_skipped(tally, entry, skipped, rnd.jobs.get(entry.name), now)
                 else:
                     self._tally_job(tally, entry.name, rnd.jobs[entry.name], now)
             self._read_excluded(tally.results, tally.success)
@@ -520,16 +551,23 @@ class RdmaCollector(Collector):
                 rnd.result = out
             return out
 
-    def _tally_skipped(self, tally: _Tally, entry: DeviceEntry, skipped: DeviceJob, now: float) -> None:
+    def _tally_skipped(
+        self, tally: _Tally, entry: DeviceEntry, skipped: DeviceJob, side: DeviceJob | None, now: float
+    ) -> None:
         """A device skipped this round, its job from an earlier round still running: only I/O-free
-        sources answer for it; the others time out."""
+        sources answer for it, and the firmware-free ones that a side job beside it (`side`) has read;
+        the others time out."""
         name = entry.name
         tally.devices += 1
-        tally.blocked[name, READS_DEVICE] = now - skipped.since()
+        tally.blocked[name, READS_DEVICE] = now - skipped.stalled_since()
         tally.reading[name] = _reading(skipped)
         known = entry.info or skipped.info
+        outcomes = side.snapshot()[0] if side is not None else {}
         for source in self.sources:
-            if not self._read_io_free(source, name, known, tally.results, tally.success):
+            outcome = outcomes.get(source.name)
+            if outcome is not None:
+                self._take_outcome(tally, name, source.name, outcome)
+            elif not self._read_io_free(source, name, known, tally.results, tally.success):
                 tally.success[source.name] = False
                 self._count_timeout(tally.rnd, source.name, name)
 
@@ -566,21 +604,25 @@ class RdmaCollector(Collector):
                     tally.durations[source.name] += time.perf_counter() - current[1]
                 self._count_timeout(rnd, source.name, name)
                 continue
-            # Recorded even if an earlier, shorter scrape of this round counted a timeout here.
-            if (source.name, name) not in rnd.recorded:
-                rnd.recorded.add((source.name, name))
-                self._record_errors(source.name, outcome.errors)
-                self._log_read_errors(source.name, name, outcome.errors)
-            tally.durations[source.name] += outcome.seconds
-            tally.success[source.name] = tally.success[source.name] and outcome.ok
-            if outcome.ok:
-                tally.results[source.name][name] = outcome.value
-        if job.netdev_blocked_since is not None and missing == READS_NETDEV:
-            # A device-only job served the device's reads; its netdev reads are the stuck job's.
-            tally.blocked[name, READS_NETDEV] = now - job.netdev_blocked_since
+            self._take_outcome(tally, name, source.name, outcome)
+        if job.beside is not None and job.stall == READS_NETDEV and missing == READS_NETDEV:
+            # A side job served the device's reads; its netdev reads are the stuck job's.
+            tally.blocked[name, READS_NETDEV] = now - job.beside.since()
         elif unfinished:
             tally.blocked[name, missing] = now - job.since()
             tally.reading[name] = _reading(job)
+
+    def _take_outcome(self, tally: _Tally, name: str, source: str, outcome: SourceOutcome) -> None:
+        """A source's finished read of the device: its value, duration and success, its errors once a round."""
+        # Recorded even if an earlier, shorter scrape of this round counted a timeout here.
+        if (source, name) not in tally.rnd.recorded:
+            tally.rnd.recorded.add((source, name))
+            self._record_errors(source, outcome.errors)
+            self._log_read_errors(source, name, outcome.errors)
+        tally.durations[source] += outcome.seconds
+        tally.success[source] = tally.success[source] and outcome.ok
+        if outcome.ok:
+            tally.results[source][name] = outcome.value
 
     def _read_excluded(self, results: dict[str, dict[str, Any]], success: dict[str, bool]) -> None:
         """Listed but filtered out: I/O-free sources see each excluded device as present with its layout

@@ -83,6 +83,7 @@ class PcieSource:
     """PCIe link and AER counters of every RDMA device's PCI function."""
 
     name = NAME
+    firmware_free = True  # config space and the PCI core's AER counts: read first (Source)
     specs: tuple[MetricSpec, ...] = (
         LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, PARTNER_MAX_SPEED, PARTNER_MAX_WIDTH,
         AER_ERRORS, AER_REPORTS,

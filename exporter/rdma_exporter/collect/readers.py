@@ -1,8 +1,9 @@
 """Bounded reader threads: each device's reads run as one job on a pool thread, never on a scrape's.
 
-`DeviceReads` keeps at most one job outstanding per device (plus one device-only job beside a job stuck in
-its netdev reads, see the engine's docstring) and the device's kept-open files; `WorkerPool` runs the
-jobs with few threads while reads are quick and more while they are slow or stuck. No Prometheus imports.
+`DeviceReads` keeps at most one job outstanding per device (plus one side job beside a job stuck in its
+netdev reads or in the device's firmware, see the engine's docstring) and the device's kept-open files;
+`WorkerPool` runs the jobs with few threads while reads are quick and more while they are slow or stuck.
+No Prometheus imports.
 """
 
 from __future__ import annotations
@@ -70,16 +71,16 @@ class DeviceJob:
         device: str,
         work: Callable[[DeviceJob], None],
         *,
-        device_only: bool = False,
-        netdev_blocked_since: float | None = None,
+        beside: DeviceJob | None = None,
     ) -> None:
         self.key = key
         self.device = device
         self._work = work
-        # A job started beside one stuck in its netdev reads: it skips the sources that need rtnl, and
-        # `netdev_blocked_since` is when that stuck job started.
-        self.device_only = device_only
-        self.netdev_blocked_since = netdev_blocked_since
+        # A side job, started beside the device's job `beside`, which is stuck in `stall`: in its netdev
+        # reads (READS_NETDEV), and the side job reads the device's own sources; or in the device's
+        # firmware (READS_DEVICE), and it reads the firmware-free sources only. It keeps no files.
+        self.beside = beside
+        self.stall = None if beside is None else READS_NETDEV if beside.device_reads_done else READS_DEVICE
         self.submitted = time.monotonic()
         self.started: float | None = None
         self.done = threading.Event()
@@ -94,8 +95,10 @@ class DeviceJob:
         self.info_failed = False
         self.info_read = False  # the static info was read in this job, not taken from the cache
         self.info_done = False  # the static-info phase is over (read, cached or failed)
+        # The firmware-free sources are read, and there were some: a stall after them is in firmware.
+        self.firmware_free_done: bool = False
         # Static info and every source that needs no rtnl are read: what is left are netdev reads.
-        self.device_reads_done = False
+        self.device_reads_done: bool = False
         self.blocked_in = READS_DEVICE  # what its reads were in when a scrape stopped waiting for it
         self.outcomes: dict[str, SourceOutcome] = {}
         self.current: tuple[str, float] | None = None  # source being read and since when
@@ -105,6 +108,11 @@ class DeviceJob:
 
     def since(self) -> float:
         return self.started if self.started is not None else self.submitted
+
+    def stalled_since(self) -> float:
+        """Since when the device's reads that this job stands in for have been held up: for a side job
+        beside a firmware stall, since the stuck job started, whose reads it leaves out."""
+        return self.beside.since() if self.beside is not None and self.stall == READS_DEVICE else self.since()
 
     def begin(self, source: str) -> None:
         with self.lock:
@@ -323,13 +331,13 @@ class BlockedLog:
 class DeviceReads:
     """The pool, the outstanding jobs of each device directory, and each device's kept-open files.
 
-    A device has at most one job outstanding, plus, while that job is stuck in its netdev reads, at most
-    one device-only job (module docstring).
+    A device has at most one job outstanding, plus, while that job is stuck in its netdev reads or, after
+    its firmware-free reads, in the device's firmware, at most one side job (module docstring).
 
     Shared by every collector of the process (one per config reload), so a device that is stuck keeps
     holding one thread across reloads instead of one per collector. A device's `OpenFiles` is used only
     by its (full) job, and closed only when the device has no such job outstanding, so no fd is closed
-    under a read; a device-only job keeps no files (it runs only while the other job holds them).
+    under a read; a side job keeps no files (it runs only while the other job holds them).
     """
 
     def __init__(self, pool: WorkerPool | None = None, budget: FileBudget | None = None) -> None:
@@ -337,7 +345,7 @@ class DeviceReads:
         self.budget = budget or shared_budget()
         self._lock = threading.Lock()
         self._outstanding: dict[str, DeviceJob] = {}
-        self._device_only: dict[str, DeviceJob] = {}  # beside an outstanding job stuck in its netdev reads
+        self._side: dict[str, DeviceJob] = {}  # beside an outstanding job stuck in some of its reads
         self._files: dict[str, OpenFiles] = {}
         self.blocked_log = BlockedLog()
 
@@ -350,24 +358,22 @@ class DeviceReads:
     ) -> tuple[DeviceJob, bool]:
         """Submit a job for `key` (a device directory): (new job, True), or (unfinished job, False).
 
-        The new job is a device-only one (`device_only`) when the device's outstanding job has done its
-        device reads and is still in its netdev reads, and no device-only job is outstanding. Otherwise
-        the unfinished job returned is the one that holds up the device's own reads: the device-only job
-        if there is one, else the outstanding job.
+        The new job is a side job (`beside`) when no side job is outstanding and the device's outstanding
+        job has done its device reads and is still in its netdev reads, or has done its firmware-free
+        reads and is still in the others. Otherwise the unfinished job returned is the one that holds up
+        the device's own reads: the side job if there is one, else the outstanding job.
 
         `on_round_done` is called when a new job completes (or is cancelled), not for an unfinished one.
         """
         with self._lock:
-            extra = self._device_only.get(key)
+            extra = self._side.get(key)
             if extra is not None:
                 return extra, False
             previous = self._outstanding.get(key)
             if previous is None:
                 job = self._outstanding[key] = DeviceJob(key, device, work)
-            elif previous.device_reads_done:
-                job = self._device_only[key] = DeviceJob(
-                    key, device, work, device_only=True, netdev_blocked_since=previous.since()
-                )
+            elif previous.device_reads_done or previous.firmware_free_done:
+                job = self._side[key] = DeviceJob(key, device, work, beside=previous)
             else:
                 return previous, False
         job.on_done = self._finished
@@ -376,9 +382,9 @@ class DeviceReads:
         return job, True
 
     def outstanding(self) -> int:
-        """Jobs not finished, device-only ones included."""
+        """Jobs not finished, side jobs included."""
         with self._lock:
-            return len(self._outstanding) + len(self._device_only)
+            return len(self._outstanding) + len(self._side)
 
     def files(self, key: str, *, verify: bool) -> OpenFiles:
         """The kept-open files of device directory `key`; only its running (full) job may call this."""
@@ -390,7 +396,7 @@ class DeviceReads:
 
     def memory(self, key: str) -> OpenFiles | None:
         """The kept files of `key` if there are any, for what they know of its counter files only: a
-        device-only job reads without them (SysfsReader.memory)."""
+        side job reads without them (SysfsReader.memory)."""
         with self._lock:
             return self._files.get(key)
 
@@ -422,8 +428,8 @@ class DeviceReads:
         with self._lock:
             if self._outstanding.get(job.key) is job:
                 del self._outstanding[job.key]
-            elif self._device_only.get(job.key) is job:
-                del self._device_only[job.key]
+            elif self._side.get(job.key) is job:
+                del self._side[job.key]
         if job.abandoned:
             now = time.monotonic()
             episode = (job.device, job.blocked_in)
