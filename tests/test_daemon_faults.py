@@ -569,16 +569,17 @@ def test_a_device_read_stalled_beside_a_stalled_netdev_read_skips_the_device(tmp
 
 
 def test_a_pcie_read_stalled_beside_a_firmware_stall_skips_the_device_from_the_first_stall(
-    tmp_path: Path, fifos: Fifos
+    tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The side job beside a job stuck in firmware blocks too (the PCIe read hangs as well): the device is
     # skipped, with no third job, and blocked since its first stall, not since the side job began.
     reads = DeviceReads(WorkerPool(parallelism=4, hard_max=8))
     root, collector = sample_collector(tmp_path / "t", 1.0, reads)
-    fifos.make(device_dir(root, "mlx5_8") / "ports" / "1" / "counters" / "port_rcv_data")
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
+    counter = fifos.make(device_dir(root, "mlx5_8") / "ports" / "1" / "counters" / "port_rcv_data")
     first, _ = timed_scrape(collector)
     assert pcie_series(first, "mlx5_8") != {}
-    fifos.make((device_dir(root, "mlx5_8") / "device").resolve() / "current_link_speed")
+    speed = fifos.make((device_dir(root, "mlx5_8") / "device").resolve() / "current_link_speed")
 
     timed_out, took = timed_scrape(collector)
     assert took.wall >= 0.9, took  # waited for the side job
@@ -593,6 +594,16 @@ def test_a_pcie_read_stalled_beside_a_firmware_stall_skips_the_device_from_the_f
         assert value(metrics, "rdma_exporter_device_scrape_skipped", device="mlx5_8") == 1
         assert value(metrics, "rdma_exporter_scrape_collector_success", collector="pcie") == 0
     assert reads.outstanding() == 2  # the job stuck in firmware and the side job stuck in the PCIe read
+
+    # The PCIe read returns first: the device's stall goes on, and the log does not say it ended (review:
+    # it did, and the real end then fell in that line's quiet period and went to debug).
+    fifos.release(speed, b"16.0 GT/s PCIe\n")
+    wait_until(lambda: reads.outstanding() == 1)
+    assert [line for line in stall_lines(caplog, "mlx5_8") if "returned" in line] == []
+    fifos.release(counter, b"0\n")
+    wait_until(lambda: settled(reads))
+    ended = [line for line in stall_lines(caplog, "mlx5_8") if "returned" in line]
+    assert len(ended) == 1 and ended[0].startswith("device mlx5_8: blocked read returned after "), ended
 
 
 def test_a_device_read_stalled_first_is_not_a_netdev_stall(tmp_path: Path, fifos: Fifos) -> None:
@@ -1078,7 +1089,8 @@ def test_as_many_stuck_devices_as_read_threads_do_not_hide_the_others(tmp_path: 
         assert device_series(first, device) == device_series(expected, device), device
         assert value(first, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device") is None
     for device in stuck:
-        assert device_series(first, device) == pcie_series(expected, device)  # read before the stuck counters
+        # Read before the stuck counters.
+        assert device_series(first, device) == pcie_series(expected, device) != {}
         assert value(first, "rdma_exporter_device_read_blocked_seconds", device=device, reads="device")
 
 
@@ -1350,6 +1362,28 @@ def pool_job(name: str, gate: threading.Event | None = None, ran: list[threading
             gate.wait(30)
 
     return DeviceJob(f"/x/{name}", name, work)
+
+
+def test_a_side_job_beside_a_firmware_stall_needs_firmware_free_reads_to_give_it() -> None:
+    # After a reload that disabled the pcie collector, the new collector has nothing for such a side job:
+    # the stuck device is skipped as before, instead of a job that reads nothing every scrape (review).
+    gate = threading.Event()
+    reads = DeviceReads(WorkerPool(parallelism=2, hard_max=4))
+
+    def stuck_in_firmware(job: DeviceJob) -> None:
+        job.firmware_free_done = True
+        gate.wait(30)
+
+    try:
+        stuck, new = reads.start("/x/mlx5_0", "mlx5_0", stuck_in_firmware)
+        assert new
+        wait_until(lambda: stuck.firmware_free_done)
+        assert reads.start("/x/mlx5_0", "mlx5_0", lambda job: None, firmware_free_reads=False) == (stuck, False)
+        side, new = reads.start("/x/mlx5_0", "mlx5_0", lambda job: None)
+        assert new and side.beside is stuck and side.stall == "device"
+    finally:
+        gate.set()
+    wait_until(lambda: reads.outstanding() == 0)
 
 
 def test_pool_lets_a_second_thread_in_while_a_job_is_slow() -> None:

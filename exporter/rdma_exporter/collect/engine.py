@@ -148,8 +148,9 @@ DEVICE_SKIPPED: Final = MetricSpec(
     "rdma_exporter_device_scrape_skipped",
     "gauge",
     "1 for a device not read in this scrape because its read from an earlier scrape has not returned "
-    "(e.g. stuck firmware); present only for such devices. A device whose netdev reads alone are stuck "
-    "is read all the same, without them, and is not reported here.",
+    "(e.g. stuck firmware), but for its PCIe link when that read is past it; present only for such devices. "
+    "A device whose netdev reads alone are stuck is read all the same, without them, and is not reported "
+    "here.",
     ("device",),
 )
 DEVICE_BLOCKED: Final = MetricSpec(
@@ -157,8 +158,9 @@ DEVICE_BLOCKED: Final = MetricSpec(
     "gauge",
     "How long the unfinished read of a device has been running; present only for devices that timed out, "
     'were skipped or were read beside a stuck netdev read in this scrape. reads="device": a read of the '
-    "device's own files (static info, InfiniBand, hwmon) is unfinished, so none of its series are served "
-    "but its PCIe link and AER counters, which need no firmware and are read first and beside such a read; "
+    "device's own files (static info, PCIe, InfiniBand, hwmon) is unfinished, so none of its series are "
+    "served, except its PCIe link and AER counters when the stuck read is past them (InfiniBand, hwmon): "
+    "they need no firmware, are read first, and are read again beside such a read in later scrapes; "
     'reads="netdev": only its netdev '
     "reads (netdev and ethtool collectors, which wait for the kernel's rtnl lock) are unfinished, and its "
     "other series are served without them.",
@@ -413,7 +415,13 @@ class RdmaCollector(Collector):
         self.reads.prune(class_dir, {class_dir + entry.name for entry in entries})
         for entry in entries:
             key = class_dir + entry.name
-            job, new = self.reads.start(key, entry.name, partial(self._read_device, entry=entry), rnd.job_ended)
+            job, new = self.reads.start(
+                key,
+                entry.name,
+                partial(self._read_device, entry=entry),
+                rnd.job_ended,
+                firmware_free_reads=bool(self._firmware_free_sources),
+            )
             if new:
                 jobs[entry.name] = job
                 if job.stall == READS_DEVICE and job.beside is not None:
@@ -430,6 +438,14 @@ class RdmaCollector(Collector):
         first (those that need no firmware before the others), then those that need rtnl. A side job
         beside a netdev stall skips the last; one beside a firmware stall reads the firmware-free ones only."""
         info = entry.info
+        if job.stall == READS_DEVICE:
+            # Not the static info, whose reads reach the firmware: the stuck job's serves if none is cached.
+            # Nor the kept files or their record of counter files, which the stuck job is using.
+            job.info = info or (job.beside.info if job.beside is not None else None)
+            job.info_done = True
+            if job.info is not None:
+                self._read_sources(job, entry.name, job.info, None, None, self._firmware_free_sources)
+            return
         # A side job runs beside a job that holds the kept files: it reads without any.
         files = None if job.beside is not None else self.reads.files(job.key, verify=self._verify_files)
         memory = self.reads.memory(job.key) if job.beside is not None else files
@@ -438,13 +454,6 @@ class RdmaCollector(Collector):
             # with static info: a side job may have read and cached the new device's, and in either
             # job, since a driver reload takes rtnl and so stalls the full job's netdev reads.
             memory.adopt(entry.identity[1])
-        if job.stall == READS_DEVICE:
-            # Not the static info, whose reads reach the firmware: the stuck job's serves if none is cached.
-            job.info = info or (job.beside.info if job.beside is not None else None)
-            job.info_done = True
-            if job.info is not None:
-                self._read_sources(job, entry.name, job.info, None, memory, self._firmware_free_sources)
-            return
         if info is None:
             if files is not None:
                 files.close()  # new static info may name other files (or the device is a new one)

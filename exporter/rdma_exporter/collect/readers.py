@@ -355,13 +355,17 @@ class DeviceReads:
         device: str,
         work: Callable[[DeviceJob], None],
         on_round_done: Callable[[], None] | None = None,
+        *,
+        firmware_free_reads: bool = True,
     ) -> tuple[DeviceJob, bool]:
         """Submit a job for `key` (a device directory): (new job, True), or (unfinished job, False).
 
         The new job is a side job (`beside`) when no side job is outstanding and the device's outstanding
         job has done its device reads and is still in its netdev reads, or has done its firmware-free
-        reads and is still in the others. Otherwise the unfinished job returned is the one that holds up
-        the device's own reads: the side job if there is one, else the outstanding job.
+        reads and is still in the others, and the caller has firmware-free reads to give it
+        (`firmware_free_reads`: a reload may have disabled them). Otherwise the unfinished job returned
+        is the one that holds up the device's own reads: the side job if there is one, else the
+        outstanding job.
 
         `on_round_done` is called when a new job completes (or is cancelled), not for an unfinished one.
         """
@@ -372,7 +376,7 @@ class DeviceReads:
             previous = self._outstanding.get(key)
             if previous is None:
                 job = self._outstanding[key] = DeviceJob(key, device, work)
-            elif previous.device_reads_done or previous.firmware_free_done:
+            elif previous.device_reads_done or (previous.firmware_free_done and firmware_free_reads):
                 job = self._side[key] = DeviceJob(key, device, work, beside=previous)
             else:
                 return previous, False
@@ -430,7 +434,14 @@ class DeviceReads:
                 del self._outstanding[job.key]
             elif self._side.get(job.key) is job:
                 del self._side[job.key]
-        if job.abandoned:
+            # A side job beside a firmware stall shares the stall's episode (both are the device's reads):
+            # its return while the stuck job is still out ends nothing, and must not take the place of
+            # that end in the quiet period.
+            stall_goes_on = job.stall == READS_DEVICE and self._outstanding.get(job.key) is job.beside
+        if job.abandoned and stall_goes_on:
+            log.debug("device %s: the PCIe read beside its blocked read returned after %.1f s; that read is "
+                      "still blocked", job.device, time.monotonic() - job.since())
+        elif job.abandoned:
             now = time.monotonic()
             episode = (job.device, job.blocked_in)
             said = self.blocked_log

@@ -201,7 +201,8 @@ class OpenFiles:
     use it (the engine guarantees one job per device at a time). The one exception is the record of
     answered and refused counter files (`note_answered`, `refuse`), which a device-only job beside it also
     writes: the engine starts that job only once the full job is past the device's own reads, so the two
-    never write the same directory's entry. Files are kept by directory, then by (interned) name.
+    never write the same directory's entry (the side job beside a firmware stall uses neither). Files are
+    kept by directory, then by (interned) name.
 
     On a tree that is not sysfs (fixtures), a file deleted or replaced under a kept fd stays readable, so
     `verify` makes `begin()` stat each directory of kept files once per scrape and drop the files of a
