@@ -131,6 +131,27 @@ def test_a_failing_kept_fd_is_dropped_and_the_path_opened_again(
     assert len(files) == 1
 
 
+def test_a_file_that_reads_empty_is_not_kept_and_a_kept_fd_that_reads_empty_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Older kernels' seq_file answers an fd that once read empty with nothing for good, whatever the
+    # attribute shows since (parse review): a bond's slaves, empty for a moment, would stay empty.
+    slaves = tmp_path / "slaves"
+    slaves.write_text("")
+    budget = FileBudget(8)
+    files = OpenFiles(budget)
+    assert files.read(str(slaves)) == b""
+    assert len(files) == 0 and budget.used == 0
+    slaves.write_text("ens1f0np0 ens1f1np1\n")
+    assert files.read(str(slaves)) == b"ens1f0np0 ens1f1np1\n"
+    assert len(files) == 1
+    (kept,) = files._dirs[str(tmp_path)].fds.values()
+    real_pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: b"" if fd == kept else real_pread(fd, n, at))
+    assert files.read(str(slaves)) == b"ens1f0np0 ens1f1np1\n"  # the stuck fd dropped, the path read afresh
+    assert len(files) == 1 and budget.used == 1  # kept again (the fd number may well be the same)
+
+
 def test_unsettled_directory_notices_a_replaced_file_on_every_read(tmp_path: Path) -> None:
     path = tmp_path / "symbol_error"
     path.write_text("1\n")

@@ -276,13 +276,16 @@ class OpenFiles:
                     if len(data) == _SMALL_READ:
                         # The rest continues this read (sysfs serves it from the same show()), not a new one.
                         data += os.pread(fd, _READ_LIMIT - _SMALL_READ, _SMALL_READ)
-                    return data
+                    if data:
+                        return data
+                # Empty (a bond's slaves with none left) or replaced on a fixture tree: open the path afresh.
+                # Older kernels, whose seq_file did not reset its iterator on a read at offset 0, answer an
+                # fd that once read empty with nothing for good, whatever the attribute shows since.
+                self._forget(kept, name)
             except OSError as exc:
                 self._forget(kept, name)
                 if exc.errno not in REOPEN_ERRNOS:
                     raise  # the attribute failed (EIO, ETIMEDOUT...): one firmware query, one error
-            else:
-                self._forget(kept, name)  # replaced on a fixture tree: open the path afresh
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = _read_fd(fd)  # not pread: a fixture may put a FIFO here to stall the read
@@ -292,7 +295,8 @@ class OpenFiles:
         # Once per file while kept (the reads above are the first); every read of a file kept nowhere.
         if _gave_value(data):
             self._note_answered(directory, name)
-        if self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
+        # Not kept if empty: see above.
+        if data and self._budget.used < self._budget.limit and self._budget.take():  # unlocked check first
             if kept is None:
                 kept = self._watch(directory)
             if kept is not None:
