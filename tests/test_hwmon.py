@@ -72,6 +72,24 @@ def test_asic_and_module_sensors_with_their_thresholds(tmp_path: Path) -> None:
     assert reader.errors.total() == 0 and not reader.static_stale
 
 
+def test_a_module_that_reads_zero_is_no_reading_and_an_asic_at_zero_is_one(tmp_path: Path) -> None:
+    # mlx5 registers a module's channel only if it read above 0 at probe: 0 later is an empty cage (the
+    # optic pulled, a passive cable in its place), not a module at 0 degrees (parse review).
+    directory = write_hwmon(
+        tmp_path, 3,
+        {1: {"label": "asic", "input": "0"}, 2: {"label": "Module0", "input": "0"},
+         3: {"label": "sensor64", "input": "0"}, 4: {"label": "sensor2", "input": "0"}},
+    )  # fmt: skip
+    identity, reader = identity_of(tmp_path)
+    assert identity is not None
+    assert [s.module for s in identity.sensors] == [False, True, True, False]
+    readings = read_temperatures(identity, reader)
+    assert [r.celsius for r in readings] == [0.0, None, None, 0.0]
+    assert reader.errors.total() == 0 and not reader.static_stale
+    (directory / "temp2_input").write_text("46000\n")
+    assert read_temperatures(identity, reader)[1].celsius == 46.0
+
+
 def test_no_hwmon_directory_is_no_sensor_and_no_error(tmp_path: Path) -> None:
     identity, reader = identity_of(tmp_path)
     assert identity is None and reader.errors.total() == 0

@@ -23,7 +23,8 @@ TEMPERATURE: Final = MetricSpec(
     "Temperature of a sensor of the device's PCI functions (a RoCE LAG device's: both of its card's), from "
     "the driver's hwmon devices: the ASIC (sensor asic) and, for mlx5, the transceiver module in a cage "
     "where the module has a sensor (Module0, Module1); mlx5 names a sensor the firmware leaves unnamed "
-    "sensor<index>, modules from sensor64 on. Absent for a scrape whose read failed.",
+    "sensor<index>, modules from sensor64 on. Absent for a scrape whose read failed, and for a module "
+    "that reads 0 (mlx5's answer for a cage whose module was removed or has no sensor since the driver loaded).",
     LABELS,
 )
 CRITICAL: Final = MetricSpec(

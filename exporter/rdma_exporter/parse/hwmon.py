@@ -43,6 +43,8 @@ MIN_CELSIUS: Final = -60.0
 MAX_CELSIUS: Final = 250.0
 # A NIC has a handful of sensors; mlx5 at most 64 ASIC and platform ones and one module.
 MAX_SENSORS: Final = 128
+# mlx5's module channels: named by the firmware (Module0), or sensor<index> from MTMP's module index 64 on.
+_MODULE_SENSOR: Final = re.compile(r"Module[0-9]+|sensor(?:6[4-9]|[7-9][0-9]|[1-9][0-9]{2})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,10 @@ class TemperatureSensor:
     sensor: str  # the channel's label (asic, Module0), or temp<N> where the driver gives none
     input_path: str
     critical_celsius: float | None  # None where the driver has no threshold or the firmware sets none
+    # A transceiver module's channel: mlx5 registers it only if the module read above 0 when the driver
+    # loaded (mlx5_hwmon_is_module_mon_cap), so 0 is the firmware's answer for a cage whose module has
+    # left since, or was swapped for one without a sensor (a passive copper cable).
+    module: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +136,8 @@ def read_hwmon_identity(pci_dirs: Sequence[Path], reader: SysfsReader) -> HwmonI
                 names.add(sensor)
                 critical = _celsius(f"{stem}_crit", reader, optional=True)
                 # mlx5 reports a threshold of 0 where the firmware sets none.
-                sensors.append(TemperatureSensor(sensor, f"{stem}_input", critical or None))
+                module = _MODULE_SENSOR.fullmatch(sensor) is not None
+                sensors.append(TemperatureSensor(sensor, f"{stem}_input", critical or None, module))
     return HwmonIdentity(tuple(sensors)) if sensors else None
 
 
@@ -142,5 +149,7 @@ def read_temperatures(identity: HwmonIdentity, reader: SysfsReader) -> tuple[Sen
         celsius = _celsius(sensor.input_path, reader)
         if celsius is None and not os.path.exists(sensor.input_path):
             reader.static_stale = True
+        elif celsius == 0 and sensor.module:
+            celsius = None  # no module in the cage now, not a module at 0 degrees (TemperatureSensor)
         readings.append(SensorReading(sensor.sensor, celsius, sensor.critical_celsius))
     return tuple(readings)
