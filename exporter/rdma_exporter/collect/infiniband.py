@@ -197,7 +197,8 @@ MLX5_32BIT_HW_COUNTERS: Final = frozenset({
     "out_of_sequence", "duplicate_request", "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err",
     "local_ack_timeout_err", "resp_local_length_error", "resp_cqe_error", "req_cqe_error",
     "req_remote_invalid_request", "req_remote_access_errors", "resp_remote_access_errors",
-    "resp_cqe_flush_error", "req_cqe_flush_error", "roce_adp_retrans", "roce_adp_retrans_to",
+    "resp_cqe_flush_error", "req_cqe_flush_error", "req_transport_retries_exceeded", "req_rnr_retries_exceeded",
+    "roce_adp_retrans", "roce_adp_retrans_to",
     "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
 })  # fmt: skip
 WRAPS_ON_MLX5: Final = " mlx5 counts it in 32 bits: it wraps, which rate() takes for a counter reset."
