@@ -243,9 +243,8 @@ HW_COUNTER_HELP: Final[dict[str, str]] = {
     "this port to slow down (mlx5 counts the CNPs it handled by lowering its send rate).",
     "rp_cnp_ignored": "CNPs received but ignored by this port as reaction point, because DCQCN is not enabled "
     "for their priority (ecn/roce_rp/enable/<prio>): senders do not slow down when told to. Should stay 0.",
-    "cc_rx_ce_pkts": "RoCE packets received with ECN Congestion Experienced (mlx5 optional counter).",
-    "cc_rx_cnp_pkts": "CNPs received (mlx5 optional counter).",
-    "cc_tx_cnp_pkts": "CNPs sent (mlx5 optional counter).",
+    # Not mlx5's optional counters (cc_rx_ce_pkts, cc_rx_cnp_pkts, cc_tx_cnp_pkts): the core leaves
+    # IB_STAT_FLAG_OPTIONAL counters out of sysfs; only RDMA netlink shows them, once enabled.
     "req_transport_retries_exceeded": "Requester transport retries exceeded (the QP went to error).",
     "req_rnr_retries_exceeded": "Requester RNR retries exceeded (the QP went to error).",
     # bnxt_re as in the mainline kernel (drivers/infiniband/hw/bnxt_re/hw_counters.c) until the rename
