@@ -671,13 +671,20 @@ def test_device_filter_flags_override_the_file(tmp_path: Path) -> None:
     assert config.device_exclude is not None and config.device_exclude.pattern == "mlx5_8"
 
 
-def test_empty_filter_flag_clears_the_file_filter(tmp_path: Path) -> None:
+def test_empty_filter_flag_clears_the_file_filter(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # `--devices.include ''` is how an operator drops the file's filter for one run; compiled as a regex,
-    # '' would fullmatch no device name and silently export nothing.
+    # '' would fullmatch no device name and silently export nothing. It is also what an unset variable
+    # gives (`--devices.exclude=$EXCLUDE`): said in the log (daemon review).
     path = write(tmp_path, "devices:\n  include: 'mlx5_0'\n  exclude: ''\n")
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
     config = resolve_config(build_parser().parse_args(["--config.file", str(path), "--devices.include", ""]))
     assert config.device_include is None
     assert config.device_exclude is None
+    said = f"--devices.include is empty: {path}'s devices.include 'mlx5_0' is not applied"
+    assert [r.getMessage() for r in caplog.records] == [said]
+    caplog.clear()
+    resolve_config(build_parser().parse_args(["--config.file", str(path), "--devices.exclude", ""]))
+    assert caplog.records == []  # the file's exclude was empty already: nothing dropped
     metrics = samples(scrape(LEPTON, config))
     assert metrics[("rdma_exporter_devices_excluded", ())] == 0
     assert metrics[("rdma_exporter_devices", ())] > 0
@@ -966,9 +973,11 @@ def test_operations_md_names_every_logger_that_logs() -> None:
 # --- empty keys, non-ASCII ports, encodings -----------------------------------------------------------
 
 
-def test_an_empty_sysfs_key_is_refused_and_an_empty_ethtool_key_is_not_set(tmp_path: Path) -> None:
+def test_an_empty_sysfs_or_web_config_key_is_refused_and_an_empty_ethtool_key_is_not_set(tmp_path: Path) -> None:
     # `sysfs:` left empty in a template is None in YAML: --check-config passed it, and the daemon then
     # stopped with a TypeError traceback on `None / "class"`. path.ethtool has no default: empty is unset.
+    # An empty web.config_file served plain HTTP without the TLS and passwords it was written for, and
+    # --check-config said OK (daemon review): refused.
     for text in ("path:\n  sysfs:\n", "path:\n  sysfs: ''\n"):
         path = write(tmp_path, text)
         with pytest.raises(ConfigError) as info:
@@ -978,8 +987,30 @@ def test_an_empty_sysfs_key_is_refused_and_an_empty_ethtool_key_is_not_set(tmp_p
         result = run_cli("--config.file", str(path), "--check-config")
         assert result.returncode == 2
         assert f"{path}: path.sysfs: expected a non-empty string, got " in result.stderr
-    config = load_config_file(write(tmp_path, "path:\n  ethtool:\nweb:\n  config_file:\n"))
+    config = load_config_file(write(tmp_path, "path:\n  ethtool:\n"))
     assert (config.sysfs, config.ethtool_dir, config.web_config_file) == (Path("/sys"), None, None)
+    path = write(tmp_path, "web:\n  config_file:\n")
+    result = run_cli("--config.file", str(path), "--check-config")
+    assert result.returncode == 2, result.stdout
+    assert f"{path}: web.config_file: empty: give the file, or leave the key out" in result.stderr
+
+
+def test_a_path_that_cannot_be_looked_at_names_the_key_and_why(tmp_path: Path) -> None:
+    # Path.is_dir() and is_file() raise on anything but "not there" (EACCES on a parent, a name too long,
+    # a link loop): start-up ended in a traceback, not the file, key and reason (daemon review).
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    long_name = tmp_path / ("a" * 300)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {loop}\n  key_file: {loop}\n")
+    for args, where in (
+        (("--path.sysfs", str(long_name)), f"--path.sysfs: cannot look at {long_name}: File name too long"),
+        (("--path.ethtool", str(loop)), f"--path.ethtool: cannot look at {loop}: Too many levels of symbolic links"),
+        (("--web.config.file", str(web)), f"tls_server_config.cert_file: cannot look at {loop}: Too many levels"),
+    ):
+        result = run_cli(*args, "--check-config")
+        assert result.returncode == 2, result.stderr
+        assert where in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("port", ["\u00b2", "\u0663", "９８８３"])

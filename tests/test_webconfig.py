@@ -892,9 +892,24 @@ def test_a_section_that_is_not_a_mapping_is_refused(tmp_path: Path, text: str, k
 @pytest.mark.parametrize(
     "text", ["tls_server_config:\n", "tls_server_config: {}\n", "http_server_config:\n  headers:\n"]
 )
-def test_an_empty_section_still_means_its_defaults(tmp_path: Path, text: str) -> None:
-    config = load_web_config(web_config(tmp_path, text))
+def test_an_empty_section_still_means_its_defaults(tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
+    path = web_config(tmp_path, text)
+    config = load_web_config(path)
     assert (config.scheme, config.headers) == ("http", {})
+    # An empty TLS section is what a template with every setting commented out gives: said (daemon review).
+    said = [f"{path}: tls_server_config is empty: serving without TLS"] if text.startswith("tls") else []
+    assert [r.getMessage() for r in caplog.records] == said
+
+
+def test_an_empty_basic_auth_section_serves_without_passwords_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rdma_exporter")
+    path = web_config(tmp_path, "basic_auth_users:\n")
+    assert load_web_config(path).auth is None
+    said = f"{path}: basic_auth_users is empty: serving without basic authentication"
+    assert [r.getMessage() for r in caplog.records] == [said]
 
 
 def test_a_reload_applies_new_tls_settings_to_kept_alive_connections_and_warns_of_what_it_drops(

@@ -147,10 +147,16 @@ def resolve_config(args: argparse.Namespace) -> Config:
         flag["sysfs"] = check_directory("command line", "--path.sysfs", args.sysfs)
     if args.ethtool_dir is not None:
         flag["ethtool_dir"] = check_directory("command line", "--path.ethtool", args.ethtool_dir)
-    if args.device_include is not None:
-        flag["device_include"] = check_regex("command line", "--devices.include", args.device_include)
-    if args.device_exclude is not None:
-        flag["device_exclude"] = check_regex("command line", "--devices.exclude", args.device_exclude)
+    for key, given in (("include", args.device_include), ("exclude", args.device_exclude)):
+        if given is None:
+            continue
+        flag[f"device_{key}"] = check_regex("command line", f"--devices.{key}", given)
+        dropped = getattr(config, f"device_{key}")
+        if given == "" and dropped is not None:
+            # The way to drop the file's filter for one run, and also what `--devices.exclude=$EXCLUDE` gives
+            # with the variable unset: said, so that the second does not read an excluded HCA in silence.
+            log.warning("--devices.%s is empty: %s's devices.%s %r is not applied", key, config.config_file, key,
+                        dropped.pattern)
     if args.log_level is not None:
         flag["log_level"] = check_log_level("command line", "--log.level", args.log_level)
     collectors = dict(config.collectors)

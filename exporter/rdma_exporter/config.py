@@ -10,7 +10,9 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -64,10 +66,23 @@ def file_error(exc: OSError) -> type[ConfigError]:
     return ConfigUnavailable if exc.errno in _UNAVAILABLE_ERRNOS else ConfigError
 
 
-def wrong_kind_error(path: Path) -> type[ConfigError]:
-    """The ConfigError class for a configured path that is not the file or directory it should be: one not
-    there yet (a certificate issued later, a mount to come) is worth a restart, one of another kind is not."""
-    return ConfigError if path.exists() else ConfigUnavailable
+def require_kind(source: str, key: str, path: Path, *, directory: bool) -> None:
+    """Raise the key's error unless `path` is a directory (or, with directory=False, a regular file). One
+    not there yet (a certificate issued later, a mount to come) is worth a restart, one of another kind
+    is not. A path that cannot even be looked at (a parent directory the user may not search, a name too
+    long) says why, as a read of it would: Path.is_dir() raised those as a traceback (daemon review)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except OSError as exc:
+        raise file_error(exc)(source, key, f"cannot look at {path}: {exc.strerror or exc}") from None
+    if mode is not None and (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
+        return
+    error = ConfigUnavailable if mode is None else ConfigError
+    if directory:
+        raise error(source, key, f"{'no such directory' if mode is None else 'not a directory'}: {path}")
+    raise error(source, key, f"{path} does not exist or is not a file")
 
 
 @dataclass(frozen=True)
@@ -121,9 +136,11 @@ def check_string(source: str, key: str, value: Any) -> str:
     return value
 
 
-def check_path(source: str, key: str, value: Any) -> Path | None:
+def check_path(source: str, key: str, value: Any) -> Path:
     if value is None:
-        return None
+        # `config_file:` that a template left empty: it served plain HTTP, without the TLS and passwords
+        # the key was written for, and --check-config said OK (daemon review).
+        raise ConfigError(source, key, "empty: give the file, or leave the key out to serve plain HTTP without it")
     return Path(check_string(source, key, value))
 
 
@@ -133,9 +150,7 @@ def check_required_directory(source: str, key: str, value: Any) -> Path:
     `path.sysfs`, whose default is /sys and not "none": an empty `sysfs:` left in a template passed
     --check-config as no directory at all, and the daemon then failed on it with a traceback."""
     path = Path(check_string(source, key, value))
-    if not path.is_dir():
-        what = "not a directory" if path.exists() else "no such directory"
-        raise wrong_kind_error(path)(source, key, f"{what}: {path}")
+    require_kind(source, key, path, directory=True)
     return path
 
 

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import bcrypt
 
-from .config import ConfigError, ConfigUnavailable, check_bool, file_error, read_yaml_file, wrong_kind_error
+from .config import ConfigError, ConfigUnavailable, check_bool, file_error, read_yaml_file, require_kind
 
 log = logging.getLogger(__name__)
 
@@ -315,8 +315,7 @@ def _file(source: str, key: str, value: Any, base: Path) -> Path:
     if not isinstance(value, str) or not value or "\0" in value:  # no path holds a NUL: it can never appear
         raise ConfigError(source, key, f"expected a file path, got {value!r}")
     path = Path(value) if Path(value).is_absolute() else base / value
-    if not path.is_file():
-        raise wrong_kind_error(path)(source, key, f"{path} does not exist or is not a file")
+    require_kind(source, key, path, directory=False)
     return path
 
 
@@ -584,9 +583,18 @@ def load_web_config(path: Path | None, stop: threading.Event | None = None) -> W
         # Ignored (this server speaks HTTP/1.1), but typed as exporter-toolkit types it: a value node_exporter
         # refuses must not pass here, or the one shared file stops only node_exporter.
         check_bool(source, "http_server_config.http2", http["http2"])
+    auth = _users(source, top.get("basic_auth_users"), stop)
+    # A section written with every setting under it commented out: exporter-toolkit reads it as off, and so
+    # does this server, one file for both; but it served without TLS or passwords in silence (daemon review).
+    for section, what, off in (
+        ("tls_server_config", "TLS", context is None),
+        ("basic_auth_users", "basic authentication", auth is None),
+    ):
+        if section in top and off:
+            log.warning("%s: %s is empty: serving without %s", source, section, what)
     return WebConfig(
         ssl_context=context,
-        auth=_users(source, top.get("basic_auth_users"), stop),
+        auth=auth,
         headers=_headers(source, http),
         allowed_sans=sans,
         source=source,
