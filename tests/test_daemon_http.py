@@ -815,6 +815,28 @@ def test_scrape_timeout_header_shortens_the_deadline() -> None:
     assert scrape_timeout(config, "0.2") == 0.1
     for junk in ("nan", "-1", "0", "inf", "soon", ""):
         assert scrape_timeout(config, junk) == 8.0
+    # Time the request waited for a worker (or behind password checks) comes off (daemon review).
+    assert scrape_timeout(config, "10", waited=3.0) == 5.0
+    assert scrape_timeout(config, "3", waited=1.0) == 1.5
+    assert scrape_timeout(config, None, waited=30.0) == 0.1
+
+
+def test_a_scrape_that_waited_for_a_worker_gets_the_rest_of_its_deadline(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    collector = RdmaCollector(tree, [])
+    exporter = Exporter(Serving(replace(Config(), sysfs=tree), collector, WebConfig()))
+    asked: list[float | None] = []
+    real_gather = collector.gather
+
+    def gather(timeout: float | None = None) -> FamilySet:
+        asked.append(timeout)
+        return real_gather(timeout)
+
+    monkeypatch.setattr(collector, "gather", gather)
+    headers = {"x-prometheus-scrape-timeout-seconds": "10"}
+    exporter.handle(Request("GET", "/metrics", "HTTP/1.1", headers, received=time.monotonic() - 2.0))
+    assert asked and 5.5 < asked[0] <= 6.0, asked  # 8 s configured, 2 s of it spent waiting
 
 
 def test_send_blocks_join_small_chunks_in_order_without_copying_big_ones() -> None:

@@ -147,17 +147,20 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return qualities.get("gzip", False) or qualities.get("x-gzip", False)
 
 
-def scrape_timeout(config: Config, header: str | None) -> float:
-    """The configured deadline, shortened to Prometheus's own timeout (minus an offset) when that is less."""
+def scrape_timeout(config: Config, header: str | None, waited: float = 0.0) -> float:
+    """The configured deadline, shortened to Prometheus's own timeout (minus an offset) when that is less,
+    less the `waited` seconds the request spent queued before a worker took it up: a scrape that waited
+    for a worker or behind password checks, then for a stuck device, outlived Prometheus's timeout and
+    was lost whole, where what the deadline had read would have come back in time (daemon review)."""
     timeout = config.scrape_timeout
     if header:
         try:
             value = float(header)
         except ValueError:
-            return timeout
+            value = math.nan
         if math.isfinite(value) and value > 0:
-            timeout = min(timeout, max(value - SCRAPE_TIMEOUT_OFFSET, MIN_SCRAPE_TIMEOUT))
-    return timeout
+            timeout = min(timeout, value - SCRAPE_TIMEOUT_OFFSET)
+    return max(timeout - max(waited, 0.0), MIN_SCRAPE_TIMEOUT)
 
 
 # zlib level for gzipped answers. The exposition is repetitive text that compresses well at any level:
@@ -241,7 +244,8 @@ class Exporter:
         return self._encoded[1]
 
     def metrics(self, serving: Serving, request: Request) -> Response:
-        timeout = scrape_timeout(serving.config, request.headers.get("x-prometheus-scrape-timeout-seconds"))
+        header = request.headers.get("x-prometheus-scrape-timeout-seconds")
+        timeout = scrape_timeout(serving.config, header, time.monotonic() - request.received)
         families = serving.collector.gather(timeout)
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         with self._encoded_lock:

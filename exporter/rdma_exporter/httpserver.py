@@ -111,6 +111,9 @@ class Request:
     version: str
     headers: dict[str, str]  # lower-case names
     peer: str = ""
+    # When its head was complete (parsed as soon as it was): what it then waited for a worker, or behind
+    # password checks, is part of the scraper's timeout.
+    received: float = field(default_factory=time.monotonic)
 
     @property
     def path(self) -> str:
