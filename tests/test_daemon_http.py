@@ -467,6 +467,22 @@ def test_request_limits(request_bytes: bytes, status: int) -> None:
     assert b"\r\nConnection: close\r\n" in answer  # as it does: the rest of the stream is not read
 
 
+def test_connections_past_one_pass_of_accepts_are_accepted_by_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The accept loop takes a bounded number a pass (a flood must not keep the loop from its timers): the
+    # listener stays readable, and those still queued are taken on the following passes.
+    monkeypatch.setattr(httpserver, "MAX_ACCEPTS_PER_PASS", 2)
+    with InProcessServer(lambda request: Response(200, b"ok")) as server:
+        clients = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(7)]
+        try:
+            for client in clients:
+                client.sendall(b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            answers = [closed_within(client, 10)[1] for client in clients]
+        finally:
+            for client in clients:
+                client.close()
+    assert [status_of(answer) for answer in answers] == [200] * 7
+
+
 def test_parse_head_keeps_what_the_handler_needs() -> None:
     request = parse_head(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAccept: a\r\naccept: b\r\n\r\n")
     assert (request.method, request.path, request.headers["accept"]) == ("GET", "/metrics", "a, b")

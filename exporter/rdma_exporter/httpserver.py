@@ -45,6 +45,8 @@ HTTP_WORKERS: Final = 16
 MAX_CONNECTIONS: Final = 512
 # After accept() fails (EMFILE: out of fds), the listener is not watched for this long.
 ACCEPT_PAUSE: Final = 0.5
+# Connections taken from the listen queue in one pass of the loop; the rest wait for the next pass.
+MAX_ACCEPTS_PER_PASS: Final = 64
 _REASONS: Final = {
     200: "OK",
     400: "Bad Request",
@@ -613,7 +615,9 @@ class HttpServer:
         return len(self._conns)
 
     def _accept(self) -> None:
-        while True:
+        # At most MAX_ACCEPTS_PER_PASS at a time: a flood of connections arriving as fast as they are
+        # accepted would keep the loop from its timers (idle and head deadlines, the watchdog).
+        for _ in range(MAX_ACCEPTS_PER_PASS):
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
