@@ -456,10 +456,14 @@ class LastIdleFirst(Generic[T]):
         return job
 
     def close(self) -> None:
-        """Workers finish the jobs already received, then get None."""
+        """Workers finish the jobs already received but password checks not started, then get None."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            # A flood of wrong passwords queued here held the exit for the whole grace period, a check at a
+            # time (daemon review). Their connections are closed with the others.
+            self._costly.clear()
+            self._costly_waiting = 0
         for inbox in idle:
             inbox.put(None)
 
