@@ -685,6 +685,9 @@ def test_empty_filter_flag_clears_the_file_filter(tmp_path: Path, caplog: pytest
     caplog.clear()
     resolve_config(build_parser().parse_args(["--config.file", str(path), "--devices.exclude", ""]))
     assert caplog.records == []  # the file's exclude was empty already: nothing dropped
+    # At start-up it is said once logging is set up (a logfmt line), or by --check-config (review).
+    result = run_cli("--config.file", str(path), "--devices.include=", "--check-config")
+    assert result.returncode == 0 and result.stderr == f"rdma-exporter: warning: {said}\n", result.stderr
     metrics = samples(scrape(LEPTON, config))
     assert metrics[("rdma_exporter_devices_excluded", ())] == 0
     assert metrics[("rdma_exporter_devices", ())] > 0

@@ -837,6 +837,29 @@ def test_scrape_timeout_header_shortens_the_deadline() -> None:
     assert scrape_timeout(config, None, waited=30.0) == 0.1
 
 
+def test_a_request_is_stamped_when_it_arrives_not_when_a_worker_takes_it() -> None:
+    # The deadline's wait (scrape_timeout's `waited`) is measured from Request.received: with the one
+    # worker busy for a second, the request queued behind it was received a second before it was handled.
+    def handler(request: Request) -> Response:
+        if request.path == "/slow":
+            time.sleep(1.0)
+        return Response(200, f"{time.monotonic() - request.received:.3f}".encode())
+
+    with InProcessServer(handler, workers=1) as server:
+        slow = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        queued = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            slow.sendall(b"GET /slow HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            time.sleep(0.2)  # the worker has taken /slow
+            queued.sendall(b"GET /now HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            answer = closed_within(queued, 10)[1]
+        finally:
+            slow.close()
+            queued.close()
+    assert status_of(answer) == 200
+    assert 0.5 < float(answer.split(b"\r\n\r\n", 1)[1]) < 5.0, answer
+
+
 def test_a_scrape_that_waited_for_a_worker_gets_the_rest_of_its_deadline(
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -122,8 +122,9 @@ def _as_in_file(text: str) -> int | float | str:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
 
 
-def resolve_config(args: argparse.Namespace) -> Config:
-    """Defaults < config file < explicit flags; every invalid value raises ConfigError."""
+def resolve_config(args: argparse.Namespace, notes: list[str] | None = None) -> Config:
+    """Defaults < config file < explicit flags; every invalid value raises ConfigError. What is worth a
+    warning goes to `notes` if given (at start-up, before logging is set up), else to the log (a reload)."""
     config = Config()
     if args.config_file is not None:
         # An empty value (`--config.file=$CONFIG`, the variable unset) is refused, not taken for "no file":
@@ -155,8 +156,11 @@ def resolve_config(args: argparse.Namespace) -> Config:
         if given == "" and dropped is not None:
             # The way to drop the file's filter for one run, and also what `--devices.exclude=$EXCLUDE` gives
             # with the variable unset: said, so that the second does not read an excluded HCA in silence.
-            log.warning("--devices.%s is empty: %s's devices.%s %r is not applied", key, config.config_file, key,
-                        dropped.pattern)
+            note = f"--devices.{key} is empty: {config.config_file}'s devices.{key} {dropped.pattern!r} is not applied"
+            if notes is None:
+                log.warning("%s", note)
+            else:
+                notes.append(note)
     if args.log_level is not None:
         flag["log_level"] = check_log_level("command line", "--log.level", args.log_level)
     collectors = dict(config.collectors)
@@ -254,8 +258,9 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    notes: list[str] = []
     try:
-        config = resolve_config(args)
+        config = resolve_config(args, notes)
     except ConfigError as exc:
         print(f"rdma-exporter: invalid configuration: {exc}", file=sys.stderr)
         return exit_status(exc)
@@ -265,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         # Before the web config is read: what it warns of (cheap hashes, an old TLS minimum) are log lines
         # like any other, said once, since the daemon is handed this reading instead of reading it again.
         setup_logging(config.log_level)
+    for note in notes:
+        if args.check_config:
+            print(f"rdma-exporter: warning: {note}", file=sys.stderr)
+        else:
+            log.warning("%s", note)
     try:
         # Certificates and hashes are checked before anything listens: a typo must stop start-up.
         web = load_web_config(config.web_config_file)

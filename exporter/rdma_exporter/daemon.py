@@ -577,7 +577,7 @@ class Daemon:
         log.info("device discovery: %s", mode)
         warn_of_filters_matching_nothing(config)
         class_dir = config.sysfs / CLASS_DIR
-        if not class_dir.is_dir():
+        if not os.path.isdir(class_dir):  # not Path.is_dir(): it raises on EACCES (review)
             log.warning("no %s: no RDMA devices to export (RDMA modules not loaded?)", class_dir)
 
     def _tick(self, now: float) -> None:
