@@ -485,6 +485,16 @@ def test_node_type_label_is_the_verbs_name_whatever_the_kernel_prints(
     assert {i["node_type"] for i in info if i["device"] == "mlx5_0"} == {node_type}
 
 
+def test_an_empty_node_type_is_counted(captured_copy: Callable[[str], Path]) -> None:
+    # node_type_show() always prints a type: an empty file is a fault, counted as any other (parse review).
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/node_type").write_text("")
+    values = samples(scrape(root))
+    assert values[read_errors_key("mlx5_0", "malformed", collector="inventory")] == 1
+    info = [dict(labels) for (name, labels) in values if name == "rdma_device_info"]
+    assert {i["node_type"] for i in info if i["device"] == "mlx5_0"} == {""}
+
+
 NODE_EXPORTER = SYSFS_FIXTURES / "prometheus-node_exporter" / "sys"
 MLX4_PORT1 = (("device", "mlx4_0"), ("port", "1"))
 

@@ -562,7 +562,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     device_dir = sys_root / CLASS_DIR / name
     node_type = reader.text(device_dir / "node_type", optional=True)
     parsed_type = parse_state(node_type) if node_type else None
-    if node_type and parsed_type is None:
+    if node_type is not None and parsed_type is None:  # an empty file too: the kernel always prints one
         reader.fail(REASON_MALFORMED, device_dir / "node_type", f"not a '<id>: <name>' type: {node_type[:40]!r}")
     pci_dir = pci_function(device_dir)
     if pci_dir is None and os.path.islink(device_dir / "device") and not os.path.exists(device_dir / "device"):
