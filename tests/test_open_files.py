@@ -152,6 +152,39 @@ def test_a_file_that_reads_empty_is_not_kept_and_a_kept_fd_that_reads_empty_is_o
     assert len(files) == 1 and budget.used == 1  # kept again (the fd number may well be the same)
 
 
+def test_a_kept_counter_that_reads_empty_is_read_once_more_through_a_fresh_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each read of an mlx5 counter is a firmware query: the fast path's empty answer must not be asked of
+    # the same fd again before the path is opened afresh (review: three queries for one value).
+    counter = tmp_path / "port_rcv_data"
+    counter.write_text("7\n")
+    age(tmp_path)
+    files = OpenFiles(FileBudget(8), verify=True)
+    files.begin()
+    assert SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["port_rcv_data"]) == {"port_rcv_data": 7}
+    files.begin()
+    (kept,) = files._dirs[str(tmp_path)].fds.values()
+    real_pread, real_open = os.pread, os.open
+    preads: list[int] = []
+    opens: list[str] = []
+
+    def pread(fd: int, n: int, at: int) -> bytes:
+        if fd == kept and not opens:
+            preads.append(fd)
+            return b""
+        return real_pread(fd, n, at)
+
+    def open_(path: str, flags: int, *args: int) -> int:
+        opens.append(os.fspath(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "open", open_)
+    assert SysfsReader("d", ReadErrors(), files).uints(str(tmp_path), ["port_rcv_data"]) == {"port_rcv_data": 7}
+    assert (len(preads), opens) == (1, [str(counter)])
+
+
 def test_unsettled_directory_notices_a_replaced_file_on_every_read(tmp_path: Path) -> None:
     path = tmp_path / "symbol_error"
     path.write_text("1\n")

@@ -617,6 +617,10 @@ class SysfsReader:
                         fast += 1
                         continue
                     raw = b""
+                if not raw:
+                    # Removed (ENODEV) or empty: uint() below opens the path afresh, not this fd again, which
+                    # would be one more firmware query for the same answer (OpenFiles.read).
+                    files.forget(directory, name)
                 if raw[-1:] == b"\n" and raw[:-1].isdigit() and len(raw) < _SMALL_READ:
                     number = int(raw)
                     if number <= U64_MAX:
