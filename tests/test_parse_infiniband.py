@@ -1062,6 +1062,19 @@ def test_port_no_subnet_manager_has_swept_reports_lid_zero(captured_copy) -> Non
     assert samples(scrape(root))[("rdma_port_lid", MLX4_PORT1)] == 26
 
 
+def test_a_port_of_no_link_layer_has_no_lid(captured_copy) -> None:  # type: ignore[no-untyped-def]
+    # EFA's ports (link layer Unspecified) have no subnet manager: their lid files read 0 and mean
+    # nothing, two reads a port and scrape on nodes with 16 or 32 of them (parse review).
+    root = captured_copy("built-multi-driver")
+    port = root / "class/infiniband/efa_0/ports/1"
+    (port / "lid").write_text("0x0\n")
+    (port / "sm_lid").write_text("0x0\n")
+    values = samples(scrape(root))
+    assert ("rdma_port_state_id", (("device", "efa_0"), ("port", "1"))) in values
+    lids = [key for key in values if key[0] in ("rdma_port_lid", "rdma_port_sm_lid")]
+    assert not [key for key in lids if ("device", "efa_0") in key[1]], lids
+
+
 @pytest.mark.parametrize(
     "content", ["26\n", "0o32\n", "0b11010\n", "0x0x1a\n", "0x0X1a\n", "0x 1a\n", "0x\n", "0x-1a\n", "0x1_a\n"]
 )

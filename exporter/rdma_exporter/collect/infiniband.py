@@ -114,8 +114,12 @@ PORT_SPEED: Final = MetricSpec(
     "Ethernet ports it is the InfiniBand generation the driver maps the netdev's speed to.",
     (*PORT, "speed"),
 )
-PORT_LID: Final = MetricSpec("rdma_port_lid", "gauge", "Local identifier assigned by the subnet manager.", PORT)
-PORT_SM_LID: Final = MetricSpec("rdma_port_sm_lid", "gauge", "LID of the port's subnet manager.", PORT)
+PORT_LID: Final = MetricSpec(
+    "rdma_port_lid", "gauge", "Local identifier assigned by the subnet manager (InfiniBand ports only).", PORT
+)
+PORT_SM_LID: Final = MetricSpec(
+    "rdma_port_sm_lid", "gauge", "LID of the port's subnet manager (InfiniBand ports only).", PORT
+)
 PORT_NETDEV: Final = MetricSpec(
     "rdma_port_netdev_info",
     "info",

@@ -680,8 +680,9 @@ def read_port_snapshot(device_dir: str | Path, info: PortInfo, reader: SysfsRead
     # Upstream rate_show() answers EINVAL while the port has no valid width (no cable or module in
     # the cage): no rate, not a broken file.
     snapshot.rate = reader.parsed(f"{port_dir}/rate", parse_rate, "a rate", absent_errnos=_NO_RATE_ERRNOS)
-    if info.link_layer != "Ethernet":
-        # RoCE ports have no subnet manager; their lid files read 0 and mean nothing.
+    if info.link_layer in ("InfiniBand", None):  # None: unreadable, read them as an InfiniBand port's
+        # Only InfiniBand has a subnet manager: the lid files of RoCE ports and of ports of no link layer
+        # (EFA's Unspecified, usNIC) read 0 and mean nothing, two reads a port and scrape for nothing.
         # lid_show() prints "0x%x": a decimal, octal or binary literal there is not a kernel value.
         snapshot.lid = reader.uint(f"{port_dir}/lid", optional=True, base=16, prefix="0x")
         snapshot.sm_lid = reader.uint(f"{port_dir}/sm_lid", optional=True, base=16, prefix="0x")
