@@ -1546,6 +1546,7 @@ def roce_congestion() -> Json:
 
     ecn_disabled = f"({per_priority(sel, 'rdma_netdev_ecn_enabled')} == 0)"
     on_netdev = "on (cluster, job, instance, device, port, netdev)"
+    RX = 'direction="rx"'  # the switch paused the port: the link runs 802.3x both ways
     on_priority = "on (cluster, job, instance, device, port, netdev, priority)"
     # RdmaRocePfcDisabled's expression as it is, with the selectors' matchers: the series after
     # `and` and `unless` are read for their presence only.
@@ -1555,7 +1556,7 @@ def roce_congestion() -> Json:
         f"  unless {on_priority}\n"
         f"{sel('rdma_ethtool_pfc_pause_frames_total')}\n"
         f"  unless {on_netdev}\n"
-        f"{sel('rdma_ethtool_global_pause_duration_seconds_total')}"
+        f"{sel('rdma_ethtool_global_pause_duration_seconds_total', PORT, RX)} > 0"
     )
     # == 0: a PCI function that is no SR-IOV VF (a VF's link is its PF's; soft-RoCE has no series)
     pf = sel("rdma_device_sriov_virtual_function", DEVICE)

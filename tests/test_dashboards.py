@@ -227,7 +227,13 @@ def selectors(expr: str) -> list[Selector]:
             function = None
             if window and index >= 2 and tokens[index - 1][1] == "(" and tokens[index - 2][0] == "ident":
                 function = tokens[index - 2][1]
-            presence = set_operand(tokens, index, end) or group_operand(tokens, index, end)
+            # `x_total > 0` after `and`/`unless` asks only whether the counter has counted since it reset.
+            counted = [text for _, text in tokens[end : end + 2]] == [">", "0"]
+            presence = (
+                set_operand(tokens, index, end)
+                or (counted and set_operand(tokens, index, end + 2))
+                or group_operand(tokens, index, end)
+            )
             found.append(Selector(name, matchers, window, function, presence))
             index = end
             continue
@@ -250,10 +256,15 @@ def test_tokenizer_finds_selectors_matchers_and_functions() -> None:
     assert (found["c_total"].range, found["c_total"].function) == ("15m", "increase")
     assert found["b"].range is None
     # Which selectors only say which series exist: the right-hand operands of `and` and `unless`.
-    expr = "a unless on (x) b_total and c_total or d and (e) unless ignoring (y) f_total > 0 and g + h and (i)"
+    expr = "a unless on (x) b_total and c_total or d and (e) unless ignoring (y) f_total > 1 and g + h and (i)"
     assert {s.name: s.presence for s in selectors(expr)} == {
         "a": False, "b_total": True, "c_total": True, "d": False, "e": True, "f_total": False, "g": False,
         "h": False, "i": True,
+    }  # fmt: skip
+    # Or whether a counter has counted at all since it reset; any other comparison reads its value.
+    expr = "a unless on (x) b_total > 0 and c_total > 0.5 or d unless e_total > 0 + f"
+    assert {s.name: s.presence for s in selectors(expr)} == {
+        "a": False, "b_total": True, "c_total": False, "d": False, "e_total": False, "f": False,
     }  # fmt: skip
     # `group` reads which series exist, with or without a label list; other aggregations read values.
     expr = "group without (d) (a_total) or group by (x) (b_total) or group (c_total) or sum by (x) (e_total)"
