@@ -634,12 +634,14 @@ def test_a_read_still_running_counts_in_its_collectors_duration(tmp_path: Path, 
     thread.start()
     try:
         wait_until(lambda: "mlx5_0" in standin.reading, 10)
+        time.sleep(0.5)  # the read has run 0.5 s before this scrape starts
         metrics = scrape(rdma, 0.3)  # joins the round, whose read began before this scrape did
     finally:
         gate.set()
         thread.join(30)
     assert ("x_value", (("device", "mlx5_0"),)) not in metrics
-    assert durations_of(metrics)["standin"] >= 0.3
+    # From the read's start, not this scrape's: more than this scrape's own 0.3 s of waiting.
+    assert durations_of(metrics)["standin"] >= 0.8
 
 
 def test_a_skipped_device_is_evaluated_on_the_static_info_its_stuck_job_read(

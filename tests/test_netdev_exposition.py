@@ -21,7 +21,15 @@ from rdma_exporter.parse.netdev import read_netdev
 from rdma_exporter.parse.reader import SysfsReader
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import SYSFS_FIXTURES, prometheus_text, promtool_check_metrics, record_reads, samples, scrape
+from conftest import (
+    SYSFS_FIXTURES,
+    RefusingReads,
+    prometheus_text,
+    promtool_check_metrics,
+    record_reads,
+    samples,
+    scrape,
+)
 
 VETH = "devices/virtual/net/veth0"
 PORT = {"device": "rxe0", "port": "1", "netdev": "veth0"}
@@ -73,19 +81,29 @@ def test_any_operstate_but_up_is_0(rxe: Path, operstate: str) -> None:
     assert got["rdma_netdev_admin_up"] == 1  # a lost link, not one set down
 
 
-def test_administratively_down_netdev_has_no_carrier_or_speed(rxe: Path) -> None:
-    # `ip link set veth0 down`: carrier, speed and duplex have no value (EINVAL on a live kernel, which the
-    # reader treats as it treats an absent file). No carrier series: 0 would claim a cable problem.
+@pytest.mark.parametrize("how", ["EINVAL", "absent"])
+def test_administratively_down_netdev_has_no_carrier_or_speed(
+    rxe: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # `ip link set veth0 down`: carrier, speed and duplex have no value. A live kernel answers their reads
+    # with EINVAL, which is no value and no error, as an absent file is. No carrier series: 0 would claim a
+    # cable problem.
     (rxe / VETH / "operstate").write_text("down\n")
     (rxe / VETH / "flags").write_text("0x1002\n")  # the captured 0x1003 less IFF_UP
-    for name in ("carrier", "speed", "duplex"):
-        (rxe / VETH / name).unlink()
+    names = ("carrier", "speed", "duplex")
+    if how == "absent":
+        for name in names:
+            (rxe / VETH / name).unlink()
+    else:
+        refusing = RefusingReads(monkeypatch, refused=[f"veth0/{name}" for name in names])
     metrics = samples(scrape(rxe))
     got = netdev_series(metrics)
     assert (got["rdma_netdev_up"], got["rdma_netdev_admin_up"]) == (0, 0)
     assert "rdma_netdev_carrier" not in got and "rdma_netdev_speed_bytes_per_second" not in got
     assert got["rdma_netdev_mtu_bytes"] == 1500
     assert not [k for k in metrics if k[0] == "rdma_exporter_file_read_errors_total"]
+    if how == "EINVAL":
+        assert set(refusing.attempts) == {"veth0/carrier", "veth0/speed"}  # duplex is not read
 
 
 def test_unreadable_operstate_is_no_up_series_and_an_error(rxe: Path) -> None:

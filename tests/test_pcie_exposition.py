@@ -90,7 +90,7 @@ def test_a_link_that_is_down_has_no_current_series(tmp_path: Path) -> None:
 
 def test_an_aer_file_without_its_total_line_gives_no_report_count(tmp_path: Path) -> None:
     # The kernel ends every aer_dev_* file with its TOTAL_ERR_* line; a file cut short before it still
-    # gives its per-type counts, but no number of reports for that severity.
+    # gives its per-type counts, but no number of reports for that severity, and is counted as malformed.
     sys_root, fn = one_hca(tmp_path)
     (fn / "aer_dev_correctable").write_text("RxErr 7\nBadTLP 2\n")
     metrics = samples(scrape(sys_root))
@@ -99,6 +99,9 @@ def test_an_aer_file_without_its_total_line_gives_no_report_count(tmp_path: Path
     assert errors == {"RxErr": 7, "BadTLP": 2}
     reports = {dict(ls)["error_class"]: v for (n, ls), v in metrics.items() if n == "rdma_pcie_aer_reports_total"}
     assert reports == {"nonfatal": 0, "fatal": 0}
+    failed = {dict(ls)["reason"]: v for (n, ls), v in metrics.items()
+              if n == "rdma_exporter_file_read_errors_total" and ("collector", "pcie") in ls}  # fmt: skip
+    assert failed == {"malformed": 1}
 
 
 def test_a_vf_exports_its_own_aer_counters_but_not_its_pfs_link(tmp_path: Path) -> None:
