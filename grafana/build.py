@@ -657,6 +657,20 @@ BELOW_DAY_BEST = (
     '  , "problem", "rate", "", ""), "reference", "day_max", "", "")\n'
     f'{NOT_VF}'
 )
+# Ports below the median rate of the ports of their HCA model and port number on the node, where no rate is
+# expected: RdmaPortRateBelowPeers' condition, which needs no history (a port slow since before the exporter
+# ran), as a shortfall of the record's shape (problem "rate", reference "peers", the share reached).
+BELOW_PEERS = (
+    'label_replace(label_replace(\n'
+    '  max without (board_id, link_layer) (\n'
+    f'    {sel("instance_device_port:rdma_port_rate_bytes_per_second:active_board", DEVICE)}\n'
+    '      / on (cluster, job, instance, board_id, link_layer, port) group_left ()\n'
+    f'    {sel("instance_board_port:rdma_port_rate_bytes_per_second:active_median", NODE)} < 1\n'
+    '  )\n'
+    f'    unless {ON_PORT} {sel("rdma_expected_port_rate_bytes_per_second", DEVICE)}\n'
+    f'    unless {ON_PORT} {sel("instance_device_port:rdma_netdev_bond_slave_without_carrier:present", DEVICE)}\n'
+    '  , "problem", "rate", "", ""), "reference", "peers", "", "")'
+)
 LINKS_BELOW_EXPECTED = links_below()
 # The two rate alerts that need no expected topology: below the port's day and below its peers.
 BELOW_BEST_ALERTS = ["RdmaPortRateBelowRecentMax", "RdmaPortRateBelowPeers"]
@@ -787,11 +801,14 @@ def fabric_overview() -> Json:
             "Share is the fraction of the reference reached: 50% is a 400G port at 200G or Gen4 instead of "
             "Gen5. Expectations come from the exporter's expected topology (collector.expected); without it "
             "PCIe links and LAG bonds are checked, and ports against the best rate they trained at in the last "
-            "day (reference day_max, RdmaPortRateBelowRecentMax's condition). SR-IOV virtual functions' rate "
+            "day (reference day_max, RdmaPortRateBelowRecentMax's condition) and the median rate of the ports of "
+            "the same HCA model and port number on the node (reference peers, RdmaPortRateBelowPeers' "
+            "condition). SR-IOV virtual functions' rate "
             "and width are left out, as the alerts leave them (a VF reports its PF's link). The port selector "
             "does not apply. Empty while every link trained as expected.",
             "percentunit",
-            [target(f"{LINKS_BELOW_EXPECTED}\n  or\n{BELOW_DAY_BEST}", instant=True, table=True)],
+            [target(f"{LINKS_BELOW_EXPECTED}\n  or\n{BELOW_DAY_BEST}\n  or\n{BELOW_PEERS}", instant=True,
+                    table=True)],
             steps=thresholds((1, OK), base=CRITICAL),
             alerts=LINK_ALERTS,
             overrides=[colour_cells("Share")],
