@@ -102,6 +102,8 @@ def increase(metric: str, window: str, labels: Sequence[str] = PORT, *extra: str
 
 
 PRIO = 'priority=~"$priority"'
+PORT_WIDE = 'priority=""'  # a driver's count for the whole port, which no priority selection can split
+LOSSLESS_DISCARDS = "instance_device_port:rdma_ethtool_lossless_receive_buffer_discards:increase15m"
 # The port module events RdmaPortModuleFault counts as faults (module_unplug is none).
 MODULE_FAULTS = "bus_stuck|bad_shorted|high_temp"
 # Transceiver module sensors, as RdmaDeviceTemperatureHigh tells them from the chip's: mlx5's Module<N>, or
@@ -1361,11 +1363,13 @@ def node_detail() -> Json:
         ), 8, 8),
         (timeseries(
             "Receive queue out of buffer",
-            "Packets dropped because software had not posted a receive buffer on an RDMA queue (hw_counters "
-            "out_of_buffer, rx_out_of_buffer on mainline bnxt_re). Colours follow RdmaPortOutOfBuffer (warning "
-            "above 0).",
+            "Packets dropped because software had not posted a receive buffer in time: on RDMA receive queues "
+            "(hw_counters out_of_buffer, rx_out_of_buffer on mainline bnxt_re) and on a RoCE netdev's RX rings "
+            "(ethtool rx_out_of_buffer). Colours follow RdmaPortOutOfBuffer (warning above 0), which pages "
+            "on either.",
             "pps",
-            targets((either_rate("rdma_port_hw_out_of_buffer_total", "rdma_port_hw_rx_out_of_buffer_total"), dp)),
+            targets((either_rate("rdma_port_hw_out_of_buffer_total", "rdma_port_hw_rx_out_of_buffer_total"), dp),
+                    (rate("rdma_ethtool_out_of_buffer_total"), f"{dp} {{{{netdev}}}} RX rings")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaPortOutOfBuffer"],
         ), 8, 8),
@@ -1616,10 +1620,11 @@ def roce_congestion() -> Json:
             "Buffer discards (15 min)",
             "Packets the selected ports dropped for lack of receive buffer on lossless priorities in the last "
             "15 minutes (PFC priorities, every priority under link-level pause; the port-wide count where the "
-            "driver has no per-priority one). Colours follow RdmaRoceBufferDiscards (warning above 0).",
+            "driver has no per-priority one, whatever the priorities selected). Colours follow "
+            "RdmaRoceBufferDiscards (warning above 0).",
             "none",
-            targets((f"sum({sel('instance_device_port:rdma_ethtool_lossless_receive_buffer_discards:increase15m')})",
-                     "discards")),
+            targets((f"sum(\n{per_priority(sel, LOSSLESS_DISCARDS)}\n  or\n"
+                     f"{sel(LOSSLESS_DISCARDS, PORT, PORT_WIDE)}\n)", "discards")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaRoceBufferDiscards"],
             decimals=0,
@@ -1815,8 +1820,7 @@ def roce_congestion() -> Json:
     # lossy priorities (bursts shed, as they may be) and ECN there (mlx5 leaves it off) rank every node
     # alike and hid the one the alert was about (dashboard review).
     ranked_by = {
-        "Receive buffer discards per priority": sel(
-            "instance_device_port:rdma_ethtool_lossless_receive_buffer_discards:increase15m"),
+        "Receive buffer discards per priority": sel(LOSSLESS_DISCARDS),
         "ECN enabled": lossless_by_history(per_priority(sel, "rdma_netdev_ecn_enabled")),
     }  # fmt: skip
     for panel_json, _, _ in items:

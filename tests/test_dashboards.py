@@ -1496,7 +1496,7 @@ ROCE = "roce-congestion"
 PAUSE_PANELS = {"Most-paused priority", "PFC pause frames", "Time paused"}
 PER_PRIORITY_PANELS = {"ECN enabled", "Packets marked by the NIC", "Traffic per priority",
                        "Receive buffer discards per priority"}  # fmt: skip
-COUNT_PANELS = {"ECN disabled", "Priorities that lost PFC"}
+COUNT_PANELS = {"ECN disabled", "Priorities that lost PFC", "Buffer discards (15 min)"}
 PAUSE_DURATION = "instance_device_port:rdma_ethtool_pfc_pause_duration:ratio_rate5m"
 
 
