@@ -1059,11 +1059,13 @@ def node_detail() -> Json:
                     "Value #G": "Expected speed", "Value #H": "Expected width"}  # fmt: skip
     gts = "suffix: GT/s"
 
+    # By the whole node key: a node name that repeats in another cluster (a global view, cluster on All)
+    # must give rows of its own, not a row that shows the healthier twin's value (dashboard review).
     def by_port(expr: str) -> str:
-        return f"max by (instance, device, port) ({expr})"
+        return f"max by ({NODE_KEY}, device, port) ({expr})"
 
     def by_device(expr: str) -> str:
-        return f"max by (instance, device) ({expr})"
+        return f"max by ({NODE_KEY}, device) ({expr})"
 
     active_rate = trained_rate()
 

@@ -2222,6 +2222,26 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_node_tables_keep_a_node_name_that_repeats_in_another_cluster(tmp_path: Path) -> None:
+    """A global view (cluster on All) with the same node name in two clusters: the node page's tables give
+    each its own rows. Aggregated by instance alone, the twins' rows merged into one with the larger value,
+    and a port at half its rate hid behind its healthy twin (dashboard review)."""
+    series = {}
+    for cluster, rate, speed in (("c1", "50000000000", "32000000000"), ("c2", "25000000000", "16000000000")):
+        node = f'job="rdma-exporter", cluster="{cluster}", instance="n1:9883", device="mlx5_0"'
+        series[f'rdma_port_rate_bytes_per_second{{{node}, port="1"}}'] = f"{rate}x10"
+        series[f'rdma_port_state_id{{{node}, port="1"}}'] = "4x10"
+        series[f'rdma_pcie_link_speed_transfers_per_second{{{node}}}'] = f"{speed}x10"
+    checks = [
+        (f"count({panel_expr('node-detail', 'Link rate and width')})", "5m", 2.0),
+        (f"min({panel_expr('node-detail', 'Link rate and width')})", "5m", 2e11),
+        (f"count({panel_expr('node-detail', 'PCIe link')})", "5m", 2.0),
+        (f"min({panel_expr('node-detail', 'PCIe link')})", "5m", 16.0),
+    ]
+    problems = promtool_checks(tmp_path, series, checks)
+    assert not problems, "\n".join(problems)
+
+
 KEEPS_ETHERNET = re.compile(r'\band on \([^)]*\) rdma_port_info\{[^}]*link_layer="Ethernet"[^}]*\}')
 DROPS_ETHERNET = re.compile(r'\bunless on \([^)]*\) rdma_port_info\{[^}]*link_layer="Ethernet"[^}]*\}')
 
