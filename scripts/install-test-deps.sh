@@ -41,16 +41,27 @@ done
 # (RUNLEVEL is not consulted on a systemd host), and enable it whatever the policy says.
 SERVICES=(prometheus prometheus-alertmanager prometheus-node-exporter)
 POLICY_RC_D="${RDMA_EXPORTER_POLICY_RC_D:-/usr/sbin/policy-rc.d}"  # tests point it elsewhere
+disable_new_services() {
+    command -v systemctl >/dev/null || return 0
+    for service in "${SERVICES[@]}"; do
+        if [[ " ${missing[*]} " == *" $service "* ]]; then
+            as_root systemctl disable --quiet "$service.service" 2>/dev/null || true
+        fi
+    done
+}
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
+    # Also when the install fails part way: a package already configured was enabled, and the next run
+    # counts it installed and would never disable it.
+    trap 'disable_new_services' EXIT
     own_policy=""
     marker="# rdma-exporter install-test-deps.sh: temporary"
     # A machine's own policy (container images ship one) stays as it is; one this script left behind when
     # it was killed is its own.
     if [ ! -e "$POLICY_RC_D" ] || grep -qF "$marker" "$POLICY_RC_D"; then
         own_policy=1
-        trap 'as_root rm -f "$POLICY_RC_D"' EXIT
+        trap 'as_root rm -f "$POLICY_RC_D"; disable_new_services' EXIT
         # Only the three services are refused (policy-rc.d gets the service's name first): udev and the
         # rest start as their packages intend.
         printf '#!/bin/sh\n%s\ncase "$1" in prometheus*) exit 101 ;; esac\nexit 0\n' "$marker" |
@@ -61,15 +72,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
         "${missing[@]}" >/dev/null
     if [ -n "$own_policy" ]; then
         as_root rm -f "$POLICY_RC_D"
-        trap - EXIT
     fi
-    if command -v systemctl >/dev/null; then
-        for service in "${SERVICES[@]}"; do
-            if [[ " ${missing[*]} " == *" $service "* ]]; then
-                as_root systemctl disable --quiet "$service.service" 2>/dev/null || true
-            fi
-        done
-    fi
+    trap - EXIT
+    disable_new_services
 fi
 
 # The VM tests boot the distribution's own kernel, which has rdma_rxe, 9p and virtio as modules. It is

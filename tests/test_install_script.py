@@ -250,6 +250,22 @@ def test_installed_services_neither_start_nor_start_at_boot(stubbed: tuple[Path,
     assert (state / "systemctl.log").read_text() == "systemctl disable --quiet prometheus.service\n"
 
 
+def test_a_failed_install_still_disables_the_services_it_configured(stubbed: tuple[Path, dict[str, str]]) -> None:
+    # apt-get failing after prometheus was configured (its postinst enabled it): the next run counts it
+    # installed, so only this run can disable it (deploy review).
+    project, env = stubbed
+    policy = missing_prometheus_and_ethtool(project, env)
+    apt = project.parent / "bin" / "apt-get"
+    apt.write_text(apt.read_text().replace('echo "policy $answer $other" >> "$STATE/install.log" ;;',
+                                           'echo "policy $answer $other" >> "$STATE/install.log"; exit 100 ;;'))
+    result = run(project, env)
+    assert result.returncode == 100
+    state = Path(env["STATE"])
+    assert (state / "install.log").read_text() == "policy 101 0\n"  # the install ran, then failed
+    assert not policy.exists()
+    assert (state / "systemctl.log").read_text() == "systemctl disable --quiet prometheus.service\n"
+
+
 def test_a_policy_an_earlier_run_left_behind_is_replaced_and_removed(stubbed: tuple[Path, dict[str, str]]) -> None:
     project, env = stubbed
     policy = missing_prometheus_and_ethtool(project, env)
