@@ -1535,8 +1535,9 @@ def roce_congestion() -> Json:
             f'label_values({{__name__=~"{priority_sources}", job=~"$job", cluster=~"$cluster", '
             'instance=~"$instance", device=~"$device", port=~"$port"}, priority)',
             description="Every priority that carries traffic, has ECN state or PFC counters on the selected "
-            "ports, and 'global' where a port runs link-level 802.3x pause instead of PFC (every priority "
-            "at once). The pause panels show the priorities selected, global as the port's 802.3x pause. "
+            "ports, and 'global' where a port has link-level 802.3x pause enabled instead of PFC (every "
+            "priority at once; mlx5's default, which protects only where the switch runs it too). The "
+            "pause panels show the priorities selected, global as the port's 802.3x pause. "
             "The per-priority panels of series without a global one (ECN, marked packets, traffic, "
             "discards) show the numeric priorities selected and, while global is selected, every priority "
             "of the ports under 802.3x pause: global alone shows those ports, never nothing. All matches every "
