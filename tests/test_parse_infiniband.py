@@ -1025,6 +1025,9 @@ def test_port_numbers_above_255_are_ports(captured_copy) -> None:  # type: ignor
         ("watermark_qps", True),  # bnxt_re high-water marks
         ("ActiveQPs", True),
         ("qp_wm", True),
+        ("qp_active", True),  # hns_roce (outside mainline) resource counts and their high-water marks
+        ("srq_active_max", True),
+        ("qp_alloc", False),  # ... beside its event counts
         ("lifespan", True),
         ("rx_packets", False),
         ("inactive_timeouts", False),  # a count of events, only the prefix active_ is a level

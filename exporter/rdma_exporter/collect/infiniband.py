@@ -272,8 +272,8 @@ HW_COUNTER_DYNAMIC: Final = (
         "rdma_port_hw_<counter>_total",
         "counter",
         "Every file of the port's hw_counters/ (driver-specific: mlx5, irdma, bnxt_re, efa, hfi1...), its "
-        "name converted to snake_case. Levels (bnxt_re active_*, *watermark*, db_fifo_register) are gauges "
-        "without _total.",
+        "name converted to snake_case. Levels (bnxt_re active_*, hns_roce *_active, *watermark*, db_fifo_register) "
+        "are gauges without _total.",
         PORT,
     ),
     DynamicMetricSpec(

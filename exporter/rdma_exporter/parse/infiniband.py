@@ -258,8 +258,9 @@ def pma_counter(
 
 
 # hw_counters files that are levels, not event counts. Drivers name them differently; these patterns
-# cover bnxt_re's active_* resource counts and *watermark* high-water marks.
-_HW_GAUGE_PATTERN: Final = re.compile(r"^(active_.*|.*watermark.*|.*_wm)$")
+# cover bnxt_re's active_* resource counts and *watermark* high-water marks, and the *_active counts and
+# *_active_max high-water marks of HiSilicon's hns_roce builds outside the mainline kernel.
+_HW_GAUGE_PATTERN: Final = re.compile(r"^(active_.*|.*_active(_max)?|.*watermark.*|.*_wm)$")
 # Levels whose names say nothing of it. bnxt_re's db_fifo_register is readl() of the doorbell FIFO
 # register (bnxt_re_copy_db_pacing_stats), its occupancy now; hfi1's DRIVER_CtxtsOpen is the number of
 # contexts open now (hfi1_stats.sps_ctxts, decremented when one is freed); mana_ib's port-level
