@@ -48,6 +48,34 @@ def test_every_link_value_is_exported_under_its_own_name(tmp_path: Path) -> None
     }
 
 
+def test_below_its_cards_own_switch_a_device_reports_the_cards_link_to_the_slot(tmp_path: Path) -> None:
+    # Two RoCE functions below their card's own PCIe switch (as a ConnectX-8 SuperNIC shows the host),
+    # in a Gen4 x16 slot that trained x8: the functions' on-chip links read Gen5 x16 and hide that.
+    spec = TreeSpec(ib_hcas=1, roce_hcas=2, degraded_pcie=(), down_ports=(), gen4_slots=("mlx5_1", "mlx5_2"),
+                    card_switch=True)  # fmt: skip
+    sys_root = build_tree(tmp_path / "t", spec)
+    fn = (sys_root / "class/infiniband/mlx5_1/device").resolve()
+    downstream, upstream = fn.parent, fn.parent.parent
+    assert [p.name for p in (fn, downstream, upstream)] == ["0000:dc:00.0", "0000:db:00.0", "0000:da:00.0"]
+    assert (fn / "current_link_speed").read_text() == "32.0 GT/s PCIe\n"  # the on-chip link
+    (upstream / "current_link_width").write_text("8\n")
+    values = samples(scrape(sys_root))
+    for device in ("mlx5_1", "mlx5_2"):
+        labels = (("device", device),)
+        link = {name: v for (name, key), v in values.items() if name.startswith("rdma_pcie_link") and key == labels}
+        assert link == {
+            "rdma_pcie_link_speed_transfers_per_second": 16e9,
+            "rdma_pcie_link_max_speed_transfers_per_second": 32e9,
+            "rdma_pcie_link_partner_max_speed_transfers_per_second": 16e9,  # the Gen4 root port
+            "rdma_pcie_link_width_lanes": 8,
+            "rdma_pcie_link_max_width_lanes": 16,
+            "rdma_pcie_link_partner_max_width_lanes": 16,
+        }
+    # An HCA straight below its root port still reports its own link.
+    assert values[("rdma_pcie_link_speed_transfers_per_second", DEVICE)] == 32e9
+    assert not [key for key in values if key[0] == "rdma_exporter_read_errors_total"]
+
+
 def test_link_files_that_appear_after_the_static_read_are_read_in_the_next_scrape(tmp_path: Path) -> None:
     # A function whose link and AER files were not there when the device's static info was read (cached
     # then until a uevent or the resync): each scrape looks for them again (mutation review: without that,

@@ -506,7 +506,7 @@ def test_bluefields_beyond_three_cards_wrap_into_domain_0001(tmp_path: Path) -> 
     # 15 = 8 IB + 7 RoCE functions; cards 0-2 fill domain 0000, the fourth wraps into 0001.
     sys_root = build_tree(tmp_path, spec_for_devices(15))
     addrs = [(sys_root / f"class/infiniband/mlx5_{i}/device").resolve().name for i in range(8, 15)]
-    assert addrs == ["0000:dc:00.0", "0000:dc:00.1", "0000:e8:00.0", "0000:e8:00.1",
+    assert addrs == ["0000:dc:00.0", "0000:dc:00.1", "0000:ea:00.0", "0000:ea:00.1",
                      "0000:f4:00.0", "0000:f4:00.1", "0001:dc:00.0"]
     assert (sys_root / "class/net/enP1p220s0f0np0").is_dir()
 

@@ -38,6 +38,9 @@ class TreeSpec:
     degraded_pcie: tuple[str, ...] = ("mlx5_5",)  # PCIe link trained at 16.0 GT/s (Gen4) below max 32.0
     gen4_slots: tuple[str, ...] = ()  # the root port above is Gen4: the link trains at Gen4 and is not degraded
     down_ports: tuple[str, ...] = ()  # port 1 is "1: DOWN" / "3: Disabled"; VFs of a down PF go down too
+    # The RoCE cards show the host a PCIe switch of their own (as a ConnectX-8 SuperNIC does): their
+    # functions hang below it on an on-chip link, and the card's link to the slot is the switch's.
+    card_switch: bool = False
     seed: int = 1
 
 
@@ -71,7 +74,8 @@ _IB_SLOTS = (
     (0x00, 0x18), (0x37, 0x40), (0x48, 0x4F), (0x57, 0x5E), (0x97, 0x9A), (0xA7, 0xAA), (0xB7, 0xC0), (0xC7, 0xCE),
 )  # fmt: skip
 # The BlueField-3 sits on a bus above every IB HCA so that it probes, and is numbered, after them.
-_ROCE_SLOTS = ((0xD7, 0xDC), (0xE7, 0xE8), (0xF0, 0xF4))
+# Each leaves two buses between the root port and the functions for a card's own switch (card_switch).
+_ROCE_SLOTS = ((0xD7, 0xDC), (0xE7, 0xEA), (0xF0, 0xF4))
 _MAX_VFS = 254  # VF routing IDs must stay on the PF's bus (devfn 1..255, ARI with offset 1, stride 1)
 
 GID_TABLE_LEN = 16  # real mlx5 tables have 256 entries (IB) / 255 (RoCE); 16 keep trees small
@@ -137,6 +141,7 @@ class _Func:
     root_bus: int
     bus: int
     devfn: int
+    card_switch: bool = False
 
     @property
     def bdf(self) -> str:
@@ -151,8 +156,16 @@ class _Func:
         return f"devices/pci{self.domain:04x}:{self.root_bus:02x}/{self.root_port}"
 
     @property
+    def switch_ports(self) -> tuple[str, ...]:
+        """The card's own switch between the root port and the function: its upstream port, then the
+        downstream port the function hangs from (the two buses below the function's)."""
+        if not self.card_switch:
+            return ()
+        return tuple(f"{self.domain:04x}:{self.bus - n:02x}:00.0" for n in (2, 1))
+
+    @property
     def path(self) -> str:
-        return f"{self.root_port_path}/{self.bdf}"
+        return "/".join((self.root_port_path, *self.switch_ports, self.bdf))
 
     def netdev_stem(self) -> str:
         """systemd's predictable path name stem: P<domain> only outside domain 0, then p<bus>s<slot>."""
@@ -206,7 +219,7 @@ def _plan(spec: TreeSpec) -> list[_Dev]:
     for r in range(spec.roce_hcas):
         card, fn = divmod(r, 2)  # a BlueField-3 is one card with one PCI function per port
         root, bus = _ROCE_SLOTS[card % len(_ROCE_SLOTS)]
-        func = _Func(card // len(_ROCE_SLOTS), root, bus, fn)
+        func = _Func(card // len(_ROCE_SLOTS), root, bus, fn, spec.card_switch)
         # enp<bus>s0f<fn>np<port>: the "np<N>" suffix is phys_port_name "p<N>" of the uplink.
         devs.append(_Dev(len(devs), "roce", func, f"en{func.netdev_stem()}f{fn}np{fn}", 1))
     for pf in [d for d in devs if d.kind == "ib"]:
@@ -463,7 +476,8 @@ def _write_pci(w: _Writer, d: _Dev, rng: random.Random) -> None:
         attrs += [("current_link_width", 0), ("max_link_width", 0)]
     else:
         attrs += [
-            ("current_link_speed", d.link_speed),
+            # Below the card's own switch the function's link is on the chip and always at its best.
+            ("current_link_speed", _GEN5 if f.card_switch else d.link_speed),
             ("max_link_speed", _GEN5),
             ("current_link_width", 16),
             ("max_link_width", 16),
@@ -533,6 +547,20 @@ def _write_root_port(w: _Writer, d: _Dev, seen: set[str]) -> None:
         ("current_link_width", 16),
         ("max_link_width", 16),
     ])
+    # The card's own switch: its upstream port has the card's end of the slot link, its downstream port
+    # the on-chip link to the functions.
+    upstream = f.root_port_path
+    for n, port in enumerate(f.switch_ports):
+        upstream = f"{upstream}/{port}"
+        w.attrs(upstream, [
+            ("vendor", VENDOR_MELLANOX),
+            ("device", "0x197b"),
+            ("class", "0x060400"),
+            ("current_link_speed", d.link_speed if n == 0 else _GEN5),
+            ("max_link_speed", _GEN5),
+            ("current_link_width", 16),
+            ("max_link_width", 16),
+        ])
 
 
 def _write_rdma(w: _Writer, d: _Dev, ident: _Ident, traffic: _Traffic, sm_lid: int, hostname: str) -> None:

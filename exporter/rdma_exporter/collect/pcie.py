@@ -2,7 +2,9 @@
 
 A Gen5 x16 HCA that trained at Gen4 or x8 halves its host bandwidth while every port looks ACTIVE; only
 the PCI function's link registers tell. Series carry `device` only: the link belongs to the device, and
-`rdma_device_info` maps it to its PCI address.
+`rdma_device_info` maps it to its PCI address. A device below its card's own PCIe switch (switch ports of
+its own vendor, as a ConnectX-8 SuperNIC's built-in switch would show) reports the card's link to the slot:
+its own link to that switch is on the chip.
 
 SR-IOV virtual functions have no link of their own (their link registers read zero; the parser would
 answer with the PF's link). Their link is not exported, so that the PF's link is not repeated once per
@@ -22,12 +24,16 @@ from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext
 NAME: Final = "pcie"
 DEVICE: Final = ("device",)
 _VF_NOTE: Final = " Not exported for SR-IOV VFs, whose link is their PF's."
+_CARD_NOTE: Final = (
+    " Below PCIe switch ports of its own vendor (its card's switch, as a ConnectX-8 SuperNIC has), the "
+    "card's link to the slot."
+)
 
 LINK_SPEED: Final = MetricSpec(
     "rdma_pcie_link_speed_transfers_per_second",
     "gauge",
     "Speed the device's PCIe link trained at, in transfers per second per lane (16e9 = Gen4, 32e9 = Gen5); "
-    "absent while unknown." + _VF_NOTE,
+    "absent while unknown." + _CARD_NOTE + _VF_NOTE,
     DEVICE,
 )
 LINK_MAX_SPEED: Final = MetricSpec(
@@ -39,7 +45,8 @@ LINK_MAX_SPEED: Final = MetricSpec(
 LINK_WIDTH: Final = MetricSpec(
     "rdma_pcie_link_width_lanes",
     "gauge",
-    "Number of lanes the device's PCIe link trained with; absent while the link is down or unknown." + _VF_NOTE,
+    "Number of lanes the device's PCIe link trained with; absent while the link is down or unknown."
+    + _CARD_NOTE + _VF_NOTE,
     DEVICE,
 )
 LINK_MAX_WIDTH: Final = MetricSpec(

@@ -43,6 +43,7 @@ _NO_SPEED: Final = re.compile(r"^\s*(?:Unknown(?:\s+speed)?|.*\bMHz\b.*)\s*$", r
 _AER_NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}(?:\[[0-9]{1,2}\])?$")
 MAX_AER_TYPES: Final = 64
 _AER_TOTAL_PREFIX: Final = "TOTAL_ERR_"
+_BRIDGE_CLASS: Final = "0x0604"  # PCI-to-PCI bridge: a root port or a switch port
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +60,9 @@ class PcieLink:
     """The PCIe link and AER counters of one PCI function. Values a file could not give are None.
 
     A VF has no link of its own (its link registers read as zero), so for a VF the link values are read
-    from its PF: `via_physfn` is True and `link_address` is the PF's address. AER counters are always the
-    function's own.
+    from its PF: `via_physfn` is True and `link_address` is the PF's address. A function below its card's
+    own PCIe switch has the card's link to the slot: `link_address` is the switch's upstream port. AER
+    counters are always the function's own.
     """
 
     address: str
@@ -148,7 +150,7 @@ class PcieIdentity:
     """
 
     address: str
-    link_dir: Path  # the function itself, or for a VF its PF (`physfn`)
+    link_dir: Path  # the function itself, for a VF its PF (`physfn`), or its card's switch upstream port
     link_address: str
     via_physfn: bool
     max_speed_gts: float | None
@@ -161,6 +163,27 @@ class PcieIdentity:
     all_ones: bool = False
 
 
+def _card_uplink(function_dir: Path, reader: SysfsReader) -> Path | None:
+    """The upstream port of a PCIe switch on the function's own card, or None if it has none.
+
+    A ConnectX-8 SuperNIC (or a BlueField that shows its switch to the host) puts its NIC functions
+    below a switch of its own, with the GPUs beside them: the function's link to that switch is on the
+    chip, and the card's link to the slot is its upstream port's. PCI bridges of the function's own
+    vendor directly above it are that switch; the topmost one is its upstream port.
+    """
+    vendor = reader.text(function_dir / "vendor", optional=True)
+    if vendor is None:
+        return None
+    uplink = None
+    bridge = Path(os.path.realpath(function_dir)).parent
+    while bridge != bridge.parent and reader.text(bridge / "vendor", optional=True) == vendor:
+        if not (reader.text(bridge / "class", optional=True) or "").startswith(_BRIDGE_CLASS):
+            break
+        uplink = bridge
+        bridge = bridge.parent
+    return uplink
+
+
 def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | None:
     """Static link attributes of the PCI function at `pci_dir`; None if it is gone or is not PCIe at all."""
     if not is_dir(pci_dir, reader):
@@ -170,6 +193,9 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     via_physfn = os.path.islink(physfn)
     link_dir = physfn if via_physfn else pci_dir
     link_address = (link_name(physfn, PCI_ADDRESS) if via_physfn else None) or address
+    uplink = _card_uplink(link_dir, reader)
+    if uplink is not None:
+        link_dir, link_address = uplink, uplink.name
     has_link = any(exists(link_dir / name, reader) for name in LINK_FILES)
     # Each looked up once: a failed lookup is counted, and twice would count it twice.
     aer_files = tuple((sev, file) for sev, file in AER_FILES.items() if exists(pci_dir / file, reader))
