@@ -1,5 +1,6 @@
-# The exporter's image for deploy/kubernetes/: `docker build -t <registry>/rdma-exporter:0.1.0 .`, push
-# it, and set that name as the DaemonSet's image. It reads the host's /sys (mounted at /host/sys) and
+# The exporter's image for deploy/kubernetes/: `docker build -t <registry>/rdma-exporter:<tag> .` with a
+# tag of its own for every build (`git describe --always --dirty`), push it, and set that name as the
+# DaemonSet's image in your overlay (docs/operations.md, Kubernetes). It reads the host's /sys (mounted at /host/sys) and
 # needs no tools from the image: the ethtool statistics come from the ioctl, uevents from libudev.
 # The Debian release is named: a bare `slim` moves to the next one (and its libudev) when it is released.
 FROM python:3.11-slim-bookworm AS build

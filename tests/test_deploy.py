@@ -2,7 +2,10 @@
 security`; the example configs load; the Kubernetes manifests are consistent with each other and with
 the exporter's flags (checked structurally: kubectl is not a test dependency); the TLS overlay
 deploy/kubernetes-tls/ keeps the base's security settings, its web config loads, and the exporter run with
-it answers its ServiceMonitor's scrape and its probes; the Prometheus example passes promtool."""
+it answers its ServiceMonitor's scrape and its probes; the node-pool example overlay
+(deploy/examples/kubernetes-dgx-h100/) runs its own topology on its own nodes; the install, upgrade and
+overlay steps of docs/operations.md match the unit and the manifests; the Prometheus example passes
+promtool."""
 
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ from conftest import (
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "systemd" / "rdma-exporter.service"
+OPERATIONS = DEPLOY.parent / "docs" / "operations.md"
 # What `systemd-analyze security` still flags in the shipped unit, each for a reason: any other item
 # flagged means a hardening setting was lost (a score threshold let four go unnoticed: deploy review).
 ACCEPTED_EXPOSURE = {
@@ -182,6 +186,43 @@ def test_unit_fd_limit_fits_the_kept_files() -> None:
 
     one = effective_settings(unit_settings(UNIT.read_text()))
     assert int(one["LimitNOFILE"]) >= DEFAULT_MAX_OPEN_FILES + FD_RESERVE
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    """The fenced code blocks of a Markdown text in that language, continuation lines joined."""
+    return [block.replace("\\\n", "") for block in re.findall(rf"(?ms)^```{language}\n(.*?)^```", text)]
+
+
+def test_unit_upgrades_keep_the_operators_changes_and_take_effect() -> None:
+    """The installation block of docs/operations.md copies the unit over the installed one on every run (an
+    upgrade): LoadCredential= lines uncommented in the installed unit would be lost, and a web config
+    naming /run/credentials/ files then stops the exporter (exit 1, a restart every 5 s). So the unit sets
+    none and its comment sends them to a drop-in; the block reloads systemd after the copy and restarts
+    the service (`enable --now` leaves a running one as it was); and its check runs as the unit's dynamic
+    user, since root reads the 0600 files that the service cannot (deploy review)."""
+    text = UNIT.read_text()
+    one = effective_settings(unit_settings(text))
+    assert "LoadCredential" not in one
+    comments = " ".join(line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#"))
+    assert "LoadCredential=tls.key:" in comments
+    assert "drop-in (`systemctl edit rdma-exporter`)" in comments
+
+    (block,) = [b for b in code_blocks(OPERATIONS.read_text(), "sh") if "deploy/systemd/rdma-exporter.service" in b]
+    commands = [line.strip() for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    (copy,) = [i for i, line in enumerate(commands) if "deploy/systemd/rdma-exporter.service" in line]
+    (check,) = [i for i, line in enumerate(commands) if "--check-config" in line]
+    (start,) = [i for i, line in enumerate(commands) if "systemctl" in line]
+    assert copy < check < start
+    assert commands[start] == (
+        "systemctl daemon-reload && systemctl enable rdma-exporter && systemctl restart rdma-exporter"
+    )
+    run = shlex.split(commands[check])
+    assert run[0] == "systemd-run" and {"--pipe", "--wait"} <= set(run)
+    properties = dict(run[i + 1].split("=", 1) for i, arg in enumerate(run) if arg == "-p")
+    assert properties["DynamicUser"] == "yes"
+    assert all(one[key] == value for key, value in properties.items()), properties
+    command = run[run.index(shlex.split(one["ExecStart"])[0]):]
+    assert command[1:] == ["--check-config", *shlex.split(one["ExecStart"])[1:-1]], command  # less the args
 
 
 # Bytes of the size suffixes the unit (systemd: base 1024) and the DaemonSet (Kubernetes: Mi) use here.
@@ -369,6 +410,19 @@ def test_dockerfile_matches_the_daemonset_and_the_package() -> None:
     pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
     (script,) = re.findall(r"(?m)^([\w-]+) = \"rdma_exporter:main\"$", pyproject)
     assert final["ENTRYPOINT"] == f'["{script}"]'
+
+
+def test_daemonset_image_is_each_builds_own() -> None:
+    """A rebuilt image pushed under a tag the nodes already have is not pulled (`IfNotPresent`, the default
+    for a tag other than latest, which docs/operations.md relies on) and restarts no pod (the template is
+    unchanged). The base names a placeholder tag, not the release's version, which every build of the
+    release shares (deploy review: `rdma-exporter:0.1.0`); the operator's overlay sets each build's own."""
+    from rdma_exporter import __version__
+
+    (container,) = by_kind(kubernetes_documents(), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    name, _, tag = container["image"].rpartition(":")
+    assert name == "rdma-exporter" and tag not in {"", "latest", __version__}, container["image"]
+    assert container.get("imagePullPolicy", "IfNotPresent") == "IfNotPresent"
 
 
 def pinned_versions() -> dict[str, str]:
@@ -695,11 +749,141 @@ def test_the_applier_renders_what_kustomize_renders() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed; the overlay is still checked through render()")
-    for directory in (DEPLOY / "kubernetes", TLS_OVERLAY):
+    for directory in (DEPLOY / "kubernetes", TLS_OVERLAY, POOL_OVERLAY):
         result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
         assert _comparable(rendered) == _comparable(render(directory)), directory
+
+
+# --- deploy/examples/kubernetes-dgx-h100/: one node pool's DaemonSet with its expected topology ------------
+
+POOL_OVERLAY = DEPLOY / "examples" / "kubernetes-dgx-h100"
+SHAPE_LABEL = "rdma-exporter/shape"
+
+
+def _node_terms(daemonset: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = daemonset["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    return affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+def test_pool_overlay_runs_its_topology_on_its_nodes_only() -> None:
+    """One ConfigMap serves every pod of a DaemonSet: an expected topology in the base's, whose DaemonSet
+    runs on every node, pages RdmaExpectedDeviceMissing for every device on every node of another shape
+    (deploy review). The pool's DaemonSet and ConfigMap are its own, on the nodes labelled with its shape,
+    the base's on the nodes without the label, so a node runs one exporter; the rest is the base's, and
+    the config is the base's with the example topology added."""
+    base = kubernetes_documents()
+    rendered = render(POOL_OVERLAY)
+
+    def shared(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _comparable([doc for doc in documents if doc["kind"] not in {"DaemonSet", "ConfigMap", "Kustomization"}])
+
+    assert shared(rendered) == shared(base)  # one Service, ServiceMonitor and PrometheusRule for all pools
+
+    base_daemonset, daemonset = by_kind(base, "DaemonSet"), by_kind(rendered, "DaemonSet")
+    base_configmap, configmap = by_kind(base, "ConfigMap"), by_kind(rendered, "ConfigMap")
+    name = daemonset["metadata"]["name"]
+    assert name != base_daemonset["metadata"]["name"] and configmap["metadata"]["name"] == name
+    (base_term,), (term,) = _node_terms(base_daemonset), _node_terms(daemonset)
+    assert base_term == {"matchExpressions": [{"key": SHAPE_LABEL, "operator": "DoesNotExist"}]}
+    (expression,) = term["matchExpressions"]
+    assert expression["key"] == SHAPE_LABEL and expression["operator"] == "In"
+    (shape,) = expression["values"]
+    assert name == f"rdma-exporter-{shape}"
+    # Its own selector (a label the base's pods lack), and the base's labels, which the Service selects.
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert labels == {**base_daemonset["spec"]["template"]["metadata"]["labels"], SHAPE_LABEL: shape}
+    assert daemonset["spec"]["selector"]["matchLabels"] == {
+        **base_daemonset["spec"]["selector"]["matchLabels"], SHAPE_LABEL: shape
+    }
+    assert by_kind(base, "Service")["spec"]["selector"].items() <= labels.items()
+    # Its pods mount its ConfigMap; apart from that and the above, the DaemonSet is the base's.
+    spec = daemonset["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == name
+    undone = copy.deepcopy(daemonset)
+    undone["metadata"]["name"] = base_daemonset["metadata"]["name"]
+    undone["spec"]["selector"] = base_daemonset["spec"]["selector"]
+    undone["spec"]["template"]["metadata"] = base_daemonset["spec"]["template"]["metadata"]
+    _node_terms(undone)[0] = base_term
+    (undone_volume,) = [v for v in undone["spec"]["template"]["spec"]["volumes"] if "configMap" in v]
+    undone_volume["configMap"]["name"] = base_configmap["metadata"]["name"]
+    assert undone == base_daemonset
+
+    (container,) = spec["containers"]
+    flags = dict(arg.split("=", 1) for arg in container["args"])
+    file = Path(flags["--config.file"]).name
+    assert configmap["data"].keys() == base_configmap["data"].keys() == {file}
+    config = yaml.safe_load(configmap["data"][file])
+    example = yaml.safe_load((DEPLOY / "examples" / f"expected-{shape}.yml").read_text())
+    assert example.keys() == {"collector"} and "collector" not in yaml.safe_load(base_configmap["data"][file])
+    assert config == {**yaml.safe_load(base_configmap["data"][file]), **example}
+    assert parse_config(config, "pool configmap").collector_settings["expected"]
+
+
+def test_docs_site_overlay_sets_what_the_release_leaves_as_placeholders(tmp_path: Path) -> None:
+    """docs/operations.md, "Upgrading the exporter": the operator's overlay over the release's TLS overlay
+    replaces the image (by the base's image name: an `images` entry of another name changes nothing), the
+    ConfigMap and the web config Secret (by their names), and its patch binds the node's address. Where
+    kubectl is installed, kustomize builds it from a copy of the docs' files."""
+    text = OPERATIONS.read_text()
+    (kustomization_text,) = [b for b in code_blocks(text, "yaml") if b.startswith("# kustomization.yaml\n")]
+    (patch_text,) = [b for b in code_blocks(text, "yaml") if b.startswith("# host-ip.yaml\n")]
+    kustomization = yaml.safe_load(kustomization_text)
+    base = render(TLS_OVERLAY)
+    (resource,) = kustomization["resources"]
+    assert PurePosixPath(resource).parts[-2:] == ("deploy", TLS_OVERLAY.name)
+    _, container = _pod(base)
+    (image,) = kustomization["images"]
+    assert image["name"] == container["image"].rpartition(":")[0]
+    (generated_configmap,) = kustomization["configMapGenerator"]
+    assert generated_configmap["name"] == by_kind(base, "ConfigMap")["metadata"]["name"]
+    (generated_secret,) = kustomization["secretGenerator"]
+    assert generated_secret["name"] == _shipped_web_config_volume(base)
+    for generated in (generated_configmap, generated_secret):
+        assert generated["behavior"] == "replace" and generated["options"]["disableNameSuffixHash"] is True
+    (patch,) = kustomization["patches"]
+    assert patch["target"]["name"] == by_kind(base, "DaemonSet")["metadata"]["name"]
+    assert patch["path"] == "host-ip.yaml"
+    bound = json6902(by_kind(base, "DaemonSet"), yaml.safe_load(patch_text))
+    (bound_container,) = bound["spec"]["template"]["spec"]["containers"]
+    assert "--web.listen-address=$(HOST_IP):9883" in bound_container["args"]
+    assert {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}} in bound_container["env"]
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed; the overlay's names and patch are checked above")
+    # The release's tree where `resources` says, beside the operator's: deploy/ here, linked.
+    site = tmp_path / "my-rdma-exporter" / "site"
+    site.mkdir(parents=True)
+    release_deploy = Path(os.path.normpath(site / resource)).parent
+    assert release_deploy.is_relative_to(tmp_path), resource
+    release_deploy.parent.mkdir(parents=True, exist_ok=True)
+    release_deploy.symlink_to(DEPLOY)
+    (site / "kustomization.yaml").write_text(kustomization_text)
+    (site / "host-ip.yaml").write_text(patch_text)
+    (site / generated_configmap["files"][0]).write_text("log:\n  level: debug\n")
+    (site / generated_secret["files"][0]).write_text("basic_auth_users: {prometheus: site-hash}\n")
+    result = subprocess.run([kubectl, "kustomize", str(site)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    _, built_container = _pod(built)
+    assert built_container["image"] == f"{image['newName']}:{image['newTag']}"
+    assert "--web.listen-address=$(HOST_IP):9883" in built_container["args"]
+    assert by_kind(built, "ConfigMap")["data"] == {generated_configmap["files"][0]: "log:\n  level: debug\n"}
+    _, web_text = _shipped_web_config(built)
+    assert web_text == "basic_auth_users: {prometheus: site-hash}\n"
+
+
+def _shipped_web_config_volume(documents: list[dict[str, Any]]) -> str:
+    """The name of the Secret that holds the web config the pods read."""
+    spec, container = _pod(documents)
+    flags = dict(arg.split("=", 1) for arg in container["args"])
+    directory = str(PurePosixPath(flags["--web.config.file"]).parent)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    return volume["secret"]["secretName"]
 
 
 def test_json6902_applier_follows_the_rfc() -> None:
