@@ -891,26 +891,20 @@ def test_the_recorded_run_s_readings_pass_the_growth_check() -> None:
     readings = tree["exporters"]["rdma_exporter"]["memory"]["rss_mb_readings"]
     result = bench.growth_check(readings, 500, 1000)
     assert result is not None and result["readings"] == 51 and result["step_mb"] is None
-    assert abs(result["growth_mb"]) < 0.005 and result["growth_mb"] + 2 * result["standard_error_mb"] <= 0.04
+    # f86e229's run: +0.018 MB ± 0.005, inside the bound.
+    assert 0.0 < result["growth_mb"] < 0.03 and result["growth_mb"] + 2 * result["standard_error_mb"] <= 0.04
 
 
 def test_recorded_targets_and_growth_fits_follow_from_the_recorded_trees() -> None:
     bench = _bench_module()
     report = json.loads(RECORDED.read_text())
-    # The recorded run was judged by the bench of its day: the same verdicts now, and the same measured
-    # values but for the two targets whose rule changed since (judged between static refreshes, which that
-    # run did not trace; growth with one allocator step allowed, against 0.04 MB instead of 0.25).
+    # The recorded run (f86e229) was judged by this bench: the same verdicts and measured values now,
+    # the refresh scrape traced and growth judged with one allocator step allowed.
     now = bench.evaluate_targets(report["trees"], 40.0, 0.04)
-    assert [t["met"] for t in now] == [t["met"] for t in report["targets"]]
-    changed = {STATIC_TARGET, GROWTH_TARGET}
-    assert [t["target"] for t in now if t["target"] in changed] == [STATIC_TARGET, GROWTH_TARGET]
-    for then, target in zip(report["targets"], now, strict=True):
-        if target["target"] == STATIC_TARGET:
-            assert target["measured"] == then["measured"] + "; no refresh traced"
-        elif target["target"] == GROWTH_TARGET:
-            assert target["measured"] == "+0.000 MB ± 0.005 (fit over 51 readings, no step)"
-        else:
-            assert target == then
+    assert now == report["targets"]
+    measured = {t["target"]: t["measured"] for t in now}
+    assert "static files re-read every 300 s: 3383" in measured[STATIC_TARGET]
+    assert measured[GROWTH_TARGET] == "+0.018 MB ± 0.005 (fit over 51 readings, no step)"
     assert bench.scaling(report["trees"]) == report["scaling"]  # over the numbered trees, not `sample`
     fit = bench.linear_fit([1.0, 2.0, 3.0, 4.0], [3.0, 5.0, 6.0, 10.0])
     assert fit is not None
