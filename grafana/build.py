@@ -132,6 +132,11 @@ NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)
 # whose link_layer read failed has no rdma_port_info and may be the one paging.
 NOT_ETHERNET = f"unless {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
+# Saturated PMA counters as RdmaPortCounterSaturated counts them: not a RoCE port's port_xmit_wait.
+SATURATED_COUNTERS = (
+    "sum(\n  " + sel("rdma_port_pma_saturated", PORT, 'counter!="port_xmit_wait"') + "\n    or\n  ("
+    + sel("rdma_port_pma_saturated", PORT, 'counter="port_xmit_wait"') + f" {NOT_ETHERNET})\n)"
+)
 # Ports down, and ports gone: a port whose HCA fell off the bus (RdmaPortVanished), or an expected port or
 # device that never appeared, has no state left to count, and a node that lost one looked healthy.
 # A missing device has no port, and one expected by PCI address no device name either: node-wide, one per
@@ -554,18 +559,26 @@ def layout(items: Sequence[tuple[Json, int, int]]) -> list[Json]:
 TITLES = {"fabric-overview": "Fabric overview", "node-detail": "Node detail", "roce-congestion": "RoCE congestion"}
 
 
+# What a menu link keeps beyond job, cluster and time range, where it is not the whole selection.
+TOOLTIP_SELECTION = {"node-detail": ", on its first node", "roce-congestion": ", nodes"}
+
+
 def menu_links(key: str) -> list[Json]:
     """Links to the other RDMA dashboards that keep the data source, job, cluster, time range and, where the
     target can take it, the node, device and port selection. Node detail shows one node: handed a fleet view's All
     (`$__all`), its single-value instance variable selects no node, so it opens on its own first node
-    of the job and cluster instead; a table's instance link opens the node clicked."""
+    of the job and cluster instead; a table's instance link opens the node clicked. RoCE congestion lists
+    RoCE ports only: a device picked elsewhere (an InfiniBand HCA, Node detail's first) would empty it, so
+    it keeps the nodes and lists their RoCE devices afresh."""
     links = []
     for target, title in TITLES.items():
         if target == key:
             continue
         params = ["${datasource:queryparam}", "${job:queryparam}", "${cluster:queryparam}"]
-        if target != "node-detail":
+        if target == "fabric-overview":
             params += ["${instance:queryparam}", "${device:queryparam}", "${port:queryparam}"]
+        elif target == "roce-congestion":
+            params += ["${instance:queryparam}"]
         links.append({
             "title": title,
             "type": "link",
@@ -577,7 +590,7 @@ def menu_links(key: str) -> list[Json]:
             "tags": [],
             "targetBlank": False,
             "tooltip": "The same job, cluster and time range"
-            + (", on its first node" if target == "node-detail" else ", nodes, devices and ports"),
+            + TOOLTIP_SELECTION.get(target, ", nodes, devices and ports"),
         })  # fmt: skip
     return links
 
@@ -1139,9 +1152,10 @@ def node_detail() -> Json:
         (stat(
             "Saturated error counters",
             "Fixed-width PMA error counters stuck at their maximum: they no longer count, so alerts on them stay "
-            "silent until reset (perfquery -R). Colours follow RdmaPortCounterSaturated (warning at 1).",
+            "silent until reset (perfquery -R). A RoCE port's port_xmit_wait is left out, as the alert leaves it "
+            "(no alert reads it there). Colours follow RdmaPortCounterSaturated (warning at 1).",
             "none",
-            targets((f"sum({sel('rdma_port_pma_saturated')})", "saturated")),
+            targets((SATURATED_COUNTERS, "saturated")),
             steps=thresholds((1, WARNING)),
             alerts=["RdmaPortCounterSaturated"],
         ), 3, 4),
