@@ -151,6 +151,24 @@ PROMETHEUS_RELEASES = (
 )
 
 
+def alternatives(regex: str) -> list[str]:
+    """The branches of an alertname regex: top-level `|`, and one `(a|b)` group inside a branch expanded."""
+    branches, depth, start = [], 0, 0
+    for i, char in enumerate(regex + "|"):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "|" and depth == 0:
+            branches.append(regex[start:i])
+            start = i + 1
+    out = []
+    for branch in branches:
+        group = re.fullmatch(r"([^()]*)\(([^()]*)\)([^()]*)", branch)
+        if group:
+            out += [group[1] + inner + group[3] for inner in group[2].split("|")]
+        else:
+            out.append(branch)
+    return out
+
+
 def scrape(sys_root: Path, config: Config | None = None, **overrides: object) -> str:
     """One in-process scrape of `sys_root`, as the HTTP endpoint would serve it: the daemon's own writer,
     checked against prometheus_client's (which alone would hide a difference, e.g. it strips a doubled
