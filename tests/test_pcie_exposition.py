@@ -76,6 +76,25 @@ def test_below_its_cards_own_switch_a_device_reports_the_cards_link_to_the_slot(
     assert not [key for key in values if key[0] == "rdma_exporter_read_errors_total"]
 
 
+def test_a_root_port_of_the_nics_own_vendor_is_not_taken_for_its_cards_switch(tmp_path: Path) -> None:
+    # An Intel NIC (irdma) below an Intel root port, trained Gen4 in a Gen5 slot: its own link, and the
+    # root port as its partner (review: the port was read as the card's uplink, and the link paged as
+    # degraded against the port's Gen5).
+    sys_root, fn = one_hca(tmp_path)
+    (fn / "vendor").write_text("0x8086\n")
+    assert (fn.parent / "vendor").read_text() == "0x8086\n"
+    for name in ("current_link_speed", "max_link_speed"):
+        (fn / name).write_text("16.0 GT/s PCIe\n")
+    assert pcie(samples(scrape(sys_root))) == {
+        "rdma_pcie_link_speed_transfers_per_second": 16e9,
+        "rdma_pcie_link_max_speed_transfers_per_second": 16e9,
+        "rdma_pcie_link_partner_max_speed_transfers_per_second": 32e9,
+        "rdma_pcie_link_width_lanes": 16,
+        "rdma_pcie_link_max_width_lanes": 16,
+        "rdma_pcie_link_partner_max_width_lanes": 16,
+    }
+
+
 def test_link_files_that_appear_after_the_static_read_are_read_in_the_next_scrape(tmp_path: Path) -> None:
     # A function whose link and AER files were not there when the device's static info was read (cached
     # then until a uevent or the resync): each scrape looks for them again (mutation review: without that,

@@ -169,17 +169,22 @@ def _card_uplink(function_dir: Path, reader: SysfsReader) -> Path | None:
     A ConnectX-8 SuperNIC (or a BlueField that shows its switch to the host) puts its NIC functions
     below a switch of its own, with the GPUs beside them: the function's link to that switch is on the
     chip, and the card's link to the slot is its upstream port's. PCI bridges of the function's own
-    vendor directly above it are that switch; the topmost one is its upstream port.
+    vendor directly above it are that switch; the topmost one is its upstream port. A root port (a
+    bridge whose parent is the host bridge, which has no vendor file) is never the card's, though it may
+    have the NIC's vendor: an Intel NIC under an Intel root port, or the exporter on a BlueField's Arm.
     """
     vendor = reader.text(function_dir / "vendor", optional=True)
     if vendor is None:
         return None
     uplink = None
     bridge = Path(os.path.realpath(function_dir)).parent
-    while bridge != bridge.parent and reader.text(bridge / "vendor", optional=True) == vendor:
-        if not (reader.text(bridge / "class", optional=True) or "").startswith(_BRIDGE_CLASS):
+    while reader.text(bridge / "vendor", optional=True) == vendor:
+        above = reader.text(bridge.parent / "vendor", optional=True)
+        if above is None or not (reader.text(bridge / "class", optional=True) or "").startswith(_BRIDGE_CLASS):
             break
         uplink = bridge
+        if above != vendor:
+            break  # the port above is the slot's: no need to read it again
         bridge = bridge.parent
     return uplink
 
@@ -193,7 +198,8 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     via_physfn = os.path.islink(physfn)
     link_dir = physfn if via_physfn else pci_dir
     link_address = (link_name(physfn, PCI_ADDRESS) if via_physfn else None) or address
-    uplink = _card_uplink(link_dir, reader)
+    # A VF's link is not exported (collect.pcie): no walk for it.
+    uplink = None if via_physfn else _card_uplink(link_dir, reader)
     if uplink is not None:
         link_dir, link_address = uplink, uplink.name
     has_link = any(exists(link_dir / name, reader) for name in LINK_FILES)
