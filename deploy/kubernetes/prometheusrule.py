@@ -1,6 +1,6 @@
 """Generate deploy/kubernetes/prometheusrule.yaml, the rules of rules/ as one Prometheus Operator
-PrometheusRule, so that `kubectl apply -k deploy/kubernetes/` loads the alerts and the recording rules
-the dashboards read, beside the ServiceMonitor.
+PrometheusRule, so that applying an overlay of deploy/kubernetes/ loads the alerts and the recording
+rules the dashboards read, beside the ServiceMonitor.
 
     python deploy/kubernetes/prometheusrule.py          # rewrite the YAML file
     python deploy/kubernetes/prometheusrule.py --check  # exit 1 if the committed file differs
