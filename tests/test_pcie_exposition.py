@@ -171,6 +171,20 @@ def test_a_vf_exports_its_own_aer_counters_but_not_its_pfs_link(tmp_path: Path) 
     assert metrics[("rdma_pcie_link_width_lanes", DEVICE)] == 16
 
 
+def test_a_bad_pf_link_file_is_counted_once_not_again_for_each_vf(tmp_path: Path) -> None:
+    # Nothing of the link is read for a VF, so a malformed PF file costs the PF's value and one error
+    # (review: each VF read and counted it too, 2 reads a VF a scrape on the 128-device tree's 120 VFs).
+    spec = TreeSpec(ib_hcas=1, roce_hcas=0, vfs_per_pf=2, degraded_pcie=(), down_ports=())
+    sys_root = build_tree(tmp_path / "t", spec)
+    pf = (sys_root / "class/infiniband/mlx5_0/device").resolve()
+    (pf / "current_link_speed").write_text("fast\n")
+    metrics = samples(scrape(sys_root))
+    errors = {dict(ls)["device"]: v for (n, ls), v in metrics.items() if n == "rdma_exporter_file_read_errors_total"}
+    assert errors == {"mlx5_0": 1}
+    assert ("rdma_pcie_link_speed_transfers_per_second", DEVICE) not in metrics
+    assert metrics[("rdma_pcie_link_width_lanes", DEVICE)] == 16
+
+
 # The kernel never prints these; the debug log quotes at most 40 characters of what it found instead.
 LONG_SPEED = "fast " * 10
 LONG_COUNT = "BadTLP " + "9" * 40  # a count no u64 holds

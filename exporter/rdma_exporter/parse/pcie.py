@@ -59,10 +59,10 @@ class AerFile:
 class PcieLink:
     """The PCIe link and AER counters of one PCI function. Values a file could not give are None.
 
-    A VF has no link of its own (its link registers read as zero), so for a VF the link values are read
-    from its PF: `via_physfn` is True and `link_address` is the PF's address. A function below its card's
-    own PCIe switch has the card's link to the slot: `link_address` is the switch's upstream port. AER
-    counters are always the function's own.
+    A VF has no link of its own (its link registers read as zero), and its PF's link is the PF's to
+    report: for a VF `via_physfn` is True, `link_address` is the PF's address and no link value is
+    read. A function below its card's own PCIe switch has the card's link to the slot: `link_address`
+    is the switch's upstream port. AER counters are always the function's own.
     """
 
     address: str
@@ -178,14 +178,15 @@ def _card_uplink(function_dir: Path, reader: SysfsReader) -> Path | None:
         return None
     uplink = None
     bridge = Path(os.path.realpath(function_dir)).parent
-    while reader.text(bridge / "vendor", optional=True) == vendor:
+    current = reader.text(bridge / "vendor", optional=True)
+    while current == vendor:
         above = reader.text(bridge.parent / "vendor", optional=True)
-        if above is None or not (reader.text(bridge / "class", optional=True) or "").startswith(_BRIDGE_CLASS):
-            break
+        if above is None:
+            break  # a root port
+        if not (reader.text(bridge / "class", optional=True) or "").startswith(_BRIDGE_CLASS):
+            return None  # not a switch port: a layout this does not know, so the function's own link
         uplink = bridge
-        if above != vendor:
-            break  # the port above is the slot's: no need to read it again
-        bridge = bridge.parent
+        bridge, current = bridge.parent, above
     return uplink
 
 
@@ -198,7 +199,6 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     via_physfn = os.path.islink(physfn)
     link_dir = physfn if via_physfn else pci_dir
     link_address = (link_name(physfn, PCI_ADDRESS) if via_physfn else None) or address
-    # A VF's link is not exported (collect.pcie): no walk for it.
     uplink = None if via_physfn else _card_uplink(link_dir, reader)
     if uplink is not None:
         link_dir, link_address = uplink, uplink.name
@@ -207,6 +207,10 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     aer_files = tuple((sev, file) for sev, file in AER_FILES.items() if exists(pci_dir / file, reader))
     if not has_link and not aer_files:
         return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
+    if via_physfn:
+        # A VF's link is its PF's, which is not exported again for it (collect.pcie): nothing of the
+        # link is read for a VF, so that a bad PF file is neither read nor counted once per VF.
+        return PcieIdentity(address, link_dir, link_address, via_physfn, None, None, aer_files)
     max_width_path = link_dir / "max_link_width"
     max_width = reader.uint(max_width_path, optional=True)
     # The parent directory of a PCIe function is the port its link goes to, unless the function sits
@@ -248,13 +252,14 @@ def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) 
         if parsed.total is not None:
             totals[severity] = parsed.total
     link_dir = os.fspath(identity.link_dir)
+    own_link = not identity.via_physfn  # a VF's is its PF's, not read again (read_pcie_identity)
     return PcieLink(
         address=identity.address,
         link_address=identity.link_address,
         via_physfn=identity.via_physfn,
-        current_speed_gts=_speed(f"{link_dir}/current_link_speed", reader),
+        current_speed_gts=_speed(f"{link_dir}/current_link_speed", reader) if own_link else None,
         max_speed_gts=identity.max_speed_gts,
-        current_width=_width(f"{link_dir}/current_link_width", reader),
+        current_width=_width(f"{link_dir}/current_link_width", reader) if own_link else None,
         max_width=identity.max_width,
         aer=aer,
         aer_totals=totals,
