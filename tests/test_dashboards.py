@@ -2342,7 +2342,8 @@ def test_coloured_queries_select_the_series_their_alert_reads() -> None:
 
             def same(have: Any, want: Any) -> bool:
                 own = {k: v for k, v in want.matchers.items() if k not in targets_labels}
-                return {k: v for k, v in have.matchers.items() if k in own} == own
+                mine = {k: v for k, v in have.matchers.items() if k in own}
+                return mine == own and have.presence == want.presence
 
             for have in panel_selectors:
                 wanted = [s for s in alert_selectors if s.name == have.name and set(s.matchers) - targets_labels]
