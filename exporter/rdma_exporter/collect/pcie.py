@@ -6,9 +6,9 @@ the PCI function's link registers tell. Series carry `device` only: the link bel
 its own vendor, as a ConnectX-8 SuperNIC's built-in switch would show) reports the card's link to the slot:
 its own link to that switch is on the chip.
 
-SR-IOV virtual functions have no link of their own (their link registers read zero; the parser would
-answer with the PF's link). Their link is not exported, so that the PF's link is not repeated once per
-VF and a degraded PF raises one alert, not one per VF. A VF's own AER counters, if any, are exported.
+SR-IOV virtual functions have no link of their own (their link registers read zero), and the parser
+reads none of their PF's for them (its link values are None): the PF's link is not repeated once per VF,
+and a degraded PF raises one alert, not one per VF. A VF's own AER counters, if any, are exported.
 """
 
 from __future__ import annotations
@@ -110,21 +110,20 @@ class PcieSource:
             if link is None:
                 continue
             labels = [device]
-            if not link.via_physfn:
-                for spec, speed in (
-                    (LINK_SPEED, link.current_speed_gts),
-                    (LINK_MAX_SPEED, link.max_speed_gts),
-                    (PARTNER_MAX_SPEED, link.partner_max_speed_gts),
-                ):
-                    if speed is not None:
-                        out.add(spec, labels, speed * 1e9)
-                for spec, width in (
-                    (LINK_WIDTH, link.current_width),
-                    (LINK_MAX_WIDTH, link.max_width),
-                    (PARTNER_MAX_WIDTH, link.partner_max_width),
-                ):
-                    if width is not None:
-                        out.add(spec, labels, width)
+            for spec, speed in (
+                (LINK_SPEED, link.current_speed_gts),
+                (LINK_MAX_SPEED, link.max_speed_gts),
+                (PARTNER_MAX_SPEED, link.partner_max_speed_gts),
+            ):
+                if speed is not None:
+                    out.add(spec, labels, speed * 1e9)
+            for spec, width in (
+                (LINK_WIDTH, link.current_width),
+                (LINK_MAX_WIDTH, link.max_width),
+                (PARTNER_MAX_WIDTH, link.partner_max_width),
+            ):
+                if width is not None:
+                    out.add(spec, labels, width)
             # The kernel calls the class a severity; that label name is left to the alerts' own routing
             # label, which a user's rule on these counters would otherwise clash with.
             for (error_class, error_type), count in link.aer.items():

@@ -199,18 +199,18 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     via_physfn = os.path.islink(physfn)
     link_dir = physfn if via_physfn else pci_dir
     link_address = (link_name(physfn, PCI_ADDRESS) if via_physfn else None) or address
-    uplink = None if via_physfn else _card_uplink(link_dir, reader)
-    if uplink is not None:
-        link_dir, link_address = uplink, uplink.name
-    has_link = any(exists(link_dir / name, reader) for name in LINK_FILES)
     # Each looked up once: a failed lookup is counted, and twice would count it twice.
     aer_files = tuple((sev, file) for sev, file in AER_FILES.items() if exists(pci_dir / file, reader))
-    if not has_link and not aer_files:
-        return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
     if via_physfn:
-        # A VF's link is its PF's, which is not exported again for it (collect.pcie): nothing of the
-        # link is read for a VF, so that a bad PF file is neither read nor counted once per VF.
+        # A VF (SR-IOV is PCIe only) has only its own AER counters to give: its link is its PF's, which
+        # the PF reports. Nothing of the link is read for a VF, so that a bad PF file is neither read
+        # nor counted once per VF.
         return PcieIdentity(address, link_dir, link_address, via_physfn, None, None, aer_files)
+    uplink = _card_uplink(link_dir, reader)
+    if uplink is not None:
+        link_dir, link_address = uplink, uplink.name
+    if not aer_files and not any(exists(link_dir / name, reader) for name in LINK_FILES):
+        return None  # conventional PCI or a virtual device: the kernel shows these files for PCIe only
     max_width_path = link_dir / "max_link_width"
     max_width = reader.uint(max_width_path, optional=True)
     # The parent directory of a PCIe function is the port its link goes to, unless the function sits
