@@ -559,8 +559,13 @@ def layout(items: Sequence[tuple[Json, int, int]]) -> list[Json]:
 TITLES = {"fabric-overview": "Fabric overview", "node-detail": "Node detail", "roce-congestion": "RoCE congestion"}
 
 
-# What a menu link keeps beyond job, cluster and time range, where it is not the whole selection.
-TOOLTIP_SELECTION = {"node-detail": ", on its first node", "roce-congestion": ", nodes"}
+# What a menu link to each dashboard keeps beyond data source, job, cluster and time range, and how its
+# tooltip says so.
+MENU_SELECTION: dict[str, tuple[tuple[str, ...], str]] = {
+    "fabric-overview": (("instance", "device", "port"), ", nodes, devices and ports"),
+    "node-detail": ((), ", on its first node"),
+    "roce-congestion": (("instance",), ", nodes"),
+}
 
 
 def menu_links(key: str) -> list[Json]:
@@ -574,11 +579,8 @@ def menu_links(key: str) -> list[Json]:
     for target, title in TITLES.items():
         if target == key:
             continue
-        params = ["${datasource:queryparam}", "${job:queryparam}", "${cluster:queryparam}"]
-        if target == "fabric-overview":
-            params += ["${instance:queryparam}", "${device:queryparam}", "${port:queryparam}"]
-        elif target == "roce-congestion":
-            params += ["${instance:queryparam}"]
+        kept, tooltip = MENU_SELECTION[target]
+        params = [f"${{{name}:queryparam}}" for name in ("datasource", "job", "cluster", *kept)]
         links.append({
             "title": title,
             "type": "link",
@@ -589,8 +591,7 @@ def menu_links(key: str) -> list[Json]:
             "icon": "dashboard",
             "tags": [],
             "targetBlank": False,
-            "tooltip": "The same job, cluster and time range"
-            + TOOLTIP_SELECTION.get(target, ", nodes, devices and ports"),
+            "tooltip": f"The same job, cluster and time range{tooltip}",
         })  # fmt: skip
     return links
 
