@@ -1015,7 +1015,7 @@ def test_port_numbers_above_255_are_ports(captured_copy) -> None:  # type: ignor
     assert values[("rdma_port_state_id", port_300)] == values[("rdma_port_state_id", MLX5_0)] == 4
     assert values[("rdma_port_state_id", (("device", "mlx5_0"), ("port", "4294967294")))] == 4
     assert values[("rdma_port_symbol_errors_total", port_300)] == 0
-    assert not [key for key in values if key[0] == "rdma_exporter_read_errors_total"]
+    assert not [key for key in values if key[0] == "rdma_exporter_file_read_errors_total"]
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def test_below_its_cards_own_switch_a_device_reports_the_cards_link_to_the_slot(
         }
     # An HCA straight below its root port still reports its own link.
     assert values[("rdma_pcie_link_speed_transfers_per_second", DEVICE)] == 32e9
-    assert not [key for key in values if key[0] == "rdma_exporter_read_errors_total"]
+    assert not [key for key in values if key[0] == "rdma_exporter_file_read_errors_total"]
 
 
 def test_a_root_port_of_the_nics_own_vendor_is_not_taken_for_its_cards_switch(tmp_path: Path) -> None:
