@@ -73,6 +73,8 @@ def test_below_its_cards_own_switch_a_device_reports_the_cards_link_to_the_slot(
         }
     # An HCA straight below its root port still reports its own link.
     assert values[("rdma_pcie_link_speed_transfers_per_second", DEVICE)] == 32e9
+    # The slot's root port is the card's partner, reported under its first NIC function only.
+    assert {device for device, _ in partner_reports(values)} == {"mlx5_0", "mlx5_1"}
     assert not [key for key in values if key[0] == "rdma_exporter_file_read_errors_total"]
 
 
@@ -183,6 +185,71 @@ def test_a_bad_pf_link_file_is_counted_once_not_again_for_each_vf(tmp_path: Path
     assert errors == {"mlx5_0": 1}
     assert ("rdma_pcie_link_speed_transfers_per_second", DEVICE) not in metrics
     assert metrics[("rdma_pcie_link_width_lanes", DEVICE)] == 16
+
+
+def partner_reports(metrics: Sample) -> dict[tuple[str, str], float]:
+    """{(device, error_class): value} of the link partner's AER report counts."""
+    return {(dict(ls)["device"], dict(ls)["error_class"]): v for (n, ls), v in metrics.items()
+            if n == "rdma_pcie_link_partner_aer_reports_total"}  # fmt: skip
+
+
+def test_the_port_above_a_link_reports_what_it_saw_of_the_device(tmp_path: Path) -> None:
+    # The root port counts the errors in what the HCA sent it (a marginal riser's bad TLPs), which the
+    # HCA's own counters never see: its TOTAL_ERR_* lines are the device's partner counts.
+    sys_root, fn = one_hca(tmp_path)
+    port = fn.parent
+    (port / "aer_dev_correctable").write_text("RxErr 4\nBadTLP 2\nBadDLLP 0\nTOTAL_ERR_COR 5\n")
+    (port / "aer_dev_nonfatal").write_text("MalfTLP 1\nTOTAL_ERR_NONFATAL 1\n")
+    metrics = samples(scrape(sys_root))
+    assert partner_reports(metrics) == {("mlx5_0", "correctable"): 5, ("mlx5_0", "nonfatal"): 1, ("mlx5_0", "fatal"): 0}
+    # The device's own counts are still its own files'.
+    assert metrics[("rdma_pcie_aer_reports_total", (("device", "mlx5_0"), ("error_class", "nonfatal")))] == 0
+    # A port without AER (or a function on a root bus) has no partner counts, and no error either.
+    for name in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):
+        (port / name).unlink()
+    metrics = samples(scrape(sys_root))
+    assert partner_reports(metrics) == {}
+    assert not [k for k, v in metrics.items() if k[0] == "rdma_exporter_file_read_errors_total" and v]
+
+
+def test_a_link_shared_by_two_devices_reports_its_port_once_a_scrape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A BlueField-3's two ports are two functions on one link: the port's counts are read and exported
+    # once, under the lower PCI address, not once for each (two alerts for one error, and the counter
+    # file read twice a scrape).
+    import rdma_exporter.parse.pcie as parse_pcie
+
+    spec = TreeSpec(ib_hcas=0, roce_hcas=2, degraded_pcie=(), down_ports=())
+    sys_root = build_tree(tmp_path / "t", spec)
+    first, second = ((sys_root / f"class/infiniband/{d}/device").resolve() for d in ("mlx5_0", "mlx5_1"))
+    assert first.parent == second.parent and first.name < second.name
+    (first.parent / "aer_dev_fatal").write_text("SDES 1\nTOTAL_ERR_FATAL 1\n")
+    reads: list[str] = []
+    read_aer = parse_pcie._read_aer
+
+    def counted(path: str, reader: object) -> object:
+        reads.append(path)
+        return read_aer(path, reader)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(parse_pcie, "_read_aer", counted)
+    metrics = samples(scrape(sys_root))
+    assert partner_reports(metrics) == {("mlx5_0", "correctable"): 0, ("mlx5_0", "nonfatal"): 0, ("mlx5_0", "fatal"): 1}
+    port_reads = sorted(path for path in reads if Path(path).parent == first.parent)
+    aer_files = ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")
+    assert port_reads == sorted(str(first.parent / name) for name in aer_files)
+
+
+def test_a_lower_function_without_an_rdma_device_does_not_take_the_ports_counts(tmp_path: Path) -> None:
+    # Below a card's own switch a GPU may sit beside the NIC functions; only a function with an RDMA
+    # device can report the port. Another RDMA function at a lower address does take them.
+    sys_root, fn = one_hca(tmp_path)
+    other = fn.parent / "0000:17:00.0"
+    other.mkdir()
+    (other / "class").write_text("0x030200\n")  # a 3D controller (a GPU)
+    assert partner_reports(samples(scrape(sys_root)))[("mlx5_0", "correctable")] == 0
+    (other / "infiniband").mkdir()  # its own RDMA device, not exported here (filtered, or not yet listed)
+    assert partner_reports(samples(scrape(sys_root))) == {}
 
 
 # The kernel never prints these; the debug log quotes at most 40 characters of what it found instead.

@@ -547,6 +547,15 @@ def _write_root_port(w: _Writer, d: _Dev, seen: set[str]) -> None:
         ("current_link_width", 16),
         ("max_link_width", 16),
     ])
+    # The port's own AER counts: what it saw in the card's transmissions. A marginal channel corrupts
+    # both directions, so the port of a degraded link saw receiver errors and bad DLLPs too. A root port
+    # also has the totals of the messages it received from below (aer_rootport_total_err_*).
+    cor = {"RxErr": 7 + d.index, "BadDLLP": 3} if d.degraded else {}
+    w.raw(f"{f.root_port_path}/aer_dev_correctable", _aer(_AER_COR, cor, "TOTAL_ERR_COR"))
+    w.raw(f"{f.root_port_path}/aer_dev_nonfatal", _aer(_AER_UNCOR, {}, "TOTAL_ERR_NONFATAL"))
+    w.raw(f"{f.root_port_path}/aer_dev_fatal", _aer(_AER_UNCOR, {}, "TOTAL_ERR_FATAL"))
+    for kind, count in (("cor", sum(cor.values())), ("fatal", 0), ("nonfatal", 0)):
+        w.raw(f"{f.root_port_path}/aer_rootport_total_err_{kind}", f"{count}\n")
     # The card's own switch: its upstream port has the card's end of the slot link, its downstream port
     # the on-chip link to the functions.
     upstream = f.root_port_path

@@ -4,7 +4,8 @@ A Gen5 x16 HCA that trained at Gen4 or x8 halves its host bandwidth while every 
 the PCI function's link registers tell. Series carry `device` only: the link belongs to the device, and
 `rdma_device_info` maps it to its PCI address. A device below its card's own PCIe switch (switch ports of
 its own vendor, as a ConnectX-8 SuperNIC's built-in switch would show) reports the card's link to the slot:
-its own link to that switch is on the chip.
+its own link to that switch is on the chip. The port at the other end of that link counts the errors in what
+the device sent (its receiver's); those counts are exported once per link, under its first RDMA function.
 
 SR-IOV virtual functions have no link of their own (their link registers read zero), and the parser
 reads none of their PF's for them (its link values are None): the PF's link is not repeated once per VF,
@@ -84,6 +85,16 @@ AER_REPORTS: Final = MetricSpec(
     "message can carry several error types, so this can be below the sum of rdma_pcie_aer_errors_total.",
     (*DEVICE, "error_class"),
 )
+PARTNER_AER_REPORTS: Final = MetricSpec(
+    "rdma_pcie_link_partner_aer_reports_total",
+    "counter",
+    "AER error messages of the port at the other end of the device's link (the root port or switch port "
+    "above it), by error class (its TOTAL_ERR_* line): errors that port saw in what the device sent it, "
+    "which the device's own counters do not show. Reported under one device per port: of the devices "
+    "whose functions share that link (the ports of one card), the one with the lowest PCI address."
+    + _VF_NOTE,
+    (*DEVICE, "error_class"),
+)
 
 
 class PcieSource:
@@ -93,7 +104,7 @@ class PcieSource:
     firmware_free = True  # config space and the PCI core's AER counts: read first (Source)
     specs: tuple[MetricSpec, ...] = (
         LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, PARTNER_MAX_SPEED, PARTNER_MAX_WIDTH,
-        AER_ERRORS, AER_REPORTS,
+        AER_ERRORS, AER_REPORTS, PARTNER_AER_REPORTS,
     )
     dynamic_specs: tuple[DynamicMetricSpec, ...] = ()
 
@@ -130,3 +141,5 @@ class PcieSource:
                 out.add(AER_ERRORS, [*labels, error_class, error_type], count)
             for error_class, total in link.aer_totals.items():
                 out.add(AER_REPORTS, [*labels, error_class], total)
+            for error_class, total in link.partner_aer_totals.items():
+                out.add(PARTNER_AER_REPORTS, [*labels, error_class], total)

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
-from .reader import PCI_ADDRESS, REASON_MALFORMED, SysfsReader, exists, is_dir, link_name, parse_uint
+from .reader import PCI_ADDRESS, REASON_MALFORMED, SysfsReader, exists, is_dir, link_name, list_dir, parse_uint
 
 # Transfer rate per lane -> PCIe generation.
 GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
@@ -78,6 +78,10 @@ class PcieLink:
     # trains at the lower of the two ends' maxima, so a Gen5 HCA in a Gen4 slot is not degraded.
     partner_max_speed_gts: float | None = None
     partner_max_width: int | None = None
+    # The TOTAL_ERR_* lines of that port's own aer_dev_* files: errors it saw in what the device sent
+    # (the device's own files count only what it received). Empty for all but one of the devices that
+    # share the port (PcieIdentity.partner_aer_files).
+    partner_aer_totals: dict[str, int] = field(default_factory=dict)
 
 
 def parse_link_speed(text: str) -> float | None:
@@ -158,6 +162,11 @@ class PcieIdentity:
     aer_files: tuple[tuple[str, str], ...] = ()  # (severity, file) of the AER files the function has
     partner_max_speed_gts: float | None = None  # the link partner's maximum, see PcieLink
     partner_max_width: int | None = None
+    # (severity, path) of the link partner's AER files, read each scrape by one device only: the lowest
+    # PCI address of the RDMA physical functions below the port (_first_rdma_function), so that the two
+    # ports of a card, which share its link, neither read the port's counters twice a scrape nor report
+    # one error twice.
+    partner_aer_files: tuple[tuple[str, str], ...] = ()
     # The capability read all ones (a width of 63): the device was in reset or gone at that moment, so
     # the maximum is not known yet rather than unknown for good (a VF's reserved registers read 0).
     all_ones: bool = False
@@ -188,6 +197,38 @@ def _card_uplink(function_dir: Path, reader: SysfsReader) -> Path | None:
         uplink = bridge
         bridge, current = bridge.parent, above
     return uplink
+
+
+def _first_rdma_function(port: Path, reader: SysfsReader, depth: int = 3) -> str | None:
+    """The lowest PCI address of the physical functions below `port` that have an RDMA device.
+
+    Below a root port that is the card's first port; below the switch ports of a card's own switch
+    (`depth` levels of bridges), its first NIC function, not a GPU beside it. VFs (a `physfn` link)
+    share their PF's bus and are left out.
+    """
+    found: list[str] = []
+    for name in list_dir(port, reader):
+        if not PCI_ADDRESS.match(name):
+            continue
+        child = port / name
+        if exists(child / "infiniband", reader):
+            if not os.path.islink(child / "physfn"):
+                found.append(name)
+        elif depth > 0 and (reader.text(child / "class", optional=True) or "").startswith(_BRIDGE_CLASS):
+            below = _first_rdma_function(child, reader, depth - 1)
+            if below is not None:
+                found.append(below)
+    return min(found, default=None)
+
+
+def _partner_aer_files(partner: Path, address: str, reader: SysfsReader) -> tuple[tuple[str, str], ...]:
+    """The partner port's AER files if the function at `address` is the one to report them, else ()."""
+    files = tuple((sev, os.fspath(partner / file)) for sev, file in AER_FILES.items() if exists(partner / file, reader))
+    if not files:
+        return ()  # a root bus (no port), or a port without AER: nothing is listed
+    first = _first_rdma_function(partner, reader)
+    # A function the walk did not find (a tree without `infiniband` links) still reports the port.
+    return files if first is None or first >= address else ()
 
 
 def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | None:
@@ -227,7 +268,21 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
         all_ones=max_width == _ALL_ONES_WIDTH,
         partner_max_speed_gts=_speed(partner / "max_link_speed", reader),
         partner_max_width=_width(partner / "max_link_width", reader),
+        partner_aer_files=_partner_aer_files(partner, address, reader),
     )
+
+
+def _read_aer(path: str, reader: SysfsReader) -> AerFile | None:
+    """One aer_dev_* file, its bad lines counted; None if it could not be read."""
+    text = reader.text(path, optional=True)
+    if text is None:
+        return None
+    parsed = parse_aer(text)
+    for line in parsed.malformed:
+        reader.fail(REASON_MALFORMED, path, f"not 'Name count': {line[:40]!r}")
+    if parsed.total is None and not parsed.malformed:  # the kernel always ends with its TOTAL_ERR_ line
+        reader.fail(REASON_MALFORMED, path, f"no TOTAL_ERR_ line: {text[:40]!r}")
+    return parsed
 
 
 def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) -> PcieLink | None:
@@ -238,19 +293,18 @@ def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) 
     aer: dict[tuple[str, str], int] = {}
     totals: dict[str, int] = {}
     for severity, file in identity.aer_files:
-        path = f"{function_dir}/{file}"
-        text = reader.text(path, optional=True)
-        if text is None:
+        parsed = _read_aer(f"{function_dir}/{file}", reader)
+        if parsed is None:
             continue
-        parsed = parse_aer(text)
-        for line in parsed.malformed:
-            reader.fail(REASON_MALFORMED, path, f"not 'Name count': {line[:40]!r}")
-        if parsed.total is None and not parsed.malformed:  # the kernel always ends with its TOTAL_ERR_ line
-            reader.fail(REASON_MALFORMED, path, f"no TOTAL_ERR_ line: {text[:40]!r}")
         for name, value in parsed.counts.items():
             aer[(severity, name)] = value
         if parsed.total is not None:
             totals[severity] = parsed.total
+    partner_totals: dict[str, int] = {}
+    for severity, path in identity.partner_aer_files:
+        parsed = _read_aer(path, reader)
+        if parsed is not None and parsed.total is not None:
+            partner_totals[severity] = parsed.total
     link_dir = os.fspath(identity.link_dir)
     own_link = not identity.via_physfn  # a VF's is its PF's, not read again (read_pcie_identity)
     return PcieLink(
@@ -265,6 +319,7 @@ def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) 
         aer_totals=totals,
         partner_max_speed_gts=identity.partner_max_speed_gts,
         partner_max_width=identity.partner_max_width,
+        partner_aer_totals=partner_totals,
     )
 
 
