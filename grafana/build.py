@@ -1347,12 +1347,15 @@ def node_detail() -> Json:
         ), 12, 8),
         (timeseries(
             "PCIe AER errors",
-            "PCIe errors each device's AER capability reported, by error class. Rising correctable errors "
-            "often precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic and "
-            "open a ticket (RdmaPcieUncorrectableErrors).",
+            "PCIe errors each device's AER capability reported, by error class, and those the port above its "
+            "link reported about what the device sent (\"port above\"; one device a card). Rising correctable "
+            "errors often precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic "
+            "and open a ticket (RdmaPcieUncorrectableErrors).",
             "cps",
             targets((f"sum by (instance, device, error_class) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
-                     "{{instance}} {{device}} {{error_class}}")),
+                     "{{instance}} {{device}} {{error_class}}"),
+                    (rate("rdma_pcie_link_partner_aer_reports_total", DEVICE),
+                     "{{instance}} {{device}} {{error_class}} (port above)")),
             alerts=["RdmaPcieUncorrectableErrors", "RdmaPcieLinkDegraded"],
         ), 12, 8),
         (timeseries(
