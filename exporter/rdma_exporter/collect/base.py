@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -348,10 +348,17 @@ class FamilySet:
 
 @dataclass(frozen=True, slots=True)
 class ScrapeContext:
-    """What a source may consult besides the device: paths and its own settings."""
+    """What a source may consult besides the device: paths, its own settings, and the scrape's claims."""
 
     sys_root: Path
     settings: Mapping[str, Any]
+    # One scrape's claims (the engine gives each round a new dict, shared by its sources): what several
+    # devices share, such as the PCIe port above a card's two functions, is read by one of them.
+    claims: dict[str, str] = field(default_factory=dict)
+
+    def claim_once(self, key: str, device: str) -> bool:
+        """True for the first device of the scrape to claim `key` (and again for it), else False."""
+        return self.claims.setdefault(key, device) == device  # one dict call: atomic between threads
 
 
 class Source(Protocol):

@@ -51,7 +51,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
@@ -413,12 +413,14 @@ class RdmaCollector(Collector):
         skipped: dict[str, DeviceJob] = {}
         rnd = _Round(deadline, deadline, entries, jobs, skipped, 0.0, ok, pending=len(entries) + 1)
         self.reads.prune(class_dir, {class_dir + entry.name for entry in entries})
+        claims: dict[str, str] = {}  # the round's own (ScrapeContext.claim_once)
+        contexts = {name: replace(context, claims=claims) for name, context in self._contexts.items()}
         for entry in entries:
             key = class_dir + entry.name
             job, new = self.reads.start(
                 key,
                 entry.name,
-                partial(self._read_device, entry=entry),
+                partial(self._read_device, entry=entry, contexts=contexts),
                 rnd.job_ended,
                 firmware_free_reads=bool(self._firmware_free_sources),
             )
@@ -433,7 +435,7 @@ class RdmaCollector(Collector):
         rnd.inventory_seconds = time.perf_counter() - started
         return rnd
 
-    def _read_device(self, job: DeviceJob, entry: DeviceEntry) -> None:
+    def _read_device(self, job: DeviceJob, entry: DeviceEntry, contexts: dict[str, ScrapeContext]) -> None:
         """Runs in a pool thread: static info if not cached, then each source's reads, the device's own
         first (those that need no firmware before the others), then those that need rtnl. A side job
         beside a netdev stall skips the last; one beside a firmware stall reads the firmware-free ones only."""
@@ -444,7 +446,7 @@ class RdmaCollector(Collector):
             job.info = info or (job.beside.info if job.beside is not None else None)
             job.info_done = True
             if job.info is not None:
-                self._read_sources(job, entry.name, job.info, None, None, self._firmware_free_sources)
+                self._read_sources(job, entry.name, job.info, None, None, self._firmware_free_sources, contexts)
             return
         # A side job runs beside a job that holds the kept files: it reads without any.
         files = None if job.beside is not None else self.reads.files(job.key, verify=self._verify_files)
@@ -485,12 +487,12 @@ class RdmaCollector(Collector):
         if files is not None:
             files.begin()
         if self._firmware_free_sources:
-            self._read_sources(job, entry.name, info, files, memory, self._firmware_free_sources)
+            self._read_sources(job, entry.name, info, files, memory, self._firmware_free_sources, contexts)
             job.firmware_free_done = True
-        self._read_sources(job, entry.name, info, files, memory, self._firmware_sources)
+        self._read_sources(job, entry.name, info, files, memory, self._firmware_sources, contexts)
         job.device_reads_done = True
         if job.beside is None:
-            self._read_sources(job, entry.name, info, files, memory, self._netdev_sources)
+            self._read_sources(job, entry.name, info, files, memory, self._netdev_sources, contexts)
         if not os.path.isdir(job.key):
             self.inventory.mark_dirty()  # removed under us: relist even if udev missed it
 
@@ -502,6 +504,7 @@ class RdmaCollector(Collector):
         files: OpenFiles | None,
         memory: OpenFiles | None,
         sources: Sequence[Source],
+        contexts: dict[str, ScrapeContext],
     ) -> None:
         for source in sources:
             job.begin(source.name)
@@ -510,7 +513,7 @@ class RdmaCollector(Collector):
             key = (name, source.name)
             try:
                 reader = job.reader = SysfsReader(name, errors, files, memory)
-                value = source.read(self._contexts[source.name], info, reader)
+                value = source.read(contexts[source.name], info, reader)
                 ok = True
                 if reader.static_stale:  # e.g. a netdev it names was renamed: read it again next scrape
                     self.inventory.invalidate(name)

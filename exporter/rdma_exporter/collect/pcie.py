@@ -5,7 +5,8 @@ the PCI function's link registers tell. Series carry `device` only: the link bel
 `rdma_device_info` maps it to its PCI address. A device below its card's own PCIe switch (switch ports of
 its own vendor, as a ConnectX-8 SuperNIC's built-in switch would show) reports the card's link to the slot:
 its own link to that switch is on the chip. The port at the other end of that link counts the errors in what
-the device sent (its receiver's); those counts are exported once per link, under its first RDMA function.
+came up the link (its receiver's); those are read once a scrape and exported under the lowest PCI address of
+the devices that share the link.
 
 SR-IOV virtual functions have no link of their own (their link registers read zero), and the parser
 reads none of their PF's for them (its link values are None): the PF's link is not repeated once per VF,
@@ -89,9 +90,10 @@ PARTNER_AER_REPORTS: Final = MetricSpec(
     "rdma_pcie_link_partner_aer_reports_total",
     "counter",
     "AER error messages of the port at the other end of the device's link (the root port or switch port "
-    "above it), by error class (its TOTAL_ERR_* line): errors that port saw in what the device sent it, "
-    "which the device's own counters do not show. Reported under one device per port: of the devices "
-    "whose functions share that link (the ports of one card), the one with the lowest PCI address."
+    "above it), by error class (its TOTAL_ERR_* line): errors that port saw in what came up the link, "
+    "which the device's own counters do not show. Below a card's own PCIe switch that is the card's link, "
+    "which its GPUs may share. Reported under one device per port: of the devices exported that share the "
+    "link (the ports of one card), the one with the lowest PCI address."
     + _VF_NOTE,
     (*DEVICE, "error_class"),
 )
@@ -113,9 +115,27 @@ class PcieSource:
             return None  # software RDMA (rxe, siw) or a non-PCI device: no link to report
         # The maximum link is static and cached in the device's info; only the trained link and AER move.
         identity = device.pcie or read_pcie_identity(device.pci_dir, reader)
-        return read_pcie_state(device.pci_dir, identity, reader) if identity is not None else None
+        if identity is None:
+            return None
+        # The port above a card's link is read by the first of its functions to ask in this scrape.
+        port = f"pcie port {identity.partner_address}"
+        partner = bool(identity.partner_aer_files) and ctx.claim_once(port, device.name)
+        return read_pcie_state(device.pci_dir, identity, reader, partner=partner)
 
     def expose(self, results: Mapping[str, PcieLink | None], out: FamilySet) -> None:
+        # A port that several devices share (a card's functions) is reported under the lowest PCI address
+        # of those that answered, whichever of them read it: the same device from scrape to scrape.
+        reporter: dict[str, tuple[str, str]] = {}  # port address -> (function address, device)
+        for device, link in results.items():
+            if link is not None and link.partner_address:
+                known = reporter.get(link.partner_address)
+                if known is None or (link.address, device) < known:
+                    reporter[link.partner_address] = (link.address, device)
+        partner_totals = {
+            link.partner_address: link.partner_aer_totals
+            for link in results.values()
+            if link is not None and link.partner_aer_totals is not None
+        }
         for device in sorted(results):
             link = results[device]
             if link is None:
@@ -141,5 +161,6 @@ class PcieSource:
                 out.add(AER_ERRORS, [*labels, error_class, error_type], count)
             for error_class, total in link.aer_totals.items():
                 out.add(AER_REPORTS, [*labels, error_class], total)
-            for error_class, total in link.partner_aer_totals.items():
-                out.add(PARTNER_AER_REPORTS, [*labels, error_class], total)
+            if link.partner_address and reporter[link.partner_address][1] == device:
+                for error_class, total in partner_totals.get(link.partner_address, {}).items():
+                    out.add(PARTNER_AER_REPORTS, [*labels, error_class], total)

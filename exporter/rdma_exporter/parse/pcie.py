@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
-from .reader import PCI_ADDRESS, REASON_MALFORMED, SysfsReader, exists, is_dir, link_name, list_dir, parse_uint
+from .reader import PCI_ADDRESS, REASON_MALFORMED, SysfsReader, exists, is_dir, link_name, parse_uint
 
 # Transfer rate per lane -> PCIe generation.
 GENERATIONS: Final[dict[float, int]] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
@@ -78,10 +78,11 @@ class PcieLink:
     # trains at the lower of the two ends' maxima, so a Gen5 HCA in a Gen4 slot is not degraded.
     partner_max_speed_gts: float | None = None
     partner_max_width: int | None = None
-    # The TOTAL_ERR_* lines of that port's own aer_dev_* files: errors it saw in what the device sent
-    # (the device's own files count only what it received). Empty for all but one of the devices that
-    # share the port (PcieIdentity.partner_aer_files).
-    partner_aer_totals: dict[str, int] = field(default_factory=dict)
+    # The TOTAL_ERR_* lines of that port's own aer_dev_* files: errors it saw in what came up the link
+    # (the device's own files count only what it received). None where not read for this device: the
+    # port has no AER files, or another function of the card read them in this scrape.
+    partner_address: str = ""
+    partner_aer_totals: dict[str, int] | None = None
 
 
 def parse_link_speed(text: str) -> float | None:
@@ -162,10 +163,10 @@ class PcieIdentity:
     aer_files: tuple[tuple[str, str], ...] = ()  # (severity, file) of the AER files the function has
     partner_max_speed_gts: float | None = None  # the link partner's maximum, see PcieLink
     partner_max_width: int | None = None
-    # (severity, path) of the link partner's AER files, read each scrape by one device only: the lowest
-    # PCI address of the RDMA physical functions below the port (_first_rdma_function), so that the two
-    # ports of a card, which share its link, neither read the port's counters twice a scrape nor report
-    # one error twice.
+    # The link partner's PCI address and (severity, path) of its AER files; empty where the port has
+    # none (or there is no port: a root bus). The functions of one card share the port, so a scrape reads
+    # it for one of them only (read_pcie_state's `partner`).
+    partner_address: str = ""
     partner_aer_files: tuple[tuple[str, str], ...] = ()
     # The capability read all ones (a width of 63): the device was in reset or gone at that moment, so
     # the maximum is not known yet rather than unknown for good (a VF's reserved registers read 0).
@@ -199,38 +200,6 @@ def _card_uplink(function_dir: Path, reader: SysfsReader) -> Path | None:
     return uplink
 
 
-def _first_rdma_function(port: Path, reader: SysfsReader, depth: int = 3) -> str | None:
-    """The lowest PCI address of the physical functions below `port` that have an RDMA device.
-
-    Below a root port that is the card's first port; below the switch ports of a card's own switch
-    (`depth` levels of bridges), its first NIC function, not a GPU beside it. VFs (a `physfn` link)
-    share their PF's bus and are left out.
-    """
-    found: list[str] = []
-    for name in list_dir(port, reader):
-        if not PCI_ADDRESS.match(name):
-            continue
-        child = port / name
-        if exists(child / "infiniband", reader):
-            if not os.path.islink(child / "physfn"):
-                found.append(name)
-        elif depth > 0 and (reader.text(child / "class", optional=True) or "").startswith(_BRIDGE_CLASS):
-            below = _first_rdma_function(child, reader, depth - 1)
-            if below is not None:
-                found.append(below)
-    return min(found, default=None)
-
-
-def _partner_aer_files(partner: Path, address: str, reader: SysfsReader) -> tuple[tuple[str, str], ...]:
-    """The partner port's AER files if the function at `address` is the one to report them, else ()."""
-    files = tuple((sev, os.fspath(partner / file)) for sev, file in AER_FILES.items() if exists(partner / file, reader))
-    if not files:
-        return ()  # a root bus (no port), or a port without AER: nothing is listed
-    first = _first_rdma_function(partner, reader)
-    # A function the walk did not find (a tree without `infiniband` links) still reports the port.
-    return files if first is None or first >= address else ()
-
-
 def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | None:
     """Static link attributes of the PCI function at `pci_dir`; None if it is gone or is not PCIe at all."""
     if not is_dir(pci_dir, reader):
@@ -257,6 +226,9 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     # The parent directory of a PCIe function is the port its link goes to, unless the function sits
     # on a root bus (a root-complex integrated endpoint, or a VM's flat bus): then there is no file.
     partner = Path(os.path.realpath(link_dir)).parent
+    partner_aer = tuple(
+        (sev, os.fspath(partner / file)) for sev, file in AER_FILES.items() if exists(partner / file, reader)
+    )
     return PcieIdentity(
         address=address,
         link_dir=link_dir,
@@ -268,7 +240,8 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
         all_ones=max_width == _ALL_ONES_WIDTH,
         partner_max_speed_gts=_speed(partner / "max_link_speed", reader),
         partner_max_width=_width(partner / "max_link_width", reader),
-        partner_aer_files=_partner_aer_files(partner, address, reader),
+        partner_address=partner.name if partner_aer else "",
+        partner_aer_files=partner_aer,
     )
 
 
@@ -285,8 +258,14 @@ def _read_aer(path: str, reader: SysfsReader) -> AerFile | None:
     return parsed
 
 
-def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) -> PcieLink | None:
-    """Trained link and AER counters of a PCI function whose identity is known; None if it is gone."""
+def read_pcie_state(
+    pci_dir: Path, identity: PcieIdentity, reader: SysfsReader, *, partner: bool = True
+) -> PcieLink | None:
+    """Trained link and AER counters of a PCI function whose identity is known; None if it is gone.
+
+    The link partner's AER counts are read only if `partner`: false for all but one of the functions
+    that share the port in a scrape.
+    """
     function_dir = os.fspath(pci_dir)
     if not os.path.isdir(function_dir):
         return None
@@ -300,11 +279,13 @@ def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) 
             aer[(severity, name)] = value
         if parsed.total is not None:
             totals[severity] = parsed.total
-    partner_totals: dict[str, int] = {}
-    for severity, path in identity.partner_aer_files:
-        parsed = _read_aer(path, reader)
-        if parsed is not None and parsed.total is not None:
-            partner_totals[severity] = parsed.total
+    partner_totals: dict[str, int] | None = None
+    if partner and identity.partner_aer_files:
+        partner_totals = {}
+        for severity, path in identity.partner_aer_files:
+            parsed = _read_aer(path, reader)
+            if parsed is not None and parsed.total is not None:
+                partner_totals[severity] = parsed.total
     link_dir = os.fspath(identity.link_dir)
     own_link = not identity.via_physfn  # a VF's is its PF's, not read again (read_pcie_identity)
     return PcieLink(
@@ -319,6 +300,7 @@ def read_pcie_state(pci_dir: Path, identity: PcieIdentity, reader: SysfsReader) 
         aer_totals=totals,
         partner_max_speed_gts=identity.partner_max_speed_gts,
         partner_max_width=identity.partner_max_width,
+        partner_address=identity.partner_address,
         partner_aer_totals=partner_totals,
     )
 
