@@ -254,6 +254,7 @@ class HotplugMonitor:
         self.events = 0  # events that changed something, for tests
         self.seen = 0
         self.undecodable = 0  # events lost because pyudev could not decode them
+        self.overflows = 0  # times the uevent socket overflowed and every device was re-read
         self._address_logged: dict[str, float] = {}  # netdev -> when a change on it was last logged at info
         self.changed = threading.Condition()
 
@@ -353,6 +354,28 @@ class HotplugMonitor:
             self.events += 1
             self.changed.notify_all()
 
+    def _overflowed(self) -> bool:
+        """Whether the uevent socket's pending error is an overflow, which reading it clears.
+
+        pyudev reports a socket error as an OSError without errno ("Error while polling fd: N"): the
+        kernel's ENOBUFS, set when an event storm (VFs created, a driver reloaded) filled the receive
+        buffer, is only in SO_ERROR.
+        """
+        try:
+            fd = os.dup(self._monitor.fileno())
+        except (AttributeError, OSError, ValueError):
+            return False
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)  # not a socket after all: the wrapper never took it
+            return False
+        with sock:  # closes the duplicate only
+            try:
+                return sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ENOBUFS
+            except OSError:
+                return False
+
     def _run(self) -> None:
         try:
             self._watch()
@@ -365,10 +388,13 @@ class HotplugMonitor:
             try:
                 device = self._monitor.poll(timeout=1.0)
             except OSError as exc:
-                if exc.errno == errno.ENOBUFS:
+                if exc.errno == errno.ENOBUFS or self._overflowed():
                     # The socket overflowed during an event storm: what was lost is unknown.
                     log.warning("uevent socket overflowed; re-reading every device")
                     self._inventory().invalidate()
+                    with self.changed:
+                        self.overflows += 1
+                        self.changed.notify_all()
                     continue
                 log.error("uevent monitor failed (%s); falling back to rescanning on every scrape", exc)
                 self._inventory().rescan_each_scrape = True
