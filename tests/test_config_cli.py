@@ -539,11 +539,56 @@ def test_a_bare_run_on_a_node_with_rdma_devices_serves_them(monkeypatch: pytest.
     """The sample is for machines without /sys/class/infiniband: a bare run on an HCA node must serve the
     node's own devices, never eight made-up healthy ones under its name. (The test above can check only
     the other case on a machine without RDMA, so the node's class directory is made to exist here.)"""
-    is_dir = Path.is_dir
-    monkeypatch.setattr(Path, "is_dir", lambda path: path == Path("/sys/class/infiniband") or is_dir(path))
+    isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda path: os.fspath(path) == "/sys/class/infiniband" or isdir(path))
     default = Config()
     assert default.sysfs == Path("/sys")
     assert use_sample_tree(default, forced=False, configured=False) is default
+
+
+def refuse_stat_of(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
+    """os.stat of `refused` fails with EACCES, as under a sandbox that hides it."""
+    stat = os.stat
+
+    def refusing(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if os.fspath(path) == os.fspath(refused):  # type: ignore[arg-type]
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(refused))  # type: ignore[arg-type]
+        return stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", refusing)
+
+
+def test_an_unreadable_class_directory_is_a_machine_without_rdma_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Path.is_dir raises PermissionError on EACCES (review): the bare run died with a traceback.
+    sysfs = tmp_path / "sys"
+    (sysfs / "class" / "infiniband").mkdir(parents=True)
+    refuse_stat_of(monkeypatch, sysfs / "class" / "infiniband")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    served = use_sample_tree(Config(sysfs=sysfs), forced=False, configured=False)
+    assert served.sample_tree
+
+
+def test_a_sample_tree_that_cannot_be_built_leaves_the_machines_tree_or_stops_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, recorded_run: RunRecorder,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A read-only container without a writable temporary directory: a bare run serves the machine's own
+    # (empty) tree and says why; --sample, which asked for the sample only, stops with the reason.
+    import tempfile
+
+    def read_only(*args: object, **kwargs: object) -> str:
+        raise OSError(errno.EROFS, "Read-only file system", "/tmp")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    bare = Config(sysfs=tmp_path / "sys")
+    with caplog.at_level(logging.ERROR, logger="rdma_exporter"):
+        assert use_sample_tree(bare, forced=False, configured=False) is bare
+    assert any(r.getMessage().startswith("cannot build the sample tree ([Errno 30]") for r in caplog.records)
+    assert cli.main(["--sample"]) == 1
+    assert recorded_run.config is None
+    assert "cannot build the sample tree for --sample: [Errno 30] Read-only file system" in capsys.readouterr().err
 
 
 def test_relative_paths_in_the_file_are_relative_to_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -231,19 +231,27 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
     deployed exporter on a node whose RDMA modules failed to load must report no devices, not the
     sample's eight healthy-looking HCAs under this node's name.
     """
-    if not forced and (configured or (config.sysfs / "class" / "infiniband").is_dir()):
+    # os.path.isdir, not Path.is_dir, which raises on EACCES (a sandbox hiding /sys/class): that is "no".
+    if not forced and (configured or os.path.isdir(config.sysfs / "class" / "infiniband")):
         return config  # an explicit tree (configured) is served as it is, even without RDMA devices
     from .sample_tree import SAMPLE_SPEC, build_tree
 
-    # The tree is this process's own scratch: remove it on exit so restarts do not pile up copies. SIGTERM
-    # waits while the directory is made and its removal registered: between the two it would leave it.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        dest = Path(tempfile.mkdtemp(prefix="rdma-exporter-sample-"))
-        atexit.register(shutil.rmtree, dest, ignore_errors=True)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    sys_root = build_tree(dest, SAMPLE_SPEC)
+        # The tree is this process's own scratch: remove it on exit so restarts do not pile up copies.
+        # SIGTERM waits while the directory is made and its removal registered: between the two it would
+        # leave it.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            dest = Path(tempfile.mkdtemp(prefix="rdma-exporter-sample-"))
+            atexit.register(shutil.rmtree, dest, ignore_errors=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        sys_root = build_tree(dest, SAMPLE_SPEC)
+    except OSError as exc:  # no writable temporary directory (a read-only container), a full disk
+        if forced:
+            raise
+        log.error("cannot build the sample tree (%s): serving %s, which has no RDMA devices", exc, config.sysfs)
+        return config
     # --sample is served whatever the machine has: then the flag is the reason, not a missing directory.
     reason = "--sample given" if forced else f"no {config.sysfs / 'class' / 'infiniband'} on this machine"
     log.warning(
@@ -294,7 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         # over, end through Python rather than by the signal's default action, which skips atexit and left
         # the tree behind. A deployment (configured) keeps the default: systemd reads that death as a stop.
         signal.signal(signal.SIGTERM, _exit_on_term)
-    served = use_sample_tree(config, args.sample, configured)
+    try:
+        served = use_sample_tree(config, args.sample, configured)
+    except OSError as exc:  # --sample given: nothing else to serve
+        print(f"rdma-exporter: cannot build the sample tree for --sample: {exc}", file=sys.stderr)
+        return 1
     # A reload re-reads the config file and re-applies the flags; the sample tree, if any, stays.
     sample: dict[str, Any] = {}
     if served is not config:

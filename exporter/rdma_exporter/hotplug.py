@@ -427,7 +427,8 @@ def start_monitor(
     except ImportError as exc:  # pragma: no cover - a declared dependency; libudev may still be missing
         log.warning("pyudev unavailable (%s): hotplug is found by a rescan on every scrape", exc)
         return None, f"rescan (pyudev unavailable: {exc})"
-    chosen = source or ("udev" if UDEVD_CONTROL.exists() else "kernel")
+    # os.path.exists: Path.exists raises on EACCES (InaccessiblePaths=/run/udev), which is "no udevd here".
+    chosen = source or ("udev" if os.path.exists(UDEVD_CONTROL) else "kernel")
     try:
         context = pyudev.Context()
         monitor = pyudev.Monitor.from_netlink(context, source=chosen)
