@@ -447,7 +447,10 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
             "security level or the system's crypto policy); the lowest version served is %s",
             source, _NAMES[lowest], ssl.OPENSSL_VERSION, _NAMES[served],
         )
-    auth_type = body.get("client_auth_type", "NoClientCert")
+    # Empty or null is NoClientCert, as exporter-toolkit reads it (a Go string left ""): one file for both.
+    auth_type = body.get("client_auth_type")
+    if auth_type is None or auth_type == "":
+        auth_type = "NoClientCert"
     if auth_type in _UNSUPPORTED_AUTH:
         raise ConfigError(
             source,
@@ -486,9 +489,9 @@ def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, 
 
 
 def _users(source: str, body: Any, stop: threading.Event | None = None) -> BasicAuth | None:
-    if body is None:
-        return None
-    if not isinstance(body, Mapping) or not body:
+    if body is None or (isinstance(body, Mapping) and not body):
+        return None  # `basic_auth_users: {}` too: exporter-toolkit reads no users as no authentication
+    if not isinstance(body, Mapping):
         raise ConfigError(source, "basic_auth_users", "expected a mapping of user name to bcrypt hash")
     users: dict[str, bytes] = {}
     for user, hashed in body.items():
