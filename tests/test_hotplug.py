@@ -525,14 +525,14 @@ def test_real_uevent_from_a_veth_in_a_network_namespace(tmp_path: Path) -> None:
 
 
 class MonitorDyingDuringReload:
-    """A HotplugMonitor that is alive when a reload asks, and dead by the time the new collector is in."""
+    """A HotplugMonitor that is alive when a reload asks, and failed by the time the new collector is in."""
 
     def __init__(self) -> None:
-        self._answers = iter([True])
+        self._answers = iter([False])
 
     @property
-    def running(self) -> bool:
-        return next(self._answers, False)
+    def failed(self) -> bool:
+        return next(self._answers, True)
 
     def stop(self) -> None:
         pass
@@ -544,6 +544,39 @@ def test_reload_while_the_monitor_dies_leaves_the_new_collector_rescanning(tree:
     try:
         daemon.hotplug = MonitorDyingDuringReload()  # type: ignore[assignment]
         assert daemon._reload()
+        assert daemon.exporter.serving.collector.inventory.rescan_each_scrape
+    finally:
+        daemon.server.shutdown(grace=0)
+
+
+def test_a_monitor_that_fails_at_start_up_leaves_the_collector_rescanning(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The monitor's thread failed before the daemon set its inventory's mode: its fallback had already
+    # switched that inventory, which the daemon then set back to udev mode because the monitor existed
+    # (review). The monitor's `running` is still true for a moment after it failed, so `failed` is asked.
+    from rdma_exporter import daemon as daemon_module
+
+    class FailingMonitor(FakeMonitor):
+        def poll(self, timeout: float | None = None) -> None:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+
+    started: list[HotplugMonitor] = []
+
+    def start_failing(sys_root: Path, inventory: Callable[[], Any], **kwargs: object) -> tuple[HotplugMonitor, str]:
+        monitor = HotplugMonitor(FailingMonitor(), "kernel", inventory)
+        monitor.start()
+        wait_until(lambda: monitor.failed)
+        started.append(monitor)
+        return monitor, "udev (kernel uevents, no udevd running)"
+
+    monkeypatch.setattr(daemon_module, "start_monitor", start_failing)
+    config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+    daemon = Daemon(config, reload=lambda: config)
+    try:
+        assert started and daemon.hotplug is started[0]
+        assert daemon.exporter.serving.collector.inventory.rescan_each_scrape
+        assert daemon._reload()  # and a reload builds the new collector rescanning too
         assert daemon.exporter.serving.collector.inventory.rescan_each_scrape
     finally:
         daemon.server.shutdown(grace=0)

@@ -550,7 +550,8 @@ class Daemon:
         self.exporter = Exporter(Serving(config, collector, web))
         hotplug, mode = start_monitor(config.sysfs, lambda: self.exporter.serving.collector.inventory)
         self.hotplug: HotplugMonitor | None = hotplug
-        collector.inventory.rescan_each_scrape = hotplug is None
+        # `failed`, not `running`: a monitor that failed at once has already switched this inventory.
+        collector.inventory.rescan_each_scrape = hotplug is None or hotplug.failed
         self.server = HttpServer(
             parse_listen(config.listen_address),
             self.exporter.handle,
@@ -685,7 +686,7 @@ class Daemon:
             if config.config_file_empty and not old.config.config_file_empty:
                 raise ConfigError(str(config.config_file), "(file)", empty_on_reload(str(config.config_file)))
             web = self._load_web(config.web_config_file, old.web)
-            udev = self.hotplug is not None and self.hotplug.running
+            udev = self.hotplug is not None and not self.hotplug.failed
             collector = build_collector(config, reads=self.reads, rescan_each_scrape=not udev)
         except ConfigError as exc:
             log.error("reload rejected, keeping the running configuration: %s", exc)
@@ -704,8 +705,8 @@ class Daemon:
         self.server.max_connections = connection_cap()  # the limit may have been raised just now
         old.collector.settle()  # a scrape in flight ends on the collector that started it
         self.exporter.serving = Serving(config, collector, web)
-        if udev and not self.hotplug.running:  # type: ignore[union-attr]
-            # The monitor died after it was asked above: its fallback went to the old collector.
+        if udev and self.hotplug.failed:  # type: ignore[union-attr]
+            # The monitor failed after it was asked above: its fallback may have gone to the old collector.
             collector.inventory.rescan_each_scrape = True
         log.info("reloaded %s (%s)", config.config_file or "configuration", web.describe())
         warn_of_filters_matching_nothing(config)

@@ -250,6 +250,7 @@ class HotplugMonitor:
         self.source = source
         self._inventory = inventory
         self._stop = threading.Event()
+        self._failed = threading.Event()
         self._thread: threading.Thread | None = None
         self.events = 0  # events that changed something, for tests
         self.seen = 0
@@ -376,12 +377,24 @@ class HotplugMonitor:
             except OSError:
                 return False
 
+    @property
+    def failed(self) -> bool:
+        """Whether the monitor stopped on a failure (its inventory then rescans every scrape)."""
+        return self._failed.is_set()
+
+    def _fall_back(self) -> None:
+        # Failed first, then the fallback: whoever swaps in an inventory (start-up, a reload) and then
+        # reads `failed` either sees it or had its inventory switched here (`running` stays true for a
+        # moment after this returns, and so could miss both).
+        self._failed.set()
+        self._inventory().rescan_each_scrape = True
+
     def _run(self) -> None:
         try:
             self._watch()
         except Exception:  # the cache would go stale unseen: rescan instead, and say why
             log.exception("uevent monitor failed; falling back to rescanning on every scrape")
-            self._inventory().rescan_each_scrape = True
+            self._fall_back()
 
     def _watch(self) -> None:
         while not self._stop.is_set():
@@ -397,7 +410,7 @@ class HotplugMonitor:
                         self.changed.notify_all()
                     continue
                 log.error("uevent monitor failed (%s); falling back to rescanning on every scrape", exc)
-                self._inventory().rescan_each_scrape = True
+                self._fall_back()
                 return
             if device is None:
                 continue
