@@ -2286,6 +2286,25 @@ def test_basic_auth(start: Callable[..., RunningDaemon], tree: Path, pki: Pki, t
     )
 
 
+def test_an_edited_web_config_takes_effect_without_a_signal(
+    start: Callable[..., RunningDaemon], tree: Path, tmp_path: Path
+) -> None:
+    """exporter-toolkit reads the web config for every request: removing a user there locks them out at
+    once. Here it took a SIGHUP or a restart, which a pod whose Secret was updated in place never gets
+    (review). The file is checked with the TLS files, every few seconds, and reloaded when it changed."""
+    old = bcrypt.hashpw(b"old-secret", bcrypt.gensalt(rounds=4)).decode()
+    new = bcrypt.hashpw(b"new-secret", bcrypt.gensalt(rounds=4)).decode()
+    config = web_config(tmp_path, f"basic_auth_users:\n  prometheus: '{old}'\n")
+    daemon = start("--path.sysfs", str(tree), "--web.config.file", str(config))
+    assert get(daemon.port, "/healthz", headers=basic("prometheus", "old-secret")).status == 200
+    edited = tmp_path / "web.yml.new"
+    edited.write_text(f"basic_auth_users:\n  scraper: '{new}'\n")
+    edited.replace(config)  # as a Secret volume swaps its files: a new inode under the name
+    wait_until(lambda: get(daemon.port, "/healthz", headers=basic("prometheus", "old-secret")).status == 401, 20)
+    assert get(daemon.port, "/healthz", headers=basic("scraper", "new-secret")).status == 200
+    assert f"web config files changed ({config}): reloading the web config" in daemon.log()
+
+
 def test_wrong_passwords_are_counted_into_one_warning_a_minute(
     tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -2619,7 +2638,7 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
     tree: Path, tmp_path: Path, pki: Pki
 ) -> None:
     """The reload may be rejected for the main config file (being edited), not the certificate: tried again
-    every TLS_RELOAD_RETRY_SECONDS while the files differ, or at once when they change again."""
+    every WEB_RELOAD_RETRY_SECONDS while the files differ, or at once when they change again."""
     key = tmp_path / "tls.key"
     shutil.copy(pki.server_key, key)
     web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {key}\n")
@@ -2627,19 +2646,19 @@ def test_a_rejected_reload_for_changed_tls_files_is_tried_again_only_later_or_on
     with in_process_daemon(config, reload=lambda: config) as daemon:
         attempts: list[float] = []
         daemon.reload = lambda **_: attempts.append(time.monotonic()) or False  # type: ignore[method-assign]
-        daemon._check_tls_files(1000.0)
+        daemon._check_web_files(1000.0)
         assert attempts == []  # unchanged
         os.utime(key, ns=(0, 10**9))  # rewritten
-        daemon._check_tls_files(1000.0)
+        daemon._check_web_files(1000.0)
         wait_until(lambda: len(attempts) == 1, 10)
-        daemon._check_tls_files(1000.0 + daemon_module.TLS_FILES_CHECK_SECONDS)
-        daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS - 1)
+        daemon._check_web_files(1000.0 + daemon_module.WEB_FILES_CHECK_SECONDS)
+        daemon._check_web_files(1000.0 + daemon_module.WEB_RELOAD_RETRY_SECONDS - 1)
         time.sleep(0.2)
         assert len(attempts) == 1  # rejected, and the files are as they were then
-        daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS)
+        daemon._check_web_files(1000.0 + daemon_module.WEB_RELOAD_RETRY_SECONDS)
         wait_until(lambda: len(attempts) == 2, 10)
         os.utime(key, ns=(0, 2 * 10**9))  # changed again: at once
-        daemon._check_tls_files(1000.0 + daemon_module.TLS_RELOAD_RETRY_SECONDS + 1)
+        daemon._check_web_files(1000.0 + daemon_module.WEB_RELOAD_RETRY_SECONDS + 1)
         wait_until(lambda: len(attempts) == 3, 10)
 
 
@@ -2659,17 +2678,17 @@ def test_a_web_only_reload_that_drops_a_protection_warns_of_it(
 
 
 def test_the_tls_files_are_checked_every_check_period_not_every_tick(tree: Path, tmp_path: Path, pki: Pki) -> None:
-    # The server's loop ticks four times a second; the files are stat'ed once a TLS_FILES_CHECK_SECONDS.
+    # The server's loop ticks four times a second; the files are stat'ed once a WEB_FILES_CHECK_SECONDS.
     web = web_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n")
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
     with in_process_daemon(config, reload=lambda: config) as daemon:
         checks: list[float] = []
-        daemon._check_tls_files = checks.append  # type: ignore[method-assign]
-        period = daemon_module.TLS_FILES_CHECK_SECONDS
+        daemon._check_web_files = checks.append  # type: ignore[method-assign]
+        period = daemon_module.WEB_FILES_CHECK_SECONDS
         for tick in range(int(period * 4) * 2 + 1):
             daemon._tick(1000.0 + tick / 4)
-            if daemon._tls_checker is not None:
-                daemon._tls_checker.join(10)  # done before the next tick, as a check that does not hang is
+            if daemon._files_checker is not None:
+                daemon._files_checker.join(10)  # done before the next tick, as a check that does not hang is
         assert checks == [1000.0, 1000.0 + period, 1000.0 + 2 * period]
 
 
@@ -2682,20 +2701,20 @@ def test_a_tls_file_check_that_cannot_start_warns_once_and_runs_when_tasks_are_f
     config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0", web_config_file=web)
     with in_process_daemon(config, reload=lambda: config) as daemon:
         checks: list[float] = []
-        daemon._check_tls_files = checks.append  # type: ignore[method-assign]
-        refuse_thread_starts(monkeypatch, "tls-check", 3)
-        period = daemon_module.TLS_FILES_CHECK_SECONDS
+        daemon._check_web_files = checks.append  # type: ignore[method-assign]
+        refuse_thread_starts(monkeypatch, "web-files-check", 3)
+        period = daemon_module.WEB_FILES_CHECK_SECONDS
         with caplog.at_level(logging.INFO, logger="rdma_exporter.daemon"):
             for check in range(5):
                 daemon._tick(1000.0 + check * period)
-                if daemon._tls_checker is not None and daemon._tls_checker.ident is not None:
-                    daemon._tls_checker.join(10)
+                if daemon._files_checker is not None and daemon._files_checker.ident is not None:
+                    daemon._files_checker.join(10)
         monkeypatch.undo()
     assert checks == [1000.0 + 3 * period, 1000.0 + 4 * period]
-    said = [r.getMessage() for r in caplog.records if "TLS file check" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "web config file check" in r.getMessage()]
     assert said == [
-        f"cannot start the TLS file check (can't start new thread); retrying every {period:g} s",
-        "TLS file check started again",
+        f"cannot start the web config file check (can't start new thread); retrying every {period:g} s",
+        "web config file check started again",
     ]
 
 
@@ -2713,10 +2732,10 @@ def test_a_tls_file_check_blocked_in_the_kernel_holds_up_no_answer(
     def hung_stat(self: webconfig.WebConfig) -> tuple[webconfig.FileState, ...]:
         checks.append(threading.current_thread().name)
         release.wait(30)
-        return tuple(loaded for _, loaded in self.tls_files)
+        return tuple(loaded for _, loaded in self.watched_files)
 
-    monkeypatch.setattr(webconfig.WebConfig, "tls_file_states", hung_stat)
-    monkeypatch.setattr(daemon_module, "TLS_FILES_CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(webconfig.WebConfig, "watched_file_states", hung_stat)
+    monkeypatch.setattr(daemon_module, "WEB_FILES_CHECK_SECONDS", 0.1)
     loop = threading.Thread(target=daemon.server.serve_forever, daemon=True)
     loop.start()
     try:
@@ -2725,7 +2744,7 @@ def test_a_tls_file_check_blocked_in_the_kernel_holds_up_no_answer(
         assert get(daemon.server.port, "/healthz", context=client_context(pki), timeout=5).status == 200
         assert time.monotonic() - started < 2
         time.sleep(1)  # ten check periods with the first check still blocked
-        assert checks == ["tls-check"]
+        assert checks == ["web-files-check"]
         release.set()
         wait_until(lambda: len(checks) >= 2, 10)  # checked again once it returned
     finally:

@@ -1025,14 +1025,14 @@ def test_a_renewed_certificate_is_served_without_a_signal(
     # certificate and of the key (seen once under load): the reload reads both either way.
     said = running.log()
     assert any(
-        f"TLS files changed ({changed}): reloading the web config" in said
+        f"web config files changed ({changed}): reloading the web config" in said
         for changed in (f"{volume / 'tls.crt'}, {volume / 'tls.key'}", f"{volume / 'tls.key'}")
     ), said
 
     # A rotation gone wrong (the key of another certificate) is rejected once; the running one stays.
     publish("server", "renewed")
     wait_until(lambda: "reload rejected" in running.log(), 20)
-    time.sleep(daemon_module.TLS_FILES_CHECK_SECONDS + 1)  # checked again meanwhile: not tried again
+    time.sleep(daemon_module.WEB_FILES_CHECK_SECONDS + 1)  # checked again meanwhile: not tried again
     assert running.log().count("reload rejected") == 1
     # The line operations.md tells operators to look for after a rotation.
     assert 'level=error logger=rdma_exporter.daemon msg="web config reload rejected, keeping the running one: ' in (
@@ -1050,7 +1050,7 @@ def test_a_tls_file_whose_mode_changed_counts_as_changed(certs: Pki, tmp_path: P
     shutil.copy(certs.server_key, key)
     text = f"tls_server_config:\n  cert_file: {certs.server_cert}\n  key_file: {key}\n"
     web = load_web_config(web_config(tmp_path, text))
-    assert web.tls_files_changed() == ()
+    assert web.watched_files_changed() == ()
     time.sleep(0.01)
     key.chmod(0o640)
-    assert web.tls_files_changed() == (key,)
+    assert web.watched_files_changed() == (key,)

@@ -296,11 +296,13 @@ def sd_notify(state: str, *, warn: bool = True) -> bool:
     return True
 
 
-# How often the TLS files are compared with what was loaded: a few stat calls, on a thread of their own.
-TLS_FILES_CHECK_SECONDS: Final = 5.0
-# A reload for changed TLS files that was rejected is tried again after this long while they stay changed:
-# the main config file may have been the one at fault, and the new certificate must not wait for a signal.
-TLS_RELOAD_RETRY_SECONDS: Final = 300.0
+# How often the web config file and its TLS files are compared with what was loaded: a few stat calls, on
+# a thread of their own.
+WEB_FILES_CHECK_SECONDS: Final = 5.0
+# A reload for changed web config files that was rejected is tried again after this long while they stay
+# changed: the main config file may have been the one at fault, and a new certificate must not wait for a
+# signal.
+WEB_RELOAD_RETRY_SECONDS: Final = 300.0
 
 
 # How long the exit waits, after the HTTP server's own grace, for a reload that is still running: a daemon
@@ -535,13 +537,13 @@ class Daemon:
         self._reload_lock = threading.Lock()
         self.reloads = ReloadRequests(self.reload)
         self._watchdog = Watchdog.from_environment()
-        self._next_tls_check = 0.0
-        self._tls_checker: threading.Thread | None = None
-        self._tls_check_starts = RetriedStart(
-            log, f"cannot start the TLS file check (%s); retrying every {TLS_FILES_CHECK_SECONDS:g} s",
-            "TLS file check started again")  # fmt: skip
-        # The TLS files' states a reload was last started for, and when (monotonic).
-        self._tls_tried: tuple[tuple[FileState, ...], float] = ((), -math.inf)
+        self._next_files_check = 0.0
+        self._files_checker: threading.Thread | None = None
+        self._files_check_starts = RetriedStart(
+            log, f"cannot start the web config file check (%s); retrying every {WEB_FILES_CHECK_SECONDS:g} s",
+            "web config file check started again")  # fmt: skip
+        # The web config files' states a reload was last started for, and when (monotonic).
+        self._files_tried: tuple[tuple[FileState, ...], float] = ((), -math.inf)
         budget = FileBudget(raise_fd_limit(config.max_open_files))
         self.reads = DeviceReads(WorkerPool(parallelism=config.read_threads), budget)
         if web is None:  # cli.main hands over the web config it checked
@@ -583,34 +585,38 @@ class Daemon:
 
     def _tick(self, now: float) -> None:
         """Each quarter second on the HTTP server's loop thread: the watchdog, the reload thread, and the
-        TLS files."""
+        web config files."""
         self._watchdog.tick(now)
         self.reloads.ensure_running()
-        if now >= self._next_tls_check and self.exporter.serving.web.tls_files:
-            self._next_tls_check = now + TLS_FILES_CHECK_SECONDS
+        if now >= self._next_files_check and self.exporter.serving.web.watched_files:
+            self._next_files_check = now + WEB_FILES_CHECK_SECONDS
             # Not on this thread: a stat on a hung file system (an NFS-mounted /etc) would stop every
             # answer and the watchdog. A check still blocked is not joined by another.
-            checker = self._tls_checker
+            checker = self._files_checker
             if checker is None or not checker.is_alive():
-                checker = threading.Thread(target=self._check_tls_files, args=(now,), name="tls-check", daemon=True)
-                self._tls_checker = checker
-                self._tls_check_starts.start(checker)  # out of tasks, the next check tries again
+                checker = threading.Thread(
+                    target=self._check_web_files, args=(now,), name="web-files-check", daemon=True
+                )
+                self._files_checker = checker
+                self._files_check_starts.start(checker)  # out of tasks, the next check tries again
 
-    def _check_tls_files(self, now: float) -> None:
-        """Reload once the certificate, key or client CA differ from what was loaded. cert-manager renews
-        a certificate into its Secret and the kubelet swaps the mounted files, and nobody sends a SIGHUP
-        into a pod: served until a restart, the old certificate would expire on every node at once.
-        Runs on the tls-check thread (_tick), which also does the reload: no check starts meanwhile."""
+    def _check_web_files(self, now: float) -> None:
+        """Reload once the web config file, or the certificate, key or client CA it names, differ from
+        what was loaded. cert-manager renews a certificate into its Secret and the kubelet swaps the
+        mounted files, and nobody sends a SIGHUP into a pod: served until a restart, the old certificate
+        would expire on every node at once. A user removed from the file is refused from the next check
+        on, as exporter-toolkit, which reads the file for every request, refuses them at once.
+        Runs on the web-files-check thread (_tick), which also does the reload: no check starts meanwhile."""
         web = self.exporter.serving.web
-        states = web.tls_file_states()  # each file stat'ed once a check
-        changed = web.tls_files_changed(states)
+        states = web.watched_file_states()  # each file stat'ed once a check
+        changed = web.watched_files_changed(states)
         if not changed or self._reload_source is None:
             return
-        tried, when = self._tls_tried
-        if states == tried and now - when < TLS_RELOAD_RETRY_SECONDS:
+        tried, when = self._files_tried
+        if states == tried and now - when < WEB_RELOAD_RETRY_SECONDS:
             return  # a reload for these files was rejected (logged): not again at once
-        self._tls_tried = states, now
-        log.info("TLS files changed (%s): reloading the web config", ", ".join(str(path) for path in changed))
+        self._files_tried = states, now
+        log.info("web config files changed (%s): reloading the web config", ", ".join(str(path) for path in changed))
         self.reload(web_only=True)
 
     def reload(self, *, web_only: bool = False) -> bool:
@@ -652,8 +658,8 @@ class Daemon:
             )
 
     def _reload_web(self) -> bool:
-        """For renewed TLS files: the web config file only. The main config file may be mid-edit, and
-        a certificate renewal must neither take that edit nor wait for it."""
+        """For a changed web config file or renewed TLS files: the web config file only. The main config
+        file may be mid-edit, and a certificate renewal must neither take that edit nor wait for it."""
         old = self.exporter.serving
         try:
             web = self._load_web(old.config.web_config_file, old.web)

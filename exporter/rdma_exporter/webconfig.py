@@ -213,21 +213,29 @@ class WebConfig:
     empty: bool = False  # the file held no document (empty, or only comments): see Daemon._reload
     tls_files: TlsFiles = ()  # certificate, key and client CA files, each with its state when loaded
     tls_settings: tuple[str, str] = ("", "")  # the tls_server_config section as written, and its base
+    # The web config file itself, with its state before it was read: exporter-toolkit reads the file
+    # again for every request, so an edit (a user removed, a hash rotated) takes effect without a signal.
+    file: TlsFiles = ()
 
     def same_tls(self, other: WebConfig) -> bool:
         """Whether `other` was loaded from the same TLS settings and files, unchanged in between: its SSL
         context can serve for this one."""
         return self.tls_settings == other.tls_settings and self.tls_files == other.tls_files
 
-    def tls_file_states(self) -> tuple[FileState, ...]:
-        """The TLS files' states now, in the order of `tls_files`."""
-        return tuple(file_state(path) for path, _ in self.tls_files)
+    @property
+    def watched_files(self) -> TlsFiles:
+        """The web config file and the TLS files it names, each with its state when loaded."""
+        return self.file + self.tls_files
 
-    def tls_files_changed(self, states: tuple[FileState, ...] | None = None) -> tuple[Path, ...]:
-        """The TLS files that are not what was loaded: replaced (cert-manager, kubelet's swap of a
-        Secret volume), rewritten or removed. `states`: from `tls_file_states`, if the caller has them."""
-        now = self.tls_file_states() if states is None else states
-        return tuple(path for (path, loaded), state in zip(self.tls_files, now, strict=True) if state != loaded)
+    def watched_file_states(self) -> tuple[FileState, ...]:
+        """The watched files' states now, in the order of `watched_files`."""
+        return tuple(file_state(path) for path, _ in self.watched_files)
+
+    def watched_files_changed(self, states: tuple[FileState, ...] | None = None) -> tuple[Path, ...]:
+        """The watched files that are not what was loaded: edited, replaced (cert-manager, kubelet's swap
+        of a Secret volume) or removed. `states`: from `watched_file_states`, if the caller has them."""
+        now = self.watched_file_states() if states is None else states
+        return tuple(path for (path, loaded), state in zip(self.watched_files, now, strict=True) if state != loaded)
 
     @property
     def scheme(self) -> str:
@@ -577,6 +585,7 @@ def load_web_config(path: Path | None, stop: threading.Event | None = None) -> W
     if path is None:
         return WebConfig()
     source = str(path)
+    state = file_state(path)  # before the read: an edit after it then differs, and is read next time
     document = read_yaml_file(path)
     top = _mapping(source, "", document, _TOP_KEYS)
     base = path.parent
@@ -604,4 +613,5 @@ def load_web_config(path: Path | None, stop: threading.Event | None = None) -> W
         empty=document is None,
         tls_files=tls_files,
         tls_settings=(str(base), repr(top.get("tls_server_config"))),
+        file=((path, state),),
     )
