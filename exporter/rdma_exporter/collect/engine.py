@@ -137,6 +137,15 @@ DEVICE_EXCLUDED: Final = MetricSpec(
     "files is read, so it has no other rdma_ series); present only for such devices.",
     ("device",),
 )
+DEVICE_DISCOVERY: Final = MetricSpec(
+    "rdma_exporter_device_discovery",
+    "gauge",
+    "How devices and changes to their static attributes are found, one series per mode, 1 for the one in "
+    "use: udev (uevents invalidate the cache, resynced every 15 minutes) or rescan (class/infiniband listed "
+    "on every scrape, static attributes re-read every 5 minutes: a fixture tree, no uevent socket, or a "
+    "uevent monitor that failed, which the log says).",
+    ("mode",),
+)
 SAMPLE_TREE: Final = MetricSpec(
     "rdma_exporter_sample_tree",
     "gauge",
@@ -188,6 +197,7 @@ ENGINE_SPECS: Final = (
     DEVICES,
     DEVICES_EXCLUDED,
     DEVICE_EXCLUDED,
+    DEVICE_DISCOVERY,
     SAMPLE_TREE,
     DEVICE_SKIPPED,
     DEVICE_BLOCKED,
@@ -674,6 +684,9 @@ class RdmaCollector(Collector):
         out.add(DEVICES_EXCLUDED, [], len(excluded))
         for name in excluded:
             out.add(DEVICE_EXCLUDED, [name], 1)
+        mode = self.inventory.mode
+        for known in ("rescan", "udev"):
+            out.add(DEVICE_DISCOVERY, [known], 1 if known == mode else 0)
         out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
         for name in sorted(rnd.skipped):
             out.add(DEVICE_SKIPPED, [name], 1)
