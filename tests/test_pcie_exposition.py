@@ -264,6 +264,40 @@ def test_a_shared_port_is_reported_under_the_lowest_device_exported(tmp_path: Pa
             assert found == {(reporter, cls): v for cls, v in expected.items()}, exclude
 
 
+def test_the_lowest_device_reports_the_port_when_its_sibling_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Which function reads the port is whichever asks first; the series stays under the lowest address,
+    # so that it does not move between devices from scrape to scrape (review: only the order in which
+    # mlx5_0 also read it was tested).
+    import threading
+
+    import rdma_exporter.collect.pcie as collect_pcie
+
+    spec = TreeSpec(ib_hcas=0, roce_hcas=2, degraded_pcie=(), down_ports=())
+    sys_root = build_tree(tmp_path / "t", spec)
+    port = (sys_root / "class/infiniband/mlx5_0/device").resolve().parent
+    (port / "aer_dev_nonfatal").write_text("MalfTLP 2\nTOTAL_ERR_NONFATAL 2\n")
+    read = collect_pcie.PcieSource.read
+    readers: list[str] = []
+    second_read = threading.Event()
+
+    def second_first(self: object, ctx: object, device: object, reader: object) -> object:
+        if device.name == "mlx5_0":  # type: ignore[attr-defined]
+            second_read.wait(5)  # the pool spills mlx5_1's job to another thread meanwhile
+        link = read(self, ctx, device, reader)  # type: ignore[arg-type]
+        if link is not None and link.partner_aer_totals is not None:
+            readers.append(device.name)  # type: ignore[attr-defined]
+        if device.name == "mlx5_1":  # type: ignore[attr-defined]
+            second_read.set()
+        return link
+
+    monkeypatch.setattr(collect_pcie.PcieSource, "read", second_first)
+    found = partner_reports(samples(scrape(sys_root)))
+    assert readers == ["mlx5_1"]
+    assert found == {("mlx5_0", "correctable"): 0, ("mlx5_0", "nonfatal"): 2, ("mlx5_0", "fatal"): 0}
+
+
 def test_a_port_is_read_again_once_the_device_that_read_it_is_gone(tmp_path: Path) -> None:
     # A claim lasts one scrape: after a driver reload took the card's first function away, the second
     # reads and reports the port in the next scrape (a claim kept across scrapes would leave it unread).

@@ -718,9 +718,9 @@ class RdmaCollector(Collector):
             results[source.name][name] = None
             return True
         try:
-            results[source.name][name] = source.read(
-                self._contexts[source.name], info, SysfsReader(name, ReadErrors())
-            )
+            # Claims of its own: the collector's base contexts last as long as it (claim_once is per scrape).
+            context = replace(self._contexts[source.name], claims={})
+            results[source.name][name] = source.read(context, info, SysfsReader(name, ReadErrors()))
         except Exception:
             log.exception("collector %s failed on cached info of %s", source.name, name)
             success[source.name] = False

@@ -92,8 +92,9 @@ PARTNER_AER_REPORTS: Final = MetricSpec(
     "AER error messages of the port at the other end of the device's link (the root port or switch port "
     "above it), by error class (its TOTAL_ERR_* line): errors that port saw in what came up the link, "
     "which the device's own counters do not show. Below a card's own PCIe switch that is the card's link, "
-    "which its GPUs may share. Reported under one device per port: of the devices exported that share the "
-    "link (the ports of one card), the one with the lowest PCI address."
+    "which its GPUs may share. Reported under one device per port: of the devices that share the link (the "
+    "ports of one card) and answered the scrape, the one with the lowest PCI address; absent in a scrape "
+    "whose function that read the port did not answer."
     + _VF_NOTE,
     (*DEVICE, "error_class"),
 )
@@ -119,8 +120,7 @@ class PcieSource:
             return None
         # The port above a card's link is read by the first of its functions to ask in this scrape.
         port = f"pcie port {identity.partner_address}"
-        partner = bool(identity.partner_aer_files) and ctx.claim_once(port, device.name)
-        return read_pcie_state(device.pci_dir, identity, reader, partner=partner)
+        return read_pcie_state(device.pci_dir, identity, reader, partner=lambda: ctx.claim_once(port, device.name))
 
     def expose(self, results: Mapping[str, PcieLink | None], out: FamilySet) -> None:
         # A port that several devices share (a card's functions) is reported under the lowest PCI address

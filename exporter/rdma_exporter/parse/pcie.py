@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -259,12 +260,13 @@ def _read_aer(path: str, reader: SysfsReader) -> AerFile | None:
 
 
 def read_pcie_state(
-    pci_dir: Path, identity: PcieIdentity, reader: SysfsReader, *, partner: bool = True
+    pci_dir: Path, identity: PcieIdentity, reader: SysfsReader, *, partner: Callable[[], bool] | None = None
 ) -> PcieLink | None:
     """Trained link and AER counters of a PCI function whose identity is known; None if it is gone.
 
-    The link partner's AER counts are read only if `partner`: false for all but one of the functions
-    that share the port in a scrape.
+    The link partner's AER counts are read if the port has AER files and `partner` (asked only then, and
+    only once the function is known to be there) says so: it answers yes for one of the functions that
+    share the port in a scrape. Without it they are always read.
     """
     function_dir = os.fspath(pci_dir)
     if not os.path.isdir(function_dir):
@@ -280,7 +282,7 @@ def read_pcie_state(
         if parsed.total is not None:
             totals[severity] = parsed.total
     partner_totals: dict[str, int] | None = None
-    if partner and identity.partner_aer_files:
+    if identity.partner_aer_files and (partner is None or partner()):
         partner_totals = {}
         for severity, path in identity.partner_aer_files:
             parsed = _read_aer(path, reader)
