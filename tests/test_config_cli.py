@@ -535,12 +535,19 @@ def test_sample_tree_only_for_a_bare_first_run(tmp_path: Path, caplog: pytest.Lo
     assert use_sample_tree(empty, forced=True, configured=True).sysfs != empty.sysfs
 
 
-def test_a_bare_run_on_a_node_with_rdma_devices_serves_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bare_run_on_a_node_with_rdma_devices_serves_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The sample is for machines without /sys/class/infiniband: a bare run on an HCA node must serve the
     node's own devices, never eight made-up healthy ones under its name. (The test above can check only
     the other case on a machine without RDMA, so the node's class directory is made to exist here.)"""
-    isdir = os.path.isdir
-    monkeypatch.setattr(os.path, "isdir", lambda path: os.fspath(path) == "/sys/class/infiniband" or isdir(path))
+    stat = os.stat
+    directory = stat(tmp_path)
+
+    def class_dir_present(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if os.fspath(path) == "/sys/class/infiniband":  # type: ignore[arg-type]
+            return directory
+        return stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", class_dir_present)
     default = Config()
     assert default.sysfs == Path("/sys")
     assert use_sample_tree(default, forced=False, configured=False) is default
@@ -558,16 +565,21 @@ def refuse_stat_of(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
     monkeypatch.setattr(os, "stat", refusing)
 
 
-def test_an_unreadable_class_directory_is_a_machine_without_rdma_not_a_crash(
+def test_an_unreadable_class_directory_is_served_as_it_is_not_replaced_by_the_sample(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Path.is_dir raises PermissionError on EACCES (review): the bare run died with a traceback.
+    # Path.is_dir raises PermissionError on EACCES (review): the bare run died with a traceback. And a
+    # directory that cannot be looked at may hold the node's devices (second review): the node's tree is
+    # served, whose failed listing is counted, never made-up HCAs under its name.
     sysfs = tmp_path / "sys"
     (sysfs / "class" / "infiniband").mkdir(parents=True)
     refuse_stat_of(monkeypatch, sysfs / "class" / "infiniband")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    served = use_sample_tree(Config(sysfs=sysfs), forced=False, configured=False)
-    assert served.sample_tree
+    bare = Config(sysfs=sysfs)
+    assert use_sample_tree(bare, forced=False, configured=False) is bare
+    # Known to be absent: the sample, as on any machine without RDMA.
+    absent = Config(sysfs=tmp_path / "none")
+    assert use_sample_tree(absent, forced=False, configured=False).sample_tree
 
 
 def test_a_sample_tree_that_cannot_be_built_leaves_the_machines_tree_or_stops_sample(

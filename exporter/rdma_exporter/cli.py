@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -224,6 +225,19 @@ def _exit_on_term(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _may_have_rdma(class_dir: Path) -> bool:
+    """Whether `class_dir` is there, or may be: only a directory known to be absent lets a bare run serve
+    the sample. One that cannot be looked at (EACCES under a sandbox) may hold this node's devices: it is
+    served as it is, and its failed listing is counted, rather than made-up HCAs under the node's name.
+    Not Path.is_dir, which raises on EACCES."""
+    try:
+        return stat.S_ISDIR(os.stat(class_dir).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+
+
 def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
     """Without RDMA hardware, build the bundled sample tree so that a first run shows real output.
 
@@ -231,8 +245,7 @@ def use_sample_tree(config: Config, forced: bool, configured: bool) -> Config:
     deployed exporter on a node whose RDMA modules failed to load must report no devices, not the
     sample's eight healthy-looking HCAs under this node's name.
     """
-    # os.path.isdir, not Path.is_dir, which raises on EACCES (a sandbox hiding /sys/class): that is "no".
-    if not forced and (configured or os.path.isdir(config.sysfs / "class" / "infiniband")):
+    if not forced and (configured or _may_have_rdma(config.sysfs / "class" / "infiniband")):
         return config  # an explicit tree (configured) is served as it is, even without RDMA devices
     from .sample_tree import SAMPLE_SPEC, build_tree
 

@@ -552,8 +552,11 @@ class Daemon:
         self.exporter = Exporter(Serving(config, collector, web))
         hotplug, mode = start_monitor(config.sysfs, lambda: self.exporter.serving.collector.inventory)
         self.hotplug: HotplugMonitor | None = hotplug
-        # `failed`, not `running`: a monitor that failed at once has already switched this inventory.
-        collector.inventory.rescan_each_scrape = hotplug is None or hotplug.failed
+        collector.inventory.rescan_each_scrape = hotplug is None
+        # Then `failed` (not `running`): a monitor that failed before the line above had switched this
+        # inventory already, and one that fails after it switches it itself (HotplugMonitor._fall_back).
+        if hotplug is not None and hotplug.failed:
+            collector.inventory.rescan_each_scrape = True
         self.server = HttpServer(
             parse_listen(config.listen_address),
             self.exporter.handle,
