@@ -87,8 +87,8 @@ def test_udev_mode_lists_devices_only_when_told(tree: Path, tmp_path: Path) -> N
     metrics = scrape_samples(collector)
     assert not [key for key in metrics if ("device", "mlx5_3") in key[1]]  # no stale series
     assert metrics[("rdma_exporter_devices", ())] == 3
-    assert metrics[("rdma_exporter_device_discovery", (("mode", "udev"),))] == 1
-    assert metrics[("rdma_exporter_device_discovery", (("mode", "rescan"),))] == 0
+    assert metrics[("rdma_exporter_discovery_mode", (("mode", "udev"),))] == 1
+    assert metrics[("rdma_exporter_discovery_mode", (("mode", "rescan"),))] == 0
 
 
 def test_a_removal_whose_uevent_was_lost_costs_one_scrape_not_the_resync(tree: Path) -> None:
@@ -580,7 +580,7 @@ def test_a_monitor_that_fails_at_start_up_leaves_the_collector_rescanning(
         assert daemon.exporter.serving.collector.inventory.rescan_each_scrape
         # Said on every scrape, for a fleet query (the log says why, once).
         served = samples(daemon.exporter.serving.collector.gather().render_text().decode())
-        modes = {dict(ls)["mode"]: v for (n, ls), v in served.items() if n == "rdma_exporter_device_discovery"}
+        modes = {dict(ls)["mode"]: v for (n, ls), v in served.items() if n == "rdma_exporter_discovery_mode"}
         assert modes == {"rescan": 1, "udev": 0}
         assert daemon._reload()  # and a reload builds the new collector rescanning too
         assert daemon.exporter.serving.collector.inventory.rescan_each_scrape

@@ -137,8 +137,8 @@ DEVICE_EXCLUDED: Final = MetricSpec(
     "files is read, so it has no other rdma_ series); present only for such devices.",
     ("device",),
 )
-DEVICE_DISCOVERY: Final = MetricSpec(
-    "rdma_exporter_device_discovery",
+DISCOVERY_MODE: Final = MetricSpec(
+    "rdma_exporter_discovery_mode",
     "gauge",
     "How devices and changes to their static attributes are found, one series per mode, 1 for the one in "
     "use: udev (uevents invalidate the cache, resynced every 15 minutes) or rescan (class/infiniband listed "
@@ -197,7 +197,7 @@ ENGINE_SPECS: Final = (
     DEVICES,
     DEVICES_EXCLUDED,
     DEVICE_EXCLUDED,
-    DEVICE_DISCOVERY,
+    DISCOVERY_MODE,
     SAMPLE_TREE,
     DEVICE_SKIPPED,
     DEVICE_BLOCKED,
@@ -686,7 +686,7 @@ class RdmaCollector(Collector):
             out.add(DEVICE_EXCLUDED, [name], 1)
         mode = self.inventory.mode
         for known in ("rescan", "udev"):
-            out.add(DEVICE_DISCOVERY, [known], 1 if known == mode else 0)
+            out.add(DISCOVERY_MODE, [known], 1 if known == mode else 0)
         out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
         for name in sorted(rnd.skipped):
             out.add(DEVICE_SKIPPED, [name], 1)
