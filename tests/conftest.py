@@ -202,6 +202,18 @@ def prometheus_text(families: FamilySet) -> bytes:
     return generate_latest(registry)
 
 
+def refuse_stat_of(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
+    """os.stat of `refused` fails with EACCES, as under a sandbox that hides it (InaccessiblePaths=)."""
+    stat = os.stat
+
+    def refusing(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if os.fspath(path) == os.fspath(refused):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(refused))
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", refusing)
+
+
 def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
     """Poll `condition` until it holds; fail the test after `timeout` seconds."""
     end = time.monotonic() + timeout

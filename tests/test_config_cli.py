@@ -31,7 +31,7 @@ from rdma_exporter.config import (
 )
 from rdma_exporter.webconfig import WebConfig
 
-from conftest import SYSFS_FIXTURES, free_port, record_reads, samples, scrape
+from conftest import SYSFS_FIXTURES, free_port, record_reads, refuse_stat_of, samples, scrape
 
 LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
 
@@ -551,18 +551,6 @@ def test_a_bare_run_on_a_node_with_rdma_devices_serves_them(monkeypatch: pytest.
     default = Config()
     assert default.sysfs == Path("/sys")
     assert use_sample_tree(default, forced=False, configured=False) is default
-
-
-def refuse_stat_of(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
-    """os.stat of `refused` fails with EACCES, as under a sandbox that hides it."""
-    stat = os.stat
-
-    def refusing(path: object, *args: object, **kwargs: object) -> os.stat_result:
-        if os.fspath(path) == os.fspath(refused):  # type: ignore[arg-type]
-            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(refused))  # type: ignore[arg-type]
-        return stat(path, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "stat", refusing)
 
 
 def test_an_unreadable_class_directory_is_served_as_it_is_not_replaced_by_the_sample(

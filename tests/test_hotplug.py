@@ -34,7 +34,16 @@ from rdma_exporter.hotplug import Event, HotplugMonitor, apply_address_change, a
 from rdma_exporter.parse.reader import is_sysfs_mount
 from rdma_exporter.sample_tree import build_tree, spec_for_devices
 
-from conftest import SYSFS_FIXTURES, copy_tree, remove_device, require_binary, samples, skip_or_fail, wait_until
+from conftest import (
+    SYSFS_FIXTURES,
+    copy_tree,
+    refuse_stat_of,
+    remove_device,
+    require_binary,
+    samples,
+    skip_or_fail,
+    wait_until,
+)
 
 TESTS = Path(__file__).resolve().parent
 
@@ -764,14 +773,7 @@ def test_udevd_events_are_used_when_udevd_runs_else_the_kernels(
     if udevd == "hidden":
         # InaccessiblePaths=/run/udev: the stat fails with EACCES, which is "no udevd to be heard here"
         # (review: Path.exists raised it, and start-up logged it as a failure to listen on the port).
-        stat = os.stat
-
-        def refusing(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
-            if os.fspath(path) == os.fspath(control):
-                raise PermissionError(errno.EACCES, "Permission denied", os.fspath(control))
-            return stat(path, *args, **kwargs)
-
-        monkeypatch.setattr(os, "stat", refusing)
+        refuse_stat_of(monkeypatch, control)
     monkeypatch.setattr(hotplug, "UDEVD_CONTROL", control)
     monkeypatch.setattr(hotplug, "is_sysfs_mount", lambda path: True)  # as if `tree` were /sys
     opened: list[OpenedMonitor] = []

@@ -26,6 +26,13 @@ def one_hca(tmp_path: Path) -> tuple[Path, Path]:
     return sys_root, (sys_root / "class/infiniband/mlx5_0/device").resolve()
 
 
+def one_card(tmp_path: Path) -> tuple[Path, Path]:
+    """A tree of one BlueField-3 (mlx5_0 and mlx5_1, two functions on one link): its sysfs root and the
+    PCIe port above that link."""
+    sys_root = build_tree(tmp_path / "t", TreeSpec(ib_hcas=0, roce_hcas=2, degraded_pcie=(), down_ports=()))
+    return sys_root, (sys_root / "class/infiniband/mlx5_0/device").resolve().parent
+
+
 def pcie(metrics: Sample) -> dict[str, float]:
     """mlx5_0's link series, by metric name."""
     return {name: v for (name, labels), v in metrics.items() if name.startswith("rdma_pcie_link") and labels == DEVICE}
@@ -224,11 +231,10 @@ def test_a_link_shared_by_two_devices_reports_its_port_once_a_scrape(
     from rdma_exporter.config import Config
     from rdma_exporter.daemon import build_collector
 
-    spec = TreeSpec(ib_hcas=0, roce_hcas=2, degraded_pcie=(), down_ports=())
-    sys_root = build_tree(tmp_path / "t", spec)
+    sys_root, port = one_card(tmp_path)
     first, second = ((sys_root / f"class/infiniband/{d}/device").resolve() for d in ("mlx5_0", "mlx5_1"))
-    assert first.parent == second.parent and first.name < second.name
-    (first.parent / "aer_dev_fatal").write_text("SDES 1\nTOTAL_ERR_FATAL 1\n")
+    assert first.parent == second.parent == port and first.name < second.name
+    (port / "aer_dev_fatal").write_text("SDES 1\nTOTAL_ERR_FATAL 1\n")
     reads: list[str] = []
     read_aer = parse_pcie._read_aer
 
@@ -243,8 +249,8 @@ def test_a_link_shared_by_two_devices_reports_its_port_once_a_scrape(
         metrics = samples(collector.gather().render_text().decode())
         reporter = {("mlx5_0", "correctable"): 0, ("mlx5_0", "nonfatal"): 0, ("mlx5_0", "fatal"): 1}
         assert partner_reports(metrics) == reporter
-        port_reads = sorted(path for path in reads if Path(path).parent == first.parent)
-        assert port_reads == sorted(str(first.parent / name) for name in aer_files for _ in range(scrapes))
+        port_reads = sorted(path for path in reads if Path(path).parent == port)
+        assert port_reads == sorted(str(port / name) for name in aer_files for _ in range(scrapes))
 
 
 def test_a_shared_port_is_reported_under_the_lowest_device_exported(tmp_path: Path) -> None:
@@ -252,9 +258,7 @@ def test_a_shared_port_is_reported_under_the_lowest_device_exported(tmp_path: Pa
     # (review: ownership chosen among all the card's functions, exported or not, lost the port's counts).
     import re
 
-    spec = TreeSpec(ib_hcas=0, roce_hcas=2, degraded_pcie=(), down_ports=())
-    sys_root = build_tree(tmp_path / "t", spec)
-    port = (sys_root / "class/infiniband/mlx5_0/device").resolve().parent
+    sys_root, port = one_card(tmp_path)
     (port / "aer_dev_nonfatal").write_text("MalfTLP 2\nTOTAL_ERR_NONFATAL 2\n")
     expected = {"correctable": 0, "nonfatal": 2, "fatal": 0}
     for exclude, reporter in ((None, "mlx5_0"), ("mlx5_0", "mlx5_1")):
@@ -274,9 +278,7 @@ def test_the_lowest_device_reports_the_port_when_its_sibling_read_it(
 
     import rdma_exporter.collect.pcie as collect_pcie
 
-    spec = TreeSpec(ib_hcas=0, roce_hcas=2, degraded_pcie=(), down_ports=())
-    sys_root = build_tree(tmp_path / "t", spec)
-    port = (sys_root / "class/infiniband/mlx5_0/device").resolve().parent
+    sys_root, port = one_card(tmp_path)
     (port / "aer_dev_nonfatal").write_text("MalfTLP 2\nTOTAL_ERR_NONFATAL 2\n")
     read = collect_pcie.PcieSource.read
     readers: list[str] = []
@@ -306,9 +308,7 @@ def test_a_port_is_read_again_once_the_device_that_read_it_is_gone(tmp_path: Pat
     from rdma_exporter.config import Config
     from rdma_exporter.daemon import build_collector
 
-    spec = TreeSpec(ib_hcas=0, roce_hcas=2, degraded_pcie=(), down_ports=())
-    sys_root = build_tree(tmp_path / "t", spec)
-    port = (sys_root / "class/infiniband/mlx5_0/device").resolve().parent
+    sys_root, port = one_card(tmp_path)
     (port / "aer_dev_fatal").write_text("SDES 1\nTOTAL_ERR_FATAL 1\n")
     links = {name: sys_root / "class/infiniband" / name for name in ("mlx5_0", "mlx5_1")}
     targets = {name: link.readlink() for name, link in links.items()}
