@@ -190,7 +190,7 @@ class BasicAuth:
 # be stat'ed. A Secret volume's update swaps a symlink, which changes the inode behind the same path; a
 # chmod or chown after a `mv` (a key first unreadable to the exporter) changes only the ctime.
 FileState = tuple[int, int, int, int, int] | None
-TlsFiles = tuple[tuple[Path, FileState], ...]
+LoadedFiles = tuple[tuple[Path, FileState], ...]  # files, each with its state when it was read
 
 
 def file_state(path: Path) -> FileState:
@@ -211,11 +211,11 @@ class WebConfig:
     allowed_sans: frozenset[str] = frozenset()
     source: str = ""
     empty: bool = False  # the file held no document (empty, or only comments): see Daemon._reload
-    tls_files: TlsFiles = ()  # certificate, key and client CA files, each with its state when loaded
+    tls_files: LoadedFiles = ()  # certificate, key and client CA files, each with its state when loaded
     tls_settings: tuple[str, str] = ("", "")  # the tls_server_config section as written, and its base
     # The web config file itself, with its state before it was read: exporter-toolkit reads the file
     # again for every request, so an edit (a user removed, a hash rotated) takes effect without a signal.
-    file: TlsFiles = ()
+    file: LoadedFiles = ()
 
     def same_tls(self, other: WebConfig) -> bool:
         """Whether `other` was loaded from the same TLS settings and files, unchanged in between: its SSL
@@ -223,7 +223,7 @@ class WebConfig:
         return self.tls_settings == other.tls_settings and self.tls_files == other.tls_files
 
     @property
-    def watched_files(self) -> TlsFiles:
+    def watched_files(self) -> LoadedFiles:
         """The web config file and the TLS files it names, each with its state when loaded."""
         return self.file + self.tls_files
 
@@ -403,7 +403,7 @@ def _no_passphrase() -> bytes:
     raise _EncryptedKey
 
 
-def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str], TlsFiles]:
+def _tls(source: str, section: Any, base: Path) -> tuple[ssl.SSLContext | None, frozenset[str], LoadedFiles]:
     """The SSL context, the allowed SANs, and the files loaded with what they were before loading."""
     body = _mapping(source, "tls_server_config", section, _TLS_KEYS, _REFUSED_TLS_KEYS)
     if not body:
