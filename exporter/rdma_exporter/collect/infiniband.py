@@ -95,7 +95,8 @@ PORT_RATE: Final = MetricSpec(
     "Link rate the port trained at (all lanes), in bytes per second, as the kernel's rate file gives it: the "
     "signalling rate. SDR, DDR and QDR links carry 80% of it as data (8b/10b), FDR 64/66; later generations "
     "report their data rate. On Ethernet ports (RoCE, iWARP) the driver maps the netdev's speed to the nearest "
-    "InfiniBand rate, which is coarse for some speeds (1 GbE can show 2.5 Gb/s) and carries no 8b/10b loss: "
+    "InfiniBand rate, which is coarse for some speeds (1 GbE can show 2.5 Gb/s) and carries no 8b/10b loss, and "
+    "mlx5 before kernel 6.16 shows its preset 40 Gb/s (4X QDR) for 200 Gb/s lanes (800GbE): "
     "rdma_netdev_speed_bytes_per_second is the exact figure there. While the port is not ACTIVE this is what the "
     "driver reports then (often the last or the highest rate), no trained rate: read it with rdma_port_state_id.",
     PORT,
