@@ -22,6 +22,7 @@ from prometheus_client.utils import floatToGoString
 
 from rdma_exporter.collect import base
 from rdma_exporter.collect.base import FamilySet, MetricSpec, SeriesPrefixes, _layout, format_value, label, lint_safe
+from rdma_exporter.collect.infiniband import WRAPS_ON_MLX5, HwCounterSpecs
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
 from rdma_exporter.sample_tree import HEALTHY_SPEC, SAMPLE_SPEC, build_tree, spec_for_devices
@@ -284,6 +285,20 @@ def test_a_help_naming_a_file_that_is_not_utf8_costs_no_scrape(tmp_path: Path) -
     assert "# HELP rdma_port_hw_odd_name_total Driver counter hw_counters/odd\\\\xffname." in lines
     assert 'rdma_port_hw_odd_name_total{device="mlx5_0",port="1"} 5.0' in lines
     assert "rdma_exporter_devices 1.0" in lines  # the rest of the scrape
+
+
+def test_an_mlx5_vport_counter_is_described_and_flagged_32_bit_as_its_plain_twin() -> None:
+    # In switchdev mode mlx5 prefixes a port's Q counters with vport_: the same 32-bit counters, so the
+    # HELP says that they wrap and what they count, as for the plain names.
+    specs = HwCounterSpecs("rdma_port_hw_", ("device", "port"), "hw_counters")
+    plain, vport = specs.get("out_of_buffer"), specs.get("vport_out_of_buffer")
+    assert vport.name == "rdma_port_hw_vport_out_of_buffer_total"
+    assert vport.help == plain.help.replace(WRAPS_ON_MLX5, "") + (
+        " Counted for the function's eswitch vport (mlx5 in switchdev mode)." + WRAPS_ON_MLX5
+    )
+    assert plain.help.endswith(WRAPS_ON_MLX5)
+    # A vport_ name that has no plain twin keeps the generic help, without the 32-bit note.
+    assert specs.get("vport_something_new").help == "Driver counter hw_counters/vport_something_new."
 
 
 def test_label_of_an_unknown_attribute_is_empty() -> None:

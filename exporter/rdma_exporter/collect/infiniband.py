@@ -207,6 +207,9 @@ MLX5_32BIT_HW_COUNTERS: Final = frozenset({
     "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
 })  # fmt: skip
 WRAPS_ON_MLX5: Final = " mlx5 counts it in 32 bits: it wraps, which rate() takes for a counter reset."
+# mlx5 in switchdev mode (a BlueField's Arm side, OVS offload) names a port's Q counters for its eswitch
+# vport with this prefix: the same 32-bit counters, the same meaning.
+MLX5_VPORT_PREFIX: Final = "vport_"
 
 # HELP for hw_counters files whose meaning is documented by the driver vendor. Files not listed are
 # exported all the same, with a generic HELP naming the file.
@@ -311,13 +314,16 @@ class HwCounterSpecs:
             fragment = metric_fragment(file)
             kind: Literal["counter", "gauge"] = "gauge" if hw_counter_is_gauge(file) else "counter"
             # A level (active QPs, a watermark) is not a count: its HELP must not call it a counter.
+            known = file.removeprefix(MLX5_VPORT_PREFIX)
             described = HW_COUNTER_HELP.get(
-                file,
+                known,
                 f"Driver counter {self._scope}/{file}."
                 if kind == "counter"
                 else f"Driver value {self._scope}/{file}, a level that rises and falls.",
             )
-            if file in MLX5_32BIT_HW_COUNTERS:
+            if known != file and known in HW_COUNTER_HELP:
+                described += " Counted for the function's eswitch vport (mlx5 in switchdev mode)."
+            if known in MLX5_32BIT_HW_COUNTERS:
                 described += WRAPS_ON_MLX5
             if kind == "counter":  # a driver's `tx_total` is rdma_port_hw_tx_total, not ..._total_total
                 fragment = fragment.removesuffix("_total")
