@@ -524,7 +524,8 @@ def test_rules_cost_backfills_each_record_after_the_records_it_reads() -> None:
     # The day's maxima read the 10-minute ones of their own group.
     assert by_name["instance_device_port:rdma_port_state_id:max10m_max1d"] == 1
     assert by_name["instance_device_port:rdma_port_state_id:pci_address_max10m_max1d"] == 2
-    assert by_name["instance_device_port:rdma_port_rate_bytes_per_second:active_max1d"] == 3
+    # The day's best rate: the active-backup record, the rate record, :active, its history's two levels.
+    assert by_name["instance_device_port:rdma_port_rate_bytes_per_second:active_max1d"] == 5
     assert "instance:rdma_exporter_target:known" in self_reading
 
 
