@@ -681,6 +681,9 @@ BELOW_DAY_BEST = (
 # Ports below the median rate of the ports of their HCA model and port number on the node, where no rate is
 # expected: RdmaPortRateBelowPeers' condition, which needs no history (a port slow since before the exporter
 # ran), as a shortfall of the record's shape (problem "rate", reference "peers", the share reached).
+# RoCE LAG ports with a bond slave without carrier, by mode: RdmaPortRateBelowPeers leaves the aggregating ones out.
+BOND_SLAVE_WITHOUT_CARRIER = "instance_device_port:rdma_netdev_bond_slave_without_carrier:present"
+NOT_ACTIVE_BACKUP = 'mode!="active-backup"'
 BELOW_PEERS = (
     'label_replace(label_replace(\n'
     '  max without (board_id, link_layer) (\n'
@@ -689,7 +692,7 @@ BELOW_PEERS = (
     f'    {sel("instance_board_port:rdma_port_rate_bytes_per_second:active_median", NODE)} < 1\n'
     '  )\n'
     f'    unless {ON_PORT} {sel("rdma_expected_port_rate_bytes_per_second", DEVICE)}\n'
-    f'    unless {ON_PORT} {sel("instance_device_port:rdma_netdev_bond_slave_without_carrier:present", DEVICE)}\n'
+    f'    unless {ON_PORT} {sel(BOND_SLAVE_WITHOUT_CARRIER, DEVICE, NOT_ACTIVE_BACKUP)}\n'
     '  , "problem", "rate", "", ""), "reference", "peers", "", "")'
 )
 LINKS_BELOW_EXPECTED = links_below()
