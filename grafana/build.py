@@ -76,6 +76,17 @@ def sel(metric: str, labels: Sequence[str] = PORT, *extra: str) -> str:
     return f"{metric}{{{', '.join(matchers)}}}"
 
 
+def per_cluster(record: str) -> str:
+    """A `cluster:` record summed over the selected jobs: one line a cluster, as its legend names it, even
+    while its nodes are split between two jobs (a move to TLS in progress)."""
+    return f"sum by (cluster) ({sel(record, CLUSTER)})"
+
+
+def per_rail(record: str) -> str:
+    """A `cluster_device_port:` record summed over the selected jobs: one line a rail and cluster."""
+    return f"sum by (cluster, device, port) ({sel(record, RAIL)})"
+
+
 def rate(metric: str, labels: Sequence[str] = PORT, *extra: str) -> str:
     return f"rate({sel(metric, labels, *extra)}[$__rate_interval])"
 
@@ -282,6 +293,10 @@ def standard_variables(ports_filter: str = "", *, one_node: bool = False) -> lis
 
 
 def target(expr: str, legend: str = "__auto", ref: str = "A", instant: bool = False, table: bool = False) -> Json:
+    # One node name (gpu001) often stands in several clusters: a line that names its node names its cluster,
+    # last, since targets without the label leave it blank.
+    if "{{instance}}" in legend and "{{cluster}}" not in legend:
+        legend += " {{cluster}}"
     return {
         "datasource": DS,
         "refId": ref,
@@ -559,6 +574,21 @@ def layout(items: Sequence[tuple[Json, int, int]]) -> list[Json]:
 TITLES = {"fabric-overview": "Fabric overview", "node-detail": "Node detail", "roce-congestion": "RoCE congestion"}
 
 
+def firing_by_severity(*, cluster_wide: bool = False) -> Json:
+    """A stat's targets and colours for the firing alerts counted by severity: red for pages, orange for
+    tickets, so that a page never looks like a ticket."""
+    def count(severity: str) -> tuple[str, str]:
+        matcher = f'severity="{severity}"'
+        return f"count({firing_alerts(matcher, cluster_wide=cluster_wide)}) or vector(0)", severity
+
+    return {
+        "tgts": targets(count("critical"), count("warning")),
+        "steps": thresholds((1, CRITICAL)),
+        "overrides": [{"matcher": {"id": "byName", "options": "warning"},
+                       "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}],
+    }  # fmt: skip
+
+
 # What a menu link to each dashboard keeps beyond data source, job, cluster and time range, and how its
 # tooltip says so.
 MENU_SELECTION: dict[str, tuple[tuple[str, ...], str]] = {
@@ -756,13 +786,7 @@ def fabric_overview() -> Json:
             "Alerts of the rdma-exporter rules firing now, by severity (critical pages, warning opens a ticket); "
             "those of whole clusters (no instance) whatever the node selection.",
             "none",
-            targets(
-                ("count(" + firing_alerts('severity="critical"', cluster_wide=True) + ") or vector(0)", "critical"),
-                ("count(" + firing_alerts('severity="warning"', cluster_wide=True) + ") or vector(0)", "warning"),
-            ),
-            steps=thresholds((1, CRITICAL)),
-            overrides=[{"matcher": {"id": "byName", "options": "warning"},
-                        "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}],
+            **firing_by_severity(cluster_wide=True),
         ), 4, 4),
         (stat(
             "RDMA throughput",
@@ -934,21 +958,21 @@ def fabric_overview() -> Json:
             "selector does not apply). In a rail-optimised cluster the rails should carry about the same load; "
             "one rail lagging points at its switch plane.",
             "bps",
-            targets((f"{sel('cluster_device_port:rdma_port_transmit_bytes:rate5m', RAIL)} * 8",
+            targets((f"{per_rail('cluster_device_port:rdma_port_transmit_bytes:rate5m')} * 8",
                      "{{device}}/{{port}} tx {{cluster}}"),
-                    (f"{sel('cluster_device_port:rdma_port_receive_bytes:rate5m', RAIL)} * 8",
+                    (f"{per_rail('cluster_device_port:rdma_port_receive_bytes:rate5m')} * 8",
                      "{{device}}/{{port}} rx {{cluster}}")),
         ), 12, 8),
         (timeseries(
             "Utilisation per rail",
             "Throughput of each rail as a share of the rate its ACTIVE ports trained at (5 minutes, "
-            "cluster_device_port: recording rules; whole clusters, the instance selector does not apply). A "
-            "rail that is down everywhere has no value.",
+            "cluster_device_port: recording rules; whole clusters, the instance selector does not apply), one "
+            "line a rail and job (the record is per job). A rail that is down everywhere has no value.",
             "percentunit",
             targets((sel("cluster_device_port:rdma_port_transmit_utilisation:ratio_rate5m", RAIL),
-                     "{{device}}/{{port}} tx {{cluster}}"),
+                     "{{device}}/{{port}} tx {{job}} {{cluster}}"),
                     (sel("cluster_device_port:rdma_port_receive_utilisation:ratio_rate5m", RAIL),
-                     "{{device}}/{{port}} rx {{cluster}}")),
+                     "{{device}}/{{port}} rx {{job}} {{cluster}}")),
             minimum=0,
         ), 12, 8),
         (timeseries(
@@ -957,18 +981,18 @@ def fabric_overview() -> Json:
             "rules; whole clusters, the instance, device and port selectors do not apply). One series per "
             "cluster, so it stays cheap over weeks on thousands of nodes.",
             "bps",
-            targets((f"{sel('cluster:rdma_port_transmit_bytes:rate5m', CLUSTER)} * 8", "tx {{cluster}}"),
-                    (f"{sel('cluster:rdma_port_receive_bytes:rate5m', CLUSTER)} * 8", "rx {{cluster}}")),
+            targets((f"{per_cluster('cluster:rdma_port_transmit_bytes:rate5m')} * 8", "tx {{cluster}}"),
+                    (f"{per_cluster('cluster:rdma_port_receive_bytes:rate5m')} * 8", "rx {{cluster}}")),
         ), 8, 8),
         (timeseries(
             "Utilisation per cluster",
             "Throughput of each cluster as a share of the rate its ACTIVE ports trained at (5 minutes, cluster: "
             "recording rules; whole clusters, the instance, device and port selectors do not apply).",
             "percentunit",
-            targets((f"{sel('cluster:rdma_port_transmit_bytes:rate5m', CLUSTER)}\n  / "
-                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "tx {{cluster}}"),
-                    (f"{sel('cluster:rdma_port_receive_bytes:rate5m', CLUSTER)}\n  / "
-                     f"({sel('cluster:rdma_port_active_rate_bytes_per_second:sum', CLUSTER)} > 0)", "rx {{cluster}}")),
+            targets((f"{per_cluster('cluster:rdma_port_transmit_bytes:rate5m')}\n  / "
+                     f"({per_cluster('cluster:rdma_port_active_rate_bytes_per_second:sum')} > 0)", "tx {{cluster}}"),
+                    (f"{per_cluster('cluster:rdma_port_receive_bytes:rate5m')}\n  / "
+                     f"({per_cluster('cluster:rdma_port_active_rate_bytes_per_second:sum')} > 0)", "rx {{cluster}}")),
             minimum=0,
         ), 8, 8),
         (timeseries(
@@ -978,8 +1002,8 @@ def fabric_overview() -> Json:
             "SR-IOV virtual functions not counted (they share their PF's link). A step down is ports lost "
             "across the fleet.",
             "none",
-            targets((sel("cluster:rdma_ports_active:count", CLUSTER), "active {{cluster}}"),
-                    (sel("cluster:rdma_ports:count", CLUSTER), "total {{cluster}}")),
+            targets((per_cluster("cluster:rdma_ports_active:count"), "active {{cluster}}"),
+                    (per_cluster("cluster:rdma_ports:count"), "total {{cluster}}")),
             alerts=["RdmaPortDown"],
             decimals=0,
         ), 8, 8),
@@ -1170,11 +1194,10 @@ def node_detail() -> Json:
         ), 3, 4),
         (stat(
             "Alerts firing",
-            "rdma-exporter alerts firing now on the selected nodes; the table at the bottom of the fabric "
-            "overview lists them with their runbooks.",
+            "rdma-exporter alerts firing now on the selected nodes, by severity (critical pages, warning opens "
+            "a ticket); the table at the bottom of the fabric overview lists them with their runbooks.",
             "none",
-            targets((f"count({firing_alerts()}) or vector(0)", "firing")),
-            steps=thresholds((1, WARNING)),
+            **firing_by_severity(),
         ), 3, 4),
         (row("Port state and link"), 24, 1),
         (state_timeline(
@@ -1360,7 +1383,7 @@ def node_detail() -> Json:
             "errors often precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic "
             "and open a ticket (RdmaPcieUncorrectableErrors).",
             "cps",
-            targets((f"sum by (instance, device, error_class) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
+            targets((f"sum by ({NODE_KEY}, device, error_class) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
                      "{{instance}} {{device}} {{error_class}}"),
                     (rate("rdma_pcie_link_partner_aer_reports_total", DEVICE),
                      "{{instance}} {{device}} {{error_class}} (port above)")),
@@ -1497,7 +1520,7 @@ def node_detail() -> Json:
             "30 minutes. Empty while the exporter has never failed a read (the series appear with the first "
             "error).",
             "cps",
-            targets((f"sum by (instance, collector, device, reason) "
+            targets((f"sum by ({NODE_KEY}, collector, device, reason) "
                      f"({rate('rdma_exporter_file_read_errors_total', NODE)})",
                      "{{instance}} {{collector}} {{device}} {{reason}}")),
             alerts=["RdmaExporterReadErrors"],
