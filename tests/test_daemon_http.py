@@ -89,6 +89,7 @@ from conftest import (
     refuse_thread_starts,
     require_binary,
     samples,
+    skip_or_fail,
     timed,
     wait_until,
 )
@@ -1831,6 +1832,37 @@ def test_an_ipv6_listen_address_is_served_over_ipv6() -> None:
         conn.request("GET", "/")
         assert conn.getresponse().read() == b"ok"
         conn.close()
+
+
+def v6only_name_helper() -> None:
+    """Runs inside `unshare --mount --net` with /etc/hosts bound over: `v6only.test` has only ::1."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    address = parse_listen("v6only.test:0")
+    with InProcessServer(lambda request: Response(200, b"ok"), address) as server:
+        conn = http.client.HTTPConnection("::1", server.port, timeout=10)
+        conn.request("GET", "/")
+        print(conn.getresponse().read().decode())
+        conn.close()
+
+
+# A name whose only address is IPv6 passed --check-config, then every start failed with "Temporary failure
+# in name resolution": the listener was made AF_INET whatever the name resolved to (daemon review).
+def test_a_host_name_with_only_an_ipv6_address_is_listened_on(tmp_path: Path) -> None:
+    require_binary("ip")
+    require_binary("unshare")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n::1 v6only.test\n")
+    code = (
+        f"import subprocess, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        f"subprocess.run(['mount', '--bind', {str(hosts)!r}, '/etc/hosts'], check=True); "
+        "import test_daemon_http as t; t.v6only_name_helper()"
+    )
+    result = subprocess.run(["unshare", "--mount", "--net", sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    if result.returncode != 0 and "unshare failed" in result.stderr:
+        skip_or_fail(f"cannot create mount and network namespaces here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "ok"
 
 
 # --- deadline over HTTP, SIGTERM during a scrape ----------------------------------------------------------

@@ -267,6 +267,15 @@ REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning per kind of refusal (C
 MAX_COSTLY_PER_CLIENT: Final = 4
 
 
+def listen_address(host: str, port: int) -> tuple[socket.AddressFamily, str]:
+    """The family and address to bind for an IPv4 address or a host name: its first IPv4 address, as Go
+    exporters listen, else its first IPv6 one. Bound as AF_INET, a name with only an IPv6 address passed
+    --check-config and then failed every start."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    family, _, _, _, sockaddr = min(found, key=lambda info: info[0] != socket.AF_INET)
+    return family, str(sockaddr[0])
+
+
 def client_of(host: str) -> str:
     """The client a peer address counts as for MAX_COSTLY_PER_CLIENT: the IPv4 address, or the IPv6 /64
     (one host can use a whole /64 of addresses)."""
@@ -502,8 +511,11 @@ class HttpServer:
             self._listener = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
         elif ":" in host:
             self._listener = socket.create_server((host, port), family=socket.AF_INET6)
+        elif not host:
+            self._listener = socket.create_server(("0.0.0.0", port), backlog=128)
         else:
-            self._listener = socket.create_server((host or "0.0.0.0", port), backlog=128)
+            family, bound = listen_address(host, port)
+            self._listener = socket.create_server((bound, port), family=family, backlog=128)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._handler = handler
