@@ -255,6 +255,11 @@ SEND_BLOCK_BYTES: Final = 256 * 1024
 # it a worker finishes its own answer, as before: the bound keeps a flood of slow readers from holding
 # hundreds of MB of answers.
 MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
+# One client's share of them (or one answer, if larger). Past it, an answer of a client that has not read
+# the earlier ones is dropped with its connection rather than left to a worker: one host opening 200
+# connections that asked and never read took the whole 32 MiB, then every worker for 30 s at a time, and
+# Prometheus missed scrapes.
+MAX_PENDING_PER_CLIENT: Final = MAX_PENDING_BYTES // 4
 # Each accepted socket's kernel send buffer (Linux doubles it for its own overhead). Left to autotuning it
 # grew to tcp_wmem's maximum, 4 MB, for a client that pipelined requests and read nothing: 200 such
 # connections held 839 MB of kernel memory, charged to the exporter's cgroup (security review). Fixed,
@@ -533,6 +538,7 @@ class HttpServer:
         self.failed_accepts = CountedWarning(log)  # out of descriptors: retried every ACCEPT_PAUSE
         self.failed_handshakes = CountedWarning(log)  # TLS: no or untrusted client certificate, no common version
         self.plain_handshakes = CountedWarning(log)  # TLS ClientHellos sent to this server without TLS
+        self.dropped_answers = CountedWarning(log)  # to clients that read none of their earlier answers
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -549,6 +555,7 @@ class HttpServer:
         self._returned: deque[tuple[_Conn, bool]] = deque()
         self._pending_lock = threading.Lock()
         self._pending_bytes = 0  # of every answer left to the loop thread (MAX_PENDING_BYTES)
+        self._pending_by_client: Counter[str] = Counter()  # the same by client (MAX_PENDING_PER_CLIENT)
         self._jobs: LastIdleFirst[Job] = LastIdleFirst()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -864,6 +871,13 @@ class HttpServer:
             self.max_connections, peer,
         )
 
+    def _log_dropped_answer(self, peer: str, held: int) -> None:
+        self.dropped_answers.add(
+            "%d answer(s) dropped with their connection since the last such line: their client has not read "
+            "its earlier ones (%d bytes waiting for it, at most %d; the last from %s)",
+            held, MAX_PENDING_PER_CLIENT, peer,
+        )
+
     def _log_refused_certificate(self, peer: str) -> None:
         # A scraper with the wrong certificate reconnects every scrape, and any holder of a certificate from
         # the client CA can connect in a loop.
@@ -964,6 +978,9 @@ class HttpServer:
         conn.pending = None
         with self._pending_lock:
             self._pending_bytes -= conn.pending_bytes
+            self._pending_by_client[conn.client] -= conn.pending_bytes
+            if self._pending_by_client[conn.client] <= 0:
+                del self._pending_by_client[conn.client]
         conn.pending_bytes = 0
 
     def _close(self, conn: _Conn) -> None:
@@ -1041,13 +1058,22 @@ class HttpServer:
             if not outgoing.send_some(sock):
                 return keep, response  # the common case: the whole answer fit in the socket's buffer
             with self._pending_lock:
-                handed = self._pending_bytes + outgoing.left <= MAX_PENDING_BYTES
+                held = self._pending_by_client[conn.client]
+                handed = (
+                    self._pending_bytes + outgoing.left <= MAX_PENDING_BYTES
+                    and (not held or held + outgoing.left <= MAX_PENDING_PER_CLIENT)
+                )
                 if handed:
                     self._pending_bytes += outgoing.left
+                    self._pending_by_client[conn.client] += outgoing.left
             deadline = time.monotonic() + self.write_timeout
             if handed:  # the loop thread writes the rest as the client reads
                 conn.pending, conn.pending_bytes, conn.deadline = outgoing, outgoing.left, deadline
                 return keep, response
+            if held:
+                # Its client has not read what it asked for before: no worker waits on it.
+                self._log_dropped_answer(conn.peer, held)
+                return False, response
             # Too much is waiting for slow readers already: this worker finishes its own answer, also when
             # the connection closes after it. One deadline for the whole answer: a client reading one byte
             # a second cannot hold a worker. What the body was made from is not needed for that and could
