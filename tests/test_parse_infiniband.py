@@ -1172,6 +1172,21 @@ def test_unpopulated_gid_entries_are_not_read(tmp_path: Path, monkeypatch: pytes
     assert {k: v for k, v in samples(scrape(root)).items() if k[0] == "rdma_port_gids"} == gid_series
 
 
+@pytest.mark.parametrize("emptied", ["gids", "gid_attrs/types"])
+def test_an_empty_gid_or_gid_type_file_is_malformed(tmp_path: Path, emptied: str) -> None:
+    # The kernel always prints a GID (all zeros when unpopulated) and a populated entry's type: an empty
+    # file took a populated entry out of rdma_port_gids as if unpopulated, and no error said so (fuzz review).
+    from rdma_exporter.sample_tree import build_tree, spec_for_devices
+
+    root = build_tree(tmp_path / "t", spec_for_devices(1))
+    port = root / "class/infiniband/mlx5_0/ports/1"
+    populated = min((p.name for p in (port / "gids").iterdir() if p.read_text().replace(":", "").strip().strip("0")),
+                    key=int)  # fmt: skip
+    (port / emptied / populated).write_text("")
+    values = samples(scrape(root))
+    assert values.get(read_errors_key("mlx5_0", "malformed", "inventory")) == 1
+
+
 def test_gid_attrs_of_a_4_18_kernel_are_absent_not_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Up to Linux 4.18 sysfs read gid_attrs through ib_query_gid(): an IB port's entries had no attributes
     # (EINVAL, populated ones too), and a RoCE port's unpopulated entries answered EAGAIN from the GID

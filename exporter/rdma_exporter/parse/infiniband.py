@@ -450,8 +450,8 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
     for index in list_dir(port_dir / "gids", reader):
         gid_path = port_dir / "gids" / index
         gid = reader.text(gid_path, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
-        if gid is None or not gid.replace(":", "").strip("0"):
-            continue
+        if gid is None or (gid and not gid.replace(":", "").strip("0")):
+            continue  # an unpopulated entry (an empty file is not one: the kernel always prints a GID)
         if not _GID.fullmatch(gid):
             reader.fail(REASON_MALFORMED, gid_path, f"not a GID: {gid[:40]!r}")
             continue
@@ -460,7 +460,7 @@ def _gid_types(port_dir: Path, reader: SysfsReader) -> tuple[tuple[str, int], ..
         gid_type = reader.text(type_path, optional=True, absent_errnos=GID_ATTR_NO_VALUE_ERRNOS)
         if gid_type in GID_TYPES:
             types[gid_type] += 1
-        elif gid_type:
+        elif gid_type is not None:
             reader.fail(REASON_MALFORMED, type_path, f"not a GID type: {gid_type[:40]!r}")
     return tuple(sorted(types.items()))
 
