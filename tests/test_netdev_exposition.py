@@ -218,6 +218,21 @@ def test_ipoib_statistics_are_read_only_when_asked_for(tmp_path: Path, monkeypat
     }
 
 
+@pytest.mark.parametrize("garbage", ["", "x\n", "-5\n"])
+def test_an_ipoib_netdev_with_a_garbled_type_keeps_its_statistics_off(tmp_path: Path, garbage: str) -> None:
+    # An unreadable type counted as "not IPoIB" and turned on the 24 statistics series that
+    # collector.netdev.ipoib_statistics keeps off (fuzz review): the port's link layer decides then. A RoCE
+    # netdev's garbled type keeps its statistics on.
+    sys_root = build_tree(tmp_path / "t", SAMPLE_SPEC)
+    ethtool_dir = tmp_path / "t" / "ethtool"
+    ipoib, roce = ipoib_and_roce(samples(scrape(sys_root, ethtool_dir=ethtool_dir)))
+    for name in (min(ipoib), min(roce)):
+        (sys_root / "class/net" / name / "type").write_text(garbage)
+    garbled = samples(scrape(sys_root, ethtool_dir=ethtool_dir))
+    assert not statistics_of(garbled, min(ipoib))
+    assert statistics_of(garbled, min(roce))
+
+
 @pytest.mark.parametrize("value", ["yes", 1, None, "true"])
 def test_ipoib_statistics_must_be_true_or_false(tmp_path: Path, value: object) -> None:
     path = tmp_path / "c.yml"
