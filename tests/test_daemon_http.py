@@ -1210,7 +1210,9 @@ def test_a_client_that_reads_none_of_its_answers_holds_no_worker_past_its_share(
             InProcessServer(handler, workers=2, write_timeout=60.0) as server:  # fmt: skip
         stalled = stalled_clients(server.port, 8, sources=["127.0.0.2"])
         try:
-            wait_until(lambda: server.connections() == 2, 20)  # the share's two; the others closed
+            # The share's two kept, the other six dropped: the first logged at once, five counted since.
+            wait_until(lambda: "answer(s) dropped" in caplog.text and server.dropped_answers.count == 5, 20)
+            assert server.connections() == 2
             assert 0 < server._pending_bytes <= httpserver.MAX_PENDING_PER_CLIENT
             with timed() as took:
                 assert get(server.port, "/", timeout=30).status == 200
