@@ -874,7 +874,7 @@ class HttpServer:
     def _log_dropped_answer(self, peer: str, held: int) -> None:
         self.dropped_answers.add(
             "%d answer(s) dropped with their connection since the last such line: their client has not read "
-            "its earlier ones (%d bytes waiting for it, at most %d; the last from %s)",
+            "its earlier ones (%d bytes waiting for it, and the next past its share of %d; the last from %s)",
             held, MAX_PENDING_PER_CLIENT, peer,
         )
 
@@ -1059,10 +1059,8 @@ class HttpServer:
                 return keep, response  # the common case: the whole answer fit in the socket's buffer
             with self._pending_lock:
                 held = self._pending_by_client[conn.client]
-                handed = (
-                    self._pending_bytes + outgoing.left <= MAX_PENDING_BYTES
-                    and (not held or held + outgoing.left <= MAX_PENDING_PER_CLIENT)
-                )
+                over_share = held > 0 and held + outgoing.left > MAX_PENDING_PER_CLIENT
+                handed = not over_share and self._pending_bytes + outgoing.left <= MAX_PENDING_BYTES
                 if handed:
                     self._pending_bytes += outgoing.left
                     self._pending_by_client[conn.client] += outgoing.left
@@ -1070,7 +1068,7 @@ class HttpServer:
             if handed:  # the loop thread writes the rest as the client reads
                 conn.pending, conn.pending_bytes, conn.deadline = outgoing, outgoing.left, deadline
                 return keep, response
-            if held:
+            if over_share:
                 # Its client has not read what it asked for before: no worker waits on it.
                 self._log_dropped_answer(conn.peer, held)
                 return False, response
