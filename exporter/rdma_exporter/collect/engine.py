@@ -208,12 +208,6 @@ ENGINE_SPECS: Final = (
 
 # What _reading says of a job no reader thread has taken yet.
 QUEUED: Final = "the queue"
-# An earlier round's job for a device that has run for less than this is slow rather than hung: a new
-# round waits for it (up to this age, and its own deadline) and serves its values, instead of skipping
-# the device. Its starter's deadline was shorter, or was shortened by a wait for a worker: skipped, the
-# device lost its counters in every scrape of a longer-timeout scraper in step with a shorter one (daemon
-# review). A hung job costs a later scrape at most this long, and none once it is older.
-SLOW_READ_SECONDS: Final = 2.0
 
 
 def _reading(job: DeviceJob) -> str:
@@ -277,18 +271,15 @@ class _Round:
     # Not `lock`: _assemble holds that while it cancels jobs, which ends them.
     pending_lock: threading.Lock = field(default_factory=threading.Lock)
     result: FamilySet | None = None
-    # (collector, device) keys whose timeout is counted at most once per round whichever scrapes share
-    # it. An outcome's read errors are counted once per job (DeviceJob.first_record), since a slow job
-    # serves two rounds: a short scrape counting a timeout must not stop a longer one that got the values
-    # from recording their read errors.
+    # (collector, device) keys, each counted at most once per round whichever scrapes share it. Two sets:
+    # a short scrape counting a timeout must not stop a longer one that got the values from recording
+    # their read errors.
     timed_out: set[tuple[str, str]] = field(default_factory=set)  # timeout already counted
-    # Earlier rounds' jobs this one waits for as its own (SLOW_READ_SECONDS), after its own have ended.
-    slow: list[DeviceJob] = field(default_factory=list)
+    recorded: set[tuple[str, str]] = field(default_factory=set)  # an outcome's read errors already counted
     logged: bool = False
 
     def complete(self) -> bool:
-        """Every job it started has ended (a slow job it waited for ends as its own, or is skipped)."""
-        return all(job.done.is_set() for job in self.jobs.values() if job not in self.slow)
+        return all(job.done.is_set() for job in self.jobs.values())
 
     def job_ended(self) -> None:
         with self.pending_lock:
@@ -305,7 +296,7 @@ class _CollectorState:
 class _Tally:
     """What `_assemble` collects from a round's jobs before any family is built."""
 
-    __slots__ = ("blocked", "devices", "durations", "reading", "results", "rnd", "skipped", "success")
+    __slots__ = ("blocked", "devices", "durations", "reading", "results", "rnd", "success")
 
     def __init__(self, rnd: _Round, sources: Sequence[str]) -> None:
         self.rnd = rnd
@@ -316,7 +307,6 @@ class _Tally:
         # (device, READS_DEVICE or READS_NETDEV) -> seconds its unfinished read has been running
         self.blocked: dict[tuple[str, str], float] = {}
         self.reading: dict[str, str] = {}  # device -> what its unfinished read was doing, for the log
-        self.skipped: list[str] = []  # devices whose reads an earlier round's unfinished job holds
 
 
 class RdmaCollector(Collector):
@@ -396,8 +386,6 @@ class RdmaCollector(Collector):
             if remaining <= 0 or current.all_done.wait(min(remaining, pool.spill_after)):
                 break
             pool.rebalance()  # a job is slow: let another thread take the queue
-        for job in current.slow:
-            job.done.wait(min(mine, job.since() + SLOW_READ_SECONDS) - time.monotonic())
         families = self._assemble(current)
         if current.result is not None:
             # A finished round is never joined again, so it need not outlive its scrapes. Kept until the
@@ -450,10 +438,6 @@ class RdmaCollector(Collector):
                 jobs[entry.name] = job
                 if job.stall == READS_DEVICE and job.beside is not None:
                     skipped[entry.name] = job.beside  # skipped but for the firmware-free reads of `job`
-            elif job.beside is None and time.monotonic() - job.since() < SLOW_READ_SECONDS:
-                jobs[entry.name] = job  # slow, not hung: waited for in gather(), outside all_done
-                rnd.slow.append(job)
-                rnd.job_ended()
             else:
                 skipped[entry.name] = job
                 rnd.job_ended()  # nothing to wait for
@@ -566,17 +550,15 @@ class RdmaCollector(Collector):
                 self.reads.give_up(list(rnd.jobs.values()))
             tally = _Tally(rnd, [source.name for source in self.sources])
             for entry in rnd.entries:
-                skipped, job = rnd.skipped.get(entry.name), rnd.jobs.get(entry.name)
-                if job is not None and job in rnd.slow and not job.done.is_set():
-                    skipped, job = job, None  # slower than the wait for it: skipped after all
+                skipped = rnd.skipped.get(entry.name)
                 if skipped is not None:
-                    self._tally_skipped(tally, entry, skipped, job, now)
-                elif job is not None:
-                    self._tally_job(tally, entry.name, job, now)
+                    self._tally_skipped(tally, entry, skipped, rnd.jobs.get(entry.name), now)
+                else:
+                    self._tally_job(tally, entry.name, rnd.jobs[entry.name], now)
             self._read_excluded(tally.results, tally.success)
             if not rnd.logged:
                 rnd.logged = True
-                self._log_blocked(tally)
+                self._log_blocked(tally.blocked, tally.reading, rnd)
             out = FamilySet(self.prefixes)
             for source in self.sources:
                 started = time.perf_counter()
@@ -586,7 +568,7 @@ class RdmaCollector(Collector):
                     tally.success[source.name] = False
                     log.exception("collector %s failed to build its metrics", source.name)
                 tally.durations[source.name] += time.perf_counter() - started
-            self._expose_own(out, tally)
+            self._expose_own(out, rnd, tally.durations, tally.success, tally.devices, tally.blocked)
             if complete:
                 rnd.result = out
             return out
@@ -599,15 +581,14 @@ class RdmaCollector(Collector):
         the others time out."""
         name = entry.name
         tally.devices += 1
-        tally.skipped.append(name)
         tally.blocked[name, READS_DEVICE] = now - skipped.stalled_since()
         tally.reading[name] = _reading(skipped)
         known = entry.info or skipped.info
         outcomes = side.snapshot()[0] if side is not None else {}
         for source in self.sources:
             outcome = outcomes.get(source.name)
-            if side is not None and outcome is not None:
-                self._take_outcome(tally, side, name, source.name, outcome)
+            if outcome is not None:
+                self._take_outcome(tally, name, source.name, outcome)
             elif not self._read_io_free(source, name, known, tally.results, tally.success):
                 tally.success[source.name] = False
                 self._count_timeout(tally.rnd, source.name, name)
@@ -618,7 +599,8 @@ class RdmaCollector(Collector):
         tally.devices += 1
         if job.info_done:
             tally.durations[INVENTORY] += job.info_seconds
-            if job.first_record(INVENTORY):
+            if (INVENTORY, name) not in rnd.recorded:
+                rnd.recorded.add((INVENTORY, name))
                 self._record_errors(INVENTORY, job.info_errors)
                 if job.info_read:  # a cached round says nothing about the static files
                     self._log_read_errors(INVENTORY, name, job.info_errors)
@@ -644,7 +626,7 @@ class RdmaCollector(Collector):
                     tally.durations[source.name] += time.perf_counter() - current[1]
                 self._count_timeout(rnd, source.name, name)
                 continue
-            self._take_outcome(tally, job, name, source.name, outcome)
+            self._take_outcome(tally, name, source.name, outcome)
         if job.beside is not None and job.stall == READS_NETDEV and missing == READS_NETDEV:
             # A side job served the device's reads; its netdev reads are the stuck job's.
             tally.blocked[name, READS_NETDEV] = now - job.beside.since()
@@ -652,10 +634,11 @@ class RdmaCollector(Collector):
             tally.blocked[name, missing] = now - job.since()
             tally.reading[name] = _reading(job)
 
-    def _take_outcome(self, tally: _Tally, job: DeviceJob, name: str, source: str, outcome: SourceOutcome) -> None:
-        """A source's finished read of the device by `job`: its value, duration and success, its errors once."""
+    def _take_outcome(self, tally: _Tally, name: str, source: str, outcome: SourceOutcome) -> None:
+        """A source's finished read of the device: its value, duration and success, its errors once a round."""
         # Recorded even if an earlier, shorter scrape of this round counted a timeout here.
-        if job.first_record(source):
+        if (source, name) not in tally.rnd.recorded:
+            tally.rnd.recorded.add((source, name))
             self._record_errors(source, outcome.errors)
             self._log_read_errors(source, name, outcome.errors)
         tally.durations[source] += outcome.seconds
@@ -675,9 +658,16 @@ class RdmaCollector(Collector):
                 else:
                     self._read_io_free(source, name, None, results, success)
 
-    def _expose_own(self, out: FamilySet, tally: _Tally) -> None:
+    def _expose_own(
+        self,
+        out: FamilySet,
+        rnd: _Round,
+        durations: dict[str, float],
+        success: dict[str, bool],
+        devices: int,
+        blocked: dict[tuple[str, str], float],
+    ) -> None:
         """The exporter's own series: per-collector duration, success and read errors, and the devices."""
-        durations, success = tally.durations, tally.success
         for name in self._state:
             if name in durations:
                 out.add(SCRAPE_DURATION, [name], durations[name])
@@ -689,7 +679,7 @@ class RdmaCollector(Collector):
             for name, state in self._state.items():
                 for (device, reason), count in sorted(state.errors.items()):
                     out.add(READ_ERRORS, [name, device, reason], count)
-        out.add(DEVICES, [], tally.devices)
+        out.add(DEVICES, [], devices)
         excluded = self.inventory.excluded
         out.add(DEVICES_EXCLUDED, [], len(excluded))
         for name in excluded:
@@ -698,10 +688,10 @@ class RdmaCollector(Collector):
         for known in ("rescan", "udev"):
             out.add(DISCOVERY_MODE, [known], 1 if known == mode else 0)
         out.add(SAMPLE_TREE, [], 1 if self.sample_tree else 0)
-        for name in sorted(tally.skipped):
+        for name in sorted(rnd.skipped):
             out.add(DEVICE_SKIPPED, [name], 1)
         out.declare(DEVICE_BLOCKED)
-        for (name, reads), seconds in sorted(tally.blocked.items()):
+        for (name, reads), seconds in sorted(blocked.items()):
             out.add(DEVICE_BLOCKED, [name, reads], round(seconds, 3))
         if self.boot_time is not None:
             out.add(NODE_BOOT_TIME, [], self.boot_time)
@@ -736,8 +726,7 @@ class RdmaCollector(Collector):
             success[source.name] = False
         return True
 
-    def _log_blocked(self, tally: _Tally) -> None:
-        blocked, reading = tally.blocked, tally.reading
+    def _log_blocked(self, blocked: dict[tuple[str, str], float], reading: dict[str, str], rnd: _Round) -> None:
         # Once per episode, not once per scrape: a stuck HCA must not flood the journal. Nor once per
         # episode of a device that is slow on every scrape: not again within BLOCKED_LOG_QUIET_SECONDS.
         # What was said is the process's, not this collector's: a reload must not say it again.
@@ -763,7 +752,7 @@ class RdmaCollector(Collector):
             how = "skipped, its read from an earlier scrape is still blocked"
             if reads == READS_NETDEV:
                 how = "its netdev reads (which wait for the kernel's rtnl lock) are blocked; its other reads go on"
-            elif name not in tally.skipped:
+            elif name not in rnd.skipped:
                 how = "no answer before the scrape deadline"
             state, where = "read running", ""
             if reads != READS_NETDEV and name in reading:

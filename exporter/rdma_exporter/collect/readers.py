@@ -105,9 +105,6 @@ class DeviceJob:
         self.reader: SysfsReader | None = None  # the reader of the static info or source being read
         self.on_done: Callable[[DeviceJob], None] | None = None
         self.on_round_done: Callable[[], None] | None = None  # set before submission, by the round
-        # Sources (and the static info) whose read errors are counted: once a job, whichever of the rounds
-        # that wait for it (RdmaCollector's slow jobs) assembles first.
-        self._recorded: set[str] = set()
 
     def since(self) -> float:
         return self.started if self.started is not None else self.submitted
@@ -129,14 +126,6 @@ class DeviceJob:
     def snapshot(self) -> tuple[dict[str, SourceOutcome], tuple[str, float] | None]:
         with self.lock:
             return dict(self.outcomes), self.current
-
-    def first_record(self, source: str) -> bool:
-        """True once for each source: whether its read errors are still to be counted."""
-        with self.lock:
-            if source in self._recorded:
-                return False
-            self._recorded.add(source)
-            return True
 
     def run(self) -> None:
         if self.started is None:
