@@ -1208,11 +1208,12 @@ def test_a_client_that_reads_none_of_its_answers_holds_no_worker_past_its_share(
 
     with caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"), \
             InProcessServer(handler, workers=2, write_timeout=60.0) as server:  # fmt: skip
-        stalled = stalled_clients(server.port, 8, sources=["127.0.0.2"])
+        # Ten: what eight leave still fit the whole 32 MiB, and the old code held no worker (review).
+        stalled = stalled_clients(server.port, 10, sources=["127.0.0.2"])
         try:
-            # The share's two kept, the other six dropped: the first logged at once, five counted since.
-            wait_until(lambda: "answer(s) dropped" in caplog.text and server.dropped_answers.count == 5, 20)
-            assert server.connections() == 2
+            # The share's two kept, the other eight dropped: the first logged at once, seven counted since.
+            wait_until(lambda: "answer(s) dropped" in caplog.text and server.dropped_answers.count == 7, 20)
+            wait_until(lambda: server.connections() == 2, 10)  # the loop closes them after the worker
             assert 0 < server._pending_bytes <= httpserver.MAX_PENDING_PER_CLIENT
             with timed() as took:
                 assert get(server.port, "/", timeout=30).status == 200
