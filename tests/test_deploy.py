@@ -359,6 +359,10 @@ def test_kubernetes_manifests_are_consistent() -> None:
     assert not spec.get("hostPID") and not spec.get("hostIPC")
     assert spec["automountServiceAccountToken"] is False
     assert {"operator": "Exists"} in spec["tolerations"]
+    # Every taint tolerated, so every OS's nodes would be taken: pods that never start on Windows or
+    # virtual-kubelet nodes count against maxUnavailable and stall each rollout (deploy review).
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]} in term["matchExpressions"]
 
     # /sys of the host, read-only, where --path.sysfs points.
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -392,6 +396,9 @@ def test_kubernetes_manifests_are_consistent() -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service_port["name"] and endpoint["path"] == "/metrics"
+    # Its own namespace, whichever an overlay's `namespace:` gives it: a namespace named here is one
+    # kustomize does not rewrite, and an overlay elsewhere had no target and no alert (deploy review).
+    assert "namespaceSelector" not in monitor["spec"]
     assert float(endpoint["scrapeTimeout"].rstrip("s")) <= float(endpoint["interval"].rstrip("s"))
 
 
@@ -786,9 +793,10 @@ def test_pool_overlay_runs_its_topology_on_its_nodes_only() -> None:
     name = daemonset["metadata"]["name"]
     assert name != base_daemonset["metadata"]["name"] and configmap["metadata"]["name"] == name
     (base_term,), (term,) = _node_terms(base_daemonset), _node_terms(daemonset)
-    assert base_term == {"matchExpressions": [{"key": SHAPE_LABEL, "operator": "DoesNotExist"}]}
-    (expression,) = term["matchExpressions"]
-    assert expression["key"] == SHAPE_LABEL and expression["operator"] == "In"
+    linux = {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}
+    assert base_term == {"matchExpressions": [{"key": SHAPE_LABEL, "operator": "DoesNotExist"}, linux]}
+    expression, pool_linux = term["matchExpressions"]
+    assert expression["key"] == SHAPE_LABEL and expression["operator"] == "In" and pool_linux == linux
     (shape,) = expression["values"]
     assert name == f"rdma-exporter-{shape}"
     # Its own selector (a label the base's pods lack), and the base's labels, which the Service selects.
