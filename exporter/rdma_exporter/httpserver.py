@@ -282,8 +282,8 @@ def listen_address(host: str, port: int) -> tuple[socket.AddressFamily, str]:
 
 
 def client_of(host: str) -> str:
-    """The client a peer address counts as for MAX_COSTLY_PER_CLIENT: the IPv4 address, or the IPv6 /64
-    (one host can use a whole /64 of addresses)."""
+    """The client a peer address counts as for MAX_COSTLY_PER_CLIENT and MAX_PENDING_PER_CLIENT: the IPv4
+    address, or the IPv6 /64 (one host can use a whole /64 of addresses)."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
