@@ -533,7 +533,7 @@ def test_a_second_fault_on_a_paged_node_pages_at_the_pager_interval(
 # --- inhibitions, case by case ---------------------------------------------------------------------
 
 INHIBIT_CASES: list[dict[str, Any]] = yaml.safe_load((ROOT / "deploy/alertmanager/inhibit-tests.yaml").read_text())
-SCOPES = ("same_port", "same_device", "same_instance", "same_rail")
+SCOPES = ("same_port", "same_device", "same_instance")
 # Where the target alert is put relative to the source (instance, device, port, job), by the labels it
 # has. other_job: the same node, device and port under another job (a node scraped by `rdma` and
 # `rdma-tls` while it moves to TLS), which no rule may hold back: the source's target is another one.
@@ -549,7 +549,6 @@ SCOPE_PLACEMENTS = {
     "same_port": {"same_port"},
     "same_device": {"same_port", "other_port"},
     "same_instance": {"same_port", "other_port", "other_device"},
-    "same_rail": {"same_port", "other_instance"},  # a source on no node (RdmaRailDown): its port on every node
 }
 _MATCHER = re.compile(r'^\s*(\w+)\s*(=~|!~|!=|=)\s*"(.*)"\s*$')
 
@@ -604,9 +603,9 @@ def listed(case: dict[str, Any], scope: str, name: str, severity: str) -> bool:
 
 def alert_labels(
     name: str, severity: str, shape: tuple[str, ...], instance: str, device: str, port: str,
-    job: str = "rdma-exporter", cluster: str = "c1",
+    job: str = "rdma-exporter",
 ) -> dict[str, str]:
-    labels = {"alertname": name, "severity": severity, "cluster": cluster}
+    labels = {"alertname": name, "severity": severity, "cluster": "c1"}
     fixed = {"instance": instance, "device": device, "port": port, "job": job}
     for key in shape:
         labels[key] = fixed.get(key, f"{key}-1")
@@ -652,8 +651,7 @@ def test_inhibit_cases_cover_every_rule_and_name_real_alerts() -> None:
         assert set(case) - {"source"} <= set(SCOPES), case
         for scope in SCOPES:
             # An alert held back per port or per device must carry that label, or no rule can compare it.
-            needs = {"same_port": ("device", "port"), "same_device": ("device",), "same_instance": (),
-                     "same_rail": ("device", "port")}[scope]  # fmt: skip
+            needs = {"same_port": ("device", "port"), "same_device": ("device",), "same_instance": ()}[scope]
             for entry in case.get(scope, []):
                 if entry == "*":
                     continue
@@ -813,13 +811,10 @@ def test_inhibitions_hold_back_exactly_the_intended_alerts(
                     pair = f"case{number}-{name}-{severity}-{shape_number}-{placement}"
                     source_instance = f"{pair}:9883"
                     target_instance = source_instance if where == "src" else f"{pair}-other:9883"
-                    # `pair` tells the pairs apart, also for an alert without an instance (one per job). Each
-                    # pair is a cluster of its own, which every rule compares: a source on no node (a rail)
-                    # would otherwise hold back every other pair's target on its device and port.
-                    source_labels = alert_labels(*source_key, source_shape, source_instance, "mlx5_3", "1",
-                                                 cluster=pair)  # fmt: skip
+                    # `pair` tells the pairs apart, also for an alert without an instance (one per job).
+                    source_labels = alert_labels(*source_key, source_shape, source_instance, "mlx5_3", "1")
                     posted.append(source_labels | {"pair": pair})
-                    target_labels = alert_labels(name, severity, shape, target_instance, device, port, job, pair)
+                    target_labels = alert_labels(name, severity, shape, target_instance, device, port, job)
                     posted.append(target_labels | {"pair": pair})
                     expected[pair] = any(
                         listed(case, scope, name, severity) and placement in SCOPE_PLACEMENTS[scope]

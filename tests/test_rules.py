@@ -100,8 +100,6 @@ STATE_ALERTS = {
 # Alerts on the Prometheus configuration rather than a node: one per job, without an instance, so that
 # Alertmanager's grouping by (cluster, instance) makes one ticket of them, not one per node.
 PROMETHEUS_ALERTS = {"RdmaHistoryRulesMissing"}
-# Alerts on a rail across nodes (one device and port of many): no instance either, one page a cluster.
-FLEET_ALERTS = {"RdmaRailDown"}
 
 
 # A guard against a hung promtool, not a speed limit: the largest unit test files, rewritten into two
@@ -578,9 +576,7 @@ def test_alert_metadata(rule: dict[str, Any]) -> None:
     assert set(annotations) == {"summary", "description", "runbook_url"}
     # summary is static so that notifications group and dedupe; description carries the specifics.
     assert "{{" not in annotations["summary"]
-    if name in FLEET_ALERTS:
-        assert "$labels.device" in annotations["description"] and "$labels.port" in annotations["description"]
-    elif name not in PROMETHEUS_ALERTS:
+    if name not in PROMETHEUS_ALERTS:
         assert "$labels.instance" in annotations["description"]
         if "device" in rule["expr"] and name not in PER_NODE_ALERTS and not name.startswith("RdmaExporter"):
             assert "$labels.device" in annotations["description"]
