@@ -248,11 +248,13 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
 SETTINGS: Final = {"ipoib_statistics": check_bool}
 
 
-def is_ipoib(arphrd_type: int | None, link_layer: str | None) -> bool:
-    """An IPoIB netdev by its type; with the type unreadable, by its RDMA port's link layer. Taken as not
-    IPoIB, a garbled type file turned on the statistics that collector.netdev.ipoib_statistics keeps off."""
+def is_ipoib(arphrd_type: int | None, device: DeviceInfo, port: int) -> bool:
+    """An IPoIB netdev by its type; with the type unreadable, by the link layer of `device`'s `port`.
+    Taken as not IPoIB, a garbled type file turned on the statistics that
+    collector.netdev.ipoib_statistics keeps off."""
     if arphrd_type is not None:
         return arphrd_type == ARPHRD_INFINIBAND
+    link_layer = next((info.link_layer for info in device.ports if info.number == port), None)
     return link_layer in ("InfiniBand", None)
 
 
@@ -279,8 +281,6 @@ class NetdevSource:
         netdevs: list[tuple[int, Netdev]] = []
         bonds: list[tuple[int, Sequence[str]]] = []  # port, slaves: of the bonds reached, read here or not
 
-        link_layers = {info.number: info.link_layer for info in device.ports}
-
         def visit(port: int, name: str) -> Netdev | None:
             if name in done:
                 return None  # reached from two ports of this device: the lower port has it
@@ -297,7 +297,7 @@ class NetdevSource:
             identity = device.netdev(name) or read_netdev_identity(ctx.sys_root, name, reader)
             if identity is None:
                 return None
-            statistics = self.ipoib_statistics or not is_ipoib(identity.type, link_layers.get(port))
+            statistics = self.ipoib_statistics or not is_ipoib(identity.type, device, port)
             netdev = read_netdev_state(ctx.sys_root, identity, reader, statistics=statistics)
             if netdev is not None:
                 self.seen.add(device.name, name)
