@@ -1859,29 +1859,29 @@ def test_refusals_counted_after_a_warning_are_logged_when_the_minute_is_over(cap
         assert len(caplog.records) == 2
 
 
+def answer_over_ipv6_loopback(listen: str) -> bytes:
+    """The body a server listening on `listen` (parse_listen's form) answers to GET / over ::1."""
+    with InProcessServer(lambda request: Response(200, b"ok"), parse_listen(listen)) as server:
+        conn = http.client.HTTPConnection("::1", server.port, timeout=10)
+        conn.request("GET", "/")
+        body = conn.getresponse().read()
+        conn.close()
+    return body
+
+
 def test_an_ipv6_listen_address_is_served_over_ipv6() -> None:
     try:
         socket.create_server(("::1", 0), family=socket.AF_INET6).close()
     except OSError:
         pytest.skip("no IPv6 loopback")
-    address = parse_listen("[::1]:0")
-    assert address == ("::1", 0)
-    with InProcessServer(lambda request: Response(200, b"ok"), address) as server:
-        conn = http.client.HTTPConnection("::1", server.port, timeout=10)
-        conn.request("GET", "/")
-        assert conn.getresponse().read() == b"ok"
-        conn.close()
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    assert answer_over_ipv6_loopback("[::1]:0") == b"ok"
 
 
 def v6only_name_helper() -> None:
     """Runs inside `unshare --mount --net` with /etc/hosts bound over: `v6only.test` has only ::1."""
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    address = parse_listen("v6only.test:0")
-    with InProcessServer(lambda request: Response(200, b"ok"), address) as server:
-        conn = http.client.HTTPConnection("::1", server.port, timeout=10)
-        conn.request("GET", "/")
-        print(conn.getresponse().read().decode())
-        conn.close()
+    print(answer_over_ipv6_loopback("v6only.test:0").decode())
 
 
 # A name whose only address is IPv6 passed --check-config, then every start failed with "Temporary failure
