@@ -269,6 +269,13 @@ HW_COUNTER_HELP: Final[dict[str, str]] = {
     "rx_cnp_pkts": "CNPs received as DCQCN reaction point (mlx5: rp_cnp_handled).",
     "rx_ecn_marked_pkts": "RoCE packets received with ECN Congestion Experienced (mlx5: np_ecn_marked_roce_packets).",
     "np_cnp_pkts": "CNPs sent as DCQCN notification point (bnxt_re since 2025; mlx5: np_cnp_sent).",
+    # Misnamed in the driver: bnxt_re fills it from its tx_bcast_pkts statistic, so it moves with ordinary
+    # broadcast traffic and is not an error count.
+    "recoverable_errors": "bnxt_re: despite the name, broadcast packets transmitted (the driver fills it from "
+    "tx_bcast_pkts); not an error count.",
+    "rx_roce_errors": "RoCE packets received with errors (bnxt_re; the 64-bit count behind the PMA's cut fields).",
+    "rx_roce_discards": "RoCE packets received and discarded (bnxt_re; the 64-bit count behind the PMA's cut "
+    "fields).",
 }
 
 HW_COUNTER_DYNAMIC: Final = (

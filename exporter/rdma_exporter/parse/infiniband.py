@@ -194,7 +194,8 @@ PMA_QUIRKS: Final[dict[str, PmaQuirks]] = {
     # cut from its 64-bit statistics ((u8)rx_discard_pkts, (u16)rx_error_pkts, (u8)tx_error_pkts,
     # (u16)tx_discard_pkts). Broadcom's own driver also fills link_downed and symbol_error that way (the
     # mainline one leaves them 0: the netdev's PHY counters and the port state show the link then). The
-    # 64-bit counts behind the four are in hw_counters/ (rx_discards, rx_errors, ...) where it lists them.
+    # 64-bit counts behind the receive two are in hw_counters/ (rx_roce_errors, rx_roce_discards); some
+    # driver versions list the transmit two as well.
     "bnxt_en": PmaQuirks(
         constant_zero=frozenset(
             {
