@@ -48,6 +48,7 @@ from conftest import (
     promtool_failures,
     require_binary,
     skip_or_fail,
+    wait_until,
 )
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -1236,6 +1237,22 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
         # $HOST_IP: 127.0.0.1 would be refused and the kubelet would restart the pod every 6 minutes.
         assert _probe_passes(container["livenessProbe"], ports, port, {"HOST_IP": "127.0.0.1"})
         assert not _probe_passes(container["livenessProbe"], ports, port, {"HOST_IP": "127.0.0.2"})
+
+        # Client certificates required (docs/operations.md, "TLS, mutual TLS and basic auth"): the probe has
+        # none, so the exporter answers with its TLS alert, over 1.3 and over 1.2; that is alive. Without
+        # it the kubelet would restart a healthy pod every 6 minutes.
+        for reloads, max_version in enumerate(("TLS13", "TLS12"), start=1):
+            web = yaml.safe_load(web_file.read_text())
+            web["tls_server_config"].update(
+                client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(ca), max_version=max_version
+            )
+            staged = web_file.with_name("staged.yml")
+            staged.write_text(yaml.safe_dump(web))
+            os.replace(staged, web_file)
+            wait_until(lambda n=reloads: daemon.log().count(f"reloaded {web_file}") == n, timeout=20)
+            with pytest.raises(ssl.SSLError):
+                _https_get(port, server_name, endpoint["path"], context, login)
+            assert _probe_passes(container["livenessProbe"], ports, port), (max_version, daemon.log())
     finally:
         daemon.stop()
     # ... and they do not pass regardless: with the exporter gone, they fail.
