@@ -331,6 +331,7 @@ BNXT_RE_HW_COUNTERS = frozenset(
     {
         "to_retransmits", "seq_err_naks_rcvd", "rnr_naks_rcvd", "missing_resp", "max_retry_exceeded",
         "rx_out_of_buffer", "tx_cnp_pkts", "rx_cnp_pkts", "rx_ecn_marked_pkts", "np_cnp_pkts",
+        "recoverable_errors", "rx_roce_errors", "rx_roce_discards",  # both drivers' names
     }
 )
 
