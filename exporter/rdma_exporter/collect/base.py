@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -106,6 +106,35 @@ def lint_safe(key: str, kind: str) -> str:
     if kind != "counter" and tokens[-1] in _RESERVED_SUFFIXES:
         tokens[-1] += "x"
     return "_".join(tokens)
+
+
+class ShadowedFiles:
+    """The files of a sorted listing whose metric name an earlier file of it already takes: two driver
+    names that normalise alike (`Foo Bar`, `foo_bar`), the first of which is exported. Decided from the
+    listing, not from the files a scrape read: a series must not switch files when the first one fails a
+    read, which Prometheus would take for a counter reset. Remembered per listing."""
+
+    MAX_LISTINGS: Final = 64
+
+    def __init__(self, name_of: Callable[[str], str | None]) -> None:
+        self._name_of = name_of  # a file's metric name; None for a file that is not exported
+        self._cache: dict[tuple[str, ...], frozenset[str]] = {}
+
+    def __call__(self, files: tuple[str, ...]) -> frozenset[str]:
+        shadowed = self._cache.get(files)
+        if shadowed is None:
+            if len(self._cache) >= self.MAX_LISTINGS:
+                self._cache.clear()  # a node has a handful of listings; more is churn, not a working set
+            names: set[str] = set()
+            later: set[str] = set()
+            for file in files:
+                name = self._name_of(file)
+                if name in names:
+                    later.add(file)
+                elif name is not None:
+                    names.add(name)
+            shadowed = self._cache[files] = frozenset(later)
+        return shadowed
 
 
 def _printable(value: str) -> str:

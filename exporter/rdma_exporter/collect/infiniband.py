@@ -20,7 +20,7 @@ from ..parse.infiniband import (
     read_device_snapshot,
 )
 from ..parse.reader import SysfsReader
-from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, label, lint_safe
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, ShadowedFiles, label, lint_safe
 
 DEVICE: Final = ("device",)
 PORT: Final = ("device", "port")
@@ -306,14 +306,12 @@ HW_COUNTER_DYNAMIC: Final = (
 class HwCounterSpecs:
     """MetricSpecs for driver-named counters, memoised so each name is converted once per process."""
 
-    MAX_LISTINGS: Final = 64  # distinct hw_counters listings whose shadowed files are remembered
-
     def __init__(self, prefix: str, labels: tuple[str, ...], scope: str) -> None:
         self._prefix = prefix
         self._labels = labels
         self._scope = scope
         self._cache: dict[str, MetricSpec] = {}
-        self._shadowed: dict[tuple[str, ...], frozenset[str]] = {}
+        self.shadowed = ShadowedFiles(lambda file: self.get(file).name)
 
     def get(self, file: str) -> MetricSpec:
         spec = self._cache.get(file)
@@ -338,25 +336,6 @@ class HwCounterSpecs:
             spec = MetricSpec(name, kind, described, self._labels)
             self._cache[file] = spec
         return spec
-
-    def shadowed(self, files: tuple[str, ...]) -> frozenset[str]:
-        """Files of a (sorted) hw_counters listing whose metric name an earlier file already takes: two
-        driver names that normalise alike (`Foo Bar`, `foo_bar`). Decided from the listing, not from the
-        files read this scrape: the series must not switch files when the first one fails a read, which
-        Prometheus would take for a counter reset."""
-        shadowed = self._shadowed.get(files)
-        if shadowed is None:
-            if len(self._shadowed) >= self.MAX_LISTINGS:
-                self._shadowed.clear()  # a node has a handful of listings; more is churn, not a working set
-            names: set[str] = set()
-            later: set[str] = set()
-            for file in files:
-                name = self.get(file).name
-                if name in names:
-                    later.add(file)
-                names.add(name)
-            shadowed = self._shadowed[files] = frozenset(later)
-        return shadowed
 
 
 _PORT_HW = HwCounterSpecs("rdma_port_hw_", PORT, "hw_counters")

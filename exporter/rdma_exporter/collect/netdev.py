@@ -25,7 +25,7 @@ from ..parse.netdev import (
     read_netdev_state,
 )
 from ..parse.reader import REASON_MISSING, SysfsReader
-from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, lint_safe
+from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, ShadowedFiles, lint_safe
 
 NAME: Final = "netdev"
 
@@ -182,6 +182,7 @@ class _StatisticsSpecs:
 
     def __init__(self) -> None:
         self._cache: dict[str, MetricSpec | None] = {}
+        self.shadowed = ShadowedFiles(lambda file: spec.name if (spec := self.get(file)) else None)
 
     def get(self, file: str) -> MetricSpec | None:
         if file not in self._cache:
@@ -223,13 +224,11 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
         out.add(SPEED, labels, netdev.speed_bps / 8)
     if netdev.mtu is not None:
         out.add(MTU, labels, netdev.mtu)
-    seen: set[str] = set()
+    shadowed = _STATISTICS.shadowed(netdev.statistics_files)
     for file, value in netdev.statistics.items():
         spec = _STATISTICS.get(file)
-        if spec is None or spec.name in seen:
-            continue  # two files that normalise alike: keep the first (files are listed sorted)
-        seen.add(spec.name)
-        out.add(spec, labels, value)
+        if spec is not None and file not in shadowed:
+            out.add(spec, labels, value)
     for (role, priority), enabled in sorted(netdev.ecn.items()):
         if 0 <= priority <= MAX_PRIORITY:
             out.add(ECN, [*labels, role, str(priority)], 1 if enabled else 0)

@@ -66,6 +66,7 @@ class Netdev:
     speed_bps: int | None  # bits per second (sysfs Mb/s x 10^6); None when unknown or the link is down
     mtu: int | None
     statistics: dict[str, int]  # statistics/<file> -> value (rx_bytes, tx_dropped, rx_crc_errors, ...)
+    statistics_files: tuple[str, ...]  # the sorted listing `statistics` was read from; () when not read
     is_bond_master: bool
     bond_mode: str | None  # e.g. 802.3ad, active-backup
     bond_slaves: tuple[str, ...]  # read every scrape (NetdevIdentity keeps the list of its last static read)
@@ -307,6 +308,7 @@ def read_netdev_state(
         speed_bps=_speed(f"{net_dir}/speed", reader),
         mtu=reader.uint(f"{net_dir}/mtu", optional=True),
         statistics=reader.uints(f"{net_dir}/statistics", identity.statistics_files) if statistics else {},
+        statistics_files=identity.statistics_files if statistics else (),
         is_bond_master=identity.is_bond_master,
         bond_mode=mode,
         bond_slaves=slaves,
