@@ -254,8 +254,8 @@ class HotplugMonitor:
         self._thread: threading.Thread | None = None
         self.events = 0  # events that changed something, for tests
         self.seen = 0
-        self.undecodable = 0  # events lost because pyudev could not decode them
-        self.overflows = 0  # times the uevent socket overflowed and every device was re-read
+        self.undecodable = 0  # events lost because pyudev could not decode them, for tests
+        self.overflows = 0  # times the uevent socket overflowed and every device was re-read, for tests
         self._address_logged: dict[str, float] = {}  # netdev -> when a change on it was last logged at info
         self.changed = threading.Condition()
 
