@@ -308,6 +308,45 @@ def stall_lines(caplog: pytest.LogCaptureFixture, device: str) -> list[str]:
     return lines[starts[0]:] if starts else lines
 
 
+def test_a_scrape_that_took_the_old_collector_before_a_reload_gathers_from_the_new_one(
+    tmp_path: Path, fifos: Fifos
+) -> None:
+    """A request reads the serving collector when it starts, then checks its login (a bcrypt hash, about
+    0.25 s): a reload in that time left it gathering on the retired collector, whose new round's jobs the
+    new collector's scrapes took for blocked reads. A healthy but slow device was skipped, a timeout counted
+    and its series dropped for a scrape (review, reproduced with a FIFO and basic auth)."""
+    root = make_tree(tmp_path, 2)
+    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
+    config = replace(Config(), sysfs=root, listen_address="127.0.0.1:0", scrape_timeout=20.0)
+    daemon = Daemon(config, reload=lambda: config)
+    try:
+        old = daemon.exporter.serving.collector
+        assert daemon.reload()
+        new = daemon.exporter.serving.collector
+        assert new is not old
+        late: list[Samples] = []
+        opened = fifos.opened_at(fifo)
+        request = threading.Thread(target=lambda: late.append(timed_scrape(old)[0]))
+        request.start()
+        wait_until(lambda: bool(opened))
+        current: list[Samples] = []
+        scrape = threading.Thread(target=lambda: current.append(timed_scrape(new)[0]))
+        scrape.start()
+        time.sleep(0.3)
+        fifos.release(fifo, b"1000\n")
+        request.join(20)
+        scrape.join(20)
+        for got in (late[0], current[0]):
+            assert value(got, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
+            assert value(got, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
+            assert value(got, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
+                         reason="timeout") is None  # fmt: skip
+    finally:
+        daemon.server.shutdown(grace=0)
+        if daemon.hotplug is not None:
+            daemon.hotplug.stop()
+
+
 def test_a_stuck_device_is_not_logged_again_by_each_reload(
     tmp_path: Path, fifos: Fifos, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -712,7 +712,7 @@ class Daemon:
         # A lowered cap takes effect at each device's next read (OpenFiles.begin closes files over it).
         self.reads.budget.limit = raise_fd_limit(config.max_open_files)
         self.server.max_connections = connection_cap()  # the limit may have been raised just now
-        old.collector.settle()  # a scrape in flight ends on the collector that started it
+        old.collector.retire(collector)  # a scrape in flight ends on the collector that started it
         self.exporter.serving = Serving(config, collector, web)
         if udev and self.hotplug.failed:  # type: ignore[union-attr]
             # The monitor failed after it was asked above: its fallback may have gone to the old collector.

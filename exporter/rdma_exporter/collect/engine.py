@@ -351,6 +351,7 @@ class RdmaCollector(Collector):
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
+        self._successor: RdmaCollector | None = None  # set by retire(): it starts the new rounds
         self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
         # Kept-open files of a fixture tree (not sysfs) may outlive their paths: check them (OpenFiles),
         # also when the mounts cannot be read.
@@ -374,12 +375,18 @@ class RdmaCollector(Collector):
         wait = self.scrape_timeout if timeout is None else max(0.0, timeout)
         now = time.monotonic()
         mine = now + wait
+        successor = None
         with self._round_lock:
             current = self._round
-            if current is None or current.result is not None or now >= current.joinable_until:
+            if current is not None and current.result is None and now < current.joinable_until:
+                current.deadline = max(current.deadline, mine)  # join the round in flight
+            elif self._successor is None:
                 current = self._round = self._start_round(mine)
             else:
-                current.deadline = max(current.deadline, mine)
+                successor = self._successor  # retired by a reload: new rounds are the successor's
+        if successor is not None:
+            return successor.gather(max(0.0, mine - time.monotonic()))
+        assert current is not None  # joined or started above
         pool = self.reads.pool
         while True:
             remaining = mine - time.monotonic()
@@ -396,12 +403,17 @@ class RdmaCollector(Collector):
                     self._round = None
         return families
 
-    def settle(self) -> None:
-        """Wait for the round in flight to end, at most until the deadline of the scrapes waiting for it.
-        A collector built to replace this one (a reload) shares its reads, and would take the round's
-        unfinished jobs for reads still blocked since an earlier scrape: a healthy device skipped, a
-        timeout counted. Past the deadline they are abandoned, and that is what they are."""
+    def retire(self, successor: RdmaCollector) -> None:
+        """Hand this collector's new rounds to `successor` (built by a reload, sharing the reads), then
+        wait for the round in flight to end, at most until the deadline of the scrapes waiting for it.
+
+        The successor would take unfinished jobs of a round here for reads still blocked since an earlier
+        scrape: a healthy device skipped, a timeout counted. So the round in flight is let end (past its
+        deadline its jobs are abandoned, and that is what they are), and a scrape that took this collector
+        before the swap but gathers after it (one that spent the reload in its login's bcrypt check) gathers
+        from the successor instead of starting a round here (review, reproduced)."""
         with self._round_lock:
+            self._successor = successor
             current = self._round
         if current is not None:
             current.all_done.wait(max(0.0, current.deadline - time.monotonic()))
