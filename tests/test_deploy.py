@@ -1252,7 +1252,10 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
             wait_until(lambda n=reloads: daemon.log().count(f"reloaded {web_file}") == n, timeout=20)
             with pytest.raises(ssl.SSLError):
                 _https_get(port, server_name, endpoint["path"], context, login)
-            assert _probe_passes(container["livenessProbe"], ports, port), (max_version, daemon.log())
+            # Several runs: a request sent before the alert arrived made the close a reset that lost it,
+            # and the probe failed two times in three over 1.3 (diff review).
+            for _ in range(5):
+                assert _probe_passes(container["livenessProbe"], ports, port), (max_version, daemon.log())
     finally:
         daemon.stop()
     # ... and they do not pass regardless: with the exporter gone, they fail.
