@@ -549,8 +549,11 @@ class Daemon:
         if web is None:  # cli.main hands over the web config it checked
             web = load_web_config(config.web_config_file)
         collector = build_collector(config, reads=self.reads)
+        # The collector new rounds start on: the serving one, or during a reload the one replacing it
+        # (RdmaCollector.retire). Uevents go to its inventory, the one that lists for those rounds.
+        self.newest = collector
         self.exporter = Exporter(Serving(config, collector, web))
-        hotplug, mode = start_monitor(config.sysfs, lambda: self.exporter.serving.collector.inventory)
+        hotplug, mode = start_monitor(config.sysfs, lambda: self.newest.inventory)
         self.hotplug: HotplugMonitor | None = hotplug
         collector.inventory.rescan_each_scrape = hotplug is None
         # Then `failed` (not `running`): a monitor that failed before the line above had switched this
@@ -712,7 +715,8 @@ class Daemon:
         # A lowered cap takes effect at each device's next read (OpenFiles.begin closes files over it).
         self.reads.budget.limit = raise_fd_limit(config.max_open_files)
         self.server.max_connections = connection_cap()  # the limit may have been raised just now
-        old.collector.retire(collector)  # a scrape in flight ends on the collector that started it
+        self.newest = collector
+        old.collector.retire(lambda: self.newest)  # a scrape in flight ends on the collector that started it
         self.exporter.serving = Serving(config, collector, web)
         if udev and self.hotplug.failed:  # type: ignore[union-attr]
             # The monitor failed after it was asked above: its fallback may have gone to the old collector.

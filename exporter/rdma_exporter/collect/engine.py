@@ -50,7 +50,7 @@ import platform
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -351,7 +351,7 @@ class RdmaCollector(Collector):
         self._listing_failed: frozenset[str] = frozenset()  # reasons of the listing failure already logged
         self._round_lock = threading.Lock()
         self._round: _Round | None = None
-        self._successor: RdmaCollector | None = None  # set by retire(): it starts the new rounds
+        self._successor: Callable[[], RdmaCollector] | None = None  # set by retire(): new rounds go there
         self._contexts = {s.name: ScrapeContext(sys_root, self._settings.get(s.name, {})) for s in self.sources}
         # Kept-open files of a fixture tree (not sysfs) may outlive their paths: check them (OpenFiles),
         # also when the mounts cannot be read.
@@ -385,7 +385,7 @@ class RdmaCollector(Collector):
             else:
                 successor = self._successor  # retired by a reload: new rounds are the successor's
         if successor is not None:
-            return successor.gather(max(0.0, mine - time.monotonic()))
+            return successor().gather(max(0.0, mine - time.monotonic()))
         assert current is not None  # joined or started above
         pool = self.reads.pool
         while True:
@@ -403,9 +403,11 @@ class RdmaCollector(Collector):
                     self._round = None
         return families
 
-    def retire(self, successor: RdmaCollector) -> None:
-        """Hand this collector's new rounds to `successor` (built by a reload, sharing the reads), then
-        wait for the round in flight to end, at most until the deadline of the scrapes waiting for it.
+    def retire(self, successor: Callable[[], RdmaCollector]) -> None:
+        """Hand this collector's new rounds to `successor()`, the newest collector (built by a reload,
+        sharing the reads), then wait for the round in flight to end, at most until the deadline of the
+        scrapes waiting for it. A getter, not the collector: a chain of retired collectors, each holding
+        the next, would be kept alive by a job hung in the first one, a reload after reload.
 
         The successor would take unfinished jobs of a round here for reads still blocked since an earlier
         scrape: a healthy device skipped, a timeout counted. So the round in flight is let end (past its
