@@ -16,10 +16,12 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -1256,6 +1258,16 @@ def test_tls_overlay_serves_what_its_servicemonitor_and_probes_expect(tmp_path: 
             # and the probe failed two times in three over 1.3 (diff review).
             for _ in range(5):
                 assert _probe_passes(container["livenessProbe"], ports, port), (max_version, daemon.log())
+
+        # A hung exporter (stopped): the probe fails, and within the kubelet's timeoutSeconds, after which the
+        # kubelet would count a failure anyway but the probe's Python would linger.
+        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert not _probe_passes(container["livenessProbe"], ports, port)
+            assert time.monotonic() - started < container["livenessProbe"]["timeoutSeconds"]
+        finally:
+            os.kill(daemon.proc.pid, signal.SIGCONT)
     finally:
         daemon.stop()
     # ... and they do not pass regardless: with the exporter gone, they fail.
