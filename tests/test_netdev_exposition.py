@@ -248,6 +248,22 @@ def test_an_ipoib_netdev_with_a_garbled_type_keeps_its_statistics_off(tmp_path: 
     assert statistics_of(garbled, min(roce))
 
 
+def test_a_netdev_whose_type_and_port_link_layer_are_both_unreadable_keeps_statistics_off(tmp_path: Path) -> None:
+    # With neither readable, the port counts as InfiniBand, as a port without a link_layer file (kernels
+    # before RoCE) was, so its IPoIB netdev's statistics stay off (mutation review: no test reached it).
+    sys_root = build_tree(tmp_path / "t", SAMPLE_SPEC)
+    ethtool_dir = tmp_path / "t" / "ethtool"
+    metrics = samples(scrape(sys_root, ethtool_dir=ethtool_dir))
+    ipoib, _ = ipoib_and_roce(metrics)
+    name = min(ipoib)
+    (labels,) = [dict(ls) for n, ls in metrics if n == "rdma_netdev_up" and ("netdev", name) in ls]
+    (sys_root / "class/net" / name / "type").write_text("x\n")
+    (sys_root / "class/infiniband" / labels["device"] / "ports" / labels["port"] / "link_layer").write_text("x\n")
+    garbled = samples(scrape(sys_root, ethtool_dir=ethtool_dir))
+    assert ("rdma_netdev_up", tuple(sorted(labels.items()))) in garbled  # the netdev is still there
+    assert not statistics_of(garbled, name)
+
+
 @pytest.mark.parametrize("value", ["yes", 1, None, "true"])
 def test_ipoib_statistics_must_be_true_or_false(tmp_path: Path, value: object) -> None:
     path = tmp_path / "c.yml"

@@ -1360,3 +1360,6 @@ def test_levels_among_hw_counters_are_gauges(
     assert f"# TYPE {level[1]} gauge" in text
     assert values[(level[1], labels)] == 37
     assert values[(count[1], labels)] == 123456
+    # lifespan is in milliseconds: the driver's cache time of these values, in base units.
+    scope = "port" if len(labels) == 2 else "device"
+    assert values[(f"rdma_{scope}_hw_lifespan_seconds", labels)] == 0.01

@@ -242,8 +242,9 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
 # traffic (the port counters have that), no rule or dashboard reads them, and node_exporter's netdev
 # collector exports the same counters. Off, they cost neither a read per file nor a series each (about
 # 24 of both per IPoIB interface, a quarter of the sample node's per-scrape reads). RoCE netdevs' and
-# RoCE LAG bonds' are always read (on RoCE the netdev carries the RDMA traffic), and so are those of a
-# netdev whose type is unknown.
+# RoCE LAG bonds' are always read (on RoCE the netdev carries the RDMA traffic). A netdev whose type is
+# unreadable goes by its port's link layer, and one whose port's link layer is unreadable too by
+# InfiniBand's, as a port without a link_layer file (kernels before RoCE) was: see is_ipoib.
 SETTINGS: Final = {"ipoib_statistics": check_bool}
 
 
