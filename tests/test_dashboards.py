@@ -900,6 +900,29 @@ UNCLAIMED_COLOURS = {
 }
 
 
+def test_hottest_sensors_colour_each_query_at_the_alerts_margin_for_its_sensors() -> None:
+    # UNCLAIMED_COLOURS exempts the panel from the general check, so its steps are checked here against
+    # RdmaDeviceTemperatureHigh's warning: each branch's sensor matcher and margin, and the critical at 0
+    # (mutation review: a chip step of -5 passed every test).
+    (warning,) = [r for r in all_rules() if r.get("alert") == "RdmaDeviceTemperatureHigh"
+                  and r["labels"]["severity"] == "warning"]  # fmt: skip
+    margins = {
+        (op, pattern): float(margin)
+        for op, pattern, margin in re.findall(
+            r'rdma_device_temperature_critical_celsius\{sensor(=~|!~)"([^"]+)"\}\s*-\s*([0-9.]+)', warning["expr"]
+        )
+    }
+    assert len(margins) == 2, warning["expr"]
+    ((item,),) = [[i for p, i in all_panels() if p.stem == "fabric-overview" and i["title"] == "Hottest HCA sensors"]]
+    steps = target_steps(item)
+    matched = set()
+    for tgt in item["targets"]:
+        (key,) = [k for k in margins if f'sensor{k[0]}"{k[1]}"' in tgt["expr"]]
+        matched.add(key)
+        assert steps[tgt["refId"]] == [{"color": "orange", "value": -margins[key]}, {"color": "red", "value": 0}], key
+    assert matched == set(margins)
+
+
 def step_follows(step: dict[str, Any], tgt: dict[str, Any], followed: list[str],
                  claims: dict[str, list[Comparison]]) -> bool:  # fmt: skip
     """Whether `step`, colouring query `tgt`, is one of the followed alerts' thresholds: a comparison of
@@ -2038,6 +2061,8 @@ def test_units_match_the_scale_of_the_query() -> None:
             reads_bytes = any("bytes" in s.name and not s.presence for s in selectors(expr))
             if reads_bytes and unit not in RATIO_UNITS:
                 assert bits, f"{where}: bytes drawn as {unit!r}"
+            if any(s.name.endswith("_celsius") for s in selectors(expr)):
+                assert unit == "celsius", f"{where}: temperatures drawn as {unit!r}"
             if "transfers_per_second" in expr and unit != "none":
                 assert unit == "suffix: GT/s" and "/ 1e9" in expr, f"{where}: {unit!r} of {expr}"
             checked += 1
