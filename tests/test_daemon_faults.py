@@ -167,16 +167,29 @@ def sources_of(collector: RdmaCollector) -> list[str]:
     return [source.name for source in collector.sources]
 
 
+def daemon_with_a_fifo(tmp_path: Path, fifos: Fifos, scrape_timeout: float) -> tuple[Daemon, Path]:
+    """A daemon on a 2-device tree whose mlx5_1 port_rcv_data is a FIFO, reloaded with its own config."""
+    root = make_tree(tmp_path, 2)
+    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
+    config = replace(Config(), sysfs=root, listen_address="127.0.0.1:0", scrape_timeout=scrape_timeout)
+    return Daemon(config, reload=lambda: config), fifo
+
+
+def assert_read_in_full(got: Samples) -> None:
+    """mlx5_1's slow read (a FIFO answering 1000, four bytes a unit) was waited for, not taken for blocked."""
+    assert value(got, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
+    assert value(got, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
+    assert value(got, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
+                 reason="timeout") is None  # fmt: skip
+
+
 def test_a_reload_lets_the_scrape_in_flight_end_before_the_new_collector_serves(
     tmp_path: Path, fifos: Fifos
 ) -> None:
     """A SIGHUP during a slow scrape (firmware taking seconds): the new collector shares the reads, and its
     first scrape took the old round's unfinished job for a read blocked since an earlier scrape. A healthy
     device was skipped, a timeout counted and a stall logged (review, reproduced with a FIFO)."""
-    root = make_tree(tmp_path, 2)
-    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
-    config = replace(Config(), sysfs=root, listen_address="127.0.0.1:0", scrape_timeout=20.0)
-    daemon = Daemon(config, reload=lambda: config)
+    daemon, fifo = daemon_with_a_fifo(tmp_path, fifos, scrape_timeout=20.0)
     try:
         first: list[Samples] = []
         opened = fifos.opened_at(fifo)
@@ -202,10 +215,7 @@ def test_a_reload_lets_the_scrape_in_flight_end_before_the_new_collector_serves(
         assert reloaded == [True] and daemon.exporter.serving.collector is not old
         second, _ = timed_scrape(daemon.exporter.serving.collector)
         for got in (first[0], during[0], second):
-            assert value(got, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
-            assert value(got, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
-            assert value(got, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
-                         reason="timeout") is None  # fmt: skip
+            assert_read_in_full(got)
     finally:
         daemon.server.shutdown(grace=0)
         if daemon.hotplug is not None:
@@ -317,10 +327,7 @@ def test_a_scrape_that_took_the_old_collector_before_a_reload_gathers_from_the_n
     0.25 s): a reload in that time left it gathering on the retired collector, whose new round's jobs the
     new collector's scrapes took for blocked reads. A healthy but slow device was skipped, a timeout counted
     and its series dropped for a scrape (review, reproduced with a FIFO and basic auth)."""
-    root = make_tree(tmp_path, 2)
-    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
-    config = replace(Config(), sysfs=root, listen_address="127.0.0.1:0", scrape_timeout=20.0)
-    daemon = Daemon(config, reload=lambda: config)
+    daemon, fifo = daemon_with_a_fifo(tmp_path, fifos, scrape_timeout=20.0)
     try:
         old = daemon.exporter.serving.collector
         assert daemon.reload()
@@ -339,10 +346,7 @@ def test_a_scrape_that_took_the_old_collector_before_a_reload_gathers_from_the_n
         request.join(20)
         scrape.join(20)
         for got in (late[0], current[0]):
-            assert value(got, "rdma_port_receive_data_bytes_total", device="mlx5_1", port="1") == 4000
-            assert value(got, "rdma_exporter_device_scrape_skipped", device="mlx5_1") is None
-            assert value(got, "rdma_exporter_file_read_errors_total", collector="infiniband", device="mlx5_1",
-                         reason="timeout") is None  # fmt: skip
+            assert_read_in_full(got)
     finally:
         daemon.server.shutdown(grace=0)
         if daemon.hotplug is not None:
@@ -363,10 +367,7 @@ def test_uevents_reach_the_collector_that_starts_rounds_while_a_reload_waits(
         return None, "rescan (test)"
 
     monkeypatch.setattr("rdma_exporter.daemon.start_monitor", monitor)
-    root = make_tree(tmp_path, 2)
-    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
-    config = replace(Config(), sysfs=root, listen_address="127.0.0.1:0", scrape_timeout=20.0)
-    daemon = Daemon(config, reload=lambda: config)
+    daemon, fifo = daemon_with_a_fifo(tmp_path, fifos, scrape_timeout=20.0)
     try:
         (events_to,) = inventories
         old = daemon.exporter.serving.collector
@@ -392,10 +393,7 @@ def test_collectors_retired_while_a_read_hangs_are_not_kept_alive(tmp_path: Path
     """A retired collector hands its new rounds to the newest one. Holding its successor itself, each one
     retired while a job of the first hung kept the next alive, a reload after reload, for as long as the
     hang lasts (diff review: 21 collectors alive after 20 reloads)."""
-    root = make_tree(tmp_path, 2)
-    fifo = fifos.make(device_dir(root, "mlx5_1") / "ports" / "1" / "counters" / "port_rcv_data")
-    config = replace(Config(), sysfs=root, listen_address="127.0.0.1:0", scrape_timeout=0.3)
-    daemon = Daemon(config, reload=lambda: config)
+    daemon, fifo = daemon_with_a_fifo(tmp_path, fifos, scrape_timeout=0.3)
     try:
         first = daemon.exporter.serving.collector
         opened = fifos.opened_at(fifo)
