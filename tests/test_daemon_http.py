@@ -1089,6 +1089,26 @@ def test_one_client_cannot_hold_every_slot_and_prometheus_keeps_its_connection()
             sock.close()
 
 
+def test_a_full_server_closes_the_biggest_holders_least_recently_active_connection() -> None:
+    # Which of the biggest holder's connections makes room: the one quiet longest, not the one that just
+    # sent a byte (mutation review: only how many were closed was tested, not which).
+    with InProcessServer(lambda r: Response(200, b"ok"), max_connections=3, idle_timeout=60, head_timeout=60) as server:
+        first, second, third = (
+            socket.create_connection(("127.0.0.1", server.port), source_address=("127.0.0.2", 0)) for _ in range(3)
+        )
+        wait_until(lambda: server.connections() == 3, 10)
+        time.sleep(0.05)  # so that the first's byte below makes it the most recently active by a margin
+        first.sendall(b"G")
+        wait_until(lambda: any(c.started for c in list(server._conns.values())), 10)
+        with socket.create_connection(("127.0.0.1", server.port), source_address=("127.0.0.3", 0)) as newcomer:
+            assert closed_within(second, 10)[0]  # accepted before the third, quiet since
+            assert not closed_within(first, 0.3)[0] and not closed_within(third, 0.3)[0]
+            newcomer.sendall(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert closed_within(newcomer, 10)[1].startswith(b"HTTP/1.1 200")
+        for sock in (first, second, third):
+            sock.close()
+
+
 def test_a_client_tied_with_the_biggest_holder_does_not_close_prometheus_idle_connection() -> None:
     """Two hosts holding as many slots each: the newcomer of the one that is not counted first used to
     close the longest idle connection of all, Prometheus's keep-alive one (review of stop 36)."""
