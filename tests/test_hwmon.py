@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rdma_exporter.parse import reader as reader_module
 from rdma_exporter.parse.hwmon import (
+    _MODULE_SENSOR,
     HwmonIdentity,
     SensorReading,
     TemperatureSensor,
@@ -297,3 +300,21 @@ def test_channels_numbered_zero_or_with_a_leading_zero_are_no_channels(tmp_path:
     identity, reader = identity_of(tmp_path)
     assert identity is not None and reader.errors.total() == 0
     assert [(s.sensor, s.input_path.rsplit("/", 1)[1]) for s in identity.sensors] == [("asic", "temp1_input")]
+
+
+def test_the_temperature_alert_and_the_parser_agree_on_which_sensors_are_modules() -> None:
+    # RdmaDeviceTemperatureHigh warns 5 degrees below a module's threshold and 10 below a chip's; the parser
+    # marks module sensors for the same reason. Only a dashboard test tied the alert's pattern to anything
+    # (mutation review), so a change made in the alert and the dashboard together went unnoticed.
+    rules = yaml.safe_load((Path(__file__).resolve().parent.parent / "rules/rdma-alerts.rules.yml").read_text())
+    (warning,) = [
+        rule for group in rules["groups"] for rule in group["rules"]
+        if rule.get("alert") == "RdmaDeviceTemperatureHigh" and rule["labels"]["severity"] == "warning"
+    ]  # fmt: skip
+    patterns = set(re.findall(r'sensor[=!]~"([^"]+)"', warning["expr"]))
+    assert len(patterns) == 1, patterns  # both branches, one for modules and one for the rest, use one pattern
+    (pattern,) = patterns
+    names = [f"{prefix}{n}" for prefix in ("sensor", "Module", "asic", "temp") for n in range(0, 1100)]
+    names += ["Module", "sensor", "sensor064", "Module 1", "asic"]
+    alert = re.compile(pattern)  # Prometheus anchors its regular expressions at both ends
+    assert [n for n in names if alert.fullmatch(n)] == [n for n in names if _MODULE_SENSOR.fullmatch(n)]
