@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rdma_exporter.collect.base import ShadowedFiles
 from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.collect.ethtool import EthtoolSource
 from rdma_exporter.collect.infiniband import HwCounterSpecs
@@ -116,7 +117,7 @@ def test_uevents_naming_devices_that_are_gone_leave_no_trace(tmp_path: Path) -> 
 
 def test_hw_counter_listings_remembered_are_bounded() -> None:
     specs = HwCounterSpecs("rdma_port_hw_", ("device", "port"), "hw_counters")
-    for step in range(3 * HwCounterSpecs.MAX_LISTINGS):
+    for step in range(3 * ShadowedFiles.MAX_LISTINGS):
         # "a b" and "a_b" normalise alike: the later file of the sorted listing is shadowed.
         assert specs.shadowed(("a b", "a_b", f"optional_{step}")) == frozenset({"a_b"})
-    assert len(specs._shadowed) <= HwCounterSpecs.MAX_LISTINGS
+    assert len(specs.shadowed._cache) <= ShadowedFiles.MAX_LISTINGS
