@@ -243,8 +243,7 @@ def expose_netdev(netdev: Netdev, device: str, port: int, out: FamilySet) -> Non
 # collector exports the same counters. Off, they cost neither a read per file nor a series each (about
 # 24 of both per IPoIB interface, a quarter of the sample node's per-scrape reads). RoCE netdevs' and
 # RoCE LAG bonds' are always read (on RoCE the netdev carries the RDMA traffic). A netdev whose type is
-# unreadable goes by its port's link layer, and one whose port's link layer is unreadable too by
-# InfiniBand's, as a port without a link_layer file (kernels before RoCE) was: see is_ipoib.
+# unreadable goes by its port's link layer, read as InfiniBand where that is unreadable too: see is_ipoib.
 SETTINGS: Final = {"ipoib_statistics": check_bool}
 
 
@@ -254,8 +253,8 @@ def is_ipoib(arphrd_type: int | None, device: DeviceInfo, port: int) -> bool:
     collector.netdev.ipoib_statistics keeps off."""
     if arphrd_type is not None:
         return arphrd_type == ARPHRD_INFINIBAND
-    link_layer = next((info.link_layer for info in device.ports if info.number == port), None)
-    return link_layer in ("InfiniBand", None)
+    info = next((info for info in device.ports if info.number == port), None)
+    return info is None or info.reads_as_infiniband
 
 
 class NetdevSource:

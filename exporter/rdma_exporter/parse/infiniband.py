@@ -306,6 +306,12 @@ class PortInfo:
     # rather than on every scrape. Not part of the port's identity.
     pma_counters: dict[str, PmaCounter] = field(default_factory=dict, compare=False)
 
+    @property
+    def reads_as_infiniband(self) -> bool:
+        """InfiniBand, or a link layer that could not be read: a port without a link_layer file (kernels
+        before RoCE) was InfiniBand, so an unreadable one is read as InfiniBand's too."""
+        return self.link_layer in ("InfiniBand", None)
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
@@ -682,7 +688,7 @@ def read_port_snapshot(device_dir: str | Path, info: PortInfo, reader: SysfsRead
     # Upstream rate_show() answers EINVAL while the port has no valid width (no cable or module in
     # the cage): no rate, not a broken file.
     snapshot.rate = reader.parsed(f"{port_dir}/rate", parse_rate, "a rate", absent_errnos=_NO_RATE_ERRNOS)
-    if info.link_layer in ("InfiniBand", None):  # None: unreadable, read them as an InfiniBand port's
+    if info.reads_as_infiniband:
         # Only InfiniBand has a subnet manager: the lid files of RoCE ports and of ports of no link layer
         # (EFA's Unspecified, usNIC) read 0 and mean nothing, two reads a port and scrape for nothing.
         # lid_show() prints "0x%x": a decimal, octal or binary literal there is not a kernel value.
