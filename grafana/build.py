@@ -540,6 +540,9 @@ def ber_5m(labels: Sequence[str] = PORT) -> str:
     return f"({sel(BER_SATURATED, labels)} or {sel(BER_5M, labels)})"
 
 
+# A RoCE LAG's slaves share the bond's device and port, and each has its own bit-error rate (its cable):
+# a legend without the netdev gave both one name. InfiniBand ports have none, and show a blank.
+BER_NETDEV = " {{netdev}}"
 BER_STEPS = thresholds((above(1e-12), CRITICAL))
 BER_OVERRIDES = [query_thresholds("B", thresholds((above(1e-14), WARNING)))]
 BER_TEXT = (
@@ -690,6 +693,12 @@ def trained_rate(labels: Sequence[str] = PORT) -> str:
     return when_active(f"{sel(PORT_RATE, labels)} > 0", labels)
 
 
+def links_affected(shortfalls: str) -> str:
+    """One series a link of `shortfalls`: a port (or a PCIe link, which has no port) short in rate and in
+    width is one link, not two."""
+    return f"group by (cluster, job, instance, device, port) ({shortfalls})"
+
+
 def links_below(*extra: str) -> str:
     """The record's shortfalls, those of ports' rate and width without SR-IOV VFs."""
     others = sel(BELOW_EXPECTED, DEVICE, 'problem!~"rate|width"', *extra)
@@ -725,13 +734,31 @@ BELOW_PEERS = (
     f'    unless {ON_PORT} {sel(BOND_SLAVE_WITHOUT_CARRIER, DEVICE, NOT_ACTIVE_BACKUP)}\n'
     '  , "problem", "rate", "", ""), "reference", "peers", "", "")'
 )
-LINKS_BELOW_EXPECTED = links_below()
 # The two rate alerts that need no expected topology: below the port's day and below its peers.
 BELOW_BEST_ALERTS = ["RdmaPortRateBelowRecentMax", "RdmaPortRateBelowPeers"]
 # PCIe links below the most they can do, without an expectation: the warning RdmaPcieLinkDegraded.
 LINK_MAX, NOT_LINK_MAX = 'reference="link_max"', 'reference!="link_max"'
 LINK_ALERTS = ["RdmaPortRateBelowExpected", "RdmaPcieLinkBelowExpected", "RdmaPcieLinkDegraded",
                "RdmaNetdevSpeedBelowExpected", *BELOW_BEST_ALERTS]  # fmt: skip
+
+# Ports of nodes whose exporter is down: no alert above counts them (RdmaPortVanished and RdmaPortDown wait
+# for the target), so without this a dead node's ports left every count and "Ports down" stayed green. The
+# ports its history saw ACTIVE in the last day, as RdmaPortDown's "was up" reads it, not its VFs.
+UNREACHABLE_PORTS = (
+    "count(\n  group by (cluster, job, instance, device, port) (\n"
+    f"    max_over_time({sel('instance_device_port:rdma_port_state_id:max10m_max1d')}[10m]) >= 4\n  )\n"
+    f"    and on ({NODE_KEY}) {sel('up', NODE)} == 0\n"
+    f"    unless {ON_DEVICE} "
+    f"max_over_time({sel('instance_device:rdma_device_sriov_virtual_function:max10m_max1d', DEVICE)}[10m]) == 1\n"
+    ") or vector(0)"
+)
+UNREACHABLE_TEXT = (
+    " Unreachable: ports that were ACTIVE in the last day on nodes whose exporter is down now (RdmaExporterDown, "
+    "a warning): their state is unknown, and no other count here holds them."
+)
+UNREACHABLE_OVERRIDE = {"matcher": {"id": "byName", "options": "unreachable"},
+                        "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}  # fmt: skip
+
 
 
 def fabric_overview() -> Json:
@@ -753,25 +780,27 @@ def fabric_overview() -> Json:
             "the last day or are declared in the expected topology), and ports that are gone: RdmaPortVanished "
             "(up in the last day, no longer reported) and RdmaExpectedPortMissing or RdmaExpectedDeviceMissing "
             "(declared, never there; a missing device counts once). Reading the alert state keeps this cheap on "
-            "thousands of nodes. Colours follow those alerts.",
+            f"thousands of nodes. Colours follow those alerts.{UNREACHABLE_TEXT}",
             "none",
-            targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down")),
+            targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down"), (UNREACHABLE_PORTS, "unreachable")),
             steps=thresholds((1, CRITICAL)),
-            alerts=PORT_DOWN_NAMES,
+            overrides=[UNREACHABLE_OVERRIDE],
+            alerts=[*PORT_DOWN_NAMES, "RdmaExporterDown"],
         ), 3, 4),
         (stat(
             "Links below expected",
-            "Shortfalls of ports (rate, width, netdev speed) and PCIe links (speed, width) against the expected "
-            "topology or, for PCIe without an expectation, the most the link can do: the series the bandwidth alerts "
-            "read. Red: below the expectation (RdmaPortRateBelowExpected, RdmaPcieLinkBelowExpected, "
+            "Links short of the expected topology, ports (rate, width, netdev speed) and PCIe links (speed, width), "
+            "or, for PCIe without an expectation, short of the most the link can do: the series the bandwidth "
+            "alerts read, a link short in two ways (a port at half its rate and width) counted once. Red: below "
+            "the expectation (RdmaPortRateBelowExpected, RdmaPcieLinkBelowExpected, "
             "RdmaNetdevSpeedBelowExpected page); orange: PCIe below the most it can do without an expectation "
             "(reference link_max, the warning RdmaPcieLinkDegraded). Below best: ports for which "
             "RdmaPortRateBelowRecentMax (below the best rate of their last day) or RdmaPortRateBelowPeers (below "
             "the ports of the same HCA model on the node) is pending or firing, the pages that need no "
             "expected topology. The port selector does not apply. The table below lists them.",
             "none",
-            targets((f"count({links_below(NOT_LINK_MAX)}) or vector(0)", "expected"),
-                    (f"count({sel(BELOW_EXPECTED, DEVICE, LINK_MAX)}) or vector(0)", "link_max"),
+            targets((f"count({links_affected(links_below(NOT_LINK_MAX))}) or vector(0)", "expected"),
+                    (f"count({links_affected(sel(BELOW_EXPECTED, DEVICE, LINK_MAX))}) or vector(0)", "link_max"),
                     ("count(group by (cluster, job, instance, device, port) ("
                      + sel("ALERTS", DEVICE, f'alertname=~"{"|".join(BELOW_BEST_ALERTS)}"',
                            'alertstate=~"pending|firing"')
@@ -847,7 +876,9 @@ def fabric_overview() -> Json:
             "width, from the recording rule the bandwidth alerts read: problem is what falls short, reference "
             "against what (expected, link_max, or bond_slaves: a RoCE LAG bond against its slaves together). "
             "Share is the fraction of the reference reached: 50% is a 400G port at 200G or Gen4 instead of "
-            "Gen5. Expectations come from the exporter's expected topology (collector.expected); without it "
+            "Gen5; red, as the alerts on it page. Share of link max is that of a PCIe link below the most it "
+            "can do where no PCIe link is expected; orange, as RdmaPcieLinkDegraded is a warning. "
+            "Expectations come from the exporter's expected topology (collector.expected); without it "
             "PCIe links and LAG bonds are checked, and ports against the best rate they trained at in the last "
             "day (reference day_max, RdmaPortRateBelowRecentMax's condition) and the median rate of the ports of "
             "the same HCA model and port number on the node (reference peers, RdmaPortRateBelowPeers' "
@@ -855,13 +886,16 @@ def fabric_overview() -> Json:
             "and width are left out, as the alerts leave them (a VF reports its PF's link). The port selector "
             "does not apply. Empty while every link trained as expected.",
             "percentunit",
-            [target(f"{LINKS_BELOW_EXPECTED}\n  or\n{BELOW_DAY_BEST}\n  or\n{BELOW_PEERS}", instant=True,
-                    table=True)],
+            [target(f"{links_below(NOT_LINK_MAX)}\n  or\n{BELOW_DAY_BEST}\n  or\n{BELOW_PEERS}", instant=True,
+                    table=True),
+             target(sel(BELOW_EXPECTED, DEVICE, LINK_MAX), ref="B", instant=True, table=True)],
             steps=thresholds((1, OK), base=CRITICAL),
             alerts=LINK_ALERTS,
-            overrides=[colour_cells("Share")],
+            overrides=[colour_cells("Share"), colour_cells("Share of link max"),
+                       {"matcher": {"id": "byName", "options": "Share of link max"},
+                        "properties": [{"id": "thresholds", "value": thresholds((1, OK), base=WARNING)}]}],
             links=[node_link("__data.fields.instance")],
-            rename={"Value": "Share"},
+            rename={"Value #A": "Share", "Value #B": "Share of link max"},
         ), 18, 9),
         (top_ports(
             "Top ports by bit-error rate",
@@ -869,8 +903,8 @@ def fabric_overview() -> Json:
             f"highest over an hour. {BER_TEXT}",
             "sci",
             ber_5m(),
-            f"{port_label} 5 min",
-            more=[(sel(BER_1H), f"{port_label} 1 h")],
+            f"{port_label}{BER_NETDEV} 5 min",
+            more=[(sel(BER_1H), f"{port_label}{BER_NETDEV} 1 h")],
             steps=BER_STEPS,
             overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],
@@ -1150,11 +1184,13 @@ def node_detail() -> Json:
             "Ports down",
             "Selected ports for which RdmaPortDown is pending or firing (down while they were up in the last day "
             "or are expected), and those gone: vanished since they were up (RdmaPortVanished) or expected and "
-            "never there (RdmaExpectedPortMissing, RdmaExpectedDeviceMissing). Colours follow those alerts.",
+            f"never there (RdmaExpectedPortMissing, RdmaExpectedDeviceMissing). Colours follow those alerts."
+            f"{UNREACHABLE_TEXT}",
             "none",
-            targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down")),
+            targets((f"count({PORT_DOWN_ALERTS}) or vector(0)", "down"), (UNREACHABLE_PORTS, "unreachable")),
             steps=thresholds((1, CRITICAL)),
-            alerts=PORT_DOWN_NAMES,
+            overrides=[UNREACHABLE_OVERRIDE],
+            alerts=[*PORT_DOWN_NAMES, "RdmaExporterDown"],
         ), 3, 4),
         (stat(
             "Throughput",
@@ -1302,7 +1338,7 @@ def node_detail() -> Json:
             f"Uncorrected bit-error rate per port over 5 minutes and over an hour: symbol errors per bit at the "
             f"trained rate (InfiniBand) or symbol errors FEC could not correct (RoCE). {BER_TEXT}",
             "sci",
-            targets((ber_5m(), f"{dp} 5 min"), (sel(BER_1H), f"{dp} 1 h")),
+            targets((ber_5m(), f"{dp}{BER_NETDEV} 5 min"), (sel(BER_1H), f"{dp}{BER_NETDEV} 1 h")),
             steps=BER_STEPS,
             overrides=BER_OVERRIDES,
             alerts=["RdmaPortBitErrorRateHigh"],

@@ -73,6 +73,9 @@ COLOURS_FOLLOW = re.compile(r"Colours follow (Rdma\w+)")
 MAX_MAY_BE_EMPTY = 4
 # Target labels that not every target has: an empty {{cluster}} at the start of a legend leaves a blank.
 OPTIONAL_LABELS = ("cluster",)
+# A port's netdev drawn after it, where a query holds both link layers: a RoCE LAG's slaves share the bond's
+# device and port and tell apart by netdev only; an InfiniBand port has none, and leaves that place blank.
+PORT_NETDEV = "{{port}} {{netdev}}"
 # Port-level series that a sum or count turns into a number of ports or links.
 PORT_COUNT_SERIES = {
     "rdma_port_state_id", "rdma_port_state", "rdma_port_physical_state_id", "rdma_port_physical_state",
@@ -887,6 +890,9 @@ UNCLAIMED_COLOURS = {
     ("fabric-overview", "Links below expected"): "the record is the alerts' condition: any series is one; red "
     "for those below an expectation (critical alerts), orange for reference link_max (RdmaPcieLinkDegraded)",
     ("fabric-overview", "Links below expected rate, width or PCIe"): "the share of the reference reached",
+    ("fabric-overview", "Ports down"): "down counts the port alerts' own ALERTS series; unreachable, the ports "
+    "of targets that are down, orange as RdmaExporterDown (up == 0) is a warning",
+    ("node-detail", "Ports down"): "as on the fleet page",
     ("node-detail", "Link rate and width"): "the share of the day's best rate reached: below 100% is "
     "RdmaPortRateBelowRecentMax's condition (rate * 8 < the day's best * 8)",
     ("roce-congestion", "ECN disabled"): "a count of configuration problems",
@@ -1332,6 +1338,8 @@ def legend_gaps(legend: str, result: list[dict[str, Any]]) -> str | None:
     """The first series of a query's answer that lacks a label its legend draws (the line's name would have
     a blank there), described; None if every series carries them all. Optional target labels may be absent."""
     drawn = legend_labels(legend) - set(OPTIONAL_LABELS)
+    if PORT_NETDEV in legend:
+        drawn.discard("netdev")
     for series in result:
         missing = sorted(drawn - series["metric"].keys())
         if missing:
@@ -2276,6 +2284,23 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
         series[f'instance:rdma_port_transmit_wait:max_ratio_rate5m{{job="rdma-exporter", instance="c{k}:9883"}}'] = (
             f"{k / 10}x10"
         )
+    # (Links below expected counted shortfalls): mlx5_3 also trained at half its width, still one link.
+    series[f'{below}{{{node}, device="mlx5_3", port="1", problem="width", reference="expected"}}'] = "0.5x10"
+    # A PCIe link at half its speed, no PCIe expectation: the warning's row, in a column of its own.
+    series[f'{below}{{{node}, device="mlx5_17", problem="pcie_speed", reference="link_max"}}'] = "0.5x10"
+    # (A dead node's ports vanished from every count): n2's exporter is down; its history saw two ports
+    # ACTIVE in the day, one on a VF, and a third never up. n3's exporter is up: its ports are counted by
+    # their state. The history records hold their last values while the target is down.
+    day_state = "instance_device_port:rdma_port_state_id:max10m_max1d"
+    day_vf = "instance_device:rdma_device_sriov_virtual_function:max10m_max1d"
+    for instance, up in (("n2:9883", "0x10"), ("n3:9883", "1x10")):
+        other = f'job="rdma-exporter", instance="{instance}"'
+        series[f"up{{{other}}}"] = up
+        for device, state, vf in (("mlx5_0", "4", "0"), ("mlx5_1", "1", "0"), ("mlx5_2", "4", "1")):
+            series[f'{day_state}{{{other}, device="{device}", port="1"}}'] = f"{state}x10"
+            series[f'{day_vf}{{{other}, device="{device}"}}'] = f"{vf}x10"
+            if up.startswith("1"):  # still reporting (else RdmaPortVanished would count them)
+                series[f'rdma_port_state_id{{{other}, device="{device}", port="1"}}'] = f"{state}x10"
     overview, node_page = "fabric-overview", "node-detail"
 
     def firing(severity: str) -> str:
@@ -2294,8 +2319,12 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
         (f"({firing('critical')} >= bool 1) + ({firing('warning')} >= bool 2)", "5m", 2.0),  # both levels fire
         (f"sum({panel_expr(overview, 'Links below expected', 'A')})", "5m", 1.0),
         (f"sum({panel_expr(overview, 'Links below expected', 'C')})", "5m", 3.0),  # mlx5_10, mlx5_11, mlx5_16
-        (f"count({panel_expr(overview, 'Links below expected rate, width or PCIe')})", "5m", 3.0),
-        (f"sum({panel_expr(overview, 'Links below expected rate, width or PCIe')})", "5m", 1.5),  # 3 x 0.5
+        (f"sum({panel_expr(overview, 'Links below expected', 'B')})", "5m", 1.0),
+        (f"count({panel_expr(overview, 'Links below expected rate, width or PCIe')})", "5m", 4.0),
+        (f"sum({panel_expr(overview, 'Links below expected rate, width or PCIe')})", "5m", 2.0),  # 4 x 0.5
+        (f"count({panel_expr(overview, 'Links below expected rate, width or PCIe', 'B')})", "5m", 1.0),
+        (f"sum({panel_expr(overview, 'Ports down', 'B')})", "5m", 1.0),
+        (f"sum({panel_expr(node_page, 'Ports down', 'B')})", "5m", 1.0),
         (f"sum({panel_expr(overview, 'Link drops in the last hour', 'A')})", "5m", 3.0),
         (f"sum({panel_expr(overview, 'Link drops in the last hour', 'B')})", "5m", 1.0),
         # c1..c6 at 0.1..0.6 and n1 at 0.5 (its ports' record): the five highest end at 0.3.
@@ -2306,6 +2335,20 @@ def test_fleet_panels_compute_what_they_say(tmp_path: Path) -> None:
     ]
     problems = promtool_checks(tmp_path, series, checks)
     assert not problems, "\n".join(problems)
+
+
+def test_bit_error_rate_legends_name_the_slaves_of_a_roce_lag() -> None:
+    """A RoCE LAG's bit-error rate is one series per slave (its netdev: each cable and transceiver counts its
+    own errors), under the bond's device and port. Legends that drew device and port alone gave two bars the
+    same name, and the operator could not tell which cable to change (dashboard review)."""
+    legends = [
+        (f"{path.stem} / {item['title']}", tgt["legendFormat"])
+        for path, item in all_panels()
+        for tgt in item["targets"]
+        if "rdma_port_bit_error_rate" in tgt["expr"] and "{{port}}" in tgt["legendFormat"]
+    ]
+    assert len(legends) == 4, legends
+    assert all(PORT_NETDEV in legend for _, legend in legends), legends
 
 
 def test_node_tables_keep_a_node_name_that_repeats_in_another_cluster(tmp_path: Path) -> None:
