@@ -846,6 +846,10 @@ def test_an_empty_client_allowed_sans_admits_any_verified_client(certs: Pki, tmp
         # Go's bcrypt reads exactly two cost digits.
         ("basic_auth_users:\n  p: '$2b$4$" + "a" * 53 + "'\n", "basic_auth_users.p",
          "expected a bcrypt hash ($2y$/$2b$/$2a$, 60 characters)"),
+        # Two digits of another script (ARABIC-INDIC ONE, TWO): a regex's \d took them, and the cost's int()
+        # then stopped start-up with a traceback instead of naming the key (review).
+        ("basic_auth_users:\n  p: '$2b$\u0661\u0662$" + "a" * 53 + "'\n", "basic_auth_users.p",
+         "expected a bcrypt hash ($2y$/$2b$/$2a$, 60 characters)"),
         ("http_server_config:\n  headers:\n    X-XSS-Protection: \"a\\nb\"\n",
          "http_server_config.headers.X-XSS-Protection", "expected a single-line string"),
         ("http_server_config:\n  headers:\n    '': x\n", "http_server_config.headers.", NOT_ALLOWED),
@@ -854,8 +858,8 @@ def test_an_empty_client_allowed_sans_admits_any_verified_client(certs: Pki, tmp
         ("http_server_config:\n  http2: 'false'\n", "http_server_config.http2", "expected true or false, got 'false'"),
     ],
     ids=[
-        "top-level-typo", "numeric-user", "no-hash", "one-digit-cost", "bare-lf", "empty-header-name",
-        "http2-not-a-bool", "http2-quoted-bool",
+        "top-level-typo", "numeric-user", "no-hash", "one-digit-cost", "other-script-cost", "bare-lf",
+        "empty-header-name", "http2-not-a-bool", "http2-quoted-bool",
     ],
 )
 def test_more_settings_that_stop_start_up(tmp_path: Path, text: str, key: str, reason: str) -> None:

@@ -84,7 +84,8 @@ TOOLKIT_HEADERS: Final[dict[str, tuple[str, ...]]] = {
 }
 # RFC 9110 5.5 field-value: visible ASCII, space and tab, and obs-text (0x80-0xFF, what Latin-1 encodes).
 _FIELD_VALUE: Final = re.compile(r"[\t\x20-\x7e\x80-\xff]*\Z")
-_BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}\Z")  # \Z: no final newline
+# \Z: no final newline. [0-9], not \d: the cost of a hash with other scripts' digits is no int() (review).
+_BCRYPT_HASH: Final = re.compile(r"^\$2[aby]\$[0-9][0-9]\$[./A-Za-z0-9]{53}\Z")
 _BCRYPT_COSTS: Final = range(4, 32)  # what bcrypt (here and in Go) can check; other costs never match
 _BCRYPT_ADVISED: Final = range(10, 15)  # costs accepted without a warning: about 0.07 to 1 s a check
 # Checked for unknown users too, so response time does not reveal which user names exist. Only its salt
