@@ -52,6 +52,8 @@ LEPTON = SYSFS_FIXTURES / "leptonai-gpud-h100" / "sys"
         ("2.5 Gb/sec (1X SDR)", 2.5e9, 1, "SDR"),
         ("800 Gb/sec (4X XDR)", 800e9, 4, "XDR"),
         ("40 Gb/sec (4X FDR10)", 40e9, 4, "FDR10"),
+        ("120 Gb/sec (12X QDR)", 120e9, 12, "QDR"),
+        ("800 Gb/sec (8X NDR)", 800e9, 8, "NDR"),
         ("100 Gb/sec (4X EDR)\n", 100e9, 4, "EDR"),
         ("100 Gb/sec", 100e9, None, None),
         ("0 GB/sec", 0.0, None, None),  # MLNX_OFED mlx5, empty cage
@@ -74,6 +76,11 @@ def test_parse_rate_forms(text: str, bits: float, lanes: int | None, speed: str 
         "N/A (no PMA)",
         "400 Mb/sec (4X NDR)",
         "40 Gb/sec (4X QDR) x",  # the whole line is the format: trailing text is not a rate
+        # Widths ib_width_enum_to_int() has no number for: rate_show() fails with EINVAL instead (fuzz review).
+        "300 Gb/sec (3X NDR)",
+        "400 Gb/sec (999999999X NDR)",
+        "0 Gb/sec (0X NDR)",
+        "\u0664\u0660\u0660 Gb/sec (\u0664X NDR)",  # Arabic-Indic digits: \d took them, no kernel prints them
     ],
 )
 def test_parse_rate_rejects_garbage(text: str) -> None:
@@ -84,6 +91,9 @@ def test_parse_state_and_uint() -> None:
     assert parse_state("4: ACTIVE") == (4, "ACTIVE")
     assert parse_state("5: LinkUp\n") == (5, "LinkUp")
     assert parse_state("ACTIVE") is None
+    assert parse_state("4:") == (4, "")
+    assert parse_state("\u0664: ACTIVE") is None  # ARABIC-INDIC DIGIT FOUR
+    assert parse_state("\uff15: LinkUp") is None  # FULLWIDTH DIGIT FIVE
     # More digits than int() converts (4300) is garbage like any other, not a ValueError for the device.
     assert parse_state("4" * 5000 + ": ACTIVE") is None
     assert parse_rate("400 Gb/sec (" + "4" * 5000 + "X NDR)") is None
@@ -482,6 +492,28 @@ def test_node_type_label_is_the_verbs_name_whatever_the_kernel_prints(
     root = captured_copy("leptonai-gpud-h100")
     (root / "class/infiniband/mlx5_0/node_type").write_text(f"{text}\n")  # the capture has none
     info = [dict(labels) for (name, labels) in samples(scrape(root)) if name == "rdma_device_info"]
+    assert {i["node_type"] for i in info if i["device"] == "mlx5_0"} == {node_type}
+
+
+@pytest.mark.parametrize(
+    ("text", "node_type", "counted"),
+    [
+        ("9: <unknown>", "<unknown>", 0),  # node_type_show()'s default case
+        ("9: " + "X" * 200, "", 1),  # a name no kernel prints, as a label it would be pages long
+        ("9: \x1b[31mX", "", 1),  # control characters
+        ("1: \x1b[31mX", "CA", 0),  # a known number: its verbs name, whatever text follows
+    ],
+)
+def test_a_node_type_name_that_no_label_can_hold_is_counted(
+    captured_copy: Callable[[str], Path], text: str, node_type: str, counted: int
+) -> None:
+    """A type number the kernel does not know was exported with its file's text as the label, of any
+    length and with control characters, and nothing counted (fuzz review)."""
+    root = captured_copy("leptonai-gpud-h100")
+    (root / "class/infiniband/mlx5_0/node_type").write_text(f"{text}\n")
+    values = samples(scrape(root))
+    assert values.get(read_errors_key("mlx5_0", "malformed", collector="inventory"), 0) == counted
+    info = [dict(labels) for (name, labels) in values if name == "rdma_device_info"]
     assert {i["node_type"] for i in info if i["device"] == "mlx5_0"} == {node_type}
 
 

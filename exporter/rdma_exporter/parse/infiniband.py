@@ -365,10 +365,13 @@ class Rate:
 
 _NO_RATE_ERRNOS: Final = frozenset({errno.EINVAL})
 
-# MLNX_OFED's mlx5 prints `0 GB/sec` (capital B) for a port with an empty cage.
+# MLNX_OFED's mlx5 prints `0 GB/sec` (capital B) for a port with an empty cage. [0-9], not \d, which takes
+# other scripts' digits: `٤٠٠ Gb/sec` is no kernel's text (fuzz review).
 _RATE_PATTERN: Final = re.compile(
-    r"^\s*(\d{1,9}(?:\.\d+)?)\s*G[bB]/sec(?:\s*\(\s*(\d{1,9})X\s*([A-Za-z0-9]*)\s*\))?\s*$"
+    r"^\s*([0-9]{1,9}(?:\.[0-9]+)?)\s*G[bB]/sec(?:\s*\(\s*([0-9]{1,9})X\s*([A-Za-z0-9]*)\s*\))?\s*$"
 )
+# The widths ib_width_enum_to_int() knows: rate_show() fails (EINVAL) for any other, so never prints one.
+LANE_COUNTS: Final = frozenset({1, 2, 4, 8, 12})
 
 
 def parse_rate(text: str) -> Rate | None:
@@ -376,6 +379,8 @@ def parse_rate(text: str) -> Rate | None:
     if match is None:
         return None
     gbits, lanes, speed = match.groups()
+    if lanes and int(lanes) not in LANE_COUNTS:
+        return None
     if lanes and not speed:
         speed = "SDR"  # rate_show() before 4.x left the name of SDR (and of unknown speeds) empty
     speed = speed.upper() if speed else None
@@ -385,11 +390,11 @@ def parse_rate(text: str) -> Rate | None:
 
 
 # Bounded digits: int() raises on a run of over 4300 (the state is a u8 anyway).
-_STATE_PATTERN: Final = re.compile(r"^\s*(\d{1,9})\s*:\s*(\S.*?)?\s*$")
+_STATE_PATTERN: Final = re.compile(r"^\s*([0-9]{1,9})\s*:\s*(\S.*?)?\s*$")
 
 
 def parse_state(text: str) -> tuple[int, str] | None:
-    """`4: ACTIVE` -> (4, "ACTIVE"); `4` -> (4, ""). Which name is shown is the caller's choice."""
+    """`4: ACTIVE` -> (4, "ACTIVE"); `4:` -> (4, ""). Which name is shown is the caller's choice."""
     match = _STATE_PATTERN.match(text)
     if match is None:
         return None
@@ -589,6 +594,15 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
             pf_address = link_name(physfn, PCI_ADDRESS)
         else:
             sriov = reader.uint(pci_dir / "sriov_numvfs", optional=True)
+    type_name = None
+    if parsed_type is not None:
+        # A number the kernel does not name it prints as `<unknown>`; a name it never prints (pages of text,
+        # control characters) would be an unbounded label (fuzz review).
+        type_name = NODE_TYPES.get(parsed_type[0])
+        if type_name is None and _LABEL_TEXT.fullmatch(parsed_type[1]):
+            type_name = parsed_type[1]
+        elif type_name is None:
+            reader.fail(REASON_MALFORMED, device_dir / "node_type", "a type name no label can hold")
     pma_driver = driver or next((known for prefix, known in _DRIVER_BY_DEVICE_NAME if name.startswith(prefix)), None)
     quirks = PMA_QUIRKS.get(pma_driver or "", IB_SPEC_PMA)
     numbers: list[int] = []
@@ -615,7 +629,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     ports = [_with_netdev_link_layer(port, by_name) for port in ports]
     return DeviceInfo(
         name=name,
-        node_type=(NODE_TYPES.get(parsed_type[0], parsed_type[1]) if parsed_type else None),
+        node_type=type_name,
         node_guid=label_text(device_dir / "node_guid", reader, _GUID),
         sys_image_guid=label_text(device_dir / "sys_image_guid", reader, _GUID),
         fw_ver=label_text(device_dir / "fw_ver", reader),
