@@ -777,7 +777,8 @@ def fabric_overview() -> Json:
         (stat(
             "Ports down",
             "Ports for which RdmaPortDown is pending or firing (not ACTIVE or not LinkUp while they were up in "
-            "the last day or are declared in the expected topology), and ports that are gone: RdmaPortVanished "
+            "the last day, are declared in the expected topology or most ports of their HCA model on the node "
+            "are up), and ports that are gone: RdmaPortVanished "
             "(up in the last day, no longer reported) and RdmaExpectedPortMissing or RdmaExpectedDeviceMissing "
             "(declared, never there; a missing device counts once). Reading the alert state keeps this cheap on "
             f"thousands of nodes. Colours follow those alerts.{UNREACHABLE_TEXT}",
@@ -855,7 +856,8 @@ def fabric_overview() -> Json:
             "(Polling, Disabled, LinkUp...), whole nodes (instance: recording rules; the device and port "
             "selectors do not apply). SR-IOV virtual functions are not counted: they share their PF's link, and "
             "RdmaPortDown skips them. Anything but ACTIVE and LinkUp deserves a look: a port counted here but "
-            "not in Ports down is one that was not up in the last day and is not expected (an unused port).",
+            "not in Ports down is one that was not up in the last day, is not expected, and whose HCA model's "
+            "ports on the node are mostly down too (an unused port).",
             "none",
             targets((f"sum by (state) ({sel('instance:rdma_port_state:count', NODE)})", "{{state}}"),
                     (f"sum by (state) ({sel('instance:rdma_port_physical_state:count', NODE)})",
@@ -1182,8 +1184,9 @@ def node_detail() -> Json:
         ), 4, 4),
         (stat(
             "Ports down",
-            "Selected ports for which RdmaPortDown is pending or firing (down while they were up in the last day "
-            "or are expected), and those gone: vanished since they were up (RdmaPortVanished) or expected and "
+            "Selected ports for which RdmaPortDown is pending or firing (down while they were up in the last day, "
+            "are expected, or most ports of their HCA model on the node are up), and those gone: vanished since "
+            "they were up (RdmaPortVanished) or expected and "
             f"never there (RdmaExpectedPortMissing, RdmaExpectedDeviceMissing). Colours follow those alerts."
             f"{UNREACHABLE_TEXT}",
             "none",
