@@ -503,6 +503,16 @@ def colour_cells(field: str) -> Json:
     }
 
 
+# A table column that only some of its merged queries fill: Grafana colours an empty cell with the
+# thresholds' base colour, so each row of another query had a red (or orange) blank (diff review).
+BLANK_UNCOLOURED = {"type": "special", "options": {"match": "null+nan", "result": {"color": "transparent"}}}
+
+
+def blank_cells_uncoloured(field: str) -> Json:
+    return {"matcher": {"id": "byName", "options": field},
+            "properties": [{"id": "mappings", "value": [BLANK_UNCOLOURED]}]}  # fmt: skip
+
+
 def value_mappings(values: dict[int, tuple[str, str]]) -> list[Json]:
     return [
         {
@@ -895,7 +905,8 @@ def fabric_overview() -> Json:
             alerts=LINK_ALERTS,
             overrides=[colour_cells("Share"), colour_cells("Share of link max"),
                        {"matcher": {"id": "byName", "options": "Share of link max"},
-                        "properties": [{"id": "thresholds", "value": thresholds((1, OK), base=WARNING)}]}],
+                        "properties": [{"id": "thresholds", "value": thresholds((1, OK), base=WARNING)}]},
+                       *(blank_cells_uncoloured(column) for column in ("Share", "Share of link max"))],
             links=[node_link("__data.fields.instance")],
             rename={"Value #A": "Share", "Value #B": "Share of link max"},
         ), 18, 9),
@@ -1279,9 +1290,9 @@ def node_detail() -> Json:
             overrides=[unit_override("Rate", "bps"), unit_override("Expected rate", "bps"),
                        unit_override("Best rate in a day", "bps"),
                        unit_override("Share of best", "percentunit", thresholds=thresholds((1, OK), base=CRITICAL)),
-                       colour_cells("Share of best"),
+                       colour_cells("Share of best"), blank_cells_uncoloured("Share of best"),
                        {"matcher": {"id": "byName", "options": "State"},
-                        "properties": [{"id": "mappings", "value": value_mappings(PORT_STATES)},
+                        "properties": [{"id": "mappings", "value": [*value_mappings(PORT_STATES), BLANK_UNCOLOURED]},
                                        {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
             alerts=["RdmaPortRateBelowExpected", "RdmaPortRateBelowRecentMax"],
         ), 12, 8),

@@ -2503,3 +2503,27 @@ def test_table_columns_are_labels_the_query_keeps() -> None:
                 assert columns <= kept, f"{path.stem} / {item['title']}: {sorted(columns - kept)} dropped"
                 checked += 1
     assert checked >= 1
+
+
+def test_coloured_columns_of_merged_tables_leave_blank_cells_uncoloured() -> None:
+    """A table merging several queries puts each query's value in a column of its own, blank on the other
+    queries' rows. Grafana colours a blank cell with the thresholds' base colour: the shortfall table's
+    PCIe warning rows had a red blank Share cell, and every other row an orange one (diff review). Each
+    coloured value column of such a table maps null and NaN to transparent."""
+    checked = 0
+    for path, item in all_panels():
+        if item["type"] != "table" or len(item["targets"]) < 2:
+            continue
+        overrides = item["fieldConfig"]["overrides"]
+        coloured = {o["matcher"]["options"] for o in overrides for prop in o["properties"]
+                    if prop["id"] == "custom.cellOptions" and prop["value"].get("type") == "color-background"}
+        values = {column_renames(item).get(f"Value #{t['refId']}", f"Value #{t['refId']}") for t in item["targets"]}
+        for column in coloured & values:
+            blank = [m for o in overrides if o["matcher"]["options"] == column for prop in o["properties"]
+                     if prop["id"] == "mappings" for m in prop["value"]
+                     if m["type"] == "special" and m["options"]["match"] in ("null", "null+nan")]  # fmt: skip
+            assert blank and all(m["options"]["result"]["color"] == "transparent" for m in blank), (
+                f"{path.stem} / {item['title']}: blank cells of {column} take the base colour"
+            )
+            checked += 1
+    assert checked >= 2
