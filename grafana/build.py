@@ -496,6 +496,11 @@ def query_thresholds(ref: str, steps: Json, *, dashed: bool = False) -> Json:
     return {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": properties}
 
 
+def named_thresholds(field: str, steps: Json) -> Json:
+    """Thresholds of one series (by its legend) or table column, where a panel's others follow other levels."""
+    return {"matcher": {"id": "byName", "options": field}, "properties": [{"id": "thresholds", "value": steps}]}
+
+
 def colour_cells(field: str) -> Json:
     return {
         "matcher": {"id": "byName", "options": field},
@@ -597,9 +602,8 @@ def firing_by_severity(*, cluster_wide: bool = False) -> Json:
     return {
         "tgts": targets(count("critical"), count("warning")),
         "steps": thresholds((1, CRITICAL)),
-        "overrides": [{"matcher": {"id": "byName", "options": "warning"},
-                       "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}],
-    }  # fmt: skip
+        "overrides": [named_thresholds("warning", thresholds((1, WARNING)))],
+    }
 
 
 # What a menu link to each dashboard keeps beyond data source, job, cluster and time range, and how its
@@ -766,8 +770,7 @@ UNREACHABLE_TEXT = (
     " Unreachable: ports that were ACTIVE in the last day on nodes whose exporter is down now (RdmaExporterDown, "
     "a warning): their state is unknown, and no other count here holds them."
 )
-UNREACHABLE_OVERRIDE = {"matcher": {"id": "byName", "options": "unreachable"},
-                        "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}  # fmt: skip
+UNREACHABLE_OVERRIDE = named_thresholds("unreachable", thresholds((1, WARNING)))
 
 
 
@@ -817,8 +820,7 @@ def fabric_overview() -> Json:
                            'alertstate=~"pending|firing"')
                      + ")) or vector(0)", "below best")),
             steps=thresholds((1, CRITICAL)),
-            overrides=[{"matcher": {"id": "byName", "options": "link_max"},
-                        "properties": [{"id": "thresholds", "value": thresholds((1, WARNING))}]}],
+            overrides=[named_thresholds("link_max", thresholds((1, WARNING)))],
             alerts=LINK_ALERTS,
         ), 3, 4),
         (stat(
@@ -904,8 +906,7 @@ def fabric_overview() -> Json:
             steps=thresholds((1, OK), base=CRITICAL),
             alerts=LINK_ALERTS,
             overrides=[colour_cells("Share"), colour_cells("Share of link max"),
-                       {"matcher": {"id": "byName", "options": "Share of link max"},
-                        "properties": [{"id": "thresholds", "value": thresholds((1, OK), base=WARNING)}]},
+                       named_thresholds("Share of link max", thresholds((1, OK), base=WARNING)),
                        *(blank_cells_uncoloured(column) for column in ("Share", "Share of link max"))],
             links=[node_link("__data.fields.instance")],
             rename={"Value #A": "Share", "Value #B": "Share of link max"},
@@ -1704,8 +1705,7 @@ def roce_congestion() -> Json:
             targets((f"sum({increase('rdma_ethtool_pause_storm_warning_events_total', '10m')})", "warning"),
                     (f"sum({increase('rdma_ethtool_pause_storm_error_events_total', '10m')})", "error")),
             steps=thresholds((EPSILON, WARNING)),
-            overrides=[{"matcher": {"id": "byName", "options": "error"},
-                        "properties": [{"id": "thresholds", "value": thresholds((EPSILON, CRITICAL))}]}],
+            overrides=[named_thresholds("error", thresholds((EPSILON, CRITICAL)))],
             alerts=["RdmaRocePauseStorm"],
             decimals=0,
         ), 3, 4),
