@@ -577,6 +577,14 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
     parsed_type = parse_state(node_type) if node_type else None
     if node_type is not None and parsed_type is None:  # an empty file too: the kernel always prints one
         reader.fail(REASON_MALFORMED, device_dir / "node_type", f"not a '<id>: <name>' type: {node_type[:40]!r}")
+    # A number the kernel does not name it prints as `<unknown>`; a name it never prints (pages of text,
+    # control characters) would be an unbounded label (fuzz review).
+    type_name = NODE_TYPES.get(parsed_type[0]) if parsed_type else None
+    if parsed_type and type_name is None:
+        if _LABEL_TEXT.fullmatch(parsed_type[1]):
+            type_name = parsed_type[1]
+        else:
+            reader.fail(REASON_MALFORMED, device_dir / "node_type", "a type name no label can hold")
     pci_dir = pci_function(device_dir)
     if pci_dir is None and os.path.islink(device_dir / "device") and not os.path.exists(device_dir / "device"):
         # A parent link into nothing: the PCIe, NUMA and netdev series go, which must not pass in silence
@@ -594,15 +602,6 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
             pf_address = link_name(physfn, PCI_ADDRESS)
         else:
             sriov = reader.uint(pci_dir / "sriov_numvfs", optional=True)
-    type_name = None
-    if parsed_type is not None:
-        # A number the kernel does not name it prints as `<unknown>`; a name it never prints (pages of text,
-        # control characters) would be an unbounded label (fuzz review).
-        type_name = NODE_TYPES.get(parsed_type[0])
-        if type_name is None and _LABEL_TEXT.fullmatch(parsed_type[1]):
-            type_name = parsed_type[1]
-        elif type_name is None:
-            reader.fail(REASON_MALFORMED, device_dir / "node_type", "a type name no label can hold")
     pma_driver = driver or next((known for prefix, known in _DRIVER_BY_DEVICE_NAME if name.startswith(prefix)), None)
     quirks = PMA_QUIRKS.get(pma_driver or "", IB_SPEC_PMA)
     numbers: list[int] = []
