@@ -1098,7 +1098,7 @@ def test_port_no_subnet_manager_has_swept_reports_lid_zero(captured_copy) -> Non
 
 
 def test_a_port_of_no_link_layer_has_no_lid(captured_copy) -> None:  # type: ignore[no-untyped-def]
-    # EFA's ports (link layer Unspecified) have no subnet manager: their lid files read 0 and mean
+    # EFA's ports (link layer Unknown) have no subnet manager: their lid files read 0 and mean
     # nothing, two reads a port and scrape on nodes with 16 or 32 of them (parse review).
     root = captured_copy("built-multi-driver")
     port = root / "class/infiniband/efa_0/ports/1"

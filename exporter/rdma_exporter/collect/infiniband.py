@@ -65,7 +65,10 @@ DEVICE_LIFESPAN: Final = MetricSpec(
     DEVICE,
 )
 PORT_INFO: Final = MetricSpec(
-    "rdma_port_info", "info", "An RDMA port and its link layer (InfiniBand or Ethernet).", (*PORT, "link_layer")
+    "rdma_port_info",
+    "info",
+    "An RDMA port and its link layer: InfiniBand, Ethernet, or Unknown for any other (EFA's, usNIC's).",
+    (*PORT, "link_layer"),
 )
 PORT_STATE_ID: Final = MetricSpec(
     "rdma_port_state_id",

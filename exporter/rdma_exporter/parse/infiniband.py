@@ -562,7 +562,8 @@ _DRIVER_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # mlx5_core, hfi1, bn
 GID_TYPES: Final = frozenset({"IB/RoCE v1", "RoCE v2"})  # the kernel's gid_type_str
 # A GID as the kernel prints it (%pI6): eight groups of four hex digits.
 _GID: Final = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){7}", re.IGNORECASE)
-_LINK_LAYER: Final = re.compile(r"InfiniBand|Ethernet|Unknown|Unspecified")  # link_layer_show
+# link_layer_show prints Unknown for any other link layer (EFA's, usNIC's); Unspecified is tolerated.
+_LINK_LAYER: Final = re.compile(r"InfiniBand|Ethernet|Unknown|Unspecified")
 
 
 def label_text(path: Path, reader: SysfsReader, form: re.Pattern[str] = _LABEL_TEXT) -> str | None:
@@ -703,7 +704,7 @@ def read_port_snapshot(device_dir: str | Path, info: PortInfo, reader: SysfsRead
     snapshot.rate = reader.parsed(f"{port_dir}/rate", parse_rate, "a rate", absent_errnos=_NO_RATE_ERRNOS)
     if info.reads_as_infiniband:
         # Only InfiniBand has a subnet manager: the lid files of RoCE ports and of ports of no link layer
-        # (EFA's Unspecified, usNIC) read 0 and mean nothing, two reads a port and scrape for nothing.
+        # (Unknown: EFA, usNIC) read 0 and mean nothing, two reads a port and scrape for nothing.
         # lid_show() prints "0x%x": a decimal, octal or binary literal there is not a kernel value.
         snapshot.lid = reader.uint(f"{port_dir}/lid", optional=True, base=16, prefix="0x")
         snapshot.sm_lid = reader.uint(f"{port_dir}/sm_lid", optional=True, base=16, prefix="0x")
