@@ -56,7 +56,7 @@ FOR_SCALE = 30  # 2m -> 4s, 5m -> 10s
 HEALTHY_WINDOW = 15.0  # seconds of evaluation in which nothing may even be pending
 DEADLINE = 60.0  # longest wait for any one expectation
 
-EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
+EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-sample-node.yml").read_text()
 
 
 @pytest.fixture(params=PROMETHEUS_RELEASES, ids=lambda release: release.name)

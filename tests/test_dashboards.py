@@ -1111,7 +1111,7 @@ def test_provisioning_loads_the_dashboards_as_they_are() -> None:
 
 # --- end to end ----------------------------------------------------------------------------------------
 
-EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
+EXPECTED_TOPOLOGY = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-sample-node.yml").read_text()
 # The sample node with an SR-IOV VF on each InfiniBand PF and one expected port down (its VF with it), so
 # that the port counts are seen to count links, as the alerts do.
 DOWN_PORT = "mlx5_1"

@@ -602,18 +602,25 @@ def test_excluding_a_device_keeps_expectations_by_address_judged(tree: Path, tmp
     assert value(metrics, "rdma_exporter_device_excluded", device="mlx5_1") == 1
 
 
-def test_the_examples_topology_by_address_is_the_one_by_name(tree: Path) -> None:
-    """The commented by-address form in deploy/examples is the same topology as the file's own by-name
-    form on the tree it describes: every slot is found and every expectation is exported as by name."""
-    example = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
+EXAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "examples"
+
+
+def commented_config(example: str) -> str:
+    """The example's other form: the commented config block that starts at `# collector:`."""
     lines = example.splitlines()
-    start = lines.index("# collector:")
     block = []
-    for line in lines[start:]:
+    for line in lines[lines.index("# collector:") :]:
         if not line.startswith("# ") or not line[2:].strip():
             break
         block.append(line[2:])
-    by_address = scrape(tree, parse("\n".join(block)))
+    return "\n".join(block)
+
+
+def test_the_examples_topology_by_address_is_the_one_by_name(tree: Path) -> None:
+    """The commented by-address form in deploy/examples is the same topology as the file's own by-name
+    form on the tree it describes: every slot is found and every expectation is exported as by name."""
+    example = (EXAMPLES / "expected-sample-node.yml").read_text()
+    by_address = scrape(tree, parse(commented_config(example)))
     by_name = scrape(tree, parse(example))
     expected = {key: v for key, v in by_name.items() if key[0].startswith("rdma_expected_")}
     assert len(expected) > 50
@@ -622,6 +629,29 @@ def test_the_examples_topology_by_address_is_the_one_by_name(tree: Path) -> None
     assert {key: v for key, v in by_address.items() if key[0].startswith("rdma_expected_") and key not in slots} == (
         expected
     )
+
+
+def test_the_dgx_h100_example_declares_the_compute_rails_of_its_table_in_both_forms() -> None:
+    """deploy/examples/expected-dgx-h100.yml: its table of the DGX H100's compute ports (the user guide's
+    default names and netdevs), its addresses and its commented by-name form name the same eight HCAs.
+    Each netdev name ibp<bus>s0 carries its HCA's PCI bus in decimal (an operator review found the file
+    had been the sample tree's layout, which pages on a real DGX H100)."""
+    example = (EXAMPLES / "expected-dgx-h100.yml").read_text()
+    rows = [line[1:].split() for line in example.splitlines() if re.match(r"#\s+[0-9] port [12] ", line)]
+    table = {row[6]: (row[5], row[4]) for row in rows}  # address -> (device, netdev)
+    assert len(table) == 8 and {port: len([r for r in rows if r[0] == port]) for port in "1234"} == dict.fromkeys(
+        "1234", 2
+    )
+    for address, (_, netdev) in table.items():
+        assert netdev == f"ibp{int(address.split(':')[1], 16)}s0", (address, netdev)
+    by_address = parse(example).collector_settings["expected"]["ports"]
+    by_name = parse(commented_config(example)).collector_settings["expected"]["ports"]
+    assert sorted(port.pci_address for port in by_address) == sorted(table)
+    assert sorted(port.device for port in by_name) == sorted(device for device, _ in table.values())
+    # Apart from how they name the HCAs, the two forms expect the same of each port.
+    assert {replace(port, device="", pci_address=None) for port in by_address} == {
+        replace(port, device="", pci_address=None) for port in by_name
+    } and len({replace(port, device="", pci_address=None) for port in by_name}) == 1
 
 
 def test_pci_addresses_are_normalised_and_checked() -> None:

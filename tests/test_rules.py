@@ -733,7 +733,7 @@ def referenced_metrics() -> dict[str, set[str]]:
 
 METRICS_DOC = (Path(__file__).resolve().parent.parent / "METRICS.md").read_text()
 GOLDEN = "".join(p.read_text() for p in sorted((Path(__file__).resolve().parent / "golden").glob("*.prom")))
-EXPECTED_CONFIG = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-dgx-h100.yml").read_text()
+EXPECTED_CONFIG = (Path(__file__).resolve().parent.parent / "deploy/examples/expected-sample-node.yml").read_text()
 
 
 @pytest.fixture(scope="module")
