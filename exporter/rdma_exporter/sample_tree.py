@@ -67,9 +67,11 @@ _SPEED_MBPS_IB, _SPEED_MBPS_ROCE, _SPEED_MBPS_DOWN_IB = 400000, 200000, 40000
 
 _GEN5, _GEN4 = "32.0 GT/s PCIe", "16.0 GT/s PCIe"
 
-# PCI placement: (root bus, endpoint bus) per card. The IB buses are the ones DGX H100 nodes use
-# (ibp24s0, ibp64s0, ...); each HCA sits behind its own root port 01.0. More cards than listed wrap into
-# further PCI domains, which is how a big host enumerates and keeps every address unique.
+# PCI placement: (root bus, endpoint bus) per card. Seven of the IB buses are a DGX H100's compute rails
+# (ibp24s0, ibp64s0, ...); its eighth is 0xdc, which the BlueField-3 has here, and 0xaa is none of
+# them: the sample is like a DGX H100, not its layout (deploy/examples/expected-dgx-h100.yml has that).
+# Each HCA sits behind its own root port 01.0. More cards than listed wrap into further PCI domains,
+# which is how a big host enumerates and keeps every address unique.
 _IB_SLOTS = (
     (0x00, 0x18), (0x37, 0x40), (0x48, 0x4F), (0x57, 0x5E), (0x97, 0x9A), (0xA7, 0xAA), (0xB7, 0xC0), (0xC7, 0xCE),
 )  # fmt: skip
