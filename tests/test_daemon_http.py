@@ -1646,6 +1646,22 @@ def test_the_costly_lane_takes_its_clients_in_turn() -> None:
     jobs.close()
 
 
+def test_the_costly_lane_displaces_the_newest_job_of_its_biggest_holder_only_for_a_smaller_one() -> None:
+    jobs: LastIdleFirst[str] = LastIdleFirst(costly_workers=1, costly_backlog=4)
+    for job, client in [("a0", "a"), ("a1", "a"), ("a2", "a"), ("b0", "b")]:
+        assert jobs.put(job, costly=True, client=client)
+    assert not jobs.put("p0", costly=True, client="p")
+    assert jobs.displace("b") == "a2"  # b would hold 2, a still 2: the newest of a's goes
+    assert jobs.put("b1", costly=True, client="b")
+    assert jobs.displace("a") is None and jobs.displace("b") is None  # neither would hold fewer after
+    assert jobs.displace("p") == "a1"
+    assert jobs.put("p0", costly=True, client="p")
+    worker = queue.SimpleQueue[str | None]()
+    assert [get_within(jobs, worker) for _ in range(4)] == ["a0", "b0", "p0", "b1"]
+    assert jobs.displace("p") is None  # an empty lane
+    jobs.close()
+
+
 def test_closing_drops_the_password_checks_not_started_and_keeps_the_other_jobs() -> None:
     # At shutdown a flood of wrong passwords in the lane held the exit for the whole grace period, one
     # bcrypt check at a time (daemon review); scrapes already received are still answered.
@@ -2588,6 +2604,44 @@ def test_one_client_gets_only_four_places_in_the_login_lane() -> None:
         # Every place is given back once answered, also by a connection that stays open.
         wait_until(lambda: server._costly_clients == {}, 10)
         for sock in [other, *flood]:
+            sock.close()
+
+
+def test_a_client_with_no_login_waiting_displaces_one_of_a_flood_that_fills_the_lane() -> None:
+    # Security review: wrong passwords from 8 or more addresses kept all 32 places of the lane, and a
+    # Prometheus not remembered yet (after a restart) got 503 until the flood stopped. The newest login
+    # of the address holding the most places now makes room for it, and is answered 503 instead.
+    release = threading.Event()
+
+    def handler(request: Request) -> Response:
+        if "x-costly" in request.headers:
+            release.wait(20)  # a slow bcrypt check
+        return Response(200, b"ok")
+
+    def login(server: HttpServer, source: str) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=20, source_address=(source, 0))
+        sock.sendall(b"GET / HTTP/1.1\r\nX-Costly: 1\r\nConnection: close\r\n\r\n")
+        return sock
+
+    costly = lambda request: "x-costly" in request.headers  # noqa: E731
+    with InProcessServer(handler, costly=costly) as server:  # type: ignore[arg-type]
+        # One check runs and 32 wait: 9 addresses at their 4 places, but for the last.
+        flood = [login(server, f"127.0.2.{1 + n // 4}") for n in range(33)]
+        wait_until(lambda: sum(server._costly_clients.values()) == 33, 10)
+        newcomer = login(server, "127.0.0.100")
+        assert closed_within(newcomer, 0.5) == (False, b"")  # waiting for its check, not refused
+        with selectors.DefaultSelector() as ready:
+            for sock in flood:
+                ready.register(sock, selectors.EVENT_READ)
+            (answered,) = ready.select(5)
+        assert closed_within(answered[0].fileobj, 5)[1].startswith(b"HTTP/1.1 503")  # type: ignore[arg-type]
+        # A flooder gets no place back that way: each address already holds as many as any other.
+        again = login(server, "127.0.2.1")
+        assert closed_within(again, 5)[1].startswith(b"HTTP/1.1 503")
+        release.set()
+        assert closed_within(newcomer, 20)[1].startswith(b"HTTP/1.1 200")
+        wait_until(lambda: server._costly_clients == {}, 20)
+        for sock in [newcomer, again, *flood]:
             sock.close()
 
 

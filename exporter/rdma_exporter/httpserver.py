@@ -463,6 +463,24 @@ class LastIdleFirst(Generic[T]):
         inbox.put(job)
         return True
 
+    def displace(self, client: str) -> T | None:
+        """Make room in a full costly lane for a job of `client`: take out and return the newest waiting
+        job of the client holding the most places, if it would still hold more than `client` then; None
+        if none may go. So a client holding none always gets a place: a flood from eight or more hosts
+        kept every place taken, and a Prometheus not yet remembered got 503s until it stopped (security
+        review)."""
+        with self._lock:
+            if not self._costly:
+                return None
+            top, jobs = max(self._costly.items(), key=lambda item: len(item[1]))
+            if len(jobs) <= len(self._costly.get(client, ())) + 1:
+                return None
+            job = jobs.pop()
+            self._costly_waiting -= 1
+            if not jobs:
+                del self._costly[top]
+            return job
+
     def get(self, inbox: queue.SimpleQueue[T | None], meanwhile: Callable[[], object] = lambda: None) -> T | None:
         """The next job for the worker that owns `inbox` (blocks); None once closed and nothing is left.
 
@@ -865,7 +883,12 @@ class HttpServer:
             return
         self._selector.unregister(conn.sock)
         self._busy.add(id(conn))
-        if not self._jobs.put((conn, request), costly, conn.client):
+        taken = self._jobs.put((conn, request), costly, conn.client)
+        if not taken and costly and (displaced := self._jobs.displace(conn.client)) is not None:
+            self._busy.discard(id(displaced[0]))
+            self._refuse_login(displaced[0])
+            taken = self._jobs.put((conn, request), costly, conn.client)  # only this thread adds jobs
+        if not taken:
             self._busy.discard(id(conn))
             self._refuse_login(conn)
             return
