@@ -3385,6 +3385,52 @@ def test_systemd_watchdog_hears_from_the_server_loop(
         assert notify.recv(4096) == b"WATCHDOG=1"
 
 
+def test_the_watchdog_goes_quiet_when_the_server_loop_alone_stops(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test above stops the whole process, which would silence a watchdog sent from any thread (test
+    # review). Here only the loop thread stalls, in its periodic hook, while every other thread runs:
+    # no WATCHDOG=1 may come until it turns again.
+    name = f"@rdma-exporter-test-{os.getpid()}-{time.monotonic_ns()}"
+    stall, stalled, release = threading.Event(), threading.Event(), threading.Event()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind("\0" + name[1:])
+        monkeypatch.setenv("NOTIFY_SOCKET", name)
+        monkeypatch.setenv("WATCHDOG_USEC", "400000")  # a notification every 0.2 s
+        config = replace(Config(), sysfs=tree, listen_address="127.0.0.1:0")
+        with in_process_daemon(config, reload=lambda: config) as daemon:
+            ensure_running = daemon.reloads.ensure_running
+
+            def hook() -> None:  # runs in the loop's tick, right after the watchdog's
+                if stall.is_set():
+                    stall.clear()
+                    stalled.set()
+                    release.wait(30)
+                ensure_running()
+
+            monkeypatch.setattr(daemon.reloads, "ensure_running", hook)
+            loop = threading.Thread(target=daemon.server.serve_forever, daemon=True)
+            loop.start()
+            notify.settimeout(10)
+            assert [notify.recv(64) for _ in range(3)] == [b"WATCHDOG=1"] * 3
+            stall.set()
+            assert stalled.wait(10)
+            notify.settimeout(0.3)  # what the tick that stalled sent just before
+            end = time.monotonic() + 2
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    notify.recv(64)
+                    assert time.monotonic() < end, "WATCHDOG=1 goes on while the server loop is stalled"
+            notify.settimeout(1.0)  # five intervals
+            try:
+                with pytest.raises(TimeoutError):
+                    notify.recv(64)
+            finally:
+                release.set()
+            notify.settimeout(10)
+            assert notify.recv(64) == b"WATCHDOG=1"  # turning again
+
+
 def test_a_periodic_hook_that_raises_costs_its_call_not_the_server(caplog: pytest.LogCaptureFixture) -> None:
     ticks: list[float] = []
 
