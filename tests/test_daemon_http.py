@@ -2560,23 +2560,38 @@ def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_prometheus(
     assert "1 login(s) refused with 503 since the last such line: too many waiting" in refusals[0]
 
 
-def test_one_client_gets_only_four_places_in_the_login_lane() -> None:
-    # A flood from one host must leave places for other clients' first logins (a Prometheus after a
-    # restart is not remembered yet): 4 per client address, the rest of that client's get 503 at once.
-    release = threading.Event()
+class SlowLogins:
+    """A server's handler and costly-lane test in which every login (a request with X-Costly) waits for
+    `release`, as behind a slow bcrypt check, and logins sent from a given loopback address."""
 
-    def handler(request: Request) -> Response:
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def handler(self, request: Request) -> Response:
         if "x-costly" in request.headers:
-            release.wait(20)  # a slow bcrypt check
+            self.release.wait(20)
         return Response(200, b"ok")
 
+    @staticmethod
+    def costly(request: Request) -> bool:
+        return "x-costly" in request.headers
+
+    def server(self) -> InProcessServer:
+        return InProcessServer(self.handler, costly=self.costly)  # type: ignore[arg-type]
+
+    @staticmethod
     def login(server: HttpServer, source: str, connection: str = "close") -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=20, source_address=(source, 0))
         sock.sendall(f"GET / HTTP/1.1\r\nX-Costly: 1\r\nConnection: {connection}\r\n\r\n".encode())
         return sock
 
-    costly = lambda request: "x-costly" in request.headers  # noqa: E731
-    with InProcessServer(handler, costly=costly) as server:  # type: ignore[arg-type]
+
+def test_one_client_gets_only_four_places_in_the_login_lane() -> None:
+    # A flood from one host must leave places for other clients' first logins (a Prometheus after a
+    # restart is not remembered yet): 4 per client address, the rest of that client's get 503 at once.
+    logins = SlowLogins()
+    login, release = logins.login, logins.release
+    with logins.server() as server:
         flood = [login(server, "127.0.0.1") for _ in range(6)]
         refused: list[socket.socket] = []
         with selectors.DefaultSelector() as ready:
@@ -2611,20 +2626,9 @@ def test_a_client_with_no_login_waiting_displaces_one_of_a_flood_that_fills_the_
     # Security review: wrong passwords from 8 or more addresses kept all 32 places of the lane, and a
     # Prometheus not remembered yet (after a restart) got 503 until the flood stopped. The newest login
     # of the address holding the most places now makes room for it, and is answered 503 instead.
-    release = threading.Event()
-
-    def handler(request: Request) -> Response:
-        if "x-costly" in request.headers:
-            release.wait(20)  # a slow bcrypt check
-        return Response(200, b"ok")
-
-    def login(server: HttpServer, source: str) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", server.port), timeout=20, source_address=(source, 0))
-        sock.sendall(b"GET / HTTP/1.1\r\nX-Costly: 1\r\nConnection: close\r\n\r\n")
-        return sock
-
-    costly = lambda request: "x-costly" in request.headers  # noqa: E731
-    with InProcessServer(handler, costly=costly) as server:  # type: ignore[arg-type]
+    logins = SlowLogins()
+    login, release = logins.login, logins.release
+    with logins.server() as server:
         # One check runs and 32 wait: 9 addresses at their 4 places, but for the last.
         flood = [login(server, f"127.0.2.{1 + n // 4}") for n in range(33)]
         wait_until(lambda: sum(server._costly_clients.values()) == 33, 10)
