@@ -1376,6 +1376,48 @@ def test_a_connection_closed_on_an_unread_answer_leaves_nothing_queued_in_the_ke
                 sock.close()
 
 
+def test_a_draining_connection_whose_client_reset_it_goes_at_once() -> None:
+    # After the client's reset the kernel drops the unsent bytes but SIOCOUTQNSD still counts them: the
+    # connection stayed counted until the write deadline, and a shutdown waited out its whole grace
+    # (diff review). A scraper that times out closes with the answer unread, which sends that reset.
+    with InProcessServer(medium_or_ok, write_timeout=30.0) as server:
+        sock = small_window_socket(server.port)
+        sock.sendall(b"GET /medium HTTP/1.1\r\nConnection: close\r\n\r\n")
+        wait_until(lambda: queued_on_server_side(server.port), 10)
+        wait_until(lambda: server.connections() == 1 and server._conns and next(iter(server._conns.values())).draining)
+        sock.close()  # unread bytes: a reset
+        wait_until(lambda: server.connections() == 0, 3)
+        with timed() as took:
+            server.shutdown(grace=5)
+        assert took[0].wall < 2
+
+
+@pytest.mark.parametrize("when", ["idle", "tls-reload"])
+def test_an_answer_still_in_the_kernel_reaches_a_slow_reader_through_a_shutdown_or_a_tls_reload(
+    when: str, pki: Pki
+) -> None:
+    # Its connection is idle again (kept alive) while the kernel sends the answer: a shutdown, or a reload
+    # that replaced the TLS settings it was accepted under, closed it with a reset, and the client lost
+    # the rest of a scrape it had been answered (diff review).
+    tls: list[ssl.SSLContext | None] = [None]
+    with InProcessServer(medium_or_ok, tls=lambda: tls[0]) as server:  # type: ignore[arg-type]
+        sock = small_window_socket(server.port)
+        try:
+            sock.sendall(b"GET /medium HTTP/1.1\r\n\r\n")
+            wait_until(lambda: queued_on_server_side(server.port), 10)
+            if when == "idle":
+                threading.Thread(target=server.shutdown, kwargs={"grace": 10}, daemon=True).start()
+            else:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.load_cert_chain(pki.server_cert, pki.server_key)
+                tls[0] = context
+            wait_until(lambda: server.connections() == 0 or next(iter(server._conns.values())).draining, 5)
+            ended, data = closed_within(sock, 10)
+            assert ended and data.endswith(b"\r\n\r\n" + MEDIUM_BODY), len(data)
+        finally:
+            sock.close()
+
+
 def test_an_answer_a_connection_closes_after_reaches_a_client_that_reads_it_late() -> None:
     # The draining above must not cut short a client that reads within the write timeout (curl on a
     # slow link, an HTTP/1.0 client): it gets the whole answer, then the end of the connection.

@@ -274,6 +274,7 @@ SEND_BUFFER_BYTES: Final = 128 * 1024
 # open without reading, outside every bound here and outside the connection count (security review:
 # 1,000 such closes held 260 MB). What a connection closes on is sent to the end first, or reset.
 SIOCOUTQNSD: Final = 0x894B
+TCP_CLOSE: Final = 7  # tcp_states.h: reset or closed, its write queue purged
 REFUSED_LOG_INTERVAL: Final = 60.0  # at most one warning per kind of refusal (CountedWarning) per interval
 # Logins waiting for (or in) a bcrypt check from one client: a flood from a few hosts cannot take all of
 # the lane's places, so another client's first login (a Prometheus after a restart) still gets one.
@@ -282,8 +283,11 @@ MAX_COSTLY_PER_CLIENT: Final = 4
 
 def unsent_bytes(sock: socket.socket) -> int:
     """Bytes the kernel holds for `sock` and has not sent (the client's window is closed on them); 0 if
-    it cannot tell (a closed socket)."""
+    it cannot tell (a closed socket), or once the client has reset the connection: the kernel then drops
+    them, but SIOCOUTQNSD goes on counting them (diff review)."""
     try:
+        if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_CLOSE:
+            return 0
         raw = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, bytes(4))
     except (OSError, ValueError):
         return 0
@@ -466,9 +470,9 @@ class LastIdleFirst(Generic[T]):
     def displace(self, client: str) -> T | None:
         """Make room in a full costly lane for a job of `client`: take out and return the newest waiting
         job of the client holding the most places, if it would still hold more than `client` then; None
-        if none may go. So a client holding none always gets a place: a flood from eight or more hosts
-        kept every place taken, and a Prometheus not yet remembered got 503s until it stopped (security
-        review)."""
+        if none may go. So a client holding none gets a place unless every place is another client's
+        only one: a flood from 8 hosts kept every place taken, and a Prometheus not yet remembered got
+        503s until it stopped (security review); it now takes one from fewer than `costly_backlog`."""
         with self._lock:
             if not self._costly:
                 return None
@@ -652,6 +656,11 @@ class HttpServer:
         for thread in self._workers:
             thread.join(max(0.0, end - time.monotonic()))
         if self._stopped.is_set():  # the loop thread is gone: nobody else touches the connections
+            # Answered after the loop stopped: whole in the kernel, or pending (_finish_pending).
+            while self._returned:
+                conn, _ = self._returned.popleft()
+                if not conn.pending:
+                    self._close(conn, drain=not conn.cut)
             self._finish_pending(end)
             while time.monotonic() < end and any(c.draining and unsent_bytes(c.sock) for c in self._conns.values()):
                 time.sleep(0.05)
@@ -800,6 +809,8 @@ class HttpServer:
                 answer = text_response(400, "Client sent an HTTP request to an HTTPS server.")
                 with contextlib.suppress(OSError):
                     os.write(sock.fileno(), render_response(answer, head_only=False, keep_alive=False, extra={}))
+                self._close(conn, drain=True)
+                return
             elif isinstance(exc, ssl.SSLError) and not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
                 # A scraper without a client certificate or with one we do not trust, or one that speaks no
                 # TLS version or cipher we do: Prometheus shows the target down and nothing more, so say it
@@ -962,8 +973,8 @@ class HttpServer:
                 # connection would go on under the old TLS settings (or none) as long as it is used.
                 # One with a request on its way, or none yet (in its handshake, or just accepted), is
                 # closed once answered (_resume): a client retries a request on a reused connection
-                # that closed, not on a new one (Go's http.Transport).
-                self._close(conn)
+                # that closed, not on a new one (Go's http.Transport). Its last answer was whole: sent on.
+                self._close(conn, drain=True)
                 outdated += 1
             elif id(conn) not in self._busy and now >= conn.deadline:
                 if conn.pending:
@@ -1066,9 +1077,10 @@ class HttpServer:
             self._selector.unregister(self._listener)
         self._listener.close()
         for conn in list(self._conns.values()):
-            # shutdown() finishes pending answers and waits for draining ones
+            # shutdown() finishes pending answers and waits for draining ones. The others are idle or
+            # part-way through a head: what the kernel still sends of them is a whole answer.
             if id(conn) not in self._busy and not conn.pending and not conn.draining:
-                self._close(conn)
+                self._close(conn, drain=not conn.cut)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
