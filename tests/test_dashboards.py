@@ -1449,10 +1449,11 @@ def test_recording_rules_used_by_dashboards_are_healthy(stack: Stack) -> None:
     group's (every 5 minutes, too slow to wait for) are checked as well."""
     used = {s.name for _, _, tgt in all_targets() for s in selectors(tgt["expr"])} & recorded_names()
 
-    def health() -> list[tuple[str, str, str, float]]:
+    def health() -> list[tuple[str, str, str, float, str]]:
+        """(name, health, last error, group interval, expression) of each record a dashboard reads."""
         groups = json.loads(get(f"{stack.prometheus}/api/v1/rules?type=record"))["data"]["groups"]
         return [
-            (r["name"], r["health"], r.get("lastError", ""), float(g["interval"]))
+            (r["name"], r["health"], r.get("lastError", ""), float(g["interval"]), r["query"])
             for g in groups for r in g["rules"] if r["name"] in used
         ]
 
@@ -1461,10 +1462,9 @@ def test_recording_rules_used_by_dashboards_are_healthy(stack: Stack) -> None:
     # came before the first scrape).
     wait_until("the exporter's series", lambda: stack.query("rdma_port_info")["data"]["result"], 30, [])
     wait_until("the records to be evaluated", lambda: all(h[1] != "unknown" for h in health() if h[3] <= 1), 30, [])
-    assert not [h for h in health() if h[1] == "err"], health()
-    groups = json.loads(get(f"{stack.prometheus}/api/v1/rules?type=record"))["data"]["groups"]
-    queries = {r["name"]: r["query"] for g in groups for r in g["rules"] if r["name"] in used}
-    failed = {name: answer for name, query in queries.items() if (answer := stack.query(query))["status"] != "success"}
+    records = health()
+    assert not [h for h in records if h[1] == "err"], records
+    failed = {name: answer for name, *_, query in records if (answer := stack.query(query))["status"] != "success"}
     assert not failed, failed
 
 

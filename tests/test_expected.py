@@ -649,9 +649,8 @@ def test_the_dgx_h100_example_declares_the_compute_rails_of_its_table_in_both_fo
     assert sorted(port.pci_address for port in by_address) == sorted(table)
     assert sorted(port.device for port in by_name) == sorted(device for device, _ in table.values())
     # Apart from how they name the HCAs, the two forms expect the same of each port.
-    assert {replace(port, device="", pci_address=None) for port in by_address} == {
-        replace(port, device="", pci_address=None) for port in by_name
-    } and len({replace(port, device="", pci_address=None) for port in by_name}) == 1
+    unnamed = {replace(port, device="", pci_address=None) for port in by_name}
+    assert {replace(port, device="", pci_address=None) for port in by_address} == unnamed and len(unnamed) == 1
 
 
 def test_pci_addresses_are_normalised_and_checked() -> None:
