@@ -674,6 +674,10 @@ ALIAS_BOMB = "basic_auth_users:\n  a:\n    - &a [lol, lol, lol, lol, lol, lol, l
         # 5000 aliases to it, each printed in full in the error message: 76 MB from a 20 KB file).
         ("basic_auth_users: &u\n  a: [*u, *u]\n", "line 1, column 1",
          "invalid YAML: an alias refers to a value that contains it"),
+        # A list that holds itself directly passed the check, which looked at the path before adding the list
+        # to it: 5000 aliases to it in a 40 KB file made a 175 MB message (review).
+        ("basic_auth_users:\n  a: [&l [" + ", ".join(["*l"] * 5000) + "]]\n", "line 1, column 1",
+         "invalid YAML: an alias refers to a value that contains it"),
         # YAML 1.1 octal: the flag reads --web.read-threads=010 as 10, the file read 8 (config review).
         ("web:\n  read_threads: 010\n", "line 2, column 17",
          "invalid YAML: 010 starts with 0, which YAML reads as an octal number (8): write it without"),
@@ -682,7 +686,7 @@ ALIAS_BOMB = "basic_auth_users:\n  a:\n    - &a [lol, lol, lol, lol, lol, lol, l
          "invalid YAML: 0_10 starts with 0, which YAML reads as an octal number (8): write it without"),
     ],
     ids=["flow", "control-character", "tab", "impossible-date", "5001-digit-integer", "alias-bomb", "deep-nesting",
-         "recursive-alias", "octal", "octal-with-underscore"],
+         "recursive-alias", "self-holding-list", "octal", "octal-with-underscore"],
 )
 def test_yaml_errors_name_line_and_column_in_both_files(tmp_path: Path, text: str, key: str, reason: str) -> None:
     from rdma_exporter.webconfig import load_web_config

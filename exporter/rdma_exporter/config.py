@@ -366,9 +366,9 @@ def expanded_size(root: yaml.Node) -> int | None:
             open_nodes.discard(id(node))
             sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
             continue
+        open_nodes.add(id(node))  # before the check, so that a value holding itself directly is caught
         if any(id(child) in open_nodes for child in children):
             return None
-        open_nodes.add(id(node))
         sizes[id(node)] = 0  # counted when done; marks it as visited meanwhile
         stack.append((node, True))
         stack.extend((child, False) for child in children if id(child) not in sizes)
