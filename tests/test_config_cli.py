@@ -742,6 +742,19 @@ def test_empty_filter_flag_clears_the_file_filter(tmp_path: Path, caplog: pytest
     assert metrics[("rdma_exporter_devices", ())] > 0
 
 
+def test_check_config_warns_of_a_filter_that_matches_no_device_whole() -> None:
+    """A glob where a regex belongs (mlx5_*) matches part of every name and none whole: the daemon warned of
+    it at start, but --check-config said "configuration OK" and nothing else, so a fleet check passed a
+    filter that excludes nothing (review). It is still no error: the same file serves other nodes."""
+    result = run_cli("--path.sysfs", str(LEPTON), "--devices.exclude", "mlx5_*", "--check-config")
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("rdma-exporter: warning: devices.exclude 'mlx5_*' matches none of the "), line
+    assert "configuration OK" in result.stdout
+    result = run_cli("--path.sysfs", str(LEPTON), "--devices.exclude", "mlx5_.*", "--check-config")
+    assert (result.returncode, result.stderr) == (0, "")
+
+
 def test_collector_flags_override_the_file_both_ways(tmp_path: Path) -> None:
     path = write(tmp_path, "collectors:\n  pcie: false\n  netdev: true\n")
     config = resolve_config(build_parser().parse_args(["--config.file", str(path)]))

@@ -37,6 +37,7 @@ from .config import (
     check_string,
     check_telemetry_path,
     exit_status,
+    filters_matching_nothing,
     load_config_file,
     load_yaml,
     logging_level,
@@ -306,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rdma-exporter: invalid web configuration: {exc} (named by {origin})", file=sys.stderr)
         return exit_status(exc)
     if args.check_config:
+        for note in filters_matching_nothing(config):
+            print(f"rdma-exporter: warning: {note}", file=sys.stderr)
         source = config.config_file or "defaults and flags"
         print(f"rdma-exporter: configuration OK ({source}; web: {web.describe()})")
         return 0

@@ -30,6 +30,7 @@ from .configerror import ConfigError as ConfigError
 from .configerror import ConfigUnavailable as ConfigUnavailable
 from .configerror import check_bool as check_bool
 from .configerror import compile_regex
+from .parse.infiniband import CLASS_DIR
 from .parse.reader import DEFAULT_MAX_OPEN_FILES, read_regular_file
 
 DEFAULT_PORT: Final = 9883
@@ -491,3 +492,31 @@ def empty_on_reload(running: str) -> str:
     """Why a reload refuses an empty file: `running` is the file whose settings it would drop (a main
     config may name another, empty, web config file than the one running)."""
     return f"empty: taking it would drop the settings running from {running} (write {{}} to mean the defaults)"
+
+
+def filters_matching_nothing(config: Config) -> list[str]:
+    """What is wrong with the device filters on this node: an include that matches none of the devices
+    present serves nothing. An exclude that matches none in full but part of one was most often written as
+    node_exporter's (a substring: `mlx5_bond`) or as a glob (`mlx5_*`), while these match the whole name:
+    it reads the device it was meant to keep away from. One that matches nothing at all is a fleet-wide
+    setting for devices this node does not have. Said by the daemon at start and reload, and by
+    --check-config, which would otherwise pass a glob the daemon then ignores (review)."""
+    try:
+        names = sorted(os.listdir(config.sysfs / CLASS_DIR))
+    except OSError:
+        return []
+
+    def idle(pattern: re.Pattern[str], partly: bool) -> bool:
+        whole = any(pattern.fullmatch(name) for name in names)
+        return not whole and (not partly or any(pattern.search(name) for name in names))
+
+    present = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return [
+        f"{key} {pattern.pattern!r} matches none of the {len(names)} RDMA devices present ({present}): it must "
+        "match a whole name, as mlx5_bond_.* does"
+        for key, pattern, partly in (
+            ("devices.include", config.device_include, False),
+            ("devices.exclude", config.device_exclude, True),
+        )
+        if names and pattern is not None and idle(pattern, partly)
+    ]

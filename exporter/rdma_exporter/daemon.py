@@ -43,7 +43,15 @@ from .collect.netdev import NetdevSource
 from .collect.pcie import PcieSource
 from .collect.process import ProcessMetrics
 from .collect.readers import HARD_MAX_WORKERS, DeviceReads, WorkerPool
-from .config import MIN_DEADLINE_SECONDS, Config, ConfigError, empty_on_reload, exit_status, logging_level
+from .config import (
+    MIN_DEADLINE_SECONDS,
+    Config,
+    ConfigError,
+    empty_on_reload,
+    exit_status,
+    filters_matching_nothing,
+    logging_level,
+)
 from .hotplug import HotplugMonitor, start_monitor
 from .httpserver import MAX_CONNECTIONS, CountedWarning, HttpServer, Request, Response, text_response
 from .parse.infiniband import CLASS_DIR
@@ -499,32 +507,8 @@ def connection_cap() -> int:
 
 
 def warn_of_filters_matching_nothing(config: Config) -> None:
-    """An include that matches none of the devices present serves nothing. An exclude that matches none
-    in full but part of one was most often written as node_exporter's (a substring: `mlx5_bond`) or as a
-    glob (`mlx5_*`), while these match the whole name: it reads the device it was meant to keep away
-    from. One that matches nothing at all is a fleet-wide setting for devices this node does not have."""
-    try:
-        names = sorted(os.listdir(config.sysfs / CLASS_DIR))
-    except OSError:
-        return
-
-    def idle(pattern: re.Pattern[str], partly: bool) -> bool:
-        whole = any(pattern.fullmatch(name) for name in names)
-        return not whole and (not partly or any(pattern.search(name) for name in names))
-
-    for key, pattern, partly in (
-        ("devices.include", config.device_include, False),
-        ("devices.exclude", config.device_exclude, True),
-    ):
-        if names and pattern is not None and idle(pattern, partly):
-            log.warning(
-                "%s %r matches none of the %d RDMA devices present (%s): it must match a whole name, as "
-                "mlx5_bond_.* does",
-                key,
-                pattern.pattern,
-                len(names),
-                ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""),
-            )
+    for note in filters_matching_nothing(config):
+        log.warning("%s", note)
 
 
 class Daemon:
