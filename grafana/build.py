@@ -1060,7 +1060,8 @@ def fabric_overview() -> Json:
             "Link-down events of all selected ports over the trailing hour (IB link_downed, RoCE carrier and "
             "PHY link-down events, the best-informed source per port; a RoCE port set down and up counts), how "
             "many ports dropped at least twice, not counting the times a RoCE port's netdevs were set down "
-            "(RdmaPortLinkFlapping, critical), and link error recoveries (retrains that kept the link up; "
+            "(RdmaPortLinkFlapping, critical; a third drop in about 12 hours pages as RdmaPortLinkDropsRepeated), "
+            "and link error recoveries (retrains that kept the link up; "
             "RdmaPortLinkErrorRecovery above 10 an hour on one port). SR-IOV virtual functions are left out, as "
             "the alerts leave them: a VF shares its PF's link, whose drops are counted once.",
             "none",
@@ -1071,7 +1072,8 @@ def fabric_overview() -> Json:
                      "ports flapping"),
                     (f"sum({sel('instance_device_port:rdma_port_link_error_recovery:increase1h')} {NOT_VF})",
                      "link error recoveries")),
-            alerts=["RdmaPortLinkDowned", "RdmaPortLinkFlapping", "RdmaPortLinkErrorRecovery"],
+            alerts=["RdmaPortLinkDowned", "RdmaPortLinkFlapping", "RdmaPortLinkDropsRepeated",
+                    "RdmaPortLinkErrorRecovery"],
             decimals=0,
         ), 8, 8),
         (timeseries(
@@ -1418,14 +1420,16 @@ def node_detail() -> Json:
             "the interval is 1. Carrier changes count on RoCE netdevs only, as the alerts count them (an IPoIB "
             "interface's carrier also follows `ip link set down`). RdmaPortLinkDowned and RdmaPortLinkFlapping "
             "count drops over the trailing hour (one drop: a ticket; two or more: flapping, a page), as the fabric "
-            "overview's link drops do, leaving out those of a RoCE port whose netdevs were set down.",
+            "overview's link drops do, leaving out those of a RoCE port whose netdevs were set down; "
+            "RdmaPortLinkDropsRepeated pages the third drop in about 12 hours, however far apart.",
             "cps",
             targets((rate("rdma_port_link_downed_total"), f"{dp} link downed"),
                     (rate("rdma_port_link_error_recovery_total"), f"{dp} error recovery"),
                     (f"{rate('rdma_netdev_carrier_down_changes_total')} {ETHERNET}",
                      "{{instance}} {{netdev}} carrier down"),
                     (rate("rdma_ethtool_link_down_events_total"), "{{instance}} {{netdev}} PHY link down")),
-            alerts=["RdmaPortLinkFlapping", "RdmaPortLinkDowned", "RdmaPortLinkErrorRecovery"],
+            alerts=["RdmaPortLinkFlapping", "RdmaPortLinkDropsRepeated", "RdmaPortLinkDowned",
+                    "RdmaPortLinkErrorRecovery"],
         ), 12, 8),
         (timeseries(
             "PCIe AER errors",
