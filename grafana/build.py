@@ -327,12 +327,12 @@ def runbook_links(alerts: Iterable[str]) -> list[Json]:
     return [{"title": f"Runbook: {a}", "url": f"{RUNBOOKS}{a}.md", "targetBlank": True} for a in alerts]
 
 
-def node_link(field: str) -> Json:
-    """Data link from a series or row to the node-detail dashboard of its instance, keeping the data source,
-    job and cluster chosen here (the node's dashboard would otherwise open on its own saved ones)."""
+def node_link(field: str, target: str = "node-detail") -> Json:
+    """Data link from a series or row to the `target` dashboard of its instance, keeping the data source, job
+    and cluster chosen here (the dashboard would otherwise open on its own saved ones)."""
     return {
-        "title": "Node detail for ${" + field + "}",
-        "url": f"/d/{UIDS['node-detail']}/rdma-node-detail?${{datasource:queryparam}}&${{job:queryparam}}"
+        "title": f"{TITLES[target]} for ${{{field}}}",
+        "url": f"/d/{UIDS[target]}/{UIDS[target]}?${{datasource:queryparam}}&${{job:queryparam}}"
         f"&${{cluster:queryparam}}&var-instance=${{{field}}}&${{__url_time_range}}",
     }
 
@@ -453,12 +453,12 @@ def bargauge(title: str, description: str, unit: str, tgts: list[Json], **kw: An
 
 
 def top_ports(title: str, description: str, unit: str, expr: str, legend: str,
-              more: Sequence[tuple[str, str]] = (), **kw: Any) -> Json:  # fmt: skip
+              more: Sequence[tuple[str, str]] = (), target: str = "node-detail", **kw: Any) -> Json:  # fmt: skip
     """A fleet "top 10" bar gauge of one per-port expression (and of each of `more`, as (expr, legend)), each
-    bar linking to its node's dashboard."""
+    bar linking to its node on the `target` dashboard."""
     pairs = [(f"topk(10, {e})", name) for e, name in [(expr, legend), *more]]
     return bargauge(title, description, unit, targets(*pairs, instant=True),
-                    links=[node_link("__field.labels.instance")], **kw)  # fmt: skip
+                    links=[node_link("__field.labels.instance", target)], **kw)  # fmt: skip
 
 
 def temperature_margin(sensors: str) -> str:
@@ -976,6 +976,7 @@ def fabric_overview() -> Json:
             "{{instance}} {{netdev}} prio {{priority}} {{direction}}",
             steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
+            target="roce-congestion",
         ), 6, 9),
         (top_ports(
             "Top RoCE ports by CNPs sent",
@@ -984,6 +985,7 @@ def fabric_overview() -> Json:
             "pps",
             sel('instance_device_port:rdma_port_hw_np_cnp_sent:rate5m'),
             port_label,
+            target="roce-congestion",
         ), 6, 9),
         (top_ports(
             "Hottest HCA sensors",
@@ -993,8 +995,9 @@ def fabric_overview() -> Json:
             "at 0: orange from there, red from 0.",
             "celsius",
             temperature_margin(f'sensor!~"{MODULE_SENSORS}"'),
-            "{{instance}} {{device}} {{sensor}}",
-            more=[(temperature_margin(f'sensor=~"{MODULE_SENSORS}"'), "{{instance}} {{device}} {{sensor}}")],
+            "{{instance}} {{device}} {{sensor}} (to critical)",
+            more=[(temperature_margin(f'sensor=~"{MODULE_SENSORS}"'),
+                   "{{instance}} {{device}} {{sensor}} (to critical)")],
             steps=thresholds((-10, WARNING), (0, CRITICAL)),
             overrides=[query_thresholds("B", thresholds((-5, WARNING), (0, CRITICAL)))],
             alerts=["RdmaDeviceTemperatureHigh"],
@@ -1086,6 +1089,7 @@ def fabric_overview() -> Json:
             steps=thresholds((above(0.1), WARNING)),
             alerts=["RdmaPortTransmitWaitHigh"],
             minimum=0,
+            links=[node_link("__field.labels.instance")],
         ), 8, 8),
         (timeseries(
             "Most paused nodes (RoCE PFC)",
@@ -1099,6 +1103,7 @@ def fabric_overview() -> Json:
             steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
             minimum=0,
+            links=[node_link("__field.labels.instance", "roce-congestion")],
         ), 8, 8),
         (table(
             "Firmware by board",
@@ -1364,8 +1369,8 @@ def node_detail() -> Json:
         (timeseries(
             "RoCE PHY errors",
             "Frames the RoCE ports dropped for a bad CRC or a physical coding error, and symbol errors the FEC "
-            "could not correct (traffic lost). InfiniBand ports count theirs in the link error rates.",
-            "pps",
+            "could not correct (traffic lost), per second. InfiniBand ports count theirs in the link error rates.",
+            "cps",
             targets((rate("rdma_ethtool_crc_error_packets_total"), "{{instance}} {{netdev}} CRC errors"),
                     (rate("rdma_ethtool_symbol_error_packets_total"), "{{instance}} {{netdev}} symbol errors"),
                     (rate("rdma_ethtool_pcs_symbol_errors_total"), "{{instance}} {{netdev}} uncorrected symbols")),
@@ -1695,7 +1700,7 @@ def roce_congestion() -> Json:
             "link-level pause (priority global), over 5 minutes. "
             "Colours follow RdmaRocePfcPauseHigh (warning above 0.05, critical above 0.5).",
             "percentunit",
-            targets((f"max({sel(PAUSE_DURATION, PORT, PRIO)})", "paused")),
+            targets((f"max({sel(PAUSE_DURATION, PORT, PRIO)}) or vector(0)", "paused")),
             steps=thresholds((above(0.05), WARNING), (above(0.5), CRITICAL)),
             alerts=["RdmaRocePfcPauseHigh"],
             decimals=1,
@@ -1820,7 +1825,7 @@ def roce_congestion() -> Json:
         ), 12, 8),
         (timeseries(
             "Traffic per priority",
-            "Bytes per second on each selected priority and direction of the physical port, lossy ones "
+            "Bits per second on each selected priority and direction of the physical port, lossy ones "
             "included: what the pauses throttle. With global selected, every priority of the ports under "
             "link-level pause.",
             "bps",
@@ -1835,15 +1840,15 @@ def roce_congestion() -> Json:
             "pps",
             targets((either_rate("rdma_port_hw_np_ecn_marked_roce_packets_total", "rdma_port_hw_rx_ecn_mrkd_total",
                                  "rdma_port_hw_rx_ecn_marked_pkts_total"),
-                     "{{instance}} {{device}} ECN-marked rx"),
+                     "{{instance}} {{device}}/{{port}} ECN-marked rx"),
                     (either_rate("rdma_port_hw_np_cnp_sent_total", "rdma_port_hw_cnp_sent_total",
                                  "rdma_port_hw_tx_cnp_pkts_total", "rdma_port_hw_np_cnp_pkts_total"),
-                     "{{instance}} {{device}} CNP sent"),
+                     "{{instance}} {{device}}/{{port}} CNP sent"),
                     (either_rate("rdma_port_hw_rp_cnp_handled_total", "rdma_port_hw_cnp_handled_total",
                                  "rdma_port_hw_rx_cnp_pkts_total"),
-                     "{{instance}} {{device}} CNP handled"),
+                     "{{instance}} {{device}}/{{port}} CNP handled"),
                     (either_rate("rdma_port_hw_rp_cnp_ignored_total", "rdma_port_hw_cnp_ignored_total"),
-                     "{{instance}} {{device}} CNP ignored")),
+                     "{{instance}} {{device}}/{{port}} CNP ignored")),
             alerts=["RdmaRoceCnpIgnored"],
         ), 12, 8),
         (timeseries(
@@ -1901,24 +1906,29 @@ def roce_congestion() -> Json:
             "pps",
             targets((rate("rdma_ethtool_out_of_buffer_total"), f"{np} RX rings"),
                     (f"({either_rate('rdma_port_hw_out_of_buffer_total', 'rdma_port_hw_rx_out_of_buffer_total')})"
-                     f" {ETHERNET}", "{{instance}} {{device}} RDMA queues")),
+                     f" {ETHERNET}", "{{instance}} {{device}}/{{port}} RDMA queues")),
             steps=thresholds((EPSILON, WARNING)),
             alerts=["RdmaPortOutOfBuffer"],
         ), 12, 8),
         (timeseries(
             "Port discards and buffer pressure",
             "Packets the physical port discarded (rx: no buffer, tx: head-of-line or link down) and how often "
-            "its receive buffer passed 85% full.",
-            "pps",
+            "its receive buffer passed 85% full, per second.",
+            "cps",
             targets((rate("rdma_ethtool_port_discards_total"), f"{np} {{{{direction}}}} discards"),
                     (rate("rdma_ethtool_port_buffer_almost_full_events_total"), f"{np} buffer almost full")),
         ), 12, 8),
         (timeseries(
             "PCIe outbound stalls",
-            "Share of the last second the NIC's outbound PCIe reads and writes waited for credits. A stalled "
-            "host bus is the usual reason a NIC sends PFC pauses (tx) although the fabric is idle.",
+            "Share of time the NIC's outbound PCIe reads and writes were stalled: the share of seconds in which "
+            "they waited for credits over 30% of the time (the driver's stalled-event counters, over Grafana's "
+            "rate interval), and the share of the last second before each scrape they waited (a sample: at a "
+            "30 s scrape it sees one second in thirty, and missed the stalls the first shows). A stalled host bus "
+            "is the usual reason a NIC sends PFC pauses (tx) although the fabric is idle.",
             "percentunit",
-            targets((sel("rdma_ethtool_pci_outbound_stalled_ratio"), f"{np} {{{{operation}}}}")),
+            targets((rate("rdma_ethtool_pci_outbound_stalled_seconds_total"),
+                     f"{np} {{{{operation}}}} seconds stalled"),
+                    (sel("rdma_ethtool_pci_outbound_stalled_ratio"), f"{np} {{{{operation}}}} last second")),
             minimum=0,
         ), 12, 8),
     ]  # fmt: skip
