@@ -742,11 +742,13 @@ mallinfo2.restype = MallInfo2
 fixed = daemon.fix_mmap_threshold() if sys.argv[1] == "fix" else None
 big = bytearray(4 << 20)
 del big  # glibc raises a dynamic threshold to this size here
-# glibc only consults the threshold when the heap's free top cannot serve a request, and how big that top
-# is after start-up depends on the environment: allocate past it, in blocks the size of a large family's text.
+# glibc only consults the threshold when no free chunk of the heap can serve a request, and how much is
+# free after start-up depends on the environment: allocate past all of it (fordblks, not only the top
+# that keepcost counts: in one fresh-clone CI run every block came from the heap, most likely from free
+# chunks in the bins, which keepcost leaves out), in blocks the size of a large family's text.
 size = 300 << 10
 before = mallinfo2().hblkhd
-blocks = [bytearray(size) for _ in range(mallinfo2().keepcost // size + 2)]
+blocks = [bytearray(size) for _ in range(mallinfo2().fordblks // size + 2)]
 print(fixed, mallinfo2().hblkhd - before)
 """
 
