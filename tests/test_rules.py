@@ -393,7 +393,7 @@ def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> N
             continue
         # An alert's own firing state over 12 hours (RdmaPortLinkDropsRepeated pages once in them) reads the
         # few ALERTS series of one alert, not a day of a source.
-        own = re.sub(r"ALERTS\{[^}]*\}\[12h\]", "ALERTS[own]", expr)
+        own = re.sub(rf'ALERTS\{{alertname="{re.escape(name or "")}"[^}}]*\}}\[12h\]', "ALERTS[own]", expr)
         if re.search(r"\[(\d+[dwy]|\d{2,}h|\d{4,}m|\d{5,}s)(:\w*)?\]|\[\d+[dhms]\d", own):
             problems.append(f"{name} reads a day of its source")
         if read := [record for record in re.findall(r"[\w:]+", expr) if record in ten_minutes]:
