@@ -234,6 +234,46 @@ def params_of(items: Iterable[pytest.Function], test_name: str) -> list[dict[str
     return [item.callspec.params for item in items if item.originalname == test_name and hasattr(item, "callspec")]
 
 
+class DescriptorTakeover:
+    """Background runs open files and pipes at any moment, beside the test in progress; a test that takes
+    every descriptor of the process (the accept-EMFILE tests) made them fail with EMFILE (28 promtool
+    checks in one fresh-clone CI run). Runs share this; such a test holds it alone (exclusive()), which
+    waits for the runs in progress to end and keeps new ones from starting meanwhile."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._sharing = 0
+        self._wanted = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._wanted)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._sharing -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._wanted)
+            self._wanted = True
+            self._changed.wait_for(lambda: self._sharing == 0)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._wanted = False
+                self._changed.notify_all()
+
+
+DESCRIPTORS = DescriptorTakeover()
+
+
 class BackgroundRuns:
     """Slow work behind parametrized tests, all of it submitted at once and done `workers` at a time;
     each test waits for its own run and judges it. For runs that leave a CPU idle (promtool keeps about
@@ -250,7 +290,14 @@ class BackgroundRuns:
         self._runs: dict[Hashable, Future[Any]] = {}
 
     def submit(self, key: Hashable, run: Callable[..., Any], *args: Any) -> None:
-        self._runs[key] = self._pool.submit(run, *args)
+        def shared() -> Any:
+            with DESCRIPTORS.shared():
+                return run(*args)
+
+        self._start(key, shared)
+
+    def _start(self, key: Hashable, job: Callable[[], Any]) -> None:
+        self._runs[key] = self._pool.submit(job)
 
     def result(self, key: Hashable) -> Any:
         __tracebackhide__ = True
@@ -309,10 +356,10 @@ class GatedRuns(BackgroundRuns):
     def submit(self, key: Hashable, run: Callable[..., Any], *args: Any) -> None:
         def gated() -> Any:
             self._after.wait()
-            with self._gate:
+            with self._gate, DESCRIPTORS.shared():  # shared while it runs, not while it waits its turn
                 return run(*args)
 
-        super().submit(key, gated)
+        self._start(key, gated)
 
     def widen(self) -> None:
         if not self._widened:

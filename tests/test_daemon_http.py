@@ -81,6 +81,7 @@ from rdma_exporter.sample_tree import build_tree, spec_for_devices
 from rdma_exporter.webconfig import WebConfig, load_web_config
 
 from conftest import (
+    DESCRIPTORS,
     fake_fd_limits,
     free_port,
     make_ca,
@@ -1760,7 +1761,12 @@ def test_a_client_resetting_its_connection_does_not_stop_the_server() -> None:
 def test_accepts_pause_while_out_of_file_descriptors_then_resume(caplog: pytest.LogCaptureFixture) -> None:
     # EMFILE: accept() fails while the listener stays readable. The loop stops watching it for a moment
     # (no busy loop logging a warning per try), then accepts the waiting client once descriptors are free.
-    with InProcessServer(lambda request: Response(200, b"ok")) as server, socket.socket() as client:
+    # Alone: a background run (promtool's checks) opening a file meanwhile failed with EMFILE.
+    with (
+        DESCRIPTORS.exclusive(),
+        InProcessServer(lambda request: Response(200, b"ok")) as server,
+        socket.socket() as client,
+    ):
         limits = resource.getrlimit(resource.RLIMIT_NOFILE)
         fillers: list[int] = []
         # The garbage collector closing an earlier test's socket mid-test frees a descriptor, and accept()
@@ -1821,7 +1827,11 @@ def test_a_stop_while_accepts_are_paused_still_shuts_down_cleanly(
     gc.collect()  # as in the test above: no descriptor freed by the collector mid-fill
     gc.disable()
     try:
-        with socket.socket() as client, caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"):
+        with (
+            DESCRIPTORS.exclusive(),
+            socket.socket() as client,
+            caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"),
+        ):
             thread.start()
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 32, limits[1]))
             with contextlib.suppress(OSError):
