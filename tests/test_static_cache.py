@@ -30,7 +30,7 @@ STATIC_NAMES = frozenset(
     {
         "node_guid", "sys_image_guid", "fw_ver", "hca_type", "board_id", "hw_rev", "node_desc", "node_type",
         "link_layer", "ifindex", "type", "address", "dev_port", "dev_id", "phys_port_name", "max_link_speed",
-        "max_link_width", "vendor", "device", "numa_node",
+        "max_link_width", "vendor", "device", "numa_node", "ibdev", "abi_version",
     }
 )  # fmt: skip
 STATIC_DIRS = frozenset({"gids", "gid_attrs", "bonding"})

@@ -592,6 +592,10 @@ def _write_rdma(w: _Writer, d: _Dev, ident: _Ident, traffic: _Traffic, sm_lid: i
     )
     w.link(f"{dev_path}/device", d.func.path)
     w.link(f"class/infiniband/{d.name}", dev_path)
+    # ib_uverbs' character device, under the same parent; abi_version is mlx5's user ABI.
+    verbs = f"{d.func.path}/infiniband_verbs/uverbs{d.index}"
+    w.attrs(verbs, [("ibdev", d.name), ("abi_version", 1)])
+    w.link(f"class/infiniband_verbs/uverbs{d.index}", verbs)
 
     port = f"{dev_path}/ports/1"
     if d.down:
@@ -902,6 +906,7 @@ def build_tree(dest: Path, spec: TreeSpec = SAMPLE_SPEC) -> Path:
     # The directories a reader may list even when they turn out empty.
     for rel in ("class/infiniband", "class/net", "bus/pci/drivers/mlx5_core", "bus/pci/devices"):
         w.mkdir(rel)
+    w.raw("class/infiniband_verbs/abi_version", "6\n")  # the uverbs ABI of the kernel, not of a device
     _write_loopback(w)
     sm_lid = random.Random(spec.seed).randrange(0x1, 0x200)  # one subnet manager for the whole fabric
     roce_macs: dict[tuple[int, int], int] = {}

@@ -2,8 +2,9 @@
 
 On the host: `PYTHONPATH=exporter python tests/vm/capture.py tests/fixtures/sysfs/debian-6.1-rxe` boots the
 VM (tests/vm/harness.py), sends a little RDMA traffic over rxe0 so that its counters are not all zero, and
-copies, inside the VM, /sys/class/infiniband/rxe0 and /sys/class/net/veth0 with the directories they link
-to, as the existing fixture trees are laid out: class/* are the kernel's relative symlinks into devices/.
+copies, inside the VM, /sys/class/infiniband/rxe0, /sys/class/net/veth0 and /sys/class/infiniband_verbs/uverbs0
+with the directories they link to, as the existing fixture trees are laid out: class/* are the kernel's
+relative symlinks into devices/.
 
 Regular files are copied with their content as read; a file that cannot be read (write-only, or an
 attribute answering EINVAL such as an unpopulated `gid_attrs/ndevs/N`) is left out and listed in
@@ -70,7 +71,9 @@ def main() -> int:
     if args.in_vm:
         # Built on the VM's tmpfs and sent as one tar: thousands of small writes over 9p are slow.
         local = Path(tempfile.mkdtemp())
-        unreadable = copy_sysfs(Path("/sys"), local / "sys", ["class/infiniband/rxe0", f"class/net/{NETDEV}"])
+        # uverbs0: ib_uverbs' character device for rxe0, through which verbs applications reach it.
+        entries = ["class/infiniband/rxe0", f"class/net/{NETDEV}", "class/infiniband_verbs/uverbs0"]
+        unreadable = copy_sysfs(Path("/sys"), local / "sys", entries)
         (local / "UNREADABLE.txt").write_text("".join(line + "\n" for line in sorted(unreadable)))
         with tarfile.open(Path(os.environ["VM_OUT"]) / "capture.tar", "w") as tar:
             tar.add(local, arcname=".")

@@ -38,6 +38,11 @@ def kernel_view() -> dict[str, object]:
             gid_type = (port / "gid_attrs" / "types" / entry.name).read_text().strip()
             gid_types[gid_type] = gid_types.get(gid_type, 0) + 1
     view["gid_types"] = gid_types
+    # Whether ib_uverbs gave rxe0 a character device, as libibverbs finds it.
+    verbs = Path("/sys/class/infiniband_verbs")
+    view["user_verbs"] = verbs.is_dir() and any(
+        (entry / "ibdev").read_text().strip() == "rxe0" for entry in verbs.glob("uverbs*")
+    )
     return view
 
 

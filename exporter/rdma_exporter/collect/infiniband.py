@@ -20,6 +20,7 @@ from ..parse.infiniband import (
     read_device_snapshot,
 )
 from ..parse.reader import SysfsReader
+from ..parse.verbs import VerbsEntry, read_user_verbs
 from .base import DynamicMetricSpec, FamilySet, MetricSpec, ScrapeContext, ShadowedFiles, label, lint_safe
 
 DEVICE: Final = ("device",)
@@ -62,6 +63,14 @@ DEVICE_LIFESPAN: Final = MetricSpec(
     "rdma_device_hw_lifespan_seconds",
     "gauge",
     "How long the driver caches device-level hw_counters values between hardware queries.",
+    DEVICE,
+)
+DEVICE_USER_VERBS: Final = MetricSpec(
+    "rdma_device_user_verbs",
+    "gauge",
+    "1 if the device has its user-verbs character device (/dev/infiniband/uverbsN, from the ib_uverbs module), "
+    "through which NCCL, MPI and every other verbs application opens it; 0 if it has none: ib_uverbs is not "
+    "loaded, or did not take the device. Absent while that cannot be told (a failed read, counted).",
     DEVICE,
 )
 PORT_INFO: Final = MetricSpec(
@@ -456,6 +465,8 @@ def expose_device(snapshot: DeviceSnapshot, out: FamilySet) -> None:
         out.add(DEVICE_VF, [device], 1 if info.is_vf else 0)
     if info.sriov_numvfs is not None:
         out.add(DEVICE_NUMVFS, [device], info.sriov_numvfs)
+    if snapshot.user_verbs is not None:
+        out.add(DEVICE_USER_VERBS, [device], 1 if snapshot.user_verbs else 0)
     _expose_hw(snapshot.hw_counters, info.hw_counter_files, _DEVICE_HW, DEVICE_LIFESPAN, [device], out)
     for port in snapshot.ports:
         _expose_port(device, port, out)
@@ -471,6 +482,7 @@ class InfinibandSource:
         DEVICE_VF,
         DEVICE_NUMVFS,
         DEVICE_LIFESPAN,
+        DEVICE_USER_VERBS,
         PORT_INFO,
         PORT_STATE_ID,
         PORT_STATE,
@@ -489,9 +501,23 @@ class InfinibandSource:
     )
     dynamic_specs: tuple[DynamicMetricSpec, ...] = HW_COUNTER_DYNAMIC
 
+    def __init__(self) -> None:
+        # The `ibdev` of each uverbs entry seen, per directory (read_user_verbs), so that a steady scrape
+        # only lists it. Replaced per directory by each read; directories no device names go in expose.
+        self._verbs_names: dict[str, dict[VerbsEntry, str]] = {}
+
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> DeviceSnapshot:
-        return read_device_snapshot(ctx.sys_root, device, reader)
+        snapshot = read_device_snapshot(ctx.sys_root, device, reader)
+        where = device.user_verbs_dir
+        if where is not None:
+            found = read_user_verbs(where, device.name, reader, self._verbs_names.get(where, {}))
+            self._verbs_names[where] = found.names
+            snapshot.user_verbs = found.present
+        return snapshot
 
     def expose(self, results: Mapping[str, DeviceSnapshot], out: FamilySet) -> None:
+        dirs = {snapshot.info.user_verbs_dir for snapshot in results.values()}
+        if any(where not in dirs for where in self._verbs_names):
+            self._verbs_names = {where: names for where, names in self._verbs_names.items() if where in dirs}
         for name in sorted(results):
             expose_device(results[name], out)

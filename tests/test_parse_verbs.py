@@ -1,0 +1,153 @@
+"""User verbs: whether each RDMA device has its ib_uverbs character device (parse/verbs.py), and its series."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rdma_exporter.config import Config
+from rdma_exporter.daemon import build_collector
+from rdma_exporter.parse.reader import ReadErrors, SysfsReader
+from rdma_exporter.parse.verbs import read_user_verbs, user_verbs_dir
+from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
+
+from conftest import SYSFS_FIXTURES, record_reads, samples
+
+USER_VERBS = "rdma_device_user_verbs"
+
+
+def exported(families_text: str) -> dict[str, float]:
+    return {dict(labels)["device"]: v for (name, labels), v in samples(families_text).items() if name == USER_VERBS}
+
+
+def gather(collector: object) -> str:
+    return collector.gather().render_text().decode()  # type: ignore[attr-defined]
+
+
+def test_soft_roce_device_finds_its_uverbs_among_the_virtual_devices() -> None:
+    # The real capture: rxe0 has no parent, so ib_uverbs puts uverbs0 under devices/virtual too.
+    root = SYSFS_FIXTURES / "debian-6.1-rxe" / "sys"
+    where = user_verbs_dir(root, "rxe0")
+    assert where == os.path.realpath(root / "devices" / "virtual" / "infiniband_verbs")
+    errors = ReadErrors()
+    found = read_user_verbs(where, "rxe0", SysfsReader("rxe0", errors), {})
+    assert found.present is True
+    assert list(found.names.values()) == ["rxe0"]
+    assert not errors.counts
+
+
+def test_card_finds_its_uverbs_under_its_pci_function(tmp_path: Path) -> None:
+    root = build_tree(tmp_path / "tree", SAMPLE_SPEC)
+    where = user_verbs_dir(root, "mlx5_3")
+    assert where is not None
+    assert Path(where).parent == (root / "class" / "infiniband" / "mlx5_3" / "device").resolve()
+    assert read_user_verbs(where, "mlx5_3", SysfsReader("mlx5_3"), {}).present is True
+
+
+def test_plain_class_directories_and_a_device_ib_uverbs_did_not_take() -> None:
+    root = SYSFS_FIXTURES / "built-multi-driver" / "sys"
+    values = exported(scrape_once(root))
+    assert values == {"bnxt_re0": 1, "bnxt_re1": 1, "efa_0": 1, "irdma0": 1, "quirks0": 0}
+
+
+def scrape_once(root: Path) -> str:
+    return gather(build_collector(replace(Config(), sysfs=root)))
+
+
+def test_no_ib_uverbs_means_zero_for_every_device(tmp_path: Path) -> None:
+    root = build_tree(tmp_path / "tree", SAMPLE_SPEC)
+    shutil.rmtree(root / "class" / "infiniband_verbs")
+    for function in (root / "devices").rglob("infiniband_verbs"):
+        shutil.rmtree(function)
+    text = scrape_once(root)
+    values = exported(text)
+    assert len(values) == 10 and set(values.values()) == {0}
+    # Absence is the answer, not a failed read.
+    assert not [k for k, v in samples(text).items() if k[0] == "rdma_exporter_file_read_errors_total" and v]
+
+
+def test_uverbs_of_another_device_is_not_this_ones(tmp_path: Path) -> None:
+    where = tmp_path / "infiniband_verbs"
+    (where / "uverbs0").mkdir(parents=True)
+    (where / "uverbs0" / "ibdev").write_text("mlx5_1\n")
+    (where / "abi_version").write_text("6\n")  # the class's own file: no device
+    found = read_user_verbs(str(where), "mlx5_0", SysfsReader("mlx5_0"), {})
+    assert found.present is False
+    assert read_user_verbs(str(where), "mlx5_1", SysfsReader("mlx5_1"), {}).present is True
+
+
+def test_a_listing_that_fails_tells_nothing_and_is_counted(tmp_path: Path) -> None:
+    loop = tmp_path / "infiniband_verbs"
+    loop.symlink_to(loop)  # ELOOP: neither absent nor a listing
+    errors = ReadErrors()
+    assert read_user_verbs(str(loop), "mlx5_0", SysfsReader("mlx5_0", errors), {}).present is None
+    assert errors.total() == 1
+
+
+@pytest.mark.parametrize("broken", ["unreadable", "empty"])
+def test_an_entry_that_cannot_be_read_leaves_the_answer_unknown_unless_another_matches(
+    tmp_path: Path, broken: str
+) -> None:
+    where = tmp_path / "infiniband_verbs"
+    if broken == "unreadable":
+        (where / "uverbs0" / "ibdev").mkdir(parents=True)  # EISDIR on read
+    else:
+        (where / "uverbs0").mkdir(parents=True)
+        (where / "uverbs0" / "ibdev").write_text("\n")
+    errors = ReadErrors()
+    assert read_user_verbs(str(where), "mlx5_0", SysfsReader("mlx5_0", errors), {}).present is None
+    assert errors.total() == 1
+    # It may be this device's, so no 0; but a second entry naming the device settles it.
+    (where / "uverbs1").mkdir()
+    (where / "uverbs1" / "ibdev").write_text("mlx5_0\n")
+    assert read_user_verbs(str(where), "mlx5_0", SysfsReader("mlx5_0", ReadErrors()), {}).present is True
+
+
+def test_a_device_outside_the_sysfs_root_has_no_place_to_look(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    elsewhere = tmp_path / "elsewhere" / "pci" / "infiniband" / "mlx5_0"
+    elsewhere.mkdir(parents=True)
+    (root / "class" / "infiniband").mkdir(parents=True)
+    (root / "class" / "infiniband" / "mlx5_0").symlink_to(elsewhere)
+    assert user_verbs_dir(root, "mlx5_0") is None
+
+
+def test_ibdev_is_read_once_per_entry_and_again_when_the_entry_is_recreated(tmp_path: Path) -> None:
+    where = tmp_path / "infiniband_verbs"
+    (where / "uverbs0").mkdir(parents=True)
+    (where / "uverbs0" / "ibdev").write_text("mlx5_0\n")
+    first = read_user_verbs(str(where), "mlx5_0", SysfsReader("mlx5_0"), {})
+    assert first.present is True
+    # Kept by inode: a changed file under the same entry is not read again...
+    (where / "uverbs0" / "ibdev").write_text("mlx5_9\n")
+    assert read_user_verbs(str(where), "mlx5_0", SysfsReader("mlx5_0"), first.names).present is True
+    # ...but an entry re-created (a driver reload: a new kernfs node) is, though its name is the same.
+    (where / "new").mkdir()  # made while the old one exists, so that it cannot get the old inode
+    (where / "new" / "ibdev").write_text("mlx5_9\n")
+    shutil.rmtree(where / "uverbs0")
+    (where / "new").rename(where / "uverbs0")
+    assert read_user_verbs(str(where), "mlx5_0", SysfsReader("mlx5_0"), first.names).present is False
+
+
+def test_running_collector_sees_ib_uverbs_unloaded_and_loaded_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without udev (rescan mode) the device's static info stays cached for minutes; ib_uverbs going away
+    # changes no RDMA device, so the next scrape must tell from its own listing, not from that cache.
+    root = build_tree(tmp_path / "tree", SAMPLE_SPEC)
+    collector = build_collector(replace(Config(), sysfs=root))
+    assert set(exported(gather(collector)).values()) == {1}
+    function = (root / "class" / "infiniband" / "mlx5_2" / "device").resolve()
+    parked = tmp_path / "parked"
+    (function / "infiniband_verbs").rename(parked)
+    values = exported(gather(collector))
+    assert values["mlx5_2"] == 0 and values["mlx5_1"] == 1
+    (parked).rename(function / "infiniband_verbs")
+    opened = record_reads(monkeypatch)
+    assert exported(gather(collector))["mlx5_2"] == 1
+    # Its ibdev is read again (the entry is new to the reader), the other devices' are not.
+    assert [p for p in opened if p.endswith("/ibdev")] == [str(function / "infiniband_verbs" / "uverbs2" / "ibdev")]
