@@ -92,6 +92,7 @@ STATE_ALERTS = {
     "RdmaExporterCollectorFailing",
     "RdmaRoceEcnDisabled",
     "RdmaRocePfcDisabled",
+    "RdmaDeviceUserVerbsMissing",
     # Exactly one drop: the description says "once" (the extrapolated count reads 1 to about 1.6,
     # which would print as 2).
     "RdmaPortLinkDowned",
@@ -377,7 +378,7 @@ def test_every_day_of_history_is_read_with_the_last_minutes_of_its_source() -> N
             assert match and match.group(1) in ten_minutes, rule
             assert rule["record"] == f"{match.group(1)}_max1d"
             day[rule["record"]] = ten_minutes[match.group(1)]
-    assert len(ten_minutes) == 10 and len(day) == 10
+    assert len(ten_minutes) == 11 and len(day) == 11
     problems = []
     # The rules' expressions and the queries of their annotations (run each time a firing alert is
     # evaluated); a subquery's range counts as a window too.
