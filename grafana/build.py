@@ -1501,16 +1501,24 @@ def node_detail() -> Json:
         (row("Device"), 24, 1),
         (table(
             "Devices",
-            "Identity of each RDMA device: HCA type, board, firmware, GUIDs, PCI address, driver and NUMA node "
-            "(the value). Compare firmware across a fleet before blaming a cable.",
+            "Identity of each RDMA device: HCA type, board, firmware, GUIDs, PCI address, driver, NUMA node, "
+            "and whether verbs applications can open it (user verbs: its /dev/infiniband/uverbsN from "
+            "ib_uverbs; without it NCCL falls back to TCP sockets). Compare firmware across a fleet before "
+            "blaming a cable.",
             "none",
-            # Two queries merged, not a join: a device without a NUMA node (-1: single-socket hosts, VMs)
-            # has no rdma_device_numa_node and must still be listed.
-            # `max without ()` drops __name__, which differs between the two and would keep their rows apart.
+            # Queries merged, not a join: a device without a NUMA node (-1: single-socket hosts, VMs) has no
+            # rdma_device_numa_node and must still be listed.
+            # `max without ()` drops __name__, which differs between them and would keep their rows apart.
             targets((f"max without () ({sel('rdma_device_info', DEVICE)})", ""),
-                    (f"max without () ({sel('rdma_device_numa_node', DEVICE)})", ""), instant=True, table=True),
-            rename={"Value #B": "NUMA node"},
+                    (f"max without () ({sel('rdma_device_numa_node', DEVICE)})", ""),
+                    (f"max without () ({sel('rdma_device_user_verbs', DEVICE)})", ""), instant=True, table=True),
+            rename={"Value #B": "NUMA node", "Value #C": "User verbs"},
             hide=("cluster", "Value #A"),
+            overrides=[{"matcher": {"id": "byName", "options": "User verbs"},
+                        "properties": [{"id": "mappings", "value": [
+                                           *value_mappings({0: ("none", CRITICAL), 1: ("yes", OK)}), BLANK_UNCOLOURED]},
+                                       {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
+            alerts=["RdmaDeviceUserVerbsMissing"],
         ), 14, 7),
         (table(
             "Ports",
