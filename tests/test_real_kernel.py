@@ -147,6 +147,7 @@ def test_exporter_agrees_with_the_kernel_files(vm: VmResult, step: str) -> None:
     assert value(found, "rdma_port_rate_bytes_per_second") == gbps * 1e9 / 8, kernel
     # Loaded for ibv_rc_pingpong (tests/vm/harness.py), so this is 1 where the kernel says so.
     assert value(found, "rdma_device_user_verbs", (("device", "rxe0"),)) == kernel["user_verbs"] == 1, kernel
+    assert value(found, "rdma_user_verbs_loaded", ()) == kernel["user_verbs_loaded"] == 1, kernel
 
 
 @pytest.mark.parametrize("step", STEPS)

@@ -40,6 +40,7 @@ def kernel_view() -> dict[str, object]:
     view["gid_types"] = gid_types
     # Whether ib_uverbs gave rxe0 a character device, as libibverbs finds it.
     verbs = Path("/sys/class/infiniband_verbs")
+    view["user_verbs_loaded"] = verbs.is_dir()
     view["user_verbs"] = verbs.is_dir() and any(
         (entry / "ibdev").read_text().strip() == "rxe0" for entry in verbs.glob("uverbs*")
     )

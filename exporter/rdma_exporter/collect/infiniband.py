@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Final, Literal
 
@@ -72,6 +73,15 @@ DEVICE_USER_VERBS: Final = MetricSpec(
     "through which NCCL, MPI and every other verbs application opens it; 0 if it has none: ib_uverbs is not "
     "loaded, or did not take the device. Absent while that cannot be told (a failed read, counted).",
     DEVICE,
+)
+USER_VERBS_LOADED: Final = MetricSpec(
+    "rdma_user_verbs_loaded",
+    "gauge",
+    "1 if the ib_uverbs module is loaded (its class directory /sys/class/infiniband_verbs exists), 0 if not. "
+    "Without it no device has user verbs until something loads it: the kernel does on the first request of a "
+    "verbs application (libibverbs asks for each device's uverbs over netlink), unless the module is "
+    "blacklisted or missing. Absent without RDMA devices, or while no device's read could tell.",
+    (),
 )
 PORT_INFO: Final = MetricSpec(
     "rdma_port_info",
@@ -483,6 +493,7 @@ class InfinibandSource:
         DEVICE_NUMVFS,
         DEVICE_LIFESPAN,
         DEVICE_USER_VERBS,
+        USER_VERBS_LOADED,
         PORT_INFO,
         PORT_STATE_ID,
         PORT_STATE,
@@ -502,22 +513,34 @@ class InfinibandSource:
     dynamic_specs: tuple[DynamicMetricSpec, ...] = HW_COUNTER_DYNAMIC
 
     def __init__(self) -> None:
-        # The `ibdev` of each uverbs entry seen, per directory (read_user_verbs), so that a steady scrape
-        # only lists it. Replaced per directory by each read; directories no device names go in expose.
-        self._verbs_names: dict[str, dict[VerbsEntry, str]] = {}
+        # Per device name, the `ibdev` of each uverbs entry its last read listed, per directory
+        # (read_user_verbs), so that a steady scrape only lists them. Per device, not per directory: a
+        # device renamed in place (`rdma dev set ... name`) keeps its entry, whose `ibdev` the kernel prints
+        # anew, and a new name must read it again. Reads run on reader threads, possibly while expose
+        # prunes the names of devices gone (a read past its deadline): hence the lock.
+        self._verbs_names: dict[str, dict[str, dict[VerbsEntry, str]]] = {}
+        self._verbs_lock = threading.Lock()
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> DeviceSnapshot:
         snapshot = read_device_snapshot(ctx.sys_root, device, reader)
         where = device.user_verbs_dir
         if where is not None:
-            found = read_user_verbs(where, device.name, reader, self._verbs_names.get(where, {}))
-            self._verbs_names[where] = found.names
+            with self._verbs_lock:
+                known = self._verbs_names.get(device.name, {})
+            found = read_user_verbs(where, ctx.sys_root, device.name, reader, known)
+            if found.listings:
+                with self._verbs_lock:
+                    self._verbs_names[device.name] = {d: found_in.names or {} for d, found_in in found.listings.items()}
             snapshot.user_verbs = found.present
+            snapshot.user_verbs_loaded = found.module_loaded
         return snapshot
 
     def expose(self, results: Mapping[str, DeviceSnapshot], out: FamilySet) -> None:
-        dirs = {snapshot.info.user_verbs_dir for snapshot in results.values()}
-        if any(where not in dirs for where in self._verbs_names):
-            self._verbs_names = {where: names for where, names in self._verbs_names.items() if where in dirs}
+        with self._verbs_lock:
+            if any(name not in results for name in self._verbs_names):
+                self._verbs_names = {n: names for n, names in self._verbs_names.items() if n in results}
         for name in sorted(results):
             expose_device(results[name], out)
+        loaded = [s.user_verbs_loaded for s in results.values() if s.user_verbs_loaded is not None]
+        if loaded:
+            out.add(USER_VERBS_LOADED, (), 1 if any(loaded) else 0)

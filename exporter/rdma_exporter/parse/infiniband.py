@@ -427,6 +427,7 @@ class DeviceSnapshot:
     ports: list[PortSnapshot] = field(default_factory=list)
     hw_counters: dict[str, int] = field(default_factory=dict)
     user_verbs: bool | None = None  # None: not read, or could not be told (verbs.read_user_verbs)
+    user_verbs_loaded: bool | None = None  # whether ib_uverbs is loaded, as the same read found it
 
 
 def list_devices(sys_root: Path, reader: SysfsReader) -> list[str]:

@@ -43,46 +43,80 @@ def user_verbs_dir(sys_root: Path, device: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class UserVerbs:
-    """One scrape's answer for a device: `present` is None when it cannot be known (a listing or an `ibdev`
-    read failed). `names` is the `ibdev` of every entry listed, kept so the next read need not open them."""
+class VerbsListing:
+    """The uverbs entries of one directory and the RDMA device each `ibdev` names. `names` is None when
+    the directory does not exist; `complete` is False when an entry's `ibdev` could not be read."""
 
-    present: bool | None
-    names: dict[VerbsEntry, str] = field(default_factory=dict)
+    names: dict[VerbsEntry, str] | None
+    complete: bool = True
 
 
-def read_user_verbs(
-    verbs_dir: str, device: str, reader: SysfsReader, known: Mapping[VerbsEntry, str]
-) -> UserVerbs:
-    """Whether `device` has a `uverbsN` in `verbs_dir`. Each entry's `ibdev` is read once per inode:
-    `known` holds what earlier reads found, so a steady scrape only lists the directory."""
-    reader.at = verbs_dir
+def list_user_verbs(directory: str, reader: SysfsReader, known: Mapping[VerbsEntry, str]) -> VerbsListing | None:
+    """Every uverbsN of `directory` with the device it names; None when the listing failed (counted).
+    Each entry's `ibdev` is read once per inode: `known` holds what earlier listings found."""
+    reader.at = directory
     try:
-        with os.scandir(verbs_dir) as listing:
+        with os.scandir(directory) as listing:
             entries = [(e.name, e.inode()) for e in listing if _UVERBS.fullmatch(e.name)]
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return UserVerbs(False)  # no ib_uverbs, or none of its devices under this parent
-        reader.fail(reason_for_errno(exc.errno), verbs_dir, exc.strerror or str(exc))
-        return UserVerbs(None)
+            return VerbsListing(None)
+        reader.fail(reason_for_errno(exc.errno), directory, exc.strerror or str(exc))
+        return None
     names: dict[VerbsEntry, str] = {}
-    unknown = False
+    complete = True
     # Not through the device's kept files: this is read once per entry, not every scrape.
     once = SysfsReader(reader.device, reader.errors)
     for entry in entries:
         name = known.get(entry)
         if name is None:
-            path = os.path.join(verbs_dir, entry[0], "ibdev")
+            path = os.path.join(directory, entry[0], "ibdev")
             reader.at = path
             name = once.text(path)
             if name is None:  # unreadable (counted), or gone since the listing: this scrape cannot tell
-                unknown = True
+                complete = False
                 continue
             if not name:
                 once.fail(REASON_MALFORMED, path, "empty: names no RDMA device")
-                unknown = True
+                complete = False
                 continue
         names[entry] = name
-        if name == device:
-            return UserVerbs(True, names)
-    return UserVerbs(None if unknown else False, names)
+    return VerbsListing(names, complete)
+
+
+@dataclass(frozen=True, slots=True)
+class UserVerbs:
+    """One scrape's answer for a device. `present`: whether it has a uverbsN; `module_loaded`: whether
+    ib_uverbs is loaded at all (its class directory exists). Either is None when it cannot be told (a
+    listing or an `ibdev` read failed). `listings`: each directory read, for the next scrape's `known`."""
+
+    present: bool | None
+    module_loaded: bool | None
+    listings: dict[str, VerbsListing] = field(default_factory=dict)
+
+
+def read_user_verbs(
+    verbs_dir: str, sys_root: Path, device: str, reader: SysfsReader, known: Mapping[str, Mapping[VerbsEntry, str]]
+) -> UserVerbs:
+    """Whether `device` has a uverbsN: beside it first (one listing a scrape in the common case), then in
+    ib_uverbs' class directory, which libibverbs scans and which also holds the entries whose parent has
+    no infiniband_verbs/ (siw on loopback, kernels 5.3 to 5.17, registers uverbsN straight under
+    devices/virtual/net/lo). That class directory exists exactly while ib_uverbs is loaded."""
+    own = list_user_verbs(verbs_dir, reader, known.get(verbs_dir, {}))
+    if own is None:
+        return UserVerbs(None, None)
+    listings = {verbs_dir: own}
+    if own.names and device in own.names.values():
+        return UserVerbs(True, True, listings)
+    class_dir = os.path.join(os.fspath(sys_root), "class", "infiniband_verbs")
+    every = own
+    if os.path.realpath(class_dir) != verbs_dir:  # on plain fixture trees they are one
+        found = list_user_verbs(class_dir, reader, known.get(class_dir, {}))
+        if found is None:
+            return UserVerbs(None, None, listings)
+        every = listings[class_dir] = found
+    if every.names is None:
+        return UserVerbs(False, False, listings)
+    if device in every.names.values():
+        return UserVerbs(True, True, listings)
+    return UserVerbs(False if own.complete and every.complete else None, True, listings)
