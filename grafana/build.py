@@ -1503,8 +1503,9 @@ def node_detail() -> Json:
             "Devices",
             "Identity of each RDMA device: HCA type, board, firmware, GUIDs, PCI address, driver, NUMA node, "
             "and whether verbs applications can open it (user verbs: its /dev/infiniband/uverbsN from "
-            "ib_uverbs; without it NCCL falls back to TCP sockets). Compare firmware across a fleet before "
-            "blaming a cable.",
+            "ib_uverbs; without it NCCL falls back to TCP sockets). \"none\" is a fault only where "
+            "RdmaDeviceUserVerbsMissing says so: a node that never loads ib_uverbs, or an SMI sub device, "
+            "has none by design. Compare firmware across a fleet before blaming a cable.",
             "none",
             # Queries merged, not a join: a device without a NUMA node (-1: single-socket hosts, VMs) has no
             # rdma_device_numa_node and must still be listed.
@@ -1516,7 +1517,7 @@ def node_detail() -> Json:
             hide=("cluster", "Value #A"),
             overrides=[{"matcher": {"id": "byName", "options": "User verbs"},
                         "properties": [{"id": "mappings", "value": [
-                                           *value_mappings({0: ("none", CRITICAL), 1: ("yes", OK)}), BLANK_UNCOLOURED]},
+                                           *value_mappings({0: ("none", WARNING), 1: ("yes", OK)}), BLANK_UNCOLOURED]},
                                        {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
             alerts=["RdmaDeviceUserVerbsMissing"],
         ), 14, 7),
