@@ -1519,7 +1519,7 @@ def node_detail() -> Json:
                         "properties": [{"id": "mappings", "value": [
                                            *value_mappings({0: ("none", WARNING), 1: ("yes", OK)}), BLANK_UNCOLOURED]},
                                        {"id": "custom.cellOptions", "value": {"type": "color-background"}}]}],
-            alerts=["RdmaDeviceUserVerbsMissing"],
+            alerts=["RdmaDeviceUserVerbsMissing", "RdmaUserVerbsNotLoaded"],
         ), 14, 7),
         (table(
             "Ports",
