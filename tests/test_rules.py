@@ -78,7 +78,10 @@ NOT_ON_SAMPLE_TREE = {
     "rdma_exporter_device_read_blocked_seconds",
 }
 # Alerts about a node whose expressions read device metrics but keep no device label.
-PER_NODE_ALERTS = {"RdmaDeviceFirmwareMismatch"}  # one ticket per node and board, its devices in the text
+PER_NODE_ALERTS = {
+    "RdmaDeviceFirmwareMismatch",  # one ticket per node and board, its devices in the text
+    "RdmaUserVerbsNotLoaded",  # a module of the node, not of a device
+}
 # Alerts on a state rather than a quantity: their value is 1 and the description names the state.
 STATE_ALERTS = {
     "RdmaPortDown",
@@ -93,6 +96,7 @@ STATE_ALERTS = {
     "RdmaRoceEcnDisabled",
     "RdmaRocePfcDisabled",
     "RdmaDeviceUserVerbsMissing",
+    "RdmaUserVerbsNotLoaded",
     # Exactly one drop: the description says "once" (the extrapolated count reads 1 to about 1.6,
     # which would print as 2).
     "RdmaPortLinkDowned",
