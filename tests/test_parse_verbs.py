@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from rdma_exporter.collect.engine import RdmaCollector
 from rdma_exporter.config import Config
 from rdma_exporter.daemon import build_collector
 from rdma_exporter.parse.reader import ReadErrors, SysfsReader
-from rdma_exporter.parse.verbs import list_user_verbs, read_user_verbs, user_verbs_dir
+from rdma_exporter.parse.verbs import list_user_verbs, read_user_verbs, user_verbs_dirs
 from rdma_exporter.sample_tree import SAMPLE_SPEC, build_tree
 
-from conftest import SYSFS_FIXTURES, record_reads, samples, symlink
+from conftest import SYSFS_FIXTURES, record_reads, samples, scrape, symlink
 
 USER_VERBS = "rdma_device_user_verbs"
 
@@ -24,17 +25,18 @@ def exported(families_text: str) -> dict[str, float]:
     return {dict(labels)["device"]: v for (name, labels), v in samples(families_text).items() if name == USER_VERBS}
 
 
-def gather(collector: object) -> str:
-    return collector.gather().render_text().decode()  # type: ignore[attr-defined]
+def gather(collector: RdmaCollector) -> str:
+    return collector.gather().render_text().decode()
 
 
 def test_soft_roce_device_finds_its_uverbs_among_the_virtual_devices() -> None:
     # The real capture: rxe0 has no parent, so ib_uverbs puts uverbs0 under devices/virtual too.
     root = SYSFS_FIXTURES / "debian-6.1-rxe" / "sys"
-    where = user_verbs_dir(root, "rxe0")
+    dirs = user_verbs_dirs(root, "rxe0")
+    where = dirs[0]
     assert where == os.path.realpath(root / "devices" / "virtual" / "infiniband_verbs")
     errors = ReadErrors()
-    found = read_user_verbs(where, root, "rxe0", SysfsReader("rxe0", errors), {})
+    found = read_user_verbs(dirs, "rxe0", SysfsReader("rxe0", errors), {})
     assert (found.present, found.module_loaded) == (True, True)
     entry = ("uverbs0", os.stat(Path(where) / "uverbs0").st_ino)
     assert [listing.names for listing in found.listings.values()] == [{entry: "rxe0"}]
@@ -43,20 +45,16 @@ def test_soft_roce_device_finds_its_uverbs_among_the_virtual_devices() -> None:
 
 def test_card_finds_its_uverbs_under_its_pci_function(tmp_path: Path) -> None:
     root = build_tree(tmp_path / "tree", SAMPLE_SPEC)
-    where = user_verbs_dir(root, "mlx5_3")
-    assert where is not None
-    assert Path(where).parent == (root / "class" / "infiniband" / "mlx5_3" / "device").resolve()
-    assert read_user_verbs(where, root, "mlx5_3", SysfsReader("mlx5_3"), {}).present is True
+    dirs = user_verbs_dirs(root, "mlx5_3")
+    assert dirs
+    assert Path(dirs[0]).parent == (root / "class" / "infiniband" / "mlx5_3" / "device").resolve()
+    assert read_user_verbs(dirs, "mlx5_3", SysfsReader("mlx5_3"), {}).present is True
 
 
 def test_plain_class_directories_and_a_device_ib_uverbs_did_not_take() -> None:
     root = SYSFS_FIXTURES / "built-multi-driver" / "sys"
-    values = exported(scrape_once(root))
+    values = exported(scrape(root))
     assert values == {"bnxt_re0": 1, "bnxt_re1": 1, "efa_0": 1, "irdma0": 1, "quirks0": 0}
-
-
-def scrape_once(root: Path) -> str:
-    return gather(build_collector(replace(Config(), sysfs=root)))
 
 
 def test_no_ib_uverbs_means_zero_for_every_device(tmp_path: Path) -> None:
@@ -64,7 +62,7 @@ def test_no_ib_uverbs_means_zero_for_every_device(tmp_path: Path) -> None:
     shutil.rmtree(root / "class" / "infiniband_verbs")
     for function in (root / "devices").rglob("infiniband_verbs"):
         shutil.rmtree(function)
-    text = scrape_once(root)
+    text = scrape(root)
     values = exported(text)
     assert len(values) == 10 and set(values.values()) == {0}
     # Absence is the answer, not a failed read.
@@ -76,16 +74,16 @@ def test_uverbs_of_another_device_is_not_this_ones(tmp_path: Path) -> None:
     (where / "uverbs0").mkdir(parents=True)
     (where / "uverbs0" / "ibdev").write_text("mlx5_1\n")
     (where / "abi_version").write_text("6\n")  # the class's own file: no device
-    found = read_user_verbs(str(where), tmp_path, "mlx5_0", SysfsReader("mlx5_0"), {})
+    found = read_user_verbs((str(where),), "mlx5_0", SysfsReader("mlx5_0"), {})
     assert (found.present, found.module_loaded) == (False, True)
-    assert read_user_verbs(str(where), tmp_path, "mlx5_1", SysfsReader("mlx5_1"), {}).present is True
+    assert read_user_verbs((str(where),), "mlx5_1", SysfsReader("mlx5_1"), {}).present is True
 
 
 def test_a_listing_that_fails_tells_nothing_and_is_counted(tmp_path: Path) -> None:
     loop = tmp_path / "infiniband_verbs"
     loop.symlink_to(loop)  # ELOOP: neither absent nor a listing
     errors = ReadErrors()
-    found = read_user_verbs(str(loop), tmp_path, "mlx5_0", SysfsReader("mlx5_0", errors), {})
+    found = read_user_verbs((str(loop),), "mlx5_0", SysfsReader("mlx5_0", errors), {})
     assert (found.present, found.module_loaded) == (None, None)
     assert errors.total() == 1
 
@@ -101,12 +99,12 @@ def test_an_entry_that_cannot_be_read_leaves_the_answer_unknown_unless_another_m
         (where / "uverbs0").mkdir(parents=True)
         (where / "uverbs0" / "ibdev").write_text("\n")
     errors = ReadErrors()
-    assert read_user_verbs(str(where), tmp_path, "mlx5_0", SysfsReader("mlx5_0", errors), {}).present is None
+    assert read_user_verbs((str(where),), "mlx5_0", SysfsReader("mlx5_0", errors), {}).present is None
     assert errors.total() == 1
     # It may be this device's, so no 0; but a second entry naming the device settles it.
     (where / "uverbs1").mkdir()
     (where / "uverbs1" / "ibdev").write_text("mlx5_0\n")
-    assert read_user_verbs(str(where), tmp_path, "mlx5_0", SysfsReader("mlx5_0", ReadErrors()), {}).present is True
+    assert read_user_verbs((str(where),), "mlx5_0", SysfsReader("mlx5_0", ReadErrors()), {}).present is True
 
 
 def test_a_device_outside_the_sysfs_root_has_no_place_to_look(tmp_path: Path) -> None:
@@ -115,7 +113,7 @@ def test_a_device_outside_the_sysfs_root_has_no_place_to_look(tmp_path: Path) ->
     elsewhere.mkdir(parents=True)
     (root / "class" / "infiniband").mkdir(parents=True)
     (root / "class" / "infiniband" / "mlx5_0").symlink_to(elsewhere)
-    assert user_verbs_dir(root, "mlx5_0") is None
+    assert user_verbs_dirs(root, "mlx5_0") == ()
 
 
 def test_ibdev_is_read_once_per_entry_and_again_when_the_entry_is_recreated(tmp_path: Path) -> None:
@@ -150,9 +148,9 @@ def test_uverbs_of_siw_on_loopback_are_found_in_the_class_directory(tmp_path: Pa
     (lo / "uverbs0" / "ibdev").write_text("siw0\n")
     symlink(root, "class/infiniband/siw0", "devices/virtual/net/lo/infiniband/siw0")
     symlink(root, "class/infiniband_verbs/uverbs0", "devices/virtual/net/lo/uverbs0")
-    where = user_verbs_dir(root, "siw0")
-    assert where is not None and not os.path.exists(where)
-    found = read_user_verbs(where, root, "siw0", SysfsReader("siw0"), {})
+    dirs = user_verbs_dirs(root, "siw0")
+    assert len(dirs) == 2 and not os.path.exists(dirs[0])
+    found = read_user_verbs(dirs, "siw0", SysfsReader("siw0"), {})
     assert (found.present, found.module_loaded) == (True, True)
 
 

@@ -523,11 +523,10 @@ class InfinibandSource:
 
     def read(self, ctx: ScrapeContext, device: DeviceInfo, reader: SysfsReader) -> DeviceSnapshot:
         snapshot = read_device_snapshot(ctx.sys_root, device, reader)
-        where = device.user_verbs_dir
-        if where is not None:
+        if device.user_verbs_dirs:
             with self._verbs_lock:
                 known = self._verbs_names.get(device.name, {})
-            found = read_user_verbs(where, ctx.sys_root, device.name, reader, known)
+            found = read_user_verbs(device.user_verbs_dirs, device.name, reader, known)
             if found.listings:
                 with self._verbs_lock:
                     self._verbs_names[device.name] = {d: found_in.names or {} for d, found_in in found.listings.items()}

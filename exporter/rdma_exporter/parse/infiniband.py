@@ -46,7 +46,7 @@ from .reader import (
     parse_entry_number,
     pci_function,
 )
-from .verbs import user_verbs_dir
+from .verbs import user_verbs_dirs
 
 CLASS_DIR: Final = Path("class") / "infiniband"
 
@@ -341,7 +341,7 @@ class DeviceInfo:
     netdevs: tuple[NetdevIdentity, ...] = ()  # the ports' netdevs and bond slaves that existed
     pcie: PcieIdentity | None = None
     hwmon: HwmonIdentity | None = None  # its PCI functions' temperature sensors and their thresholds
-    user_verbs_dir: str | None = None  # where ib_uverbs registers its uverbsN (verbs.user_verbs_dir)
+    user_verbs_dirs: tuple[str, ...] = ()  # where to look for its uverbsN (verbs.user_verbs_dirs)
 
     def netdev(self, name: str) -> NetdevIdentity | None:
         return next((n for n in self.netdevs if n.name == name), None)
@@ -653,7 +653,7 @@ def read_device_info(sys_root: Path, name: str, reader: SysfsReader) -> DeviceIn
         netdevs=netdevs,
         pcie=read_pcie_identity(pci_dir, reader) if pci_dir is not None else None,
         hwmon=read_hwmon_identity(_port_functions(sys_root, pci_dir, netdevs, reader), reader) if pci_dir else None,
-        user_verbs_dir=user_verbs_dir(sys_root, name),
+        user_verbs_dirs=user_verbs_dirs(sys_root, name),
     )
 
 

@@ -28,18 +28,24 @@ _UVERBS: Final = re.compile(r"uverbs[0-9]+")
 VerbsEntry = tuple[str, int]
 
 
-def user_verbs_dir(sys_root: Path, device: str) -> str | None:
-    """Where ib_uverbs puts the device's `uverbsN`: beside its `infiniband/` directory, under the same parent.
+def user_verbs_dirs(sys_root: Path, device: str) -> tuple[str, ...]:
+    """Where to look for the device's `uverbsN`, in order, resolved once with its static info.
 
-    On a fixture tree whose class/infiniband entries are plain directories that is class/infiniband_verbs.
-    None when the device's directory resolves outside the sysfs root (a link into another tree).
+    First beside its `infiniband/` directory, under the same parent, where ib_uverbs registers it; then
+    ib_uverbs' class directory, which libibverbs scans and which also holds the entries whose parent has
+    no infiniband_verbs/ (siw on loopback, kernels 5.3 to 5.17, registers uverbsN straight under
+    devices/virtual/net/lo). One directory where the two are the same (a fixture tree whose class/infiniband
+    entries are plain directories). None at all when the device's directory resolves outside the sysfs
+    root (a link into another tree).
     """
     root = os.path.realpath(sys_root)
     device_dir = os.path.realpath(sys_root / "class" / "infiniband" / device)
     parent = os.path.dirname(os.path.dirname(device_dir))
     if os.path.commonpath((root, parent)) != root:
-        return None
-    return os.path.join(parent, "infiniband_verbs")
+        return ()
+    beside = os.path.join(parent, "infiniband_verbs")
+    class_dir = os.path.join(root, "class", "infiniband_verbs")
+    return (beside,) if beside == class_dir else (beside, class_dir)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,27 +102,19 @@ class UserVerbs:
 
 
 def read_user_verbs(
-    verbs_dir: str, sys_root: Path, device: str, reader: SysfsReader, known: Mapping[str, Mapping[VerbsEntry, str]]
+    dirs: tuple[str, ...], device: str, reader: SysfsReader, known: Mapping[str, Mapping[VerbsEntry, str]]
 ) -> UserVerbs:
-    """Whether `device` has a uverbsN: beside it first (one listing a scrape in the common case), then in
-    ib_uverbs' class directory, which libibverbs scans and which also holds the entries whose parent has
-    no infiniband_verbs/ (siw on loopback, kernels 5.3 to 5.17, registers uverbsN straight under
-    devices/virtual/net/lo). That class directory exists exactly while ib_uverbs is loaded."""
-    own = list_user_verbs(verbs_dir, reader, known.get(verbs_dir, {}))
-    if own is None:
-        return UserVerbs(None, None)
-    listings = {verbs_dir: own}
-    if own.names and device in own.names.values():
-        return UserVerbs(True, True, listings)
-    class_dir = os.path.join(os.fspath(sys_root), "class", "infiniband_verbs")
-    every = own
-    if os.path.realpath(class_dir) != verbs_dir:  # on plain fixture trees they are one
-        found = list_user_verbs(class_dir, reader, known.get(class_dir, {}))
+    """Whether `device` has a uverbsN, looked for in `dirs` (user_verbs_dirs) in order: one listing a scrape
+    in the common case. The last of them is the class directory, which exists exactly while ib_uverbs is
+    loaded."""
+    listings: dict[str, VerbsListing] = {}
+    for where in dirs:
+        found = list_user_verbs(where, reader, known.get(where, {}))
         if found is None:
             return UserVerbs(None, None, listings)
-        every = listings[class_dir] = found
-    if every.names is None:
+        listings[where] = found
+        if found.names and device in found.names.values():
+            return UserVerbs(True, True, listings)
+    if listings[dirs[-1]].names is None:
         return UserVerbs(False, False, listings)
-    if device in every.names.values():
-        return UserVerbs(True, True, listings)
-    return UserVerbs(False if own.complete and every.complete else None, True, listings)
+    return UserVerbs(False if all(listing.complete for listing in listings.values()) else None, True, listings)
