@@ -214,11 +214,14 @@ def refuse_stat_of(monkeypatch: pytest.MonkeyPatch, refused: Path) -> None:
     monkeypatch.setattr(os, "stat", refusing)
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
-    """Poll `condition` until it holds; fail the test after `timeout` seconds."""
+def wait_until(
+    condition: Callable[[], object], timeout: float = 5.0, *, explain: Callable[[], str] | None = None
+) -> None:
+    """Poll `condition` until it holds; fail the test after `timeout` seconds, with what `explain` says
+    then (a daemon's log) in the message."""
     end = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < end, "condition not reached in time"
+        assert time.monotonic() < end, "condition not reached in time" + (f"\n{explain()}" if explain else "")
         time.sleep(0.02)
 
 
