@@ -739,9 +739,9 @@ BOND_SLAVE_WITHOUT_CARRIER = "instance_device_port:rdma_netdev_bond_slave_withou
 NOT_ACTIVE_BACKUP = 'mode!="active-backup"'
 BELOW_PEERS = (
     'label_replace(label_replace(\n'
-    '  max without (board_id, link_layer) (\n'
+    '  max without (board_id, pci_function, link_layer) (\n'
     f'    {sel("instance_device_port:rdma_port_rate_bytes_per_second:active_board", DEVICE)}\n'
-    '      / on (cluster, job, instance, board_id, link_layer, port) group_left ()\n'
+    '      / on (cluster, job, instance, board_id, pci_function, link_layer, port) group_left ()\n'
     f'    {sel("instance_board_port:rdma_port_rate_bytes_per_second:active_median", NODE)} < 1\n'
     '  )\n'
     f'    unless {ON_PORT} {sel("rdma_expected_port_rate_bytes_per_second", DEVICE)}\n'
