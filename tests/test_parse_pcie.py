@@ -218,10 +218,13 @@ def test_unknown_link_is_a_state_not_a_failed_read(tmp_path: Path, link: dict[st
 @pytest.mark.parametrize(("max_width", "all_ones"), [("63\n", True), ("0\n", False), ("255\n", False), ("16\n", False)])
 def test_identity_says_when_the_capability_read_all_ones(tmp_path: Path, max_width: str, all_ones: bool) -> None:
     # 63 is a device in reset or gone, worth reading again; 0 (a VF's reserved registers) and 255 are not.
-    pf = function(tmp_path, PF, {"max_link_speed": "32.0 GT/s PCIe\n", "max_link_width": max_width})
+    # Its maximum speed came from the same dead read (LNKCAP2 all ones: the highest speed the kernel
+    # knows, 64.0 GT/s on 6.x), so it is unknown too, not a Gen6 card.
+    pf = function(tmp_path, PF, {"max_link_speed": "64.0 GT/s PCIe\n", "max_link_width": max_width})
     identity = read_pcie_identity(pf, SysfsReader("mlx5_0"))
     assert identity is not None
     assert identity.all_ones is all_ones
+    assert identity.max_speed_gts == (None if all_ones else 64.0)
 
 
 def test_garbage_link_files_are_malformed(tmp_path: Path) -> None:

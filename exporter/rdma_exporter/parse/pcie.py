@@ -230,15 +230,19 @@ def read_pcie_identity(pci_dir: Path, reader: SysfsReader) -> PcieIdentity | Non
     partner_aer = tuple(
         (sev, os.fspath(partner / file)) for sev, file in AER_FILES.items() if exists(partner / file, reader)
     )
+    all_ones = max_width == _ALL_ONES_WIDTH
+    max_speed = _speed(link_dir / "max_link_speed", reader)
     return PcieIdentity(
         address=address,
         link_dir=link_dir,
         link_address=link_address,
         via_physfn=via_physfn,
-        max_speed_gts=_speed(link_dir / "max_link_speed", reader),
+        # Read from the same dead capability as the width: pcie_get_speed_cap() takes the highest speed
+        # its kernel knows from a LNKCAP2 of all ones (64.0 GT/s PCIe on 6.x), not the card's (review).
+        max_speed_gts=None if all_ones else max_speed,
         max_width=_known_width(max_width, max_width_path, reader),
         aer_files=aer_files,
-        all_ones=max_width == _ALL_ONES_WIDTH,
+        all_ones=all_ones,
         partner_max_speed_gts=_speed(partner / "max_link_speed", reader),
         partner_max_width=_width(partner / "max_link_width", reader),
         partner_address=partner.name if partner_aer else "",
