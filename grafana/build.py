@@ -143,10 +143,12 @@ NOT_VF = f"unless {ON_DEVICE} {sel('rdma_device_sriov_virtual_function', DEVICE)
 # whose link_layer read failed has no rdma_port_info and may be the one paging.
 NOT_ETHERNET = f"unless {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
 ETHERNET = f"and {ON_PORT} " + sel("rdma_port_info", PORT, 'link_layer="Ethernet"')
-# Saturated PMA counters as RdmaPortCounterSaturated counts them: not a RoCE port's port_xmit_wait.
+# Saturated PMA counters as RdmaPortCounterSaturated counts them: port_xmit_wait only on an InfiniBand link
+# under 10 Gb/s (on a faster one it fills again within seconds of a clear, in normal work).
 SATURATED_COUNTERS = (
     "sum(\n  " + sel("rdma_port_pma_saturated", PORT, 'counter!="port_xmit_wait"') + "\n    or\n  ("
-    + sel("rdma_port_pma_saturated", PORT, 'counter="port_xmit_wait"') + f" {NOT_ETHERNET})\n)"
+    + sel("rdma_port_pma_saturated", PORT, 'counter="port_xmit_wait"') + f" {NOT_ETHERNET}\n    unless {ON_PORT} "
+    + sel("rdma_port_rate_bytes_per_second", PORT) + " >= 1.25e9)\n)"  # bytes/s: 10 Gb/s
 )
 # Ports down, and ports gone: a port whose HCA fell off the bus (RdmaPortVanished), or an expected port or
 # device that never appeared, has no state left to count, and a node that lost one looked healthy.
@@ -328,12 +330,15 @@ def runbook_links(alerts: Iterable[str]) -> list[Json]:
 
 
 def node_link(field: str, target: str = "node-detail") -> Json:
-    """Data link from a series or row to the `target` dashboard of its instance, keeping the data source, job
-    and cluster chosen here (the dashboard would otherwise open on its own saved ones)."""
+    """Data link from a series or row to the `target` dashboard of its instance, in its cluster, keeping the
+    data source and job chosen here (the dashboard would otherwise open on its own saved ones). The cluster
+    is the clicked one's, not the selection's: node names repeat across clusters, and with All the page
+    summed or overlaid every node of the name (review). Empty for a target without one, which `=~""` matches."""
+    cluster = field.replace(".instance", ".cluster")
     return {
         "title": f"{TITLES[target]} for ${{{field}}}",
         "url": f"/d/{UIDS[target]}/{UIDS[target]}?${{datasource:queryparam}}&${{job:queryparam}}"
-        f"&${{cluster:queryparam}}&var-instance=${{{field}}}&${{__url_time_range}}",
+        f"&var-cluster=${{{cluster}}}&var-instance=${{{field}}}&${{__url_time_range}}",
     }
 
 
@@ -714,10 +719,14 @@ def links_affected(shortfalls: str) -> str:
 
 
 def links_below(*extra: str) -> str:
-    """The record's shortfalls, those of ports' rate and width without SR-IOV VFs."""
-    others = sel(BELOW_EXPECTED, DEVICE, 'problem!~"rate|width"', *extra)
+    """The record's shortfalls, those of ports' rate and width without SR-IOV VFs, and those of ports and
+    netdevs not on a node short of a device expected by name, as their alerts leave them out: a missing HCA
+    renumbers the names after it, so each port is compared with its neighbour's expectation (review)."""
+    others = sel(BELOW_EXPECTED, DEVICE, 'problem!~"rate|width|netdev_speed"', *extra)
     ports = sel(BELOW_EXPECTED, DEVICE, 'problem=~"rate|width"', *extra)
-    return f"{others} or {ports} {NOT_VF}"
+    speeds = sel(BELOW_EXPECTED, DEVICE, 'problem="netdev_speed"', *extra)
+    shifted = f"unless on ({NODE_KEY}) {sel('rdma_expected_device_present', NODE)} == 0"
+    return f"{others} or ({ports} {NOT_VF} or {speeds}) {shifted}"
 
 
 # Ports below the best rate they trained at while ACTIVE in the last day, where no rate is expected:
@@ -811,7 +820,9 @@ def fabric_overview() -> Json:
             "(reference link_max, the warning RdmaPcieLinkDegraded). Below best: ports for which "
             "RdmaPortRateBelowRecentMax (below the best rate of their last day) or RdmaPortRateBelowPeers (below "
             "the ports of the same HCA model on the node) is pending or firing, the pages that need no "
-            "expected topology. The port selector does not apply. The table below lists them.",
+            "expected topology. Ports and netdevs of a node short of a device expected by name are left out, as "
+            "their alerts leave them (the names after it shifted; RdmaExpectedDeviceMissing pages). The port "
+            "selector does not apply. The table below lists them.",
             "none",
             targets((f"count({links_affected(links_below(NOT_LINK_MAX))}) or vector(0)", "expected"),
                     (f"count({links_affected(sel(BELOW_EXPECTED, DEVICE, LINK_MAX))}) or vector(0)", "link_max"),
@@ -897,8 +908,9 @@ def fabric_overview() -> Json:
             "day (reference day_max, RdmaPortRateBelowRecentMax's condition) and the median rate of the ports of "
             "the same HCA model and port number on the node (reference peers, RdmaPortRateBelowPeers' "
             "condition). SR-IOV virtual functions' rate "
-            "and width are left out, as the alerts leave them (a VF reports its PF's link). The port selector "
-            "does not apply. Empty while every link trained as expected.",
+            "and width are left out, as the alerts leave them (a VF reports its PF's link), and the expected rate, "
+            "width and speed of a node short of a device expected by name (RdmaExpectedDeviceMissing). The port "
+            "selector does not apply. Empty while every link trained as expected.",
             "percentunit",
             [target(f"{links_below(NOT_LINK_MAX)}\n  or\n{BELOW_DAY_BEST}\n  or\n{BELOW_PEERS}", instant=True,
                     table=True),
@@ -959,7 +971,7 @@ def fabric_overview() -> Json:
             "The ten InfiniBand ports that spent the largest share of time with data to send but no flow-control "
             "credits (PortXmitWait, 5 minutes): congestion downstream. Colours follow RdmaPortTransmitWaitHigh "
             "(warning above 0.1). Ports whose 32-bit counter is stuck at the maximum are not ranked "
-            "(RdmaPortCounterSaturated).",
+            "(the dashboards' blank; RdmaPortCounterSaturated tickets it on links under 10 Gb/s only).",
             "percentunit",
             f"({sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {NOT_ETHERNET})",
             port_label,
@@ -1243,8 +1255,9 @@ def node_detail() -> Json:
         (stat(
             "Saturated error counters",
             "Fixed-width PMA error counters stuck at their maximum: they no longer count, so alerts on them stay "
-            "silent until reset (perfquery -R). A RoCE port's port_xmit_wait is left out, as the alert leaves it "
-            "(no alert reads it there). Colours follow RdmaPortCounterSaturated (warning at 1).",
+            "silent until reset (perfquery -R). port_xmit_wait counts on InfiniBand links under 10 Gb/s only, as the "
+            "alert counts it: a RoCE port's is not read by any alert, and a faster link fills it again within "
+            "seconds of a clear. Colours follow RdmaPortCounterSaturated (warning at 1).",
             "none",
             targets((SATURATED_COUNTERS, "saturated")),
             steps=thresholds((1, WARNING)),
@@ -1422,15 +1435,19 @@ def node_detail() -> Json:
             "Link drops (IB link_downed; RoCE netdev carrier-down changes and PHY link-down events) and link "
             "error recoveries (successful retrains), as a rate in events per second over Grafana's rate "
             "interval, not a count per bar: one drop is a bump lasting one rate interval, whose height times "
-            "the interval is 1. Carrier changes count on RoCE netdevs only, as the alerts count them (an IPoIB "
-            "interface's carrier also follows `ip link set down`). RdmaPortLinkDowned and RdmaPortLinkFlapping "
+            "the interval is 1. Carrier changes count on RoCE netdevs without PHY link-down events only, as the "
+            "alerts count them (an IPoIB interface's carrier also follows `ip link set down`, and mlx5's "
+            "drops at every channel reopen, `ethtool -G`/`-L` or an MTU change, with the link up). An "
+            "InfiniBand port whose 8-bit link_downed stopped at 255 shows no drop here; the alerts count its "
+            "returns to LinkUp. RdmaPortLinkDowned and RdmaPortLinkFlapping "
             "count drops over the trailing hour (one drop: a ticket; two or more: flapping, a page), as the fabric "
             "overview's link drops do, leaving out those of a RoCE port whose netdevs were set down; "
             "RdmaPortLinkDropsRepeated pages the third drop in about 12 hours, however far apart.",
             "cps",
             targets((rate("rdma_port_link_downed_total"), f"{dp} link downed"),
                     (rate("rdma_port_link_error_recovery_total"), f"{dp} error recovery"),
-                    (f"{rate('rdma_netdev_carrier_down_changes_total')} {ETHERNET}",
+                    (f"{rate('rdma_netdev_carrier_down_changes_total')} {ETHERNET}\n  unless {ON_PORT} "
+                     + sel("rdma_ethtool_link_down_events_total"),
                      "{{instance}} {{netdev}} carrier down"),
                     (rate("rdma_ethtool_link_down_events_total"), "{{instance}} {{netdev}} PHY link down")),
             alerts=["RdmaPortLinkFlapping", "RdmaPortLinkDropsRepeated", "RdmaPortLinkDowned",
@@ -1439,12 +1456,13 @@ def node_detail() -> Json:
         (timeseries(
             "PCIe AER errors",
             "PCIe errors each device's AER capability reported, by error class, and those the port above its "
-            "link reported about what the device sent (\"port above\"; one device a card). Rising correctable "
+            "link reported about what the device sent (\"port above\"; one device a card), as messages (the kernel's "
+            "TOTAL_ERR_* lines, which RdmaPcieUncorrectableErrors counts; one message may carry several error "
+            "types, and kernel 6.16 counts a fatal one without its type). Rising correctable "
             "errors often precede a link that retrains slower or narrower; non-fatal and fatal ones hit traffic "
             "and open a ticket (RdmaPcieUncorrectableErrors).",
             "cps",
-            targets((f"sum by ({NODE_KEY}, device, error_class) ({rate('rdma_pcie_aer_errors_total', DEVICE)})",
-                     "{{instance}} {{device}} {{error_class}}"),
+            targets((rate("rdma_pcie_aer_reports_total", DEVICE), "{{instance}} {{device}} {{error_class}}"),
                     (rate("rdma_pcie_link_partner_aer_reports_total", DEVICE),
                      "{{instance}} {{device}} {{error_class}} (port above)")),
             alerts=["RdmaPcieUncorrectableErrors", "RdmaPcieLinkDegraded"],
@@ -1465,7 +1483,8 @@ def node_detail() -> Json:
             "Credit wait",
             "Share of time each InfiniBand port had data to send but no flow-control credits (5 minutes): "
             "congestion downstream of the port. Colours follow RdmaPortTransmitWaitHigh (warning above 0.1). "
-            "A port missing here has its 32-bit counter stuck at the maximum (RdmaPortCounterSaturated).",
+            "A port missing here has its 32-bit counter stuck at the maximum (rdma_port_pma_saturated; "
+            "RdmaPortCounterSaturated tickets it on links under 10 Gb/s only).",
             "percentunit",
             targets((f"{sel('instance_device_port:rdma_port_transmit_wait:ratio_rate5m')} {NOT_ETHERNET}", dp)),
             steps=thresholds((above(0.1), WARNING)),
@@ -1476,8 +1495,8 @@ def node_detail() -> Json:
             "Receive queue out of buffer",
             "Packets dropped because software had not posted a receive buffer in time: on RDMA receive queues "
             "(hw_counters out_of_buffer, rx_out_of_buffer on mainline bnxt_re) and on a RoCE netdev's RX rings "
-            "(ethtool rx_out_of_buffer). Colours follow RdmaPortOutOfBuffer (warning above 0), which pages "
-            "on either.",
+            "(ethtool rx_out_of_buffer). Colours follow RdmaPortOutOfBuffer (warning above 0), which opens a "
+            "ticket on either.",
             "pps",
             targets((either_rate("rdma_port_hw_out_of_buffer_total", "rdma_port_hw_rx_out_of_buffer_total"), dp),
                     (rate("rdma_ethtool_out_of_buffer_total"), f"{dp} {{{{netdev}}}} RX rings")),
@@ -1716,12 +1735,17 @@ def roce_congestion() -> Json:
         ), 3, 4),
         (stat(
             "Pause storms (10 min)",
-            "Pause-storm events in the last 10 minutes: warning (paused past the storm watermark) and error (the "
-            "NIC stopped sending pause frames; the priority is no longer lossless). Colours follow "
-            "RdmaRocePauseStorm (warning and critical above 0).",
+            "Pause-storm warning events in the last 10 minutes (paused past the storm watermark), and the ports "
+            "in an error storm as RdmaRocePauseStorm pages for them: the NIC stopped sending pause frames (the "
+            "priority is no longer lossless) in the last 10 minutes, or in the last hour while its lossless "
+            "priorities still drop for lack of buffer. Colours follow RdmaRocePauseStorm (warning and critical "
+            "above 0).",
             "none",
             targets((f"sum({increase('rdma_ethtool_pause_storm_warning_events_total', '10m')})", "warning"),
-                    (f"sum({increase('rdma_ethtool_pause_storm_error_events_total', '10m')})", "error")),
+                    (f"count(\n  {increase('rdma_ethtool_pause_storm_error_events_total', '1h')} > 0\n"
+                     f"    and {on_netdev}\n  (\n"
+                     f"    {increase('rdma_ethtool_pause_storm_error_events_total', '10m')} > 0\n      or\n"
+                     f"    {sel(LOSSLESS_DISCARDS)} > 0\n  )\n) or vector(0)", "error")),
             steps=thresholds((EPSILON, WARNING)),
             overrides=[named_thresholds("error", thresholds((EPSILON, CRITICAL)))],
             alerts=["RdmaRocePauseStorm"],
