@@ -1286,6 +1286,30 @@ def test_past_the_pending_bytes_bound_a_worker_finishes_its_own_answer(monkeypat
                 sock.close()
 
 
+def test_past_the_pending_bytes_bound_most_workers_stay_free(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by the daemon review: four hosts' slow readers filled the pending bytes, and a fifth's then held
+    # every worker for the write timeout at a time (Prometheus waited 27 s). Past the bound, a quarter of
+    # the workers write their own answers; the other stalled answers are dropped with their connections.
+    monkeypatch.setattr(httpserver, "MAX_PENDING_BYTES", 0)  # every stalled answer is past the bound
+    with caplog.at_level(logging.WARNING, logger="rdma_exporter.httpserver"), \
+            InProcessServer(big_or_ok, workers=4, write_timeout=60.0) as server:  # fmt: skip
+        stalled = stalled_clients(server.port, 4, sources=[f"127.0.0.{i}" for i in range(2, 6)])
+        try:
+            wait_until(lambda: server.connections() == 1, 20)  # one worker writes; three dropped
+            with timed() as took:
+                assert get(server.port, "/", timeout=30).status == 200
+            assert took[0].wall < 5  # before: after the 60 s write timeout
+            assert "answers wait for slow readers and 1 worker(s) write others" in caplog.text
+            assert server._finishing == 1
+        finally:
+            for sock in stalled:
+                reset(sock)
+        wait_until(lambda: server.connections() == 0, 70)
+        assert server._finishing == 0
+
+
 def test_a_worker_writing_its_own_answer_holds_nothing_the_answer_was_made_from(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

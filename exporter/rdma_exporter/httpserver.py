@@ -264,6 +264,12 @@ MAX_PENDING_BYTES: Final = 32 * 1024 * 1024
 # connections that asked and never read took the whole 32 MiB, then every worker for 30 s at a time, and
 # Prometheus missed scrapes.
 MAX_PENDING_PER_CLIENT: Final = MAX_PENDING_BYTES // 4
+# Past MAX_PENDING_BYTES, at most this share of the workers write their own answers at once; a further
+# answer that does not fit its socket's buffer is dropped with its connection. Four hosts' slow readers
+# filled the pool, and a fifth's then held all 16 workers for the write timeout at a time: Prometheus
+# waited 27 s for a scrape, and a kubelet's /healthz probe failed (daemon review). Prometheus asks for
+# gzip, whose answer fits the buffer at once, so it is not among the dropped.
+FINISHING_WORKERS_SHARE: Final = 4
 # Each accepted socket's kernel send buffer (Linux doubles it for its own overhead). Left to autotuning it
 # grew to tcp_wmem's maximum, 4 MB, for a client that pipelined requests and read nothing: 200 such
 # connections held 839 MB of kernel memory, charged to the exporter's cgroup (security review). Fixed,
@@ -586,6 +592,7 @@ class HttpServer:
         self.failed_handshakes = CountedWarning(log)  # TLS: no or untrusted client certificate, no common version
         self.plain_handshakes = CountedWarning(log)  # TLS ClientHellos sent to this server without TLS
         self.dropped_answers = CountedWarning(log)  # to clients that read none of their earlier answers
+        self.dropped_unsent = CountedWarning(log)  # no room left for slow readers' answers, nor a worker
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.head_timeout = head_timeout
@@ -603,6 +610,8 @@ class HttpServer:
         self._pending_lock = threading.Lock()
         self._pending_bytes = 0  # of every answer left to the loop thread (MAX_PENDING_BYTES)
         self._pending_by_client: Counter[str] = Counter()  # the same by client (MAX_PENDING_PER_CLIENT)
+        self._finishing = 0  # workers writing their own answers past MAX_PENDING_BYTES
+        self._max_finishing = max(1, max(1, workers) // FINISHING_WORKERS_SHARE)
         self._jobs: LastIdleFirst[Job] = LastIdleFirst()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -1151,6 +1160,9 @@ class HttpServer:
                 if handed:
                     self._pending_bytes += outgoing.left
                     self._pending_by_client[conn.client] += outgoing.left
+                finishing = not handed and not over_share and self._finishing < self._max_finishing
+                if finishing:
+                    self._finishing += 1
             deadline = time.monotonic() + self.write_timeout
             if handed:  # the loop thread writes the rest as the client reads
                 conn.pending, conn.pending_bytes, conn.deadline = outgoing, outgoing.left, deadline
@@ -1160,12 +1172,25 @@ class HttpServer:
                 self._log_dropped_answer(conn.peer, held)
                 conn.cut = True
                 return False, response
+            if not finishing:
+                # Room for neither the loop nor another worker: the rest must stay free for Prometheus.
+                self.dropped_unsent.add(
+                    "%d answer(s) dropped with their connection since the last such line: %d bytes of "
+                    "answers wait for slow readers and %d worker(s) write others (the last to %s)",
+                    MAX_PENDING_BYTES, self._max_finishing, conn.peer,
+                )
+                conn.cut = True
+                return False, response
             # Too much is waiting for slow readers already: this worker finishes its own answer, also when
             # the connection closes after it. One deadline for the whole answer: a client reading one byte
             # a second cannot hold a worker. What the body was made from is not needed for that and could
             # be held for the whole write timeout: freed first.
-            response.made_from = None
-            finished = outgoing.finish(sock, deadline)
+            try:
+                response.made_from = None
+                finished = outgoing.finish(sock, deadline)
+            finally:
+                with self._pending_lock:
+                    self._finishing -= 1
             conn.cut = not finished
             return keep and finished, response
         except (OSError, ssl.SSLError):
