@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from rdma_exporter.config import (
     exit_status,
     load_config_file,
 )
+from rdma_exporter.httpserver import ipv6_bind_address
 from rdma_exporter.webconfig import WebConfig
 
 from conftest import SYSFS_FIXTURES, free_port, record_reads, refuse_stat_of, samples, scrape
@@ -94,6 +96,9 @@ def write(tmp_path: Path, text: str) -> Path:
         ("web:\n  listen_address: 'a b:9883'\n", "web.listen_address", "host 'a b' is neither an IP address"),
         ("web:\n  listen_address: '127.0.0.1 :9883'\n", "web.listen_address", "host '127.0.0.1 ' is neither"),
         ("web:\n  listen_address: '[10.0.0.1]:9883'\n", "web.listen_address", "host '[10.0.0.1]' is neither"),
+        # Passed, then every start failed (EINVAL): an IPv6 socket binds IPv6 only (daemon review).
+        ("web:\n  listen_address: '[::ffff:10.0.0.1]:9883'\n", "web.listen_address",
+         "[::ffff:10.0.0.1] is an IPv4 address written as IPv6"),
         ("web:\n  listen_address: '::1:9883'\n", "web.listen_address", "host '::1' is neither"),
         ("web:\n  listen_address: '10.0.0.256:9883'\n", "web.listen_address", "host '10.0.0.256' is neither"),
         # Over 253 characters: no resolver takes it; it passed --check-config and failed to bind (mutation review).
@@ -1166,6 +1171,12 @@ def test_a_message_without_spaces_is_still_one_logfmt_value(message: str) -> Non
 def test_listen_addresses_operators_use_are_accepted(address: str) -> None:
     # Review: underscores, which /etc/hosts and resolvers take, were refused after the host check came in.
     assert check_listen("test.yml", "web.listen_address", address) == address
+
+
+def test_a_link_local_listen_address_keeps_its_scope() -> None:
+    # Daemon review: bound as (host, port), fe80::1%eth0 lost its scope and every start failed with EINVAL.
+    assert ipv6_bind_address("fe80::1%lo", 9883) == ("fe80::1", 9883, 0, socket.if_nametoindex("lo"))
+    assert ipv6_bind_address("::1", 9883) == ("::1", 9883, 0, 0)
 
 
 def test_a_web_config_file_that_fails_names_the_setting_that_named_it(tmp_path: Path) -> None:

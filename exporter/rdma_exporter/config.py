@@ -172,6 +172,10 @@ def check_listen(source: str, key: str, value: Any) -> str:
     # every 5 s): a space, a stray character. A name that does not resolve at boot still fails only there.
     if host and not _listen_host(host):
         raise ConfigError(source, key, f"host {host!r} is neither an IP address ([...] for IPv6) nor a host name")
+    address = ipaddress.ip_address(host[1:-1]) if host.startswith("[") else None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        # An IPv6 socket binds IPv6 only (IPV6_V6ONLY), which no mapped IPv4 address is: every start failed.
+        raise ConfigError(source, key, f"{host} is an IPv4 address written as IPv6: listen on it as IPv4")
     return text
 
 

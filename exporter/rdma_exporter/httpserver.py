@@ -310,6 +310,15 @@ def listen_address(host: str, port: int) -> tuple[socket.AddressFamily, str]:
     return family, str(sockaddr[0])
 
 
+def ipv6_bind_address(host: str, port: int) -> tuple[str, int, int, int]:
+    """The 4-tuple to bind an IPv6 literal to, with the scope of a link-local one (fe80::1%eth0) as its
+    interface's index: bound as (host, port), the scope was dropped and every start failed with EINVAL
+    (daemon review). Numeric only: no resolver is asked."""
+    found = socket.getaddrinfo(host, port, socket.AF_INET6, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    sockaddr = found[0][4]  # AF_INET6: (address, port, flowinfo, scope_id)
+    return str(sockaddr[0]), int(sockaddr[1]), int(sockaddr[2]), int(sockaddr[3])  # type: ignore[misc]
+
+
 def client_of(host: str) -> str:
     """The client a peer address counts as for MAX_COSTLY_PER_CLIENT and MAX_PENDING_PER_CLIENT: the IPv4
     address, or the IPv6 /64 (one host can use a whole /64 of addresses)."""
@@ -568,7 +577,7 @@ class HttpServer:
         if host in ("", "::") and socket.has_dualstack_ipv6():
             self._listener = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
         elif ":" in host:
-            self._listener = socket.create_server((host, port), family=socket.AF_INET6)
+            self._listener = socket.create_server(ipv6_bind_address(host, port), family=socket.AF_INET6)
         elif not host:
             self._listener = socket.create_server(("0.0.0.0", port), backlog=128)
         else:
