@@ -878,6 +878,14 @@ def test_a_scrape_that_waited_for_a_worker_gets_the_rest_of_its_deadline(
     headers = {"x-prometheus-scrape-timeout-seconds": "10"}
     exporter.handle(Request("GET", "/metrics", "HTTP/1.1", headers, received=time.monotonic() - 2.0))
     assert asked and 5.5 < asked[0] <= 6.0, asked  # 8 s configured, 2 s of it spent waiting
+    # Queued past Prometheus's own timeout: it has given up, and a 0.1 s round would only count timeouts for
+    # every device not read by then and cut the reads the next scrape needs (daemon review).
+    late = exporter.handle(Request("GET", "/metrics", "HTTP/1.1", headers, received=time.monotonic() - 10.5))
+    assert late.status == 503 and len(asked) == 1, asked
+    assert b"waited 10.5 s for a worker, past its timeout" in b"".join(late.parts)
+    # Without the header the floor stands: nothing says the client is gone.
+    exporter.handle(Request("GET", "/metrics", "HTTP/1.1", {}, received=time.monotonic() - 30.0))
+    assert asked[1:] == [0.1], asked
 
 
 def test_send_blocks_join_small_chunks_in_order_without_copying_big_ones() -> None:

@@ -155,19 +155,21 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return qualities.get("gzip", False) or qualities.get("x-gzip", False)
 
 
+def header_timeout(header: str | None) -> float:
+    """Prometheus's own scrape timeout from its header; infinite without one, or with junk."""
+    try:
+        value = float(header) if header else math.inf
+    except ValueError:
+        return math.inf
+    return value if math.isfinite(value) and value > 0 else math.inf
+
+
 def scrape_timeout(config: Config, header: str | None, waited: float = 0.0) -> float:
     """The configured deadline, shortened to Prometheus's own timeout (minus an offset) when that is less,
     less the `waited` seconds the request spent queued before a worker took it up: a scrape that waited
     for a worker or behind password checks, then for a stuck device, outlived Prometheus's timeout and
     was lost whole, where what the deadline had read would have come back in time (daemon review)."""
-    timeout = config.scrape_timeout
-    if header:
-        try:
-            value = float(header)
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and value > 0:
-            timeout = min(timeout, value - SCRAPE_TIMEOUT_OFFSET)
+    timeout = min(config.scrape_timeout, header_timeout(header) - SCRAPE_TIMEOUT_OFFSET)
     return max(timeout - max(waited, 0.0), MIN_SCRAPE_TIMEOUT)
 
 
@@ -253,7 +255,12 @@ class Exporter:
 
     def metrics(self, serving: Serving, request: Request) -> Response:
         header = request.headers.get("x-prometheus-scrape-timeout-seconds")
-        timeout = scrape_timeout(serving.config, header, time.monotonic() - request.received)
+        waited = time.monotonic() - request.received
+        if waited >= header_timeout(header):
+            # Its Prometheus has given up already: a round of the floor's 0.1 s would only count timeouts
+            # for every healthy device not read by then, and cut the reads the next scrape needs (review).
+            return text_response(503, f"the scrape waited {waited:.1f} s for a worker, past its timeout\n")
+        timeout = scrape_timeout(serving.config, header, waited)
         families = serving.collector.gather(timeout)
         compress = accepts_gzip(request.headers.get("accept-encoding", ""))
         with self._encoded_lock:
