@@ -30,7 +30,7 @@ from rdma_exporter.config import (
     exit_status,
     load_config_file,
 )
-from rdma_exporter.httpserver import ipv6_bind_address
+from rdma_exporter.httpserver import listen_address
 from rdma_exporter.webconfig import WebConfig
 
 from conftest import SYSFS_FIXTURES, free_port, record_reads, refuse_stat_of, samples, scrape
@@ -1175,8 +1175,8 @@ def test_listen_addresses_operators_use_are_accepted(address: str) -> None:
 
 def test_a_link_local_listen_address_keeps_its_scope() -> None:
     # Daemon review: bound as (host, port), fe80::1%eth0 lost its scope and every start failed with EINVAL.
-    assert ipv6_bind_address("fe80::1%lo", 9883) == ("fe80::1", 9883, 0, socket.if_nametoindex("lo"))
-    assert ipv6_bind_address("::1", 9883) == ("::1", 9883, 0, 0)
+    assert listen_address("fe80::1%lo", 9883) == (socket.AF_INET6, ("fe80::1", 9883, 0, socket.if_nametoindex("lo")))
+    assert listen_address("::1", 9883) == (socket.AF_INET6, ("::1", 9883, 0, 0))
 
 
 def test_a_web_config_file_that_fails_names_the_setting_that_named_it(tmp_path: Path) -> None:

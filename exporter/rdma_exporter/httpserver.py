@@ -301,22 +301,15 @@ def unsent_bytes(sock: socket.socket) -> int:
     return int.from_bytes(raw, sys.byteorder, signed=True)
 
 
-def listen_address(host: str, port: int) -> tuple[socket.AddressFamily, str]:
-    """The family and address to bind for an IPv4 address or a host name: its first IPv4 address, as Go
-    exporters listen, else its first IPv6 one. Bound as AF_INET, a name with only an IPv6 address passed
-    --check-config and then failed every start."""
+def listen_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+    """The family and socket address to bind for an IP address or a host name: its first IPv4 address, as
+    Go exporters listen, else its first IPv6 one. Bound as AF_INET, a name with only an IPv6 address passed
+    --check-config and then failed every start. The whole socket address, not (host, port): a link-local
+    IPv6 address's scope (fe80::1%eth0) is in it, and without it every start failed with EINVAL (daemon
+    review)."""
     found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     family, _, _, _, sockaddr = min(found, key=lambda info: info[0] != socket.AF_INET)
-    return family, str(sockaddr[0])
-
-
-def ipv6_bind_address(host: str, port: int) -> tuple[str, int, int, int]:
-    """The 4-tuple to bind an IPv6 literal to, with the scope of a link-local one (fe80::1%eth0) as its
-    interface's index: bound as (host, port), the scope was dropped and every start failed with EINVAL
-    (daemon review). Numeric only: no resolver is asked."""
-    found = socket.getaddrinfo(host, port, socket.AF_INET6, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
-    sockaddr = found[0][4]  # AF_INET6: (address, port, flowinfo, scope_id)
-    return str(sockaddr[0]), int(sockaddr[1]), int(sockaddr[2]), int(sockaddr[3])  # type: ignore[misc]
+    return family, sockaddr
 
 
 def client_of(host: str) -> str:
@@ -576,13 +569,11 @@ class HttpServer:
         host, port = address
         if host in ("", "::") and socket.has_dualstack_ipv6():
             self._listener = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
-        elif ":" in host:
-            self._listener = socket.create_server(ipv6_bind_address(host, port), family=socket.AF_INET6)
         elif not host:
             self._listener = socket.create_server(("0.0.0.0", port), backlog=128)
         else:
-            family, bound = listen_address(host, port)
-            self._listener = socket.create_server((bound, port), family=family, backlog=128)
+            family, sockaddr = listen_address(host, port)
+            self._listener = socket.create_server(sockaddr, family=family, backlog=128)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
         self._handler = handler
@@ -620,7 +611,7 @@ class HttpServer:
         self._pending_bytes = 0  # of every answer left to the loop thread (MAX_PENDING_BYTES)
         self._pending_by_client: Counter[str] = Counter()  # the same by client (MAX_PENDING_PER_CLIENT)
         self._finishing = 0  # workers writing their own answers past MAX_PENDING_BYTES
-        self._max_finishing = max(1, max(1, workers) // FINISHING_WORKERS_SHARE)
+        self._max_finishing = max(1, workers // FINISHING_WORKERS_SHARE)
         self._jobs: LastIdleFirst[Job] = LastIdleFirst()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
